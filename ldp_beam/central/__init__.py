@@ -1,0 +1,1 @@
+"""Curator-side (central DP) algorithms: DPHR histograms and OSPDPRR queries land here."""

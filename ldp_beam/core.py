@@ -1,0 +1,376 @@
+"""The three core contracts: Mechanism (client), Estimator (server), Estimate (what is released).
+
+A *mechanism* is a frozen dataclass of validated parameters. It perturbs a whole batch at once:
+``perturb(data, rng) -> reports``, where ``data`` is a numpy array (single-column mechanisms) or a
+mapping from role name to column, and reports are a dict of equal-length numpy columns whose names
+and dtypes are ``report_fields`` (the wire form; ``ldp_beam.transforms`` maps it to Arrow). Each
+mechanism consumes exactly ``draws`` uniforms per record, which is what makes seeded runs
+independent of batching (see :mod:`ldp_beam.rng`).
+
+An *estimator* folds report batches into a small accumulator (``create/add/merge``) and turns it
+into an :class:`Estimate` (``finalize``). Accumulators are numpy arrays whose size does not depend on
+the number of users; ``merge`` is a sum, so it is associative and commutative.
+
+Nothing here imports Apache Beam: a device or an ingestion edge needs only this package.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import typing
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Iterable, Mapping
+
+import numpy as np
+
+from .errors import EmptyAccumulatorError, InvalidRecordsError, ParameterError
+from .privacy import PrivacyGuarantee
+from .rng import RngLike, as_source, draw_uniforms
+
+Columns = Mapping[str, np.ndarray]
+Reports = dict[str, np.ndarray]
+
+
+# --------------------------------------------------------------------------- parameter checks
+def check_epsilon(eps: float, name: str = "epsilon") -> float:
+    if isinstance(eps, bool) or not isinstance(eps, (int, float, np.floating, np.integer)) \
+            or not math.isfinite(eps) or eps <= 0:
+        raise ParameterError(name, eps, "a finite number > 0")
+    return float(eps)
+
+
+def check_interval(lower: float, upper: float, lname: str = "lower", uname: str = "upper") -> None:
+    for n, v in ((lname, lower), (uname, upper)):
+        if isinstance(v, bool) or not isinstance(v, (int, float, np.floating, np.integer)) \
+                or not math.isfinite(v):
+            raise ParameterError(n, v, "a finite number")
+    if not lower < upper:
+        raise ParameterError(lname, lower, f"a number < {uname} = {upper!r}")
+
+
+def check_choice(value: str, name: str, choices: Iterable[str]) -> None:
+    choices = tuple(choices)
+    if value not in choices:
+        raise ParameterError(name, value, f"one of {choices}")
+
+
+# --------------------------------------------------------------------------- input columns
+@dataclass(frozen=True)
+class Role:
+    """One input column a mechanism reads: its role name, whether it must be mapped, its kind."""
+
+    name: str
+    required: bool = True
+    kind: str = "numeric"  # 'numeric' (float, NaN = missing) or 'category' (labels)
+    help: str = ""
+
+
+def coerce_numeric(raw: Any) -> tuple[np.ndarray, np.ndarray]:
+    """Column -> (float64 values with NaN for missing, mask of non-numeric entries).
+
+    Numeric dtypes convert directly; strings or objects are parsed; ``None``/NaN become NaN and are
+    *missing*, not non-numeric. Booleans are not numbers here.
+    """
+    arr = np.asarray(raw)
+    if arr.ndim != 1:
+        arr = arr.reshape(-1)
+    if arr.dtype.kind in "iuf":
+        return arr.astype(np.float64, copy=False), np.zeros(arr.shape[0], dtype=bool)
+    import pandas as pd  # a core dependency; imported lazily to keep client import time small
+
+    ser = pd.Series(arr, dtype=object)
+    isbool = ser.map(lambda x: isinstance(x, (bool, np.bool_))).to_numpy(dtype=bool)
+    vals = pd.to_numeric(ser.where(~isbool, None), errors="coerce").to_numpy(dtype=np.float64)
+    present = ser.notna().to_numpy(dtype=bool)
+    return vals, (present & np.isnan(vals)) | isbool
+
+
+class Reasons:
+    """Collects one reason per invalid row, built only for the rows that fail (vectorized checks)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.bad = np.zeros(n, dtype=bool)
+        self._msg: dict[int, str] = {}
+
+    def flag(self, mask: np.ndarray, message: Any) -> None:
+        """Mark rows in ``mask`` (not already flagged); ``message`` is a str or ``f(row) -> str``."""
+        new = np.flatnonzero(mask & ~self.bad)
+        if new.size == 0:
+            return
+        self.bad[new] = True
+        for i in new.tolist():
+            self._msg[i] = message(i) if callable(message) else message
+
+    def as_dict(self) -> dict[int, str]:
+        return dict(sorted(self._msg.items()))
+
+    def array(self) -> np.ndarray:
+        out = np.full(self.n, None, dtype=object)
+        for i, m in self._msg.items():
+            out[i] = m
+        return out
+
+
+# --------------------------------------------------------------------------- the mechanism
+class Mechanism(ABC):
+    """Client-side randomizer. Subclasses are frozen dataclasses validated in ``__post_init__``."""
+
+    family: ClassVar[str] = ""
+    roles: ClassVar[tuple[Role, ...]] = (Role("value"),)
+    report_fields: ClassVar[tuple[tuple[str, str], ...]] = ()
+
+    # -- what subclasses provide
+    @property
+    @abstractmethod
+    def draws(self) -> int:
+        """Uniforms consumed per record (fixed, so seeded runs do not depend on batching)."""
+
+    @property
+    @abstractmethod
+    def guarantee(self) -> PrivacyGuarantee:
+        """The privacy promise of one report, stated as we can defend it."""
+
+    @abstractmethod
+    def validate(self, cols: dict[str, np.ndarray], reasons: Reasons) -> None:
+        """Flag rows of already-coerced columns that cannot be perturbed."""
+
+    @abstractmethod
+    def randomize(self, cols: dict[str, np.ndarray], u: np.ndarray) -> Reports:
+        """Perturb valid rows given an ``(n, draws)`` array of uniforms. Vectorized."""
+
+    # -- shared behaviour
+    @property
+    def name(self) -> str:
+        return type(self).registry_name()
+
+    @classmethod
+    def registry_name(cls) -> str:
+        return getattr(cls, "NAME", cls.__name__.lower())
+
+    def params(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}  # type: ignore
+
+    def columns(self, data: Any) -> dict[str, np.ndarray]:
+        """Accept a 1-D array (the 'value' role) or a mapping role -> column."""
+        if isinstance(data, Mapping):
+            cols = {k: np.asarray(v) for k, v in data.items()}
+        else:
+            cols = {self.roles[0].name: np.asarray(data)}
+        known = {r.name for r in self.roles}
+        unknown = set(cols) - known
+        if unknown:
+            raise ParameterError("columns", sorted(unknown), f"roles among {sorted(known)}")
+        for r in self.roles:
+            if r.required and r.name not in cols:
+                raise ParameterError("columns", sorted(cols), f"a column for role {r.name!r}")
+        lens = {len(v) for v in cols.values()}
+        if len(lens) > 1:
+            raise ParameterError("columns", {k: len(v) for k, v in cols.items()}, "equal lengths")
+        return cols
+
+    def check(self, data: Any) -> tuple[dict[str, np.ndarray], Reasons]:
+        """Coerce the input columns and find invalid rows. Returns (columns, reasons)."""
+        cols = self.columns(data)
+        n = len(next(iter(cols.values()))) if cols else 0
+        reasons = Reasons(n)
+        out: dict[str, np.ndarray] = {}
+        for r in self.roles:
+            if r.name not in cols:
+                continue
+            if r.kind == "numeric":
+                vals, nonnum = coerce_numeric(cols[r.name])
+                reasons.flag(nonnum, lambda i, c=cols[r.name], nm=r.name:
+                             f"{nm}: non-numeric value {c[i]!r}")
+                out[r.name] = vals
+            else:
+                out[r.name] = cols[r.name]
+        self.validate(out, reasons)
+        return out, reasons
+
+    def perturb(self, data: Any, rng: RngLike = None, *, stream: int | None = None,
+                offset: int | None = None) -> Reports:
+        """Perturb a batch. Raises :class:`InvalidRecordsError` if any row is invalid.
+
+        ``rng``: None (OS entropy), a seed, a :class:`~ldp_beam.rng.RandomSource` or a numpy
+        Generator. ``stream``/``offset`` key the records for seeded, batch-independent noise.
+        """
+        cols, reasons = self.check(data)
+        if reasons.bad.any():
+            raise InvalidRecordsError(reasons.as_dict(), reasons.n)
+        return self.perturb_valid(cols, rng, stream=stream, offset=offset)
+
+    def perturb_valid(self, cols: dict[str, np.ndarray], rng: RngLike = None, *,
+                      stream: int | None = None, offset: int | None = None) -> Reports:
+        n = len(next(iter(cols.values())))
+        u = draw_uniforms(as_source(rng), n, self.draws, stream=stream, offset=offset)
+        return self.randomize(cols, u)
+
+    def empty_reports(self) -> Reports:
+        return {name: np.empty(0, dtype=dt) for name, dt in self.report_fields}
+
+    def describe(self) -> str:
+        ps = ", ".join(f"{k}={v!r}" for k, v in self.params().items())
+        return f"{self.name}({ps})"
+
+
+# --------------------------------------------------------------------------- the release
+@dataclass(frozen=True)
+class Statistic:
+    """One released number (or array): the raw unbiased value, its standard error and, where the
+    raw value can leave its valid range, a post-processed ``clipped`` value (privacy-free)."""
+
+    value: Any
+    stderr: Any = None
+    clipped: Any = None
+    note: str = ""
+
+    def ci(self, level: float = 0.95) -> tuple[float, float] | None:
+        """Normal-approximation confidence interval, or None where no standard error exists."""
+        if self.stderr is None or self.value is None:
+            return None
+        from scipy.stats import norm
+
+        z = float(norm.ppf(0.5 + level / 2))
+        return (self.value - z * self.stderr, self.value + z * self.stderr)
+
+    def to_dict(self) -> dict:
+        def j(x: Any) -> Any:
+            if isinstance(x, np.ndarray):
+                return x.tolist()
+            if isinstance(x, (np.floating, np.integer)):
+                return x.item()
+            return x
+
+        d = {"value": j(self.value), "stderr": j(self.stderr), "clipped": j(self.clipped)}
+        ci = self.ci() if np.ndim(self.value) == 0 else None
+        if ci is not None:
+            d["ci95"] = [float(ci[0]), float(ci[1])]
+        if self.note:
+            d["note"] = self.note
+        return d
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """What finalize releases: statistics, the number of reports and the guarantee they carry."""
+
+    mechanism: str
+    n_reports: int
+    statistics: dict[str, Statistic]
+    guarantee: PrivacyGuarantee
+    params: dict = field(default_factory=dict)
+
+    def __getitem__(self, name: str) -> Statistic:
+        try:
+            return self.statistics[name]
+        except KeyError:
+            raise KeyError(f"no statistic {name!r}; available: {sorted(self.statistics)}") from None
+
+    def to_dict(self) -> dict:
+        return {"mechanism": self.mechanism, "n_reports": self.n_reports,
+                "params": {k: (list(v) if isinstance(v, tuple) else v)
+                           for k, v in self.params.items()},
+                "guarantee": self.guarantee.to_dict(),
+                "statistics": {k: s.to_dict() for k, s in self.statistics.items()}}
+
+
+# --------------------------------------------------------------------------- the estimator
+class Estimator(ABC):
+    """Server-side: ``create() -> acc``, ``add(acc, reports) -> acc``, ``merge(accs) -> acc``,
+    ``finalize(acc) -> Estimate``. Built from the mechanism whose reports it reads."""
+
+    def __init__(self, mechanism: Mechanism) -> None:
+        self.mechanism = mechanism
+
+    @abstractmethod
+    def create(self) -> np.ndarray: ...
+
+    @abstractmethod
+    def add(self, acc: np.ndarray, reports: Mapping[str, np.ndarray]) -> np.ndarray: ...
+
+    def merge(self, accs: Iterable[np.ndarray]) -> np.ndarray:
+        accs = list(accs)
+        if not accs:
+            return self.create()
+        return np.sum(np.stack(accs), axis=0)
+
+    @abstractmethod
+    def n_reports(self, acc: np.ndarray) -> int: ...
+
+    @abstractmethod
+    def statistics(self, acc: np.ndarray) -> dict[str, Statistic]: ...
+
+    def check_reports(self, reports: Mapping[str, Any], n: int | None = None) -> Reasons:
+        """Find malformed reports (telemetry from untrusted clients): missing fields, bad codes.
+        ``n`` is the number of reports (needed when ``reports`` holds no field at all)."""
+        if n is None:
+            n = len(next(iter(reports.values()))) if reports else 0
+        reasons = Reasons(n)
+        for name, _ in self.mechanism.report_fields:
+            if name not in reports:
+                reasons.flag(np.ones(n, dtype=bool), f"report field {name!r} is missing")
+        return reasons
+
+    def finalize(self, acc: np.ndarray) -> Estimate:
+        n = self.n_reports(acc)
+        if n == 0:
+            raise EmptyAccumulatorError(f"{self.mechanism.name}: no reports were accumulated; "
+                                        "an estimate needs at least one report")
+        return Estimate(self.mechanism.name, n, self.statistics(acc),
+                        self.mechanism.guarantee, self.mechanism.params())
+
+    def estimate(self, reports: Mapping[str, np.ndarray]) -> Estimate:
+        """Convenience: create, add one batch, finalize."""
+        return self.finalize(self.add(self.create(), reports))
+
+
+class CountEstimator(Estimator):
+    """Estimators whose accumulator is a vector of cell counts (int64): ``cells(reports)`` maps
+    each report to a cell code in ``[0, n_cells)``; add is a bincount, merge a sum (exact)."""
+
+    n_cells: int = 0
+
+    def create(self) -> np.ndarray:
+        return np.zeros(self.n_cells, dtype=np.int64)
+
+    @abstractmethod
+    def cells(self, reports: Mapping[str, np.ndarray]) -> np.ndarray: ...
+
+    def add(self, acc: np.ndarray, reports: Mapping[str, np.ndarray]) -> np.ndarray:
+        codes = np.asarray(self.cells(reports), dtype=np.int64)
+        if codes.size:
+            if codes.min() < 0 or codes.max() >= self.n_cells:
+                raise ValueError(f"{self.mechanism.name}: report codes outside [0, {self.n_cells})"
+                                 " — validate reports with check_reports() first")
+            acc += np.bincount(codes, minlength=self.n_cells)
+        return acc
+
+    def n_reports(self, acc: np.ndarray) -> int:
+        return int(acc.sum())
+
+
+class MomentEstimator(Estimator):
+    """Estimators of a mean from real-valued reports: accumulator ``[n, sum, sum of squares]``.
+
+    Float sums are associative only up to rounding: splits and merge orders agree to within
+    ``n * 2**-52 * sum|x|`` (the tests check that bound), not bit for bit.
+    """
+
+    value_field: str = "y"
+
+    def create(self) -> np.ndarray:
+        return np.zeros(3, dtype=np.float64)
+
+    def add(self, acc: np.ndarray, reports: Mapping[str, np.ndarray]) -> np.ndarray:
+        y = np.asarray(reports[self.value_field], dtype=np.float64)
+        acc += (y.size, y.sum(), np.dot(y, y))
+        return acc
+
+    def n_reports(self, acc: np.ndarray) -> int:
+        return int(round(acc[0]))
+
+
+def type_hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)

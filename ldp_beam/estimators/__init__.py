@@ -1,0 +1,16 @@
+"""Server-side estimators. Build one from a mechanism with :func:`estimator_for`."""
+from __future__ import annotations
+
+from typing import Any
+
+from ..core import Estimator, Mechanism
+
+
+def estimator_for(mechanism: Mechanism, **options: Any) -> Estimator:
+    """The registered estimator for ``mechanism`` (built-in or plugin)."""
+    from ..registry import get_registry
+
+    return get_registry().estimator_for(mechanism, **options)
+
+
+__all__ = ["estimator_for"]

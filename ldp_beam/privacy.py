@@ -1,0 +1,79 @@
+"""What a release costs: privacy guarantees and their composition.
+
+Every mechanism and every estimate carries a :class:`PrivacyGuarantee`. The guarantee is the one
+we can defend, which is not always the one a paper claims: where they differ, ``claim`` keeps the
+paper's statement and ``notes`` says why we do not repeat it.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Iterable
+
+#: The kinds of guarantee ldp-beam reports.
+LDP = "LDP"  # local DP: every pair of inputs, every output
+ULDP = "ULDP"  # utility-optimized LDP (sensitive inputs protected, non-sensitive ones may leak)
+CENTRAL = "central-DP"  # the curator sees true values, the release is DP
+NEIGHBOURHOOD_LDP = "neighbourhood-LDP"  # LDP only for inputs within a declared distance
+PERSONALIZED = "personalized-DP"
+NONE = "none"  # replication of a paper's rule that carries no defensible guarantee
+KINDS = (LDP, ULDP, CENTRAL, NEIGHBOURHOOD_LDP, PERSONALIZED, NONE)
+
+
+@dataclass(frozen=True)
+class PrivacyGuarantee:
+    """A privacy promise: ``kind`` with ``epsilon`` (and ``delta`` where the kind needs one).
+
+    ``epsilon`` is ``math.inf`` for kind ``none``. ``claim`` is what the source paper states when it
+    differs from what we report; ``notes`` explains the difference or any condition of the promise.
+    """
+
+    kind: str
+    epsilon: float
+    delta: float = 0.0
+    notes: str = ""
+    claim: str = ""
+    params: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"guarantee kind {self.kind!r} is not one of {KINDS}")
+        if not (self.epsilon >= 0):
+            raise ValueError(f"guarantee epsilon {self.epsilon!r} must be >= 0")
+        if not (0.0 <= self.delta <= 1.0):
+            raise ValueError(f"guarantee delta {self.delta!r} must be in [0, 1]")
+
+    def describe(self) -> str:
+        if self.kind == NONE:
+            return "no privacy guarantee (replication only)"
+        s = f"{self.epsilon:g}-{self.kind}"
+        if self.delta:
+            s = f"({self.epsilon:g}, {self.delta:g})-{self.kind}"
+        return s
+
+    def to_dict(self) -> dict:
+        eps = None if math.isinf(self.epsilon) else self.epsilon
+        return {"kind": self.kind, "epsilon": eps, "delta": self.delta, "notes": self.notes,
+                "claim": self.claim, "params": dict(self.params), "summary": self.describe()}
+
+
+def compose(guarantees: Iterable[PrivacyGuarantee]) -> PrivacyGuarantee:
+    """Sequential composition of releases about the same people: epsilons and deltas add up.
+
+    Releases of different kinds compose to the weakest common statement; a release with no
+    guarantee makes the whole composition carry none.
+    """
+    gs = list(guarantees)
+    if not gs:
+        raise ValueError("compose() needs at least one guarantee")
+    kinds = {g.kind for g in gs}
+    if NONE in kinds:
+        return PrivacyGuarantee(NONE, math.inf, notes="a component carries no guarantee")
+    kind = gs[0].kind if len(kinds) == 1 else "+".join(sorted(kinds))
+    if kind not in KINDS:  # mixed kinds: report as the weakest, with the mix in the notes
+        notes = f"composition of {', '.join(sorted(kinds))}"
+        kind = NEIGHBOURHOOD_LDP if NEIGHBOURHOOD_LDP in kinds else CENTRAL
+        return PrivacyGuarantee(kind, sum(g.epsilon for g in gs),
+                                min(1.0, sum(g.delta for g in gs)), notes=notes)
+    return PrivacyGuarantee(kind, sum(g.epsilon for g in gs), min(1.0, sum(g.delta for g in gs)),
+                            notes=f"sequential composition of {len(gs)} releases")

@@ -1,0 +1,184 @@
+"""The plugin registry: every mechanism and its estimator, by name.
+
+Built-in families register in :func:`_register_builtins`. Third-party packages add their own
+through the entry-point group ``ldp_beam.plugins``: each entry point names a callable that takes
+the :class:`Registry` and calls :meth:`Registry.register`. The CLI, the pipelines and the Beam
+layer know families only through this registry, so a plugin needs no change anywhere else.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import types
+import typing
+from dataclasses import dataclass
+from importlib.metadata import entry_points
+from typing import Any, Callable
+
+from .core import Estimator, Mechanism, type_hints
+from .errors import ParameterError, UnknownPluginError
+
+ENTRY_POINT_GROUP = "ldp_beam.plugins"
+
+
+@dataclass(frozen=True)
+class Plugin:
+    name: str
+    mechanism: type[Mechanism]
+    estimator: Callable[..., Estimator]
+    summary: str = ""
+    source: str = "ldp-beam"
+
+
+class Registry:
+    def __init__(self) -> None:
+        self._plugins: dict[str, Plugin] = {}
+        self.load_errors: dict[str, str] = {}
+
+    def register(self, name: str, mechanism: type[Mechanism], estimator: Callable[..., Estimator],
+                 summary: str = "", source: str = "ldp-beam") -> None:
+        if name in self._plugins:
+            raise ValueError(f"a mechanism named {name!r} is already registered "
+                             f"(by {self._plugins[name].source})")
+        if not (isinstance(mechanism, type) and issubclass(mechanism, Mechanism)):
+            raise TypeError(f"{name}: mechanism must be a Mechanism subclass")
+        self._plugins[name] = Plugin(name, mechanism, estimator,
+                                     summary or (mechanism.__doc__ or "").strip().split("\n")[0],
+                                     source)
+
+    def names(self) -> list[str]:
+        return sorted(self._plugins)
+
+    def get(self, name: str) -> Plugin:
+        try:
+            return self._plugins[name]
+        except KeyError:
+            raise UnknownPluginError(f"unknown mechanism {name!r}; registered: "
+                                     f"{', '.join(self.names())}") from None
+
+    def plugin_of(self, mechanism: Mechanism) -> Plugin:
+        for p in self._plugins.values():
+            if type(mechanism) is p.mechanism:
+                return p
+        raise UnknownPluginError(f"mechanism class {type(mechanism).__name__} is not registered")
+
+    def build(self, name: str, params: dict[str, Any]) -> Mechanism:
+        """Build mechanism ``name``; string values (from a command line) are converted by the
+        dataclass field types."""
+        cls = self.get(name).mechanism
+        hints = type_hints(cls)
+        fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+        kwargs = {}
+        for key, raw in params.items():
+            if key not in fields:
+                raise ParameterError(key, raw, f"a parameter of {name}: {sorted(fields)}")
+            kwargs[key] = convert(raw, hints[key], key) if isinstance(raw, str) else raw
+        missing = [f for f, fd in fields.items() if fd.default is dataclasses.MISSING
+                   and fd.default_factory is dataclasses.MISSING and f not in kwargs]
+        if missing:
+            raise ParameterError(missing[0], None, f"a value (required by {name})")
+        return cls(**kwargs)
+
+    def estimator_for(self, mechanism: Mechanism, **options: Any) -> Estimator:
+        return self.plugin_of(mechanism).estimator(mechanism, **options)
+
+    def describe(self) -> list[dict]:
+        out = []
+        for name in self.names():
+            p = self._plugins[name]
+            hints = type_hints(p.mechanism)
+            params = []
+            for f in dataclasses.fields(p.mechanism):
+                default = None if f.default is dataclasses.MISSING else f.default
+                params.append({"name": f.name, "type": _type_name(hints[f.name]),
+                               "required": f.default is dataclasses.MISSING
+                               and f.default_factory is dataclasses.MISSING,
+                               "default": default})
+            entry = {"name": name, "family": p.mechanism.family, "summary": p.summary,
+                     "source": p.source, "parameters": params,
+                     "roles": [{"name": r.name, "required": r.required, "kind": r.kind}
+                               for r in p.mechanism.roles],
+                     "report_fields": [list(f) for f in p.mechanism.report_fields]}
+            out.append(entry)
+        return out
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def convert(raw: str, tp: Any, name: str) -> Any:
+    """Convert a command-line string to the annotated type of parameter ``name``."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if type(None) in args and raw.strip().lower() in ("none", "null", ""):
+            return None
+        for a in args:
+            if a is type(None):
+                continue
+            try:
+                return convert(raw, a, name)
+            except ParameterError:
+                continue
+        raise ParameterError(name, raw, f"a value of type {_type_name(tp)}")
+    if origin is tuple:
+        (inner, *_rest) = typing.get_args(tp) or (str,)
+        return tuple(convert(x.strip(), inner, name) for x in raw.split(",") if x.strip())
+    try:
+        if tp is bool:
+            low = raw.strip().lower()
+            if low in ("1", "true", "yes", "on"):
+                return True
+            if low in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(raw)
+        if tp is int:
+            return int(raw)
+        if tp is float:
+            v = float(raw)
+            if math.isnan(v):
+                raise ValueError(raw)
+            return v
+        if tp is str:
+            return raw
+    except ValueError:
+        raise ParameterError(name, raw, f"a value of type {_type_name(tp)}") from None
+    raise ParameterError(name, raw, f"a parameter settable from the command line ({tp})")
+
+
+def _register_builtins(reg: Registry) -> None:
+    from .estimators.bisample import BiSampleEstimator
+    from .estimators.mean_baselines import HarmonyEstimator, PiecewiseEstimator, PrivKVMEstimator
+    from .mechanisms.bisample import BiSample, BiSampleMD
+    from .mechanisms.mean_baselines import Harmony, PiecewiseMechanism, PrivKVM
+
+    reg.register("bisample", BiSample, BiSampleEstimator)
+    reg.register("bisample-md", BiSampleMD, BiSampleEstimator)
+    reg.register("harmony", Harmony, HarmonyEstimator)
+    reg.register("pm", PiecewiseMechanism, PiecewiseEstimator)
+    reg.register("privkvm", PrivKVM, PrivKVMEstimator)
+
+
+def load_plugins(reg: Registry) -> None:
+    """Call every ``ldp_beam.plugins`` entry point with the registry. A plugin that fails to load
+    is reported in ``reg.load_errors`` (and by ``ldp-beam list``), never silently ignored."""
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            ep.load()(reg)
+        except Exception as exc:  # a broken plugin must not break the built-ins
+            reg.load_errors[ep.name] = f"{type(exc).__name__}: {exc}"
+
+
+@functools.lru_cache(maxsize=1)
+def get_registry() -> Registry:
+    """The process-wide registry: built-ins plus installed plugins (built once, then cached)."""
+    reg = Registry()
+    _register_builtins(reg)
+    load_plugins(reg)
+    return reg
+
+
+def build_mechanism(name: str, **params: Any) -> Mechanism:
+    return get_registry().build(name, params)
