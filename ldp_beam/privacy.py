@@ -46,10 +46,9 @@ class PrivacyGuarantee:
     def describe(self) -> str:
         if self.kind == NONE:
             return "no privacy guarantee (replication only)"
-        s = f"{self.epsilon:g}-{self.kind}"
         if self.delta:
-            s = f"({self.epsilon:g}, {self.delta:g})-{self.kind}"
-        return s
+            return f"{self.kind} with epsilon={self.epsilon:g}, delta={self.delta:g}"
+        return f"{self.kind} with epsilon={self.epsilon:g}"
 
     def to_dict(self) -> dict:
         eps = None if math.isinf(self.epsilon) else self.epsilon

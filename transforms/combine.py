@@ -6,6 +6,7 @@ untrusted clients) to a dead-letter output before they reach the accumulator.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import apache_beam as beam
@@ -14,17 +15,36 @@ import pyarrow as pa
 from apache_beam.metrics import Metrics
 
 from ldp_beam.core import Estimator
+from ldp_beam.errors import EmptyAccumulatorError
 
 from .batches import KeyedBatch, get_column, is_batch, num_rows, report_columns, row_dict, take
 from .perturb import DEAD_LETTER, dead_letter
 
 
-class EstimatorCombineFn(beam.CombineFn):
-    """create/add/merge/finalize delegate to the estimator; ``extract_output`` releases once."""
+@dataclass(frozen=True)
+class EstimateFailure:
+    """What ``EstimatorCombineFn(on_empty="report")`` emits when no estimate is possible."""
 
-    def __init__(self, estimator: Estimator) -> None:
+    mechanism: str
+    n_reports: int
+    reason: str
+
+
+class EstimatorCombineFn(beam.CombineFn):
+    """create/add/merge/finalize delegate to the estimator; ``extract_output`` releases once.
+
+    ``on_empty``: what to do when the accumulator cannot support an estimate (no reports, or
+    too few): ``"raise"`` fails the pipeline with the estimator's message; ``"report"`` emits an
+    :class:`EstimateFailure` instead (used by the CLI and per-key/per-window jobs, where one empty
+    group must not sink the others).
+    """
+
+    def __init__(self, estimator: Estimator, on_empty: str = "raise") -> None:
+        if on_empty not in ("raise", "report"):
+            raise ValueError(f"on_empty = {on_empty!r}: expected 'raise' or 'report'")
         self.estimator = estimator
         self.fields = estimator.mechanism.report_fields
+        self.on_empty = on_empty
 
     def create_accumulator(self):
         return self.estimator.create()
@@ -39,7 +59,13 @@ class EstimatorCombineFn(beam.CombineFn):
         return acc
 
     def extract_output(self, acc):
-        return self.estimator.finalize(acc)
+        try:
+            return self.estimator.finalize(acc)
+        except EmptyAccumulatorError as exc:
+            if self.on_empty == "raise":
+                raise
+            return EstimateFailure(self.estimator.mechanism.name,
+                                   self.estimator.n_reports(acc), str(exc))
 
 
 class Accumulate(beam.CombineFn):

@@ -1,0 +1,166 @@
+"""Helpers shared by every family's experiment recipe: records, JSON output, progress, figures.
+
+A *record* is one measured number, a flat JSON-able dict with at least
+``{"experiment", "dataset", "method", "epsilon", "metric", "value"}`` plus any parameters of the
+measurement (``n``, ``reps``, ``seed``, ...) and, where the paper gives one, ``"paper_value"``.
+This is the machine-readable form ``ldp-beam reproduce`` writes (DESIGN.md, "Command line").
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+from typing import Any, Callable, Iterable, Mapping, TextIO
+
+import numpy as np
+
+REQUIRED_KEYS = ("experiment", "dataset", "method", "epsilon", "metric", "value")
+
+
+def _plain(x: Any) -> Any:
+    """numpy scalars/arrays -> Python numbers/lists; non-finite floats -> None (valid JSON)."""
+    if isinstance(x, np.ndarray):
+        return [_plain(v) for v in x.tolist()]
+    if isinstance(x, (list, tuple)):
+        return [_plain(v) for v in x]
+    if isinstance(x, np.generic):
+        x = x.item()
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    return x
+
+
+def make_record(experiment: str, dataset: str, method: str, epsilon: float | None, metric: str,
+                value: Any, *, paper_value: Any = None, **params: Any) -> dict:
+    """One measurement as a JSON-able dict (NaN/inf become ``None``).
+
+    ``params`` (n, reps, seed, ...) are added as extra keys; ``paper_value`` only when given.
+    """
+    rec = {"experiment": experiment, "dataset": dataset, "method": method,
+           "epsilon": None if epsilon is None else float(epsilon), "metric": metric,
+           "value": _plain(value)}
+    for k, v in params.items():
+        if k in rec:
+            raise ValueError(f"record parameter {k!r} clashes with a required key")
+        rec[k] = _plain(v)
+    if paper_value is not None:
+        rec["paper_value"] = _plain(paper_value)
+    return rec
+
+
+def check_records(records: Iterable[Mapping]) -> None:
+    """Raise ``ValueError`` if a record lacks a required key or is not JSON-serializable."""
+    for i, r in enumerate(records):
+        missing = [k for k in REQUIRED_KEYS if k not in r]
+        if missing:
+            raise ValueError(f"record {i} lacks {missing}: {dict(r)!r}")
+        json.dumps(r, allow_nan=False)
+
+
+def write_records(records: Iterable[Mapping], path: str | os.PathLike) -> str:
+    """Write records as a JSON list (strict JSON: no NaN). Creates parent folders. Returns path."""
+    records = list(records)
+    check_records(records)
+    path = os.fspath(path)
+    parent = os.path.dirname(path)
+    if parent:
+        os.makedirs(parent, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as fh:
+        json.dump(records, fh, indent=1, allow_nan=False)
+        fh.write("\n")
+    return path
+
+
+def select(records: Iterable[Mapping], **match: Any) -> list[Mapping]:
+    """Records whose keys equal every ``match`` item (a list/tuple/set value matches any member)."""
+    out = []
+    for r in records:
+        ok = True
+        for k, v in match.items():
+            rv = r.get(k)
+            if isinstance(v, (list, tuple, set, frozenset)):
+                if rv not in v:
+                    ok = False
+                    break
+            elif rv != v:
+                ok = False
+                break
+        if ok:
+            out.append(r)
+    return out
+
+
+class Progress:
+    """One-line progress on stderr: ``[bisample] fig4 EXP eps=1.0 (12/40)``.
+
+    ``step(label)`` advances the counter and prints; ``note(text)`` prints without advancing.
+    ``enabled=False`` makes it silent; ``sink`` (a callable taking the line) replaces the stream.
+    """
+
+    def __init__(self, family: str, total: int | None = None, *, stream: TextIO | None = None,
+                 enabled: bool = True, sink: Callable[[str], Any] | None = None) -> None:
+        self.family = family
+        self.total = total
+        self.count = 0
+        self.enabled = enabled
+        self.sink = sink
+        self._stream = stream
+        self._t0 = time.perf_counter()
+
+    def _emit(self, line: str) -> None:
+        if not self.enabled:
+            return
+        if self.sink is not None:
+            self.sink(line)
+            return
+        stream = self._stream if self._stream is not None else sys.stderr
+        stream.write(line + "\n")
+        stream.flush()
+
+    def step(self, label: str) -> None:
+        self.count += 1
+        of = f"{self.count}/{self.total}" if self.total else f"{self.count}"
+        self._emit(f"[{self.family}] {label} ({of})")
+
+    def note(self, text: str) -> None:
+        self._emit(f"[{self.family}] {text} [{time.perf_counter() - self._t0:.1f}s]")
+
+
+def as_progress(progress: Any, family: str) -> Progress:
+    """Normalize a recipe's ``progress`` argument: None/True -> stderr, False -> silent, a
+    :class:`Progress` as is, any other callable -> a Progress that hands it each line."""
+    if isinstance(progress, Progress):
+        return progress
+    if progress is None or progress is True:
+        return Progress(family)
+    if progress is False:
+        return Progress(family, enabled=False)
+    if callable(progress):
+        return Progress(family, sink=progress)
+    raise TypeError(f"progress must be None, a bool, a Progress or a callable, not "
+                    f"{type(progress).__name__}")
+
+
+def pyplot():
+    """matplotlib's pyplot on the non-interactive Agg backend (imported lazily: the core and the
+    tests of other families need no matplotlib)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save_figure(fig: Any, path: str | os.PathLike, *, dpi: int = 90) -> str:
+    """Save a matplotlib figure as PNG (Agg), create parent folders, close it. Returns the path."""
+    plt = pyplot()
+    path = os.fspath(path)
+    parent = os.path.dirname(path)
+    if parent:
+        os.makedirs(parent, exist_ok=True)
+    fig.savefig(path, dpi=dpi, format="png", bbox_inches="tight")
+    plt.close(fig)
+    return path

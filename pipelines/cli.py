@@ -1,0 +1,248 @@
+"""The ``ldp-beam`` command line: demo, list, collect, estimate, stream, reproduce, bench, audit.
+
+Arguments this parser does not know (``--runner=...``, ``--direct_num_workers=2``, ...) are passed
+on to Apache Beam's PipelineOptions. Exit codes: 0 success, 2 bad usage or configuration,
+3 a command that is not available yet, 1 a failed run.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from typing import Any
+
+from ldp_beam.errors import LdpBeamError
+
+FAMILIES = ("bisample", "rvns", "uldp", "dphr", "ospdprr")
+PENDING = {  # subcommand or family -> where it is tracked
+    "stream": "issue #7 (warehouse-scale batch, streaming telemetry and distributed runners)",
+    "bench": "issue #7 (benchmarks) and the per-family issues",
+    "audit": "issue #8 (privacy audits)",
+    "rvns": "issue #3", "uldp": "issue #4", "dphr": "issue #5", "ospdprr": "issue #6",
+}
+
+
+class UsageError(Exception):
+    pass
+
+
+def _kv(items: list[str] | None, what: str) -> dict[str, str]:
+    out = {}
+    for item in items or []:
+        if "=" not in item:
+            raise UsageError(f"{what} {item!r}: expected NAME=VALUE")
+        k, v = item.split("=", 1)
+        out[k.strip()] = v.strip()
+    return out
+
+
+def _mechanism_args(sp: argparse.ArgumentParser, required: bool) -> None:
+    sp.add_argument("--mechanism", "-m", required=required,
+                    help="a registered mechanism name (see `ldp-beam list`)")
+    sp.add_argument("--param", "-p", action="append", metavar="NAME=VALUE",
+                    help="a mechanism parameter, repeatable (e.g. -p lower=0 -p upper=100)")
+    sp.add_argument("--epsilon", type=float, help="shorthand for -p epsilon=VALUE")
+
+
+def _params(a: argparse.Namespace) -> dict[str, Any]:
+    params: dict[str, Any] = _kv(a.param, "--param")
+    if a.epsilon is not None:
+        params["epsilon"] = a.epsilon
+    return params
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="ldp-beam", description="Privacy-preserving collection and "
+                                 "estimation on Apache Beam. Unknown --options go to Beam.")
+    ap.add_argument("--verbose", "-v", action="store_true", help="show Beam's log")
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    d = sub.add_parser("demo", help="the main job on bundled sample data (DirectRunner)")
+    d.add_argument("--out", help="directory for reports, estimates and the figure (default: temp)")
+    d.add_argument("--epsilon", type=float, default=3.0)
+    d.add_argument("--seed", help="make the noise reproducible (default: OS entropy)")
+
+    ls = sub.add_parser("list", help="registered mechanisms with parameters and guarantees")
+    ls.add_argument("--json", action="store_true")
+
+    c = sub.add_parser("collect", help="perturb a table column into a reports table")
+    c.add_argument("--input", "-i", required=True, help="Parquet/CSV file, glob or directory")
+    c.add_argument("--column", "-c", help="the input column for the 'value' role")
+    c.add_argument("--role", action="append", metavar="ROLE=COLUMN",
+                   help="map another role to a column, e.g. --role preference=eps_u")
+    c.add_argument("--keep", action="append", default=[],
+                   help="copy this column to the reports (e.g. a grouping key); repeatable")
+    c.add_argument("--output", "-o", required=True, help="reports Parquet file")
+    c.add_argument("--dead-letter", help="default: OUTPUT.deadletter.jsonl")
+    c.add_argument("--seed", help="deterministic noise from this seed (default: OS entropy)")
+    c.add_argument("--batch-rows", type=int, default=1 << 16)
+    _mechanism_args(c, required=True)
+
+    e = sub.add_parser("estimate", help="estimate statistics from a reports table")
+    e.add_argument("--input", "-i", required=True)
+    e.add_argument("--output", "-o", required=True, help="estimate JSON file")
+    e.add_argument("--by", help="one estimate per value of this (kept) column")
+    _mechanism_args(e, required=False)
+
+    sub.add_parser("stream", help="windowed streaming estimation (not available yet)")
+
+    r = sub.add_parser("reproduce", help="a paper's experiments")
+    r.add_argument("family", choices=FAMILIES + ("all",))
+    r.add_argument("--quick", action="store_true", help="reduced run, under a minute")
+    r.add_argument("--data-dir", help="real datasets (synthetic fallback when a file is absent)")
+    r.add_argument("--out", help="directory for PNG figures")
+    r.add_argument("--json", help="write the records here (default: stdout)")
+    r.add_argument("--seed", type=int, help="simulation seed (default: OS entropy, recorded)")
+
+    b = sub.add_parser("bench", help="performance benchmarks (not available yet)")
+    b.add_argument("--quick", action="store_true")
+    b.add_argument("--json")
+    au = sub.add_parser("audit", help="empirical privacy audits (not available yet)")
+    au.add_argument("--quick", action="store_true")
+    au.add_argument("--json")
+    return ap
+
+
+def _not_yet(what: str) -> int:
+    print(f"ldp-beam: '{what}' is not available yet (tracked in {PENDING[what]}); "
+          "nothing was run.", file=sys.stderr)
+    return 3
+
+
+def cmd_list(a: argparse.Namespace) -> int:
+    from ldp_beam.registry import get_registry
+
+    reg = get_registry()
+    rows = reg.describe()
+    for row in rows:
+        plugin = reg.get(row["name"])
+        try:
+            required = {p["name"]: 1.0 for p in row["parameters"] if p["required"]}
+            g = plugin.mechanism(**required).guarantee
+            row["guarantee"] = f"{g.kind} with the epsilon given" + \
+                (f"; {g.notes}" if g.notes else "")
+        except Exception:
+            row["guarantee"] = ""
+    if a.json:
+        print(json.dumps({"mechanisms": rows, "plugin_errors": reg.load_errors}, indent=2,
+                         default=str))
+        return 0
+    for row in rows:
+        print(f"{row['name']}  [{row['family']}; from {row['source']}]")
+        print(f"    {row['summary']}")
+        ps = ", ".join(p["name"] + ("" if p["required"] else f"={p['default']!r}")
+                       for p in row["parameters"])
+        print(f"    parameters: {ps}")
+        print(f"    input roles: " + ", ".join(r["name"] + ("" if r["required"] else "?")
+                                               for r in row["roles"]))
+        print(f"    reports: " + ", ".join(f"{n}:{t}" for n, t in row["report_fields"]))
+        if row.get("guarantee"):
+            print(f"    guarantee: {row['guarantee']}")
+    for name, err in reg.load_errors.items():
+        print(f"plugin {name!r} failed to load: {err}", file=sys.stderr)
+    return 0
+
+
+def cmd_collect(a: argparse.Namespace, beam_args: list[str]) -> int:
+    from .collect import build, run_collect
+
+    columns = _kv(a.role, "--role")
+    if a.column:
+        columns["value"] = a.column
+    mech = build(a.mechanism, _params(a))
+    man = run_collect(a.input, a.output, mech, columns, keep=a.keep, seed=a.seed,
+                      dead_letter=a.dead_letter, batch_rows=a.batch_rows, beam_args=beam_args)
+    r = man["records"]
+    print(f"collected {r['reported']:,} reports ({mech.guarantee.describe()}) into {a.output}; "
+          f"{r['dead_lettered']:,} records dead-lettered to {man['dead_letter']}; "
+          f"input {r['input']:,}" + ("" if r["reconciles"] else " -- COUNTS DO NOT RECONCILE"))
+    return 0 if r["reconciles"] else 1
+
+
+def cmd_estimate(a: argparse.Namespace, beam_args: list[str]) -> int:
+    from .estimate import mechanism_from_reports, run_estimate
+
+    params = _params(a)
+    mech = mechanism_from_reports(a.input, a.mechanism, params) if (a.mechanism or params) \
+        else None
+    out = run_estimate(a.input, a.output, mech, by=a.by, beam_args=beam_args)
+    ests = out["estimates"].values() if a.by else [out["estimate"]]
+    errors = [e["error"] for e in ests if "error" in e]
+    if a.by:
+        print(f"{len(out['estimates'])} estimates by {a.by!r} written to {a.output}")
+    elif not errors:
+        stats = out["estimate"]["statistics"]
+        parts = []
+        for k, s in stats.items():
+            if s["value"] is None:
+                parts.append(f"{k}=undefined")
+                continue
+            ci = s.get("ci95")
+            parts.append(f"{k}={s['value']:.6g}" + (f" [{ci[0]:.6g}, {ci[1]:.6g}]" if ci else ""))
+        print(f"{out['estimate']['n_reports']:,} reports -> " + ", ".join(parts))
+        print(f"guarantee: {out['guarantee']['summary']}; written to {a.output}")
+    if out["reports"]["invalid"]:
+        print(f"{out['reports']['invalid']:,} malformed reports dead-lettered to "
+              f"{out['reports']['dead_letter']}")
+    for err in errors:
+        print(f"ldp-beam estimate: no estimate: {err}", file=sys.stderr)
+    return 1 if errors else 0
+
+
+def cmd_reproduce(a: argparse.Namespace) -> int:
+    families = [f for f in FAMILIES] if a.family == "all" else [a.family]
+    records: list[dict] = []
+    missing = [f for f in families if f in PENDING]
+    if a.family != "all" and missing:
+        return _not_yet(a.family)
+    for fam in families:
+        if fam in PENDING:
+            print(f"ldp-beam reproduce: skipping {fam}: not available yet ({PENDING[fam]})",
+                  file=sys.stderr)
+            continue
+        from importlib import import_module
+
+        recipe = import_module(f"ldp_beam.evaluation.{fam}_recipe")
+        records += recipe.run(quick=a.quick, data_dir=a.data_dir, out_dir=a.out, seed=a.seed)
+    text = json.dumps(records, indent=1, default=str)
+    if a.json:
+        with open(a.json, "w") as fh:
+            fh.write(text + "\n")
+        print(f"{len(records)} records written to {a.json}", file=sys.stderr)
+    else:
+        print(text)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = build_parser()
+    a, rest = ap.parse_known_args(argv)
+    stray = [x for x in rest if not x.startswith("--")]
+    if stray:
+        ap.error(f"unexpected arguments: {' '.join(stray)}")
+    logging.basicConfig(level=logging.INFO if a.verbose else logging.ERROR)
+    if not a.verbose:
+        logging.getLogger().setLevel(logging.ERROR)
+    try:
+        if a.command == "demo":
+            from .demo import run_demo
+
+            run_demo(a.out, epsilon=a.epsilon, seed=a.seed, beam_args=rest)
+            return 0
+        if a.command == "list":
+            return cmd_list(a)
+        if a.command == "collect":
+            return cmd_collect(a, rest)
+        if a.command == "estimate":
+            return cmd_estimate(a, rest)
+        if a.command == "reproduce":
+            return cmd_reproduce(a)
+        return _not_yet(a.command)
+    except (LdpBeamError, UsageError, ValueError, FileNotFoundError, KeyError) as exc:
+        print(f"ldp-beam {a.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,101 @@
+"""``ldp-beam collect``: perturb a column of a Parquet/CSV table into a reports table.
+
+Runs on the trusted side (the ingestion edge): the input holds true values, the output holds only
+reports. Writes ``OUTPUT`` (Parquet; the mechanism and its parameters in the Arrow schema
+metadata), ``OUTPUT.deadletter.jsonl`` (records that could not be perturbed, with the reason; they
+hold raw values and must stay on the trusted side) and ``OUTPUT.manifest.json`` (counts that
+reconcile: input = reported + dead-lettered; the guarantee each report carries).
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Iterable, Mapping
+
+import apache_beam as beam
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from ldp_beam.core import Mechanism
+from ldp_beam.registry import get_registry
+from ldp_beam.transforms import (Perturb, ReadTable, WriteJsonLines, WriteParquetFile,
+                                 report_schema)
+
+from .common import count_lines, counters, pipeline_options, write_json
+
+
+def resolve_columns(mech: Mechanism, schema: pa.Schema, columns: Mapping[str, str],
+                    keep: Iterable[str]) -> dict[str, str]:
+    """Check the role -> column mapping against the input schema; error with what exists."""
+    cols = dict(columns)
+    roles = {r.name: r for r in mech.roles}
+    for role in cols:
+        if role not in roles:
+            raise ValueError(f"{mech.name} has no input role {role!r}; roles: {sorted(roles)}")
+    for r in mech.roles:
+        if r.required and r.name not in cols:
+            raise ValueError(f"{mech.name} needs a column for role {r.name!r} "
+                             f"(use --column for 'value' or --role {r.name}=COLUMN)")
+    for c in list(cols.values()) + list(keep):
+        if c not in schema.names:
+            raise ValueError(f"input has no column {c!r}; columns: {', '.join(schema.names)}")
+    return cols
+
+
+def run_collect(input: str, output: str, mechanism: Mechanism, columns: Mapping[str, str],
+                keep: Iterable[str] = (), seed: Any = None, dead_letter: str | None = None,
+                batch_rows: int = 1 << 16, beam_args: Iterable[str] = ()) -> dict:
+    keep = tuple(keep)
+    read = ReadTable(input, batch_rows=batch_rows)
+    in_schema = read.schema
+    cols = resolve_columns(mechanism, in_schema, columns, keep)
+    passthrough = pa.schema([in_schema.field(c) for c in keep]) if keep else None
+    if passthrough is not None:  # dictionary columns are written as their values
+        passthrough = pa.schema([pa.field(f.name, f.type.value_type)
+                                 if pa.types.is_dictionary(f.type) else f for f in passthrough])
+    schema = report_schema(mechanism, passthrough)
+    dead_letter = dead_letter or output + ".deadletter.jsonl"
+    os.makedirs(os.path.dirname(os.path.abspath(output)) or ".", exist_ok=True)
+    for path in (output, dead_letter):
+        if os.path.exists(path):
+            os.remove(path)
+    p = beam.Pipeline(options=pipeline_options(beam_args))
+    rd = p | "ReadTable" >> read
+    out = rd.batches | "Perturb" >> Perturb(mechanism, columns=cols, keep=keep, seed=seed,
+                                            passthrough_schema=passthrough)
+    _ = out.reports | "WriteReports" >> WriteParquetFile(output, schema)
+    _ = ((rd.dead_letter, out.dead_letter) | "AllDeadLetters" >> beam.Flatten()
+         | "WriteDeadLetters" >> WriteJsonLines(dead_letter))
+    result = p.run()
+    result.wait_until_finish()
+    if not os.path.exists(output):  # no valid record at all: still leave a readable, empty table
+        pq.write_table(schema.empty_table(), output)
+    c = counters(result)
+    reported = pq.ParquetFile(output).metadata.num_rows
+    dead = count_lines(dead_letter)
+    manifest = {
+        "input": os.path.abspath(input) if os.path.exists(input) else input,
+        "output": os.path.abspath(output),
+        "dead_letter": os.path.abspath(dead_letter),
+        "mechanism": mechanism.name, "params": mechanism.params(),
+        "columns": cols, "keep": list(keep), "seeded": seed is not None,
+        "guarantee": mechanism.guarantee.to_dict(),
+        "records": {"input": c.get("records_in"), "reported": reported,
+                    "dead_lettered": dead},
+    }
+    rin = c.get("records_in")
+    manifest["records"]["reconciles"] = rin is not None and rin == reported + dead - \
+        _unreadable(dead_letter)
+    write_json(output + ".manifest.json", manifest)
+    return manifest
+
+
+def _unreadable(dead_letter: str) -> int:
+    """Dead-letter lines for whole unreadable files (not counted in records_in)."""
+    if not os.path.exists(dead_letter):
+        return 0
+    with open(dead_letter) as fh:
+        return sum(1 for line in fh if '"reason": "unreadable input' in line)
+
+
+def build(name: str, params: Mapping[str, Any]) -> Mechanism:
+    return get_registry().build(name, dict(params))

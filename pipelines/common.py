@@ -1,0 +1,61 @@
+"""Shared plumbing for the runnable pipelines: Beam options, metrics, JSON output."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any, Iterable
+
+from apache_beam.metrics.metric import MetricsFilter
+from apache_beam.options.pipeline_options import PipelineOptions
+
+
+def pipeline_options(beam_args: Iterable[str] = ()) -> PipelineOptions:
+    """Beam options from the command line's leftover arguments; DirectRunner unless told."""
+    args = list(beam_args)
+    if not any(a == "--runner" or a.startswith("--runner=") for a in args):
+        args.append("--runner=DirectRunner")
+    return PipelineOptions(args)
+
+
+def counters(result: Any, namespace: str = "ldp_beam") -> dict[str, int]:
+    """Committed (else attempted) counter values of a finished pipeline, summed over steps."""
+    out: dict[str, int] = {}
+    try:
+        res = result.metrics().query(MetricsFilter().with_namespace(namespace))
+    except Exception:  # a runner without metrics support
+        return out
+    for c in res["counters"]:
+        val = c.committed if c.committed is not None else c.attempted
+        out[c.key.metric.name] = out.get(c.key.metric.name, 0) + int(val or 0)
+    return out
+
+
+def write_json(path: str, obj: Any) -> None:
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = path + ".tmp"
+    with open(tmp, "w") as fh:
+        json.dump(obj, fh, indent=2, default=_default, sort_keys=False)
+        fh.write("\n")
+    os.replace(tmp, path)
+
+
+def _default(x: Any) -> Any:
+    if hasattr(x, "item"):
+        return x.item()
+    if hasattr(x, "tolist"):
+        return x.tolist()
+    if isinstance(x, tuple):
+        return list(x)
+    return str(x)
+
+
+def count_lines(path: str) -> int:
+    if not os.path.exists(path):
+        return 0
+    with open(path, "rb") as fh:
+        return sum(1 for line in fh if line.strip())
+
+
+def say(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)

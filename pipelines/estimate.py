@@ -1,0 +1,105 @@
+"""``ldp-beam estimate``: reconstruct statistics from a reports table (server side).
+
+The mechanism is read from the reports' Arrow schema metadata (written by ``collect``); naming one
+with ``--mechanism`` is needed only for tables without it (CSV), and must agree with it when both
+exist. Malformed reports go to ``OUTPUT.deadletter.jsonl``. With ``by``, one estimate per value of
+a passthrough column (each is post-processing of the same LDP reports: no extra privacy cost).
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from typing import Any, Iterable, Mapping
+
+import apache_beam as beam
+import pyarrow.parquet as pq
+
+from ldp_beam.core import Mechanism
+from ldp_beam.estimators import estimator_for
+from ldp_beam.registry import get_registry
+from ldp_beam.transforms import (EstimatorCombineFn, ReadTable, SplitByKey, ValidateReports,
+                                 WriteJsonLines, mechanism_metadata)
+from ldp_beam.transforms.combine import EstimateFailure
+from ldp_beam.transforms.io import match_files, table_format
+
+from .common import count_lines, counters, pipeline_options, write_json
+
+
+def mechanism_from_reports(input: str, name: str | None = None,
+                           params: Mapping[str, Any] | None = None) -> Mechanism:
+    reg = get_registry()
+    files = match_files(input)
+    meta = None
+    if table_format(files[0]) == "parquet":
+        meta = mechanism_metadata(pq.read_schema(files[0]))
+    if name is None:
+        if meta is None:
+            raise ValueError(f"{files[0]} carries no mechanism metadata: pass --mechanism and its "
+                             "parameters (-p NAME=VALUE)")
+        merged = dict(meta["params"])
+        merged.update(params or {})
+        return reg.build(meta["mechanism"], merged)
+    mech = reg.build(name, dict(params or {}))
+    if meta is not None:
+        if meta["mechanism"] != name:
+            raise ValueError(f"reports were made by {meta['mechanism']!r}, not {name!r}")
+        recorded = reg.build(meta["mechanism"], dict(meta["params"]))
+        if recorded.params() != mech.params():
+            diff = {k: (recorded.params()[k], v) for k, v in mech.params().items()
+                    if recorded.params().get(k) != v}
+            raise ValueError(f"parameters differ from those the reports were made with "
+                             f"(recorded, given): {diff}")
+    return mech
+
+
+def _keyed_json(kv: Any) -> dict:
+    key, est = kv
+    return {"key": key, **_result(est)}
+
+
+def _result(est: Any) -> dict:
+    if isinstance(est, EstimateFailure):
+        return {"error": est.reason, "n_reports": est.n_reports}
+    return est.to_dict()
+
+
+def run_estimate(input: str, output: str, mechanism: Mechanism | None = None,
+                 by: str | None = None, beam_args: Iterable[str] = ()) -> dict:
+    mech = mechanism or mechanism_from_reports(input)
+    est = estimator_for(mech)
+    dead_letter = output + ".deadletter.jsonl"
+    tmpdir = tempfile.mkdtemp(prefix="ldp-beam-estimate-")
+    parts = os.path.join(tmpdir, "estimates.jsonl")
+    p = beam.Pipeline(options=pipeline_options(beam_args))
+    rd = p | "ReadReports" >> ReadTable(input)
+    valid = rd.batches | "Validate" >> ValidateReports(est)
+    combine_fn = EstimatorCombineFn(est, on_empty="report")
+    if by:
+        results = (valid.reports | "SplitByKey" >> beam.ParDo(SplitByKey(by))
+                   | "EstimatePerKey" >> beam.CombinePerKey(combine_fn)
+                   | "ToJson" >> beam.Map(_keyed_json))
+    else:
+        results = (valid.reports | "Estimate" >> beam.CombineGlobally(combine_fn)
+                   | "ToJson" >> beam.Map(_result))
+    _ = results | "WriteEstimates" >> WriteJsonLines(parts)
+    _ = ((rd.dead_letter, valid.dead_letter) | "AllDeadLetters" >> beam.Flatten()
+         | "WriteDeadLetters" >> WriteJsonLines(dead_letter))
+    result = p.run()
+    result.wait_until_finish()
+    with open(parts) as fh:
+        rows = [json.loads(line) for line in fh if line.strip()]
+    c = counters(result)
+    out: dict[str, Any] = {
+        "input": input, "mechanism": mech.name, "params": mech.params(),
+        "guarantee": mech.guarantee.to_dict(),
+        "reports": {"read": c.get("reports_in"), "invalid": count_lines(dead_letter),
+                    "dead_letter": os.path.abspath(dead_letter)},
+    }
+    if by:
+        out["by"] = by
+        out["estimates"] = {str(r.pop("key")): r for r in sorted(rows, key=lambda r: str(r["key"]))}
+    else:
+        out["estimate"] = rows[0] if rows else {"error": "no reports", "n_reports": 0}
+    write_json(output, out)
+    return out
