@@ -51,7 +51,8 @@ class PerturbFn(beam.DoFn):
         self.seed = seed
         self.key_column = key_column
         self.passthrough_schema = passthrough_schema
-        self.schema = report_schema(mechanism, passthrough_schema)
+        self.schema = report_schema(mechanism, passthrough_schema) if passthrough_schema or \
+            not self.keep else None  # else: taken from the first batch's kept columns
         self.n_in = Metrics.counter("ldp_beam", "records_in")
         self.n_valid = Metrics.counter("ldp_beam", "records_valid")
         self.n_invalid = Metrics.counter("ldp_beam", "records_invalid")
@@ -94,7 +95,18 @@ class PerturbFn(beam.DoFn):
         if n - bad.sum() == 0:
             return
         reports = self.mechanism.randomize(cols, u)
-        yield reports_batch(reports, self.schema, kept if self.keep else None)
+        yield reports_batch(reports, self._schema_for(table), kept if self.keep else None)
+
+    def _schema_for(self, table: Any) -> pa.Schema:
+        if self.schema is None:
+            if isinstance(table, (pa.RecordBatch, pa.Table)):
+                kept = pa.schema([table.schema.field(c) for c in self.keep])
+            else:
+                kept = pa.schema([(c, pa.array(np.asarray(table[c])).type) for c in self.keep])
+            kept = pa.schema([pa.field(f.name, f.type.value_type)
+                              if pa.types.is_dictionary(f.type) else f for f in kept])
+            self.schema = report_schema(self.mechanism, kept)
+        return self.schema
 
     # -- element path
     def _perturb_record(self, record: Mapping[str, Any]):

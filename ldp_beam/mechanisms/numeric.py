@@ -68,7 +68,7 @@ class NumericMechanism(Mechanism):
         if not self.allow_missing:
             reasons.flag(nan, "value: missing (null/NaN) and allow_missing=False")
         reasons.flag(~nan & ~((v >= self.lower) & (v <= self.upper)),
-                     lambda i: f"value: {v[i].item()!r} outside [{self.lower!r}, {self.upper!r}]")
+                     lambda i: f"value: {v[i].item()!r} outside [{self.lower:g}, {self.upper:g}]")
         if "preference" in cols:
             pref = cols["preference"]
             reasons.flag(~(pref > 0) | np.isinf(pref),

@@ -1,0 +1,70 @@
+import logging
+import os
+import sys
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+logging.getLogger("apache_beam").setLevel(logging.ERROR)
+logging.getLogger().setLevel(logging.ERROR)
+
+SHARED_DATA = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data")
+
+
+@pytest.fixture
+def survey_table(tmp_path):
+    """A small Parquet table with good rows and one row of each bad kind."""
+    rng = np.random.default_rng(11)
+    n = 3000
+    age = rng.uniform(0, 100, n)
+    pref = rng.normal(5, 1.5, n).clip(0.2)
+    age[:4] = [np.nan, 150.0, -1.0, 50.0]
+    pref[3] = -2.0  # bad preference
+    t = pa.table({"uid": np.arange(n), "age": age, "pref": pref,
+                  "g": rng.integers(0, 3, n).astype(str)})
+    path = tmp_path / "survey.parquet"
+    pq.write_table(t, path, row_group_size=1000)
+    return path, t
+
+
+def run_cli(*args: str):
+    """Run the CLI in-process; returns (exit code, stdout, stderr) via capsys-free capture."""
+    import io
+    from contextlib import redirect_stderr, redirect_stdout
+
+    from ldp_beam.pipelines.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        code = main(list(args))
+    return code, out.getvalue(), err.getvalue()
+
+
+class Sink:
+    """Collect a PCollection's elements in a test: the DirectRunner pickles closures, so a list
+    captured by a lambda would be a copy; elements are pickled to files in a folder instead."""
+
+    def __init__(self, folder):
+        self.folder = str(folder)
+        os.makedirs(self.folder, exist_ok=True)
+
+    def __call__(self, element):
+        import pickle
+        import uuid
+
+        with open(os.path.join(self.folder, uuid.uuid4().hex), "wb") as fh:
+            pickle.dump(element, fh)
+
+    def items(self):
+        import pickle
+
+        out = []
+        for f in sorted(os.listdir(self.folder)):
+            with open(os.path.join(self.folder, f), "rb") as fh:
+                out.append(pickle.load(fh))
+        return out
+
+
+sys.modules.setdefault("ldp_beam_test_helpers", sys.modules[__name__])

@@ -1,0 +1,149 @@
+"""The command line: collect/estimate over Parquet and CSV, errors, exit codes, the demo."""
+import csv
+import json
+import math
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from ldp_beam_test_helpers import run_cli
+
+
+def test_collect_estimate_parquet_roundtrip(survey_table, tmp_path):
+    path, t = survey_table
+    out = tmp_path / "r.parquet"
+    code, so, se = run_cli("collect", "-i", str(path), "-c", "age", "--role", "preference=pref",
+                           "-m", "bisample-md", "--epsilon", "2", "-p", "lower=0",
+                           "-p", "upper=100", "--keep", "g", "--seed", "4", "-o", str(out))
+    assert code == 0, se
+    man = json.loads((tmp_path / "r.parquet.manifest.json").read_text())
+    rec = man["records"]
+    assert rec == {"input": 3000, "reported": 2997, "dead_lettered": 3, "reconciles": True}
+    assert man["guarantee"]["kind"] == "LDP" and man["guarantee"]["epsilon"] == 2.0
+    schema = pq.read_schema(out)
+    assert schema.names == ["s", "b", "g"]
+    assert b"ldp_beam" in schema.metadata
+    est_path = tmp_path / "e.json"
+    code, so, se = run_cli("estimate", "-i", str(out), "-o", str(est_path))
+    assert code == 0, se
+    est = json.loads(est_path.read_text())
+    stats = est["estimate"]["statistics"]
+    assert est["estimate"]["n_reports"] == 2997
+    age, pref = t["age"].to_numpy(), t["pref"].to_numpy()
+    valid = np.isnan(age) | ((age >= 0) & (age <= 100))
+    valid[3] = False
+    ans = valid & ~np.isnan(age) & (pref >= 2)
+    truth_miss = 1 - ans.sum() / valid.sum()
+    assert abs(stats["missing_rate"]["value"] - truth_miss) < 4 * stats["missing_rate"]["stderr"]
+    assert abs(stats["mean"]["value"] - age[ans].mean()) < 4 * stats["mean"]["stderr"]
+    # per-key
+    code, so, se = run_cli("estimate", "-i", str(out), "-o", str(tmp_path / "k.json"), "--by", "g")
+    assert code == 0, se
+    per = json.loads((tmp_path / "k.json").read_text())["estimates"]
+    assert sorted(per) == ["0", "1", "2"]
+    assert sum(v["n_reports"] for v in per.values()) == 2997
+
+
+def test_collect_csv_with_bad_rows(tmp_path):
+    p = tmp_path / "in.csv"
+    rows = [["id", "x"]] + [[i, f"{(i * 7) % 10 / 10:.1f}"] for i in range(200)]
+    rows += [[900, "abc"], [901, ""], [902, "5"], [903, "-0.5"]]
+    with open(p, "w", newline="", encoding="utf-8-sig") as fh:  # with a BOM, like real exports
+        csv.writer(fh).writerows(rows)
+    out = tmp_path / "r.parquet"
+    code, so, se = run_cli("collect", "-i", str(p), "-c", "x", "-m", "harmony", "--epsilon", "1",
+                           "-p", "lower=0", "-p", "upper=1", "-o", str(out))
+    assert code == 0, se
+    dead = [json.loads(x) for x in (tmp_path / "r.parquet.deadletter.jsonl").read_text().split("\n")
+            if x]
+    assert sorted(d["reason"] for d in dead) == sorted([
+        "value: non-numeric value 'abc'", "value: missing (null/NaN) and allow_missing=False",
+        "value: 5.0 outside [0, 1]", "value: -0.5 outside [0, 1]"])
+    assert pq.ParquetFile(out).metadata.num_rows == 200
+
+
+def test_estimate_refuses_mismatched_mechanism(survey_table, tmp_path):
+    path, _ = survey_table
+    out = tmp_path / "r.parquet"
+    assert run_cli("collect", "-i", str(path), "-c", "age", "-m", "bisample-md", "--epsilon", "1",
+                   "-p", "lower=0", "-p", "upper=100", "-o", str(out))[0] == 0
+    code, _, se = run_cli("estimate", "-i", str(out), "-o", str(tmp_path / "e.json"),
+                          "-m", "harmony", "--epsilon", "1")
+    assert code == 2 and "made by 'bisample-md', not 'harmony'" in se
+    code, _, se = run_cli("estimate", "-i", str(out), "-o", str(tmp_path / "e.json"),
+                          "-m", "bisample-md", "--epsilon", "3", "-p", "lower=0", "-p", "upper=100")
+    assert code == 2 and "parameters differ" in se and "epsilon" in se
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--epsilon", "0"], "parameter 'epsilon' = 0.0 is invalid: expected a finite number > 0"),
+    (["--epsilon", "nan"], "parameter 'epsilon'"),
+    (["--epsilon", "1", "-p", "lower=5", "-p", "upper=1"],
+     "parameter 'lower' = 5.0 is invalid: expected a number < upper = 1.0"),
+    (["--epsilon", "1", "-p", "fake=maybe"], "parameter 'fake' = 'maybe' is invalid"),
+    (["--epsilon", "1", "-p", "lower=abc"], "parameter 'lower' = 'abc' is invalid"),
+    (["--epsilon", "1", "-p", "colour=red"], "parameter 'colour'"),
+    (["--epsilon", "1", "-p", "preference=-1"], "parameter 'preference' = -1.0 is invalid"),
+])
+def test_bad_parameters_exit_2_naming_the_parameter(survey_table, tmp_path, args, message):
+    path, _ = survey_table
+    code, _, se = run_cli("collect", "-i", str(path), "-c", "age", "-m", "bisample", *args,
+                          "-o", str(tmp_path / "r.parquet"))
+    assert code == 2
+    assert message in se
+
+
+def test_usage_errors(survey_table, tmp_path):
+    path, _ = survey_table
+    code, _, se = run_cli("collect", "-i", str(path), "-c", "nope", "-m", "bisample",
+                          "--epsilon", "1", "-o", str(tmp_path / "r.parquet"))
+    assert code == 2 and "input has no column 'nope'; columns: uid, age, pref, g" in se
+    code, _, se = run_cli("collect", "-i", str(tmp_path / "missing*.parquet"), "-c", "age",
+                          "-m", "bisample", "--epsilon", "1", "-o", str(tmp_path / "r.parquet"))
+    assert code == 2 and "no input file matches" in se
+    code, _, se = run_cli("collect", "-i", str(path), "-c", "age", "-m", "nosuch",
+                          "--epsilon", "1", "-o", str(tmp_path / "r.parquet"))
+    assert code == 2 and "unknown mechanism 'nosuch'" in se
+
+
+def test_empty_reports_give_a_clear_error(tmp_path):
+    import pyarrow as pa
+
+    src = tmp_path / "all_bad.parquet"
+    pq.write_table(pa.table({"x": [5.0, 7.0]}), src)
+    out = tmp_path / "r.parquet"
+    code, _, _ = run_cli("collect", "-i", str(src), "-c", "x", "-m", "bisample", "--epsilon", "1",
+                         "-o", str(out))
+    assert code == 0 and pq.ParquetFile(out).metadata.num_rows == 0
+    code, _, se = run_cli("estimate", "-i", str(out), "-o", str(tmp_path / "e.json"))
+    assert code == 1 and "no reports were accumulated" in se
+
+
+@pytest.mark.parametrize("cmd", [["stream"], ["bench"], ["audit"], ["reproduce", "rvns"]])
+def test_pending_commands_say_so_and_fail(cmd):
+    code, so, se = run_cli(*cmd)
+    assert code == 3 and "not available yet" in se and so == ""
+
+
+def test_list_shows_registry_with_parameters_and_guarantee():
+    code, so, _ = run_cli("list", "--json")
+    assert code == 0
+    rows = {r["name"]: r for r in json.loads(so)["mechanisms"]}
+    assert {"bisample", "bisample-md", "harmony", "pm", "privkvm"} <= set(rows)
+    assert [p["name"] for p in rows["bisample-md"]["parameters"]][:3] == ["epsilon", "lower",
+                                                                           "upper"]
+    assert rows["bisample-md"]["guarantee"].startswith("LDP")
+    code, so, _ = run_cli("list")
+    assert "bisample-md" in so and "parameters: epsilon, lower=-1.0" in so
+
+
+def test_demo_runs_and_reconciles(tmp_path):
+    code, so, se = run_cli("demo", "--out", str(tmp_path), "--seed", "1")
+    assert code == 0, se
+    assert "50,000 read = 49,994 reported + 6 dead-lettered" in so
+    assert "DOES NOT RECONCILE" not in so
+    assert "LDP with epsilon=3" in so
+    assert (tmp_path / "mean_age_by_region.png").stat().st_size > 1000
+    est = json.loads((tmp_path / "estimate.json").read_text())["estimate"]["statistics"]
+    assert all(math.isfinite(est[k]["value"]) for k in ("missing_rate", "mean", "sum"))
