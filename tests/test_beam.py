@@ -54,7 +54,7 @@ def test_batch_path_dead_letters_and_reconciles(survey_table):
     assert len(dead) == 3  # NaN is a *missing* value for BiSample-MD, not a bad record
     assert any("150.0 outside [0, 100]" in r for r in reasons)
     assert any("-1.0 outside" in r for r in reasons)
-    assert any(r.startswith("preference: -2.0") for r in reasons)
+    assert any(r.startswith("preference: -2.0 is not an epsilon") for r in reasons)
     assert {d["row"] for d in dead} == {1, 2, 3}
     assert all(d["source"].endswith("survey.parquet") for d in dead)
     assert c["records_in"] == t.num_rows == c["records_valid"] + c["records_invalid"]

@@ -25,7 +25,8 @@ from ..errors import ParameterError
 
 VALUE = Role("value", help="the sensitive number, in [lower, upper]")
 PREFERENCE = Role("preference", required=False,
-                  help="the user's privacy preference eps_u > 0; the user answers iff eps_u >= epsilon")
+                  help="the user's privacy preference eps_u in [0, inf]; the user answers iff "
+                       "eps_u >= epsilon (0: never, inf: always)")
 
 
 @dataclass(frozen=True)
@@ -45,8 +46,9 @@ class NumericMechanism(Mechanism):
         check_interval(self.lower, self.upper)
         if self.preference is not None:
             if isinstance(self.preference, bool) or not isinstance(self.preference, (int, float)) \
-                    or not self.preference > 0 or math.isnan(self.preference):
-                raise ParameterError("preference", self.preference, "a number > 0 or None")
+                    or not self.preference >= 0:
+                raise ParameterError("preference", self.preference,
+                                     "an epsilon in [0, inf] (or None: every user answers)")
         if not isinstance(self.allow_missing, bool):
             raise ParameterError("allow_missing", self.allow_missing, "True or False")
 
@@ -71,8 +73,8 @@ class NumericMechanism(Mechanism):
                      lambda i: f"value: {v[i].item()!r} outside [{self.lower:g}, {self.upper:g}]")
         if "preference" in cols:
             pref = cols["preference"]
-            reasons.flag(~(pref > 0) | np.isinf(pref),
-                         lambda i: f"preference: {pref[i].item()!r} is not a finite number > 0")
+            reasons.flag(~(pref >= 0), lambda i: f"preference: {pref[i].item()!r} is not an "
+                         "epsilon in [0, inf] (missing or negative)")
 
     def missing(self, cols: dict[str, np.ndarray]) -> np.ndarray:
         """Users who do not give their real value: null source value or eps_u < epsilon."""
