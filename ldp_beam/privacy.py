@@ -56,11 +56,17 @@ class PrivacyGuarantee:
                 "claim": self.claim, "params": dict(self.params), "summary": self.describe()}
 
 
+#: From strongest to weakest: a composition of mixed kinds promises only the weakest one. An LDP
+#: release is also neighbourhood-LDP and central DP for the same epsilon; ULDP protects only
+#: sensitive values, so it is the weakest of the DP kinds here.
+STRENGTH = (LDP, NEIGHBOURHOOD_LDP, CENTRAL, PERSONALIZED, ULDP)
+
+
 def compose(guarantees: Iterable[PrivacyGuarantee]) -> PrivacyGuarantee:
     """Sequential composition of releases about the same people: epsilons and deltas add up.
 
-    Releases of different kinds compose to the weakest common statement; a release with no
-    guarantee makes the whole composition carry none.
+    Releases of different kinds compose to the weakest kind among them (see ``STRENGTH``); a
+    release with no guarantee makes the whole composition carry none.
     """
     gs = list(guarantees)
     if not gs:
@@ -68,11 +74,9 @@ def compose(guarantees: Iterable[PrivacyGuarantee]) -> PrivacyGuarantee:
     kinds = {g.kind for g in gs}
     if NONE in kinds:
         return PrivacyGuarantee(NONE, math.inf, notes="a component carries no guarantee")
-    kind = gs[0].kind if len(kinds) == 1 else "+".join(sorted(kinds))
-    if kind not in KINDS:  # mixed kinds: report as the weakest, with the mix in the notes
-        notes = f"composition of {', '.join(sorted(kinds))}"
-        kind = NEIGHBOURHOOD_LDP if NEIGHBOURHOOD_LDP in kinds else CENTRAL
-        return PrivacyGuarantee(kind, sum(g.epsilon for g in gs),
-                                min(1.0, sum(g.delta for g in gs)), notes=notes)
-    return PrivacyGuarantee(kind, sum(g.epsilon for g in gs), min(1.0, sum(g.delta for g in gs)),
-                            notes=f"sequential composition of {len(gs)} releases")
+    kind = max(kinds, key=STRENGTH.index)
+    notes = f"sequential composition of {len(gs)} releases"
+    if len(kinds) > 1:
+        notes += f" of kinds {', '.join(sorted(kinds))}; stated as the weakest, {kind}"
+    return PrivacyGuarantee(kind, sum(g.epsilon for g in gs),
+                            min(1.0, sum(g.delta for g in gs)), notes=notes)

@@ -25,11 +25,12 @@ _STREAM_SHIFT = 64
 _MASK64 = (1 << 64) - 1
 
 
-def _key_from_seed(seed: int | str | bytes) -> int:
-    if isinstance(seed, bool) or not isinstance(seed, (int, str, bytes)):
+def _key_from_seed(seed: int | str | bytes, purpose: bytes = b"aes-key") -> int:
+    if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, (int, np.integer, str, bytes)):
         raise TypeError(f"seed must be an int, str or bytes, not {type(seed).__name__}")
-    raw = seed if isinstance(seed, bytes) else str(seed).encode()
-    return int.from_bytes(hashlib.sha256(b"ldp-beam/aes-key/" + raw).digest()[:16], "big")
+    raw = seed if isinstance(seed, bytes) else str(int(seed) if isinstance(seed, np.integer)
+                                                    else seed).encode()
+    return int.from_bytes(hashlib.sha256(b"ldp-beam/" + purpose + b"/" + raw).digest()[:16], "big")
 
 
 def stream_id(name: object) -> int:
@@ -45,7 +46,7 @@ class RandomSource:
     ``uniforms(n, draws, stream=s, offset=o)`` returns an ``(n, draws)`` float64 array in [0, 1)
     whose row ``i`` is the noise of record ``o + i`` of stream ``s``. Without a seed, ``stream``
     and ``offset`` are ignored and the draws come from one OS-seeded AES stream. With a seed and no
-    keys, a running offset on stream 0 is used (deterministic for sequential calls in one process).
+    offset, draws continue after the last block used (deterministic for sequential calls).
     """
 
     def __init__(self, seed: int | str | bytes | None = None) -> None:
@@ -56,7 +57,8 @@ class RandomSource:
         else:
             self._key = _key_from_seed(seed)
             self._gen = None
-        self._next_offset = 0
+        self._next_block = 0
+        self._next_generator = 0
 
     @property
     def seeded(self) -> bool:
@@ -68,12 +70,14 @@ class RandomSource:
             raise ValueError(f"uniforms(n={n}, draws={draws}): need n >= 0 and draws >= 1")
         if self._key is None:
             return self._gen.random((n, draws))
-        if offset is None:
-            offset, stream = self._next_offset, 0 if stream is None else stream
-            self._next_offset += n
         stream = 0 if stream is None else stream
         blocks = (draws + 1) // 2  # one AES block = two 64-bit outputs = two doubles
-        counter = ((stream & _MASK64) << _STREAM_SHIFT) + offset * blocks
+        if offset is None:  # sequential use: continue after the last block this source used
+            start = self._next_block
+            self._next_block += n * blocks
+        else:
+            start = offset * blocks
+        counter = ((stream & _MASK64) << _STREAM_SHIFT) + start
         gen = np.random.Generator(AESCounter(key=self._key, counter=counter % (1 << 128)))
         return gen.random((n, 2 * blocks))[:, :draws]
 
@@ -81,8 +85,10 @@ class RandomSource:
         """A numpy Generator for non-mechanism uses (simulation data, bootstrap)."""
         if self._key is None:
             return self._gen
-        g = np.random.Generator(AESCounter(key=self._key, counter=(1 << 127) + self._next_offset))
-        self._next_offset += 1 << 20
+        # A key of its own (never the mechanisms' key), one 2^64-block stream per call.
+        key = _key_from_seed(self.seed, b"generator")
+        g = np.random.Generator(AESCounter(key=key, counter=self._next_generator << 64))
+        self._next_generator += 1
         return g
 
 
@@ -95,7 +101,8 @@ def as_source(rng: RngLike) -> RandomSource | np.random.Generator:
     ``None`` -> a fresh OS-entropy source; an int/str -> a seeded source; a RandomSource or a numpy
     Generator is used as is (a Generator supplies ``random((n, draws))`` directly).
     """
-    if rng is None or isinstance(rng, (int, str, bytes)) and not isinstance(rng, bool):
+    if rng is None or isinstance(rng, (int, np.integer, str, bytes)) \
+            and not isinstance(rng, (bool, np.bool_)):
         return RandomSource(rng)
     if isinstance(rng, (RandomSource, np.random.Generator)):
         return rng

@@ -2,7 +2,8 @@
 
 Accumulator: counts of the report codes 2s + b, i.e. [#(s=0,b=0), n_neg1, #(s=1,b=0), n_pos1]
 (so n_neg = acc[0] + acc[1], n_pos = acc[2] + acc[3]); f_POS = n_pos1/n_pos, f_NEG = n_neg1/n_neg
-(Eqs. 9-10). Standard errors use the plug-in binomial variances Var f = f(1 - f)/n_dir, which
+(Eqs. 9-10). Standard errors use the plug-in binomial variances Var f = f(1 - f)/n_dir (with the
+Agresti-Coull adjustment, see ``binomial_variance``), which
 reproduce the paper's Var[m*] = ((e^eps + 1)/(e^eps - 1))^2 - m^2 (Eq. 14, per user) and are
 slightly conservative (the split into directions is random, not stratified).
 """
@@ -16,7 +17,7 @@ import numpy as np
 from ..core import Statistic
 from ..errors import EmptyAccumulatorError
 from ..mechanisms.bisample import BiSampleMD
-from .counting import CodedCountEstimator
+from .counting import CodedCountEstimator, binomial_variance
 
 
 class BiSampleEstimator(CodedCountEstimator):
@@ -36,7 +37,7 @@ class BiSampleEstimator(CodedCountEstimator):
                 f"{self.mechanism.name}: an estimate needs reports in both sampling directions "
                 f"(got n_neg={n_neg}, n_pos={n_pos})")
         f_pos, f_neg = acc[3] / n_pos, acc[1] / n_neg
-        return f_pos, f_neg, f_pos * (1 - f_pos) / n_pos, f_neg * (1 - f_neg) / n_neg
+        return (f_pos, f_neg, binomial_variance(acc[3], n_pos), binomial_variance(acc[1], n_neg))
 
     def statistics(self, acc: np.ndarray) -> dict[str, Statistic]:
         m = self.mechanism
@@ -55,9 +56,9 @@ class BiSampleEstimator(CodedCountEstimator):
         miss = (1 - f_pos - f_neg) / k  # Eq. 18
         se_miss = math.sqrt(var_pos + var_neg) / k
         answering = n * (1 - miss)
-        # Sum over answering users in [L, U]: (U-L)/2 s* + (U+L)/2 n(1 - f*) = n/k [U f_P - L f_N
+        # Sum over answering users in [L, U]: (U-L)/2 s* + (U+L)/2 n(1 - f*) = n/k [U f_P + L f_N
         # + (U + L)(p - 1)], linear in (f_P, f_N).
-        total = n / k * (U * f_pos - L * f_neg + (U + L) * (p - 1))
+        total = n / k * (U * f_pos + L * f_neg + (U + L) * (p - 1))
         se_total = n / k * math.sqrt(U * U * var_pos + L * L * var_neg)
         stats = {
             "missing_rate": Statistic(miss, se_miss, float(np.clip(miss, 0, 1))),

@@ -8,6 +8,14 @@ import numpy as np
 from ..core import CountEstimator, Reasons, coerce_numeric
 
 
+def binomial_variance(successes: float, trials: float) -> float:
+    """Variance of a proportion's estimate, plug-in with the Agresti-Coull adjustment
+    f~ = (x + 1)/(n + 2), so that 0 or n successes in few trials do not give a zero-width
+    interval; for large n it equals f(1 - f)/n to O(1/n)."""
+    f = (successes + 1.0) / (trials + 2.0)
+    return f * (1.0 - f) / trials
+
+
 class CodedCountEstimator(CountEstimator):
     """A CountEstimator whose report fields take values in small declared sets.
 

@@ -7,8 +7,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from ..core import MomentEstimator, Reasons, Statistic, coerce_numeric
-from ..errors import EmptyAccumulatorError
-from .counting import CodedCountEstimator
+from .counting import CodedCountEstimator, binomial_variance
 
 
 def _mean_stats(m: Any, x: float, se: float | None, n: int) -> dict[str, Statistic]:
@@ -33,8 +32,9 @@ class HarmonyEstimator(CodedCountEstimator):
     def statistics(self, acc: np.ndarray) -> dict[str, Statistic]:
         n = int(acc.sum())
         k = 2 * self.mechanism.p - 1
-        ybar = (acc[1] - acc[0]) / n
-        return _mean_stats(self.mechanism, ybar / k, math.sqrt(max(1 - ybar**2, 0) / n) / k, n)
+        ybar = (acc[1] - acc[0]) / n  # = 2 f - 1 with f the share of +1 reports
+        return _mean_stats(self.mechanism, ybar / k, 2 * math.sqrt(binomial_variance(acc[1], n)) / k,
+                           n)
 
 
 class PiecewiseEstimator(MomentEstimator):
@@ -72,6 +72,16 @@ class PrivKVMEstimator(CodedCountEstimator):
     n_cells = 3
     field_values = {"k": (0, 1), "v": (-1, 0, 1)}
 
+    def check_reports(self, reports: Mapping[str, Any], n: int | None = None) -> Reasons:
+        reasons = super().check_reports(reports, n)
+        if "k" in reports and "v" in reports:  # the wire form: v = +-1 iff k = 1, v = 0 iff k = 0
+            k, _ = coerce_numeric(reports["k"])
+            v, _ = coerce_numeric(reports["v"])
+            reasons.flag((k == 1) != (v != 0), lambda i, rk=reports["k"], rv=reports["v"]:
+                         f"report <k, v> = <{rk[i]!r}, {rv[i]!r}>: v must be +-1 when k = 1 "
+                         "and 0 when k = 0")
+        return reasons
+
     def cells(self, reports: Mapping[str, np.ndarray]) -> np.ndarray:
         k = np.asarray(reports["k"], np.int64)
         v = np.asarray(reports["v"], np.int64)
@@ -83,11 +93,12 @@ class PrivKVMEstimator(CodedCountEstimator):
         p1, p2 = m.p1, m.p2
         f1 = (acc[1] + acc[2]) / n
         fk = (f1 + p1 - 1) / (2 * p1 - 1)
-        se_fk = math.sqrt(f1 * (1 - f1) / n) / (2 * p1 - 1)
+        se_fk = math.sqrt(binomial_variance(acc[1] + acc[2], n)) / (2 * p1 - 1)
         stats = {"missing_rate": Statistic(1 - fk, se_fk, float(np.clip(1 - fk, 0, 1)))}
         N = int(acc[1] + acc[2])
         if N == 0:
-            raise EmptyAccumulatorError("privkvm: no report carries key 1; the mean is undefined")
+            stats["mean"] = Statistic(None, None, None, note="undefined: no report carries key 1")
+            return stats
         plus = np.clip(((p2 - 1) * N + acc[2]) / (2 * p2 - 1), 0, N)
         minus = np.clip(((p2 - 1) * N + acc[1]) / (2 * p2 - 1), 0, N)
         S = plus - minus
