@@ -124,6 +124,11 @@ class Progress:
         of = f"{self.count}/{self.total}" if self.total else f"{self.count}"
         self._emit(f"[{self.family}] {label} ({of})")
 
+    def block(self, text: str) -> None:
+        """Emit a multi-line text (a results table) as is, line by line."""
+        for line in text.splitlines():
+            self._emit(line)
+
     def note(self, text: str) -> None:
         self._emit(f"[{self.family}] {text} [{time.perf_counter() - self._t0:.1f}s]")
 
