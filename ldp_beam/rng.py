@@ -69,7 +69,7 @@ class RandomSource:
         if n < 0 or draws < 1:
             raise ValueError(f"uniforms(n={n}, draws={draws}): need n >= 0 and draws >= 1")
         if self._key is None:
-            return self._gen.random((n, draws))
+            return np.asfortranarray(self._gen.random((n, draws)))
         stream = 0 if stream is None else stream
         blocks = (draws + 1) // 2  # one AES block = two 64-bit outputs = two doubles
         if offset is None:  # sequential use: continue after the last block this source used
@@ -79,7 +79,9 @@ class RandomSource:
             start = offset * blocks
         counter = ((stream & _MASK64) << _STREAM_SHIFT) + start
         gen = np.random.Generator(AESCounter(key=self._key, counter=counter % (1 << 128)))
-        return gen.random((n, 2 * blocks))[:, :draws]
+        # Drawn record-major (record i's uniforms are contiguous in the counter stream), returned
+        # column-contiguous: mechanisms read whole columns, ~3x faster than strided views.
+        return np.asfortranarray(gen.random((n, 2 * blocks))[:, :draws])
 
     def generator(self) -> np.random.Generator:
         """A numpy Generator for non-mechanism uses (simulation data, bootstrap)."""
@@ -113,5 +115,5 @@ def as_source(rng: RngLike) -> RandomSource | np.random.Generator:
 def draw_uniforms(rng: RandomSource | np.random.Generator, n: int, draws: int, *,
                   stream: int | None = None, offset: int | None = None) -> np.ndarray:
     if isinstance(rng, np.random.Generator):
-        return rng.random((n, draws))
+        return np.asfortranarray(rng.random((n, draws)))
     return rng.uniforms(n, draws, stream=stream, offset=offset)
