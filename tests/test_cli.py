@@ -63,6 +63,27 @@ def test_collect_csv_with_bad_rows(tmp_path):
     assert pq.ParquetFile(out).metadata.num_rows == 200
 
 
+def test_estimate_from_csv_reports_needs_and_uses_the_mechanism(survey_table, tmp_path):
+    path, _ = survey_table
+    out = tmp_path / "r.parquet"
+    assert run_cli("collect", "-i", str(path), "-c", "age", "-m", "bisample-md", "--epsilon", "1",
+                   "-p", "lower=0", "-p", "upper=100", "--seed", "2", "-o", str(out))[0] == 0
+    rep = pq.read_table(out).to_pandas()
+    rep.loc[len(rep)] = [7, 0]  # one malformed report (s = 7)
+    rep.to_csv(tmp_path / "r.csv", index=False)
+    code, _, se = run_cli("estimate", "-i", str(tmp_path / "r.csv"), "-o", str(tmp_path / "x.json"))
+    assert code == 2 and "carries no mechanism metadata: pass --mechanism" in se
+    code, so, se = run_cli("estimate", "-i", str(tmp_path / "r.csv"), "-o",
+                           str(tmp_path / "c.json"), "-m", "bisample-md", "--epsilon", "1",
+                           "-p", "lower=0", "-p", "upper=100")
+    assert code == 0, se
+    assert "1 malformed reports dead-lettered" in so
+    code, _, _ = run_cli("estimate", "-i", str(out), "-o", str(tmp_path / "p.json"))
+    from_csv = json.loads((tmp_path / "c.json").read_text())["estimate"]
+    from_parquet = json.loads((tmp_path / "p.json").read_text())["estimate"]
+    assert from_csv == from_parquet  # same reports, same counts, same estimate
+
+
 def test_estimate_refuses_mismatched_mechanism(survey_table, tmp_path):
     path, _ = survey_table
     out = tmp_path / "r.parquet"

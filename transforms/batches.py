@@ -22,7 +22,7 @@ import numpy as np
 import pyarrow as pa
 
 from ldp_beam import __version__
-from ldp_beam.core import Mechanism
+from ldp_beam.core import Mechanism, coerce_numeric
 
 SCHEMA_KEY = b"ldp_beam"
 
@@ -121,14 +121,22 @@ def reports_batch(reports: Mapping[str, np.ndarray], schema: pa.Schema,
 
 
 def report_columns(element: Any, fields: tuple) -> dict[str, np.ndarray]:
-    """Report fields of a report batch / single report as numpy columns."""
+    """Report fields of a report batch / single report as numpy columns of the declared dtypes
+    (reports read from CSV or JSON arrive as text; they are parsed here, after validation)."""
     if isinstance(element, KeyedBatch):
         element = element.table
     if isinstance(element, (pa.RecordBatch, pa.Table)):
-        return {name: get_column(element, name) for name, _ in fields
+        cols = {name: get_column(element, name) for name, _ in fields
                 if name in element.schema.names}
-    if isinstance(element, Mapping):
+    elif isinstance(element, Mapping):
         if is_batch(element):
-            return {name: np.asarray(element[name]) for name, _ in fields if name in element}
-        return {name: np.asarray([element[name]]) for name, _ in fields if name in element}
-    raise TypeError(f"cannot read reports from a {type(element).__name__}")
+            cols = {name: np.asarray(element[name]) for name, _ in fields if name in element}
+        else:
+            cols = {name: np.asarray([element[name]]) for name, _ in fields if name in element}
+    else:
+        raise TypeError(f"cannot read reports from a {type(element).__name__}")
+    dtypes = dict(fields)
+    for name, col in cols.items():
+        if col.dtype.kind not in "iuf":
+            cols[name] = coerce_numeric(col)[0].astype(dtypes[name])
+    return cols

@@ -32,7 +32,9 @@ class PerturbFn(beam.DoFn):
     """Perturb elements with ``mechanism``; ``columns`` maps each role to an input column name
     (default: role 'value' -> column 'value'); ``keep`` lists columns copied to the reports
     (e.g. a grouping key). ``seed``: None draws from OS entropy in ``setup()``; a seed makes
-    every record's noise a function of (seed, stream, offset) or (seed, ``key_column`` value)."""
+    every record's noise a function of (seed, stream, offset) or, for single records, of
+    (seed, ``key_column`` value) — so a record re-sent with the same key gets the same noise
+    and repeats cannot be averaged to strip it."""
 
     def __init__(self, mechanism: Mechanism, columns: Mapping[str, str] | None = None,
                  keep: tuple[str, ...] = (), seed: Any = None, key_column: str | None = None,
