@@ -99,9 +99,16 @@ class Registry:
                      "source": p.source, "parameters": params,
                      "roles": [{"name": r.name, "required": r.required, "kind": r.kind}
                                for r in p.mechanism.roles],
-                     "report_fields": [list(f) for f in p.mechanism.report_fields]}
+                     "report_fields": _report_fields(p.mechanism)}
             out.append(entry)
         return out
+
+
+def _report_fields(cls: type[Mechanism]) -> list | str:
+    fields = cls.report_fields
+    if isinstance(fields, property):  # depends on the parameters (e.g. RVNS: y1..yk)
+        return (fields.__doc__ or "").strip() or "depends on the parameters"
+    return [list(f) for f in fields]
 
 
 def _type_name(tp: Any) -> str:

@@ -136,7 +136,9 @@ def cmd_list(a: argparse.Namespace) -> int:
         print(f"    parameters: {ps}")
         print(f"    input roles: " + ", ".join(r["name"] + ("" if r["required"] else "?")
                                                for r in row["roles"]))
-        print(f"    reports: " + ", ".join(f"{n}:{t}" for n, t in row["report_fields"]))
+        rf = row["report_fields"]
+        print("    reports: " + (rf if isinstance(rf, str) else
+                                 ", ".join(f"{n}:{t}" for n, t in rf)))
         if row.get("guarantee"):
             print(f"    guarantee: {row['guarantee']}")
     for name, err in reg.load_errors.items():
