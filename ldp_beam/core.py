@@ -94,9 +94,10 @@ class Reasons:
         self.bad = np.zeros(n, dtype=bool)
         self._msg: dict[int, str] = {}
 
-    def flag(self, mask: np.ndarray, message: Any) -> None:
-        """Mark rows in ``mask`` (not already flagged); ``message`` is a str or ``f(row) -> str``."""
-        new = np.flatnonzero(mask & ~self.bad)
+    def flag(self, mask: np.ndarray, message: Any, replace: bool = False) -> None:
+        """Mark rows in ``mask``; ``message`` is a str or ``f(row) -> str``. A row keeps its first
+        reason unless ``replace`` (for a reason that explains the others, e.g. an absent field)."""
+        new = np.flatnonzero(mask if replace else mask & ~self.bad)
         if new.size == 0:
             return
         self.bad[new] = True

@@ -81,7 +81,27 @@ class Registry:
         return cls(**kwargs)
 
     def estimator_for(self, mechanism: Mechanism, **options: Any) -> Estimator:
-        return self.plugin_of(mechanism).estimator(mechanism, **options)
+        """The registered estimator for ``mechanism``; string option values (from a command
+        line) are converted by the estimator constructor's annotations."""
+        factory = self.plugin_of(mechanism).estimator
+        if any(isinstance(v, str) for v in options.values()):
+            import inspect
+
+            sig = inspect.signature(factory)
+            try:
+                hints = typing.get_type_hints(factory.__init__ if isinstance(factory, type)
+                                              else factory)
+            except Exception:
+                hints = {}
+            accepts_any = any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values())
+            for key, raw in list(options.items()):
+                if key not in sig.parameters and not accepts_any:
+                    names = [n for n in sig.parameters if n != "mechanism"]
+                    raise ParameterError(key, raw, f"an option of the {mechanism.name} estimator: "
+                                         f"{names or 'it takes none'}")
+                if isinstance(raw, str) and key in hints:
+                    options[key] = convert(raw, hints[key], key)
+        return factory(mechanism, **options)
 
     def describe(self) -> list[dict]:
         out = []

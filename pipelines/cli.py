@@ -17,7 +17,6 @@ from ldp_beam.errors import LdpBeamError
 FAMILIES = ("bisample", "rvns", "uldp", "dphr", "ospdprr")
 PENDING = {  # subcommand or family -> where it is tracked
     "stream": "issue #7 (warehouse-scale batch, streaming telemetry and distributed runners)",
-    "bench": "issue #7 (benchmarks) and the per-family issues",
     "audit": "issue #8 (privacy audits)",
     "rvns": "issue #3", "uldp": "issue #4", "dphr": "issue #5", "ospdprr": "issue #6",
 }
@@ -83,6 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--input", "-i", required=True)
     e.add_argument("--output", "-o", required=True, help="estimate JSON file")
     e.add_argument("--by", help="one estimate per value of this (kept) column")
+    e.add_argument("--option", action="append", metavar="NAME=VALUE",
+                   help="an estimator option, repeatable (e.g. --option m=1000 --option "
+                        "method=paper for RVNS)")
     _mechanism_args(e, required=False)
 
     sub.add_parser("stream", help="windowed streaming estimation (not available yet)")
@@ -95,9 +97,11 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--json", help="write the records here (default: stdout)")
     r.add_argument("--seed", type=int, help="simulation seed (default: OS entropy, recorded)")
 
-    b = sub.add_parser("bench", help="performance benchmarks (not available yet)")
-    b.add_argument("--quick", action="store_true")
-    b.add_argument("--json")
+    b = sub.add_parser("bench", help="performance benchmarks, as JSON records")
+    b.add_argument("--quick", action="store_true", help="10^6 rows instead of 10^7; fewer repeats")
+    b.add_argument("--json", help="write the records here (default: stdout)")
+    b.add_argument("--only", action="append", help="benchmark only this mechanism (repeatable)")
+    b.add_argument("--no-pipeline", action="store_true", help="skip the Beam pipeline runs")
     au = sub.add_parser("audit", help="empirical privacy audits (not available yet)")
     au.add_argument("--quick", action="store_true")
     au.add_argument("--json")
@@ -168,7 +172,8 @@ def cmd_estimate(a: argparse.Namespace, beam_args: list[str]) -> int:
     params = _params(a)
     mech = mechanism_from_reports(a.input, a.mechanism, params) if (a.mechanism or params) \
         else None
-    out = run_estimate(a.input, a.output, mech, by=a.by, beam_args=beam_args)
+    out = run_estimate(a.input, a.output, mech, by=a.by, options=_kv(a.option, "--option"),
+                       beam_args=beam_args)
     ests = out["estimates"].values() if a.by else [out["estimate"]]
     errors = [e["error"] for e in ests if "error" in e]
     if a.by:
@@ -192,6 +197,37 @@ def cmd_estimate(a: argparse.Namespace, beam_args: list[str]) -> int:
     return 1 if errors else 0
 
 
+def _emit_records(records: list[dict], path: str | None) -> None:
+    text = json.dumps(records, indent=1, default=str)
+    if path:
+        with open(path, "w") as fh:
+            fh.write(text + "\n")
+        print(f"{len(records)} records written to {path}", file=sys.stderr)
+    else:
+        print(text)
+
+
+def cmd_bench(a: argparse.Namespace) -> int:
+    from ldp_beam.evaluation import bench
+    from ldp_beam.evaluation.records import Progress
+
+    prog = Progress("bench")
+    records = bench.run(quick=a.quick, only=a.only, progress=prog)
+    if not a.no_pipeline:
+        from . import bench as pipeline_bench
+
+        records += pipeline_bench.run(quick=a.quick, progress=prog)
+    for r in records:
+        tgt = ""
+        if "target" in r:
+            tgt = f"  target {r['target']:.3g}: {'ok' if r['meets_target'] else 'MISSED'}"
+        label = r.get("estimator") or r.get("mode") or ""
+        print(f"  {r['stage']:<10} {r['method']:<22} {label:<14} {r['metric']:<22} "
+              f"{r['value']:>14.4g}{tgt}", file=sys.stderr)
+    _emit_records(records, a.json)
+    return 0
+
+
 def cmd_reproduce(a: argparse.Namespace) -> int:
     families = [f for f in FAMILIES] if a.family == "all" else [a.family]
     records: list[dict] = []
@@ -207,13 +243,7 @@ def cmd_reproduce(a: argparse.Namespace) -> int:
 
         recipe = import_module(f"ldp_beam.evaluation.{fam}_recipe")
         records += recipe.run(quick=a.quick, data_dir=a.data_dir, out_dir=a.out, seed=a.seed)
-    text = json.dumps(records, indent=1, default=str)
-    if a.json:
-        with open(a.json, "w") as fh:
-            fh.write(text + "\n")
-        print(f"{len(records)} records written to {a.json}", file=sys.stderr)
-    else:
-        print(text)
+    _emit_records(records, a.json)
     return 0
 
 
@@ -240,6 +270,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_estimate(a, rest)
         if a.command == "reproduce":
             return cmd_reproduce(a)
+        if a.command == "bench":
+            return cmd_bench(a)
         return _not_yet(a.command)
     except (LdpBeamError, UsageError, ValueError, FileNotFoundError, KeyError) as exc:
         print(f"ldp-beam {a.command}: error: {exc}", file=sys.stderr)

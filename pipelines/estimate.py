@@ -65,9 +65,10 @@ def _result(est: Any) -> dict:
 
 
 def run_estimate(input: str, output: str, mechanism: Mechanism | None = None,
-                 by: str | None = None, beam_args: Iterable[str] = ()) -> dict:
+                 by: str | None = None, options: Mapping[str, Any] | None = None,
+                 beam_args: Iterable[str] = ()) -> dict:
     mech = mechanism or mechanism_from_reports(input)
-    est = estimator_for(mech)
+    est = estimator_for(mech, **dict(options or {}))
     dead_letter = output + ".deadletter.jsonl"
     tmpdir = tempfile.mkdtemp(prefix="ldp-beam-estimate-")
     parts = os.path.join(tmpdir, "estimates.jsonl")
@@ -92,6 +93,7 @@ def run_estimate(input: str, output: str, mechanism: Mechanism | None = None,
     c = counters(result)
     out: dict[str, Any] = {
         "input": input, "mechanism": mech.name, "params": mech.params(),
+        "estimator_options": dict(options or {}),
         "guarantee": mech.guarantee.to_dict(),
         "reports": {"read": c.get("reports_in"), "invalid": count_lines(dead_letter),
                     "dead_letter": os.path.abspath(dead_letter)},

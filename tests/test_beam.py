@@ -204,3 +204,25 @@ def test_bisample_pipeline_estimate_is_unbiased_within_its_stderr(tmp_path):
     assert abs(m.value - v.mean()) < 4 * m.stderr
     # Eq. 14: worst-case sd per user ((e^eps+1)/(e^eps-1)) in the normalized scale
     assert m.stderr <= 50 * (math.e + 1) / (math.e - 1) / math.sqrt(20000) * 1.01
+
+
+def test_buffered_records_keep_their_windows():
+    """Single records are perturbed together per bundle but keep their own timestamp/window."""
+    mech = build_mechanism("bisample-md", epsilon=1.0, lower=0, upper=10)
+    est = estimator_for(mech)
+    recs = [({"x": float(i % 10), "id": i}, float(i)) for i in range(100)]
+    recs.append(({"x": 99.0, "id": 100}, 5.0))  # a bad record in the first window
+    with TestPipeline() as p:
+        timed = (p | beam.Create(recs)
+                 | beam.Map(lambda rt: window.TimestampedValue(rt[0], rt[1]))
+                 | beam.WindowInto(window.FixedWindows(25)))
+        out = timed | Perturb(mech, columns={"value": "x"}, keep=("id",))
+        counts = out.reports | EstimateGlobally(est, windowed=True) | beam.Map(
+            lambda e: e.n_reports)
+        assert_that(counts, equal_to([25, 25, 25, 25]))
+        dead = (out.dead_letter | "Global" >> beam.WindowInto(window.GlobalWindows())
+                | beam.Map(lambda d: d["record"]["id"]))
+        assert_that(dead, equal_to([100]), label="dead")
+        ids = (out.reports | beam.Map(lambda r, ts=beam.DoFn.TimestampParam:
+                                      (r["id"], float(ts))))
+        assert_that(ids, equal_to([(i, float(i)) for i in range(100)]), label="ts")

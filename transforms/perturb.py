@@ -13,6 +13,7 @@ import apache_beam as beam
 import numpy as np
 import pyarrow as pa
 from apache_beam.metrics import Metrics
+from apache_beam.utils.windowed_value import WindowedValue
 
 from ldp_beam.core import Mechanism
 from ldp_beam.rng import RandomSource, stream_id
@@ -22,6 +23,7 @@ from .batches import (KeyedBatch, column_names, get_column, is_batch, report_sch
 
 DEAD_LETTER = "dead_letter"
 REPORTS = "reports"
+ELEMENT_BUFFER = 4096  # single records perturbed together (per bundle, at most this many)
 
 
 def dead_letter(reason: str, record: Any, source: str = "", row: int | None = None) -> dict:
@@ -110,38 +112,50 @@ class PerturbFn(beam.DoFn):
             self.schema = report_schema(self.mechanism, kept)
         return self.schema
 
-    # -- element path
-    def _perturb_record(self, record: Mapping[str, Any]):
-        self.n_in.inc()
-        absent = [c for c in list(self.columns.values()) + list(self.keep) if c not in record]
-        stream = None
-        if self.source.seeded:
-            if self.key_column is None or self.key_column not in record:
-                raise ValueError("seeded perturbation of single records needs key_column naming "
-                                 "a stable record key present in every record")
-            stream = stream_id(record[self.key_column])
-        if absent:
-            self.n_invalid.inc()
-            yield beam.pvalue.TaggedOutput(DEAD_LETTER, dead_letter(
-                f"record has no field {absent[0]!r}", dict(record)))
-            return
-        raw = {role: np.asarray([record[col]], dtype=object) for role, col in self.columns.items()}
-        cols, reasons = self.mechanism.check(raw)
-        u = self.source.uniforms(1, self.mechanism.draws, stream=stream,
-                                 offset=0 if stream is not None else None)
-        if reasons.bad[0]:
-            self.n_invalid.inc()
-            yield beam.pvalue.TaggedOutput(DEAD_LETTER, dead_letter(reasons.as_dict()[0],
-                                                                    dict(record)))
-            return
-        self.n_valid.inc()
-        rep = self.mechanism.randomize(cols, u)
-        out = {k: v[0].item() for k, v in rep.items()}
-        for c in self.keep:
-            out[c] = record[c]
-        yield out
+    # -- element path: single records are buffered per bundle and perturbed together
+    def start_bundle(self) -> None:
+        self._buffer: list[tuple[Any, Any, Any]] = []
 
-    def process(self, element: Any):
+    def _flush(self):
+        buf, self._buffer = self._buffer, []
+        if not buf:
+            return
+        records = [r for r, _, _ in buf]
+        n = len(records)
+        self.n_in.inc(n)
+        needed = list(self.columns.values()) + list(self.keep)
+        absent = [next((c for c in needed if c not in r), None) for r in records]
+        present = np.array([a is None for a in absent])
+        raw = {role: _column([r.get(col) for r in records]) for role, col in self.columns.items()}
+        cols, reasons = self.mechanism.check(raw)
+        reasons.flag(~present, lambda i: f"record has no field {absent[i]!r}", replace=True)
+        bad = reasons.bad
+        ok = np.flatnonzero(~bad)
+        msgs = reasons.as_dict()
+        for i in np.flatnonzero(bad).tolist():
+            _, ts, win = buf[i]
+            yield _tagged(dead_letter(msgs[i], dict(records[i])), ts, win)
+        self.n_invalid.inc(int(bad.sum()))
+        self.n_valid.inc(int(ok.size))
+        if ok.size == 0:
+            return
+        if self.source.seeded:
+            u = np.vstack([self.source.uniforms(1, self.mechanism.draws,
+                                                stream=stream_id(records[i][self.key_column]),
+                                                offset=0) for i in ok.tolist()])
+        else:
+            u = self.source.uniforms(int(ok.size), self.mechanism.draws)
+        rep = self.mechanism.randomize({k: v[ok] for k, v in cols.items()}, np.asfortranarray(u))
+        lists = {k: v.tolist() for k, v in rep.items()}
+        for j, i in enumerate(ok.tolist()):
+            out = {k: v[j] for k, v in lists.items()}
+            for c in self.keep:
+                out[c] = records[i][c]
+            _, ts, win = buf[i]
+            yield WindowedValue(out, ts, (win,))
+
+    def process(self, element: Any, timestamp=beam.DoFn.TimestampParam,
+                window=beam.DoFn.WindowParam):
         if isinstance(element, KeyedBatch):
             yield from self._perturb_batch(element.table, element.stream, element.offset,
                                            element.source)
@@ -151,12 +165,32 @@ class PerturbFn(beam.DoFn):
                                  "emitted by ReadTable): a bare batch has no stable record keys")
             yield from self._perturb_batch(element, None, None, "")
         elif isinstance(element, Mapping):
-            yield from self._perturb_record(element)
+            if self.source.seeded and (self.key_column is None or self.key_column not in element):
+                raise ValueError("seeded perturbation of single records needs key_column naming "
+                                 "a stable record key present in every record")
+            self._buffer.append((element, timestamp, window))
+            if len(self._buffer) >= ELEMENT_BUFFER:
+                yield from self._flush()
         else:
             self.n_in.inc()
             self.n_invalid.inc()
             yield beam.pvalue.TaggedOutput(DEAD_LETTER, dead_letter(
                 f"unsupported element type {type(element).__name__}", repr(element)[:200]))
+
+    def finish_bundle(self):
+        yield from self._flush()
+
+
+def _column(values: list) -> np.ndarray:
+    """A column from record fields: numeric when every value is a (non-bool) number."""
+    if all(isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool)
+           for v in values):
+        return np.asarray(values, dtype=np.float64)
+    return np.asarray(values, dtype=object)
+
+
+def _tagged(value: Any, ts: Any, win: Any) -> Any:
+    return beam.pvalue.TaggedOutput(DEAD_LETTER, WindowedValue(value, ts, (win,)))
 
 
 class Perturb(beam.PTransform):
