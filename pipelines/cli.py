@@ -61,6 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--out", help="directory for reports, estimates and the figure (default: temp)")
     d.add_argument("--epsilon", type=float, default=3.0)
     d.add_argument("--seed", help="make the noise reproducible (default: OS entropy)")
+    d.add_argument("--section", action="append", help="run only this section (repeatable)")
 
     ls = sub.add_parser("list", help="registered mechanisms with parameters and guarantees")
     ls.add_argument("--json", action="store_true")
@@ -260,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
         if a.command == "demo":
             from .demo import run_demo
 
-            run_demo(a.out, epsilon=a.epsilon, seed=a.seed, beam_args=rest)
+            run_demo(a.out, epsilon=a.epsilon, seed=a.seed, beam_args=rest, sections=a.section)
             return 0
         if a.command == "list":
             return cmd_list(a)

@@ -88,22 +88,20 @@ def _plot(path: str, truth: dict, by_region: dict) -> str | None:
     return path
 
 
-def run_demo(out_dir: str | None = None, epsilon: float = 3.0, seed: Any = None,
-             beam_args: Iterable[str] = (), stream=sys.stdout) -> dict:
-    out_dir = out_dir or tempfile.mkdtemp(prefix="ldp-beam-demo-")
-    os.makedirs(out_dir, exist_ok=True)
-    data = sample_path()
+def bisample_section(data: str, out_dir: str, epsilon: float, seed: Any,
+                     beam_args: Iterable[str], w) -> dict:
+    """BiSample-MD on age: missing rate, answering mean and sum, per region; Harmony contrast."""
     cols = {"value": "age", "preference": "privacy_preference"}
     md = build_mechanism("bisample-md", epsilon=epsilon, lower=LOWER, upper=UPPER)
-    say(f"[demo] 1/4 collect: BiSample-MD (epsilon={epsilon}) over {data}")
+    say(f"[demo] bisample 1/4 collect: BiSample-MD (epsilon={epsilon}) over {data}")
     reports = os.path.join(out_dir, "reports_bisample_md.parquet")
     man = run_collect(data, reports, md, cols, keep=("region",), seed=seed, beam_args=beam_args)
-    say("[demo] 2/4 estimate: overall")
+    say("[demo] bisample 2/4 estimate: overall")
     est = run_estimate(reports, os.path.join(out_dir, "estimate.json"), beam_args=beam_args)
-    say("[demo] 3/4 estimate: per region")
+    say("[demo] bisample 3/4 estimate: per region")
     per = run_estimate(reports, os.path.join(out_dir, "estimate_by_region.json"), by="region",
                        beam_args=beam_args)
-    say("[demo] 4/4 contrast: Harmony with random fake answers")
+    say("[demo] bisample 4/4 contrast: Harmony with random fake answers")
     hm = build_mechanism("harmony", epsilon=epsilon, lower=LOWER, upper=UPPER, fake="rnd",
                          allow_missing=True)
     h_reports = os.path.join(out_dir, "reports_harmony.parquet")
@@ -115,8 +113,7 @@ def run_demo(out_dir: str | None = None, epsilon: float = 3.0, seed: Any = None,
 
     s = est["estimate"]["statistics"]
     rec = man["records"]
-    w = stream.write
-    w("\nldp-beam demo: BiSample-MD on the bundled survey sample (Apache Beam, DirectRunner)\n")
+    w("\n== BiSample-MD: mean age with missing answers (LDP) ==\n")
     w(f"  records: {rec['input']:,} read = {rec['reported']:,} reported + "
       f"{rec['dead_lettered']:,} dead-lettered (reasons in {os.path.basename(man['dead_letter'])})"
       f"{'' if rec['reconciles'] else '  ** DOES NOT RECONCILE **'}\n")
@@ -134,8 +131,31 @@ def run_demo(out_dir: str | None = None, epsilon: float = 3.0, seed: Any = None,
     w(_row("mean age (Harmony, RND)", truth["mean"], hs, 2) + "\n")
     both = compose([md.guarantee, hm.guarantee])
     w(f"  (a separate collection: running both on the same people would cost "
-      f"{both.describe()} by sequential composition)\n\n")
-    w(f"  outputs in {out_dir}")
-    w(f" (figure: {os.path.basename(figure)})\n" if figure else "\n")
-    return {"out_dir": out_dir, "manifest": man, "estimate": est, "by_region": per,
-            "harmony": h_est, "truth": truth, "figure": figure}
+      f"{both.describe()} by sequential composition)\n")
+    if figure:
+        w(f"  figure: {figure}\n")
+    return {"manifest": man, "estimate": est, "by_region": per, "harmony": h_est,
+            "truth": truth, "figure": figure}
+
+
+SECTIONS = {"bisample": bisample_section}
+
+
+def run_demo(out_dir: str | None = None, epsilon: float = 3.0, seed: Any = None,
+             beam_args: Iterable[str] = (), stream=sys.stdout,
+             sections: Iterable[str] | None = None) -> dict:
+    """Run every demo section (or those named) on the bundled sample through Beam."""
+    out_dir = out_dir or tempfile.mkdtemp(prefix="ldp-beam-demo-")
+    os.makedirs(out_dir, exist_ok=True)
+    data = sample_path()
+    names = list(sections) if sections else list(SECTIONS)
+    unknown = [n for n in names if n not in SECTIONS]
+    if unknown:
+        raise ValueError(f"unknown demo section(s) {unknown}; available: {list(SECTIONS)}")
+    w = stream.write
+    w(f"\nldp-beam demo on the bundled survey sample ({data}; Apache Beam, DirectRunner)\n")
+    results = {"out_dir": out_dir}
+    for name in names:
+        results[name] = SECTIONS[name](data, out_dir, epsilon, seed, beam_args, w)
+    w(f"\n  all outputs in {out_dir}\n")
+    return results
