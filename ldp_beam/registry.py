@@ -187,6 +187,14 @@ def _register_builtins(reg: Registry) -> None:
     reg.register("pm", PiecewiseMechanism, PiecewiseEstimator)
     reg.register("privkvm", PrivKVM, PrivKVMEstimator)
 
+    from .estimators.continuous_baselines import NoiseKDEEstimator, SquareWaveEMSEstimator
+    from .mechanisms.continuous_baselines import (GeneralizedGaussianNoise, LaplaceNoise,
+                                                  SquareWave)
+
+    reg.register("laplace-dp", LaplaceNoise, NoiseKDEEstimator)
+    reg.register("generalized-gaussian", GeneralizedGaussianNoise, NoiseKDEEstimator)
+    reg.register("square-wave", SquareWave, SquareWaveEMSEstimator)
+
 
 def load_plugins(reg: Registry) -> None:
     """Call every ``ldp_beam.plugins`` entry point with the registry. A plugin that fails to load
