@@ -191,6 +191,10 @@ def _register_builtins(reg: Registry) -> None:
     from .mechanisms.continuous_baselines import (GeneralizedGaussianNoise, LaplaceNoise,
                                                   SquareWave)
 
+    from .estimators.rvns import RVNSEstimator
+    from .mechanisms.rvns import RVNS
+
+    reg.register("rvns", RVNS, RVNSEstimator)
     reg.register("laplace-dp", LaplaceNoise, NoiseKDEEstimator)
     reg.register("generalized-gaussian", GeneralizedGaussianNoise, NoiseKDEEstimator)
     reg.register("square-wave", SquareWave, SquareWaveEMSEstimator)

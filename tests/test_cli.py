@@ -168,3 +168,11 @@ def test_demo_runs_and_reconciles(tmp_path):
     assert (tmp_path / "mean_age_by_region.png").stat().st_size > 1000
     est = json.loads((tmp_path / "estimate.json").read_text())["estimate"]["statistics"]
     assert all(math.isfinite(est[k]["value"]) for k in ("missing_rate", "mean", "sum"))
+    # the RVNS section: a density from negative reports, its honest guarantee, reconciled counts
+    assert "== RVNS" in so and "neighbourhood-LDP with epsilon=0.693147" in so
+    assert "50,000 read = 49,974 reported + 26 dead-lettered" in so
+    rv = json.loads((tmp_path / "estimate_rvns.json").read_text())["estimate"]
+    dens = np.asarray(rv["statistics"]["density"]["value"])
+    assert dens.size == 100 and (dens >= 0).all()
+    assert abs(dens.sum() * 2.5 - 1) < 1e-9  # integrates to one on [0, 250]
+    assert (tmp_path / "income_density_rvns.png").stat().st_size > 1000

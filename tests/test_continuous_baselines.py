@@ -392,3 +392,16 @@ def test_bad_reports_are_flagged():
     r = est.check_reports({"y": np.array([-sw.b, 1 + sw.b, -sw.b - 1e-9, 2.0, np.nan])})
     assert r.bad.tolist() == [False, False, True, True, True]
     assert est.check_reports({}, n=2).bad.all()  # the field is missing
+
+
+def test_square_wave_refuses_epsilon_beyond_float_precision():
+    """Beyond epsilon = 32 the wave is narrower than 2e-13 of the domain and EMS breaks down."""
+    import pytest as _pytest
+
+    from ldp_beam.errors import ParameterError as _PE
+    from ldp_beam.mechanisms.continuous_baselines import SquareWave as _SW
+
+    assert _SW(epsilon=32.0).b < 1e-12
+    with _pytest.raises(_PE, match=r"parameter 'epsilon' = 33.0 is invalid: expected a number in "
+                                   r"\(0, 32\]"):
+        _SW(epsilon=33.0)

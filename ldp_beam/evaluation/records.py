@@ -39,7 +39,7 @@ def make_record(experiment: str, dataset: str, method: str, epsilon: float | Non
     ``params`` (n, reps, seed, ...) are added as extra keys; ``paper_value`` only when given.
     """
     rec = {"experiment": experiment, "dataset": dataset, "method": method,
-           "epsilon": None if epsilon is None else float(epsilon), "metric": metric,
+           "epsilon": None if epsilon is None else _plain(float(epsilon)), "metric": metric,
            "value": _plain(value)}
     for k, v in params.items():
         if k in rec:

@@ -401,6 +401,16 @@ class SquareWave(_BoundedValue):
     """
 
     NAME: ClassVar[str] = "square-wave"
+    #: Here the wave's half-width b is ~2e-13 of the domain; beyond it the EMS transition matrix
+    #: loses float precision (checked: sane up to 35, garbage at 40).
+    MAX_EPSILON: ClassVar[float] = 32.0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.epsilon > self.MAX_EPSILON:
+            raise ParameterError("epsilon", self.epsilon, f"a number in (0, {self.MAX_EPSILON:g}]",
+                                 "beyond it the square wave is narrower than 2e-13 of the domain "
+                                 "and EMS loses float precision")
 
     @property
     def b(self) -> float:
