@@ -20,10 +20,10 @@ from typing import Any, Mapping
 import numpy as np
 from scipy import special
 
-from ..core import Estimator, Reasons, Statistic, coerce_numeric
+from ..core import Reasons, Statistic, coerce_numeric
 from ..errors import EmptyAccumulatorError, ParameterError
-from .density import BinnedDensity, DensityGrid, density_statistics, kde_on_grid, \
-    normalize_density
+from .density import (BinnedDensity, BinnedEstimator, DensityGrid, density_statistics,
+                      kde_on_grid, normalize_density)
 
 
 def _check_int(value: Any, name: str, lo: int, hi: int) -> int:
@@ -48,7 +48,7 @@ def _phi(x: np.ndarray) -> np.ndarray:
 
 
 # --------------------------------------------------------------------------- noise + KDE
-class NoiseKDEEstimator(Estimator):
+class NoiseKDEEstimator(BinnedEstimator):
     """The RVNS paper's estimate for additive-noise baselines: KDE of the noisy reports on the
     grid of [lower, upper], normalized on [lower, upper].
 
@@ -92,16 +92,6 @@ class NoiseKDEEstimator(Estimator):
         self.inner, self.side = inner, j
         self.reach = j * w  # c as used
         self.binned = BinnedDensity(lower - j * w, upper + j * w, inner + 2 * j)
-
-    # -- accumulate
-    def create(self) -> np.ndarray:
-        return self.binned.create()
-
-    def add(self, acc: np.ndarray, reports: Mapping[str, np.ndarray]) -> np.ndarray:
-        return self.binned.add(acc, np.asarray(reports["y"], dtype=np.float64))
-
-    def n_reports(self, acc: np.ndarray) -> int:
-        return self.binned.n(acc)
 
     def check_reports(self, reports: Mapping[str, Any], n: int | None = None) -> Reasons:
         reasons = super().check_reports(reports, n)
@@ -236,7 +226,7 @@ def buckets_to_grid(theta: np.ndarray, grid: DensityGrid) -> np.ndarray:
     return mass / grid.width
 
 
-class SquareWaveEMSEstimator(Estimator):
+class SquareWaveEMSEstimator(BinnedEstimator):
     """EMS reconstruction for square-wave reports, released on the grid of [lower, upper].
 
     Options:
@@ -281,15 +271,6 @@ class SquareWaveEMSEstimator(Estimator):
             m = self.mechanism
             self._M = sw_transition_matrix(m.b, m.p, m.q, self.d, self.output_bins)
         return self._M
-
-    def create(self) -> np.ndarray:
-        return self.binned.create()
-
-    def add(self, acc: np.ndarray, reports: Mapping[str, np.ndarray]) -> np.ndarray:
-        return self.binned.add(acc, np.asarray(reports["y"], dtype=np.float64))
-
-    def n_reports(self, acc: np.ndarray) -> int:
-        return self.binned.n(acc)
 
     def check_reports(self, reports: Mapping[str, Any], n: int | None = None) -> Reasons:
         reasons = super().check_reports(reports, n)

@@ -17,7 +17,7 @@ from typing import Mapping
 
 import numpy as np
 
-from ..core import Statistic
+from ..core import Estimator, Statistic
 from ..errors import ParameterError
 
 QUANTILES = (0.01, 0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99)
@@ -88,6 +88,22 @@ class BinnedDensity:
         """Silverman's rule of thumb h = 1.06 sd n^(-1/5), floored at one bin width."""
         _, sd = self.moments(acc)
         return max(1.06 * sd * self.n(acc) ** -0.2, self.width)
+
+
+class BinnedEstimator(Estimator):
+    """An estimator whose accumulator is the :class:`BinnedDensity` ``self.binned`` of its
+    report field ``y`` (set ``binned`` in ``__init__``)."""
+
+    binned: BinnedDensity
+
+    def create(self) -> np.ndarray:
+        return self.binned.create()
+
+    def add(self, acc: np.ndarray, reports: Mapping[str, np.ndarray]) -> np.ndarray:
+        return self.binned.add(acc, np.asarray(reports["y"], dtype=np.float64))
+
+    def n_reports(self, acc: np.ndarray) -> int:
+        return self.binned.n(acc)
 
 
 def kde_on_grid(binned: BinnedDensity, acc: np.ndarray, z: np.ndarray, bandwidth: float,

@@ -52,7 +52,8 @@ from ..registry import build_mechanism
 from . import datasets as ds
 from .metrics import (absolute_error, bisample_variance, chi2_interval,
                       harmony_worst_case_variance, pm_variance, squared_error)
-from .records import as_progress, make_record, pyplot, save_figure, select, write_records
+from .records import (as_progress, make_record, pyplot, recipe_main, save_figure, select,
+                      write_records)
 
 FAMILY = "bisample"
 
@@ -727,23 +728,9 @@ def summary(records: Sequence[Mapping], eps_shown: Iterable[float] = (0.1, 1.0, 
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    import argparse
-    import json
-
-    ap = argparse.ArgumentParser(prog="python -m ldp_beam.evaluation.bisample_recipe",
-                                 description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="n=10^4, T=10, reduced grids")
-    ap.add_argument("--data-dir", default=None, help="folder holding uci_adult/adult.data")
-    ap.add_argument("--out", default=None, help="folder for PNG figures and JSON records")
-    ap.add_argument("--seed", type=int, default=None, help="default: drawn from OS entropy")
-    ap.add_argument("--json", default=None, help="also write the records to this file")
-    args = ap.parse_args(argv)
-    recs = run(args.quick, args.data_dir, args.out, args.seed)  # the table goes to stderr
-    if args.json:
-        write_records(recs, args.json)
-    else:
-        print(json.dumps(recs, indent=1, allow_nan=False))
-    return 0
+    return recipe_main(run, "python -m ldp_beam.evaluation.bisample_recipe",
+                       __doc__.split("\n")[0], 'n=10^4, T=10, reduced grids',
+                       'folder holding uci_adult/adult.data', argv)
 
 
 if __name__ == "__main__":

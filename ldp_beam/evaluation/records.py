@@ -169,3 +169,24 @@ def save_figure(fig: Any, path: str | os.PathLike, *, dpi: int = 90) -> str:
     fig.savefig(path, dpi=dpi, format="png", bbox_inches="tight")
     plt.close(fig)
     return path
+
+
+def recipe_main(run: Callable[..., list], prog: str, description: str, quick_help: str,
+                data_help: str, argv: list[str] | None = None) -> int:
+    """The command line every recipe module shares (``python -m ldp_beam.evaluation.X_recipe``):
+    ``--quick``, ``--data-dir``, ``--out``, ``--seed``, ``--json``."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog=prog, description=description)
+    ap.add_argument("--quick", action="store_true", help=quick_help)
+    ap.add_argument("--data-dir", default=None, help=data_help)
+    ap.add_argument("--out", default=None, help="folder for PNG figures and JSON records")
+    ap.add_argument("--seed", type=int, default=None, help="default: drawn from OS entropy")
+    ap.add_argument("--json", default=None, help="also write the records to this file")
+    args = ap.parse_args(argv)
+    recs = run(args.quick, args.data_dir, args.out, args.seed)  # the table goes to stderr
+    if args.json:
+        write_records(recs, args.json)
+    else:
+        print(json.dumps(recs, indent=1, allow_nan=False))
+    return 0

@@ -99,7 +99,8 @@ from ..mechanisms.continuous_baselines import GeneralizedGaussianNoise, LaplaceN
 from ..mechanisms.rvns import RVNS, rvns_neighbourhood_epsilon, rvns_paper_epsilon
 from . import datasets as ds
 from .adversary import euclidean_distance, infer_rvns
-from .records import as_progress, make_record, pyplot, save_figure, select, write_records
+from .records import (as_progress, make_record, pyplot, recipe_main, save_figure, select,
+                      write_records)
 
 FAMILY = "rvns"
 EXPERIMENT = "sec5"
@@ -911,24 +912,9 @@ def figures(records: Sequence[Mapping], out_dir: str, dpi: int = 90,
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    import argparse
-    import json
-
-    ap = argparse.ArgumentParser(prog="python -m ldp_beam.evaluation.rvns_recipe",
-                                 description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="n=20000, 2 repetitions, m=100")
-    ap.add_argument("--data-dir", default=None,
-                    help="folder holding uci_adult/ and students_performance/")
-    ap.add_argument("--out", default=None, help="folder for PNG figures and JSON records")
-    ap.add_argument("--seed", type=int, default=None, help="default: drawn from OS entropy")
-    ap.add_argument("--json", default=None, help="also write the records to this file")
-    args = ap.parse_args(argv)
-    recs = run(args.quick, args.data_dir, args.out, args.seed)  # the table goes to stderr
-    if args.json:
-        write_records(recs, args.json)
-    else:
-        print(json.dumps(recs, indent=1, allow_nan=False))
-    return 0
+    return recipe_main(run, "python -m ldp_beam.evaluation.rvns_recipe",
+                       __doc__.split("\n")[0], 'n=20000, 2 repetitions, m=100',
+                       'folder holding uci_adult/ and students_performance/', argv)
 
 
 if __name__ == "__main__":
