@@ -183,11 +183,16 @@ def cmd_estimate(a: argparse.Namespace, beam_args: list[str]) -> int:
         stats = out["estimate"]["statistics"]
         parts = []
         for k, s in stats.items():
-            if s["value"] is None:
+            val = s["value"]
+            if val is None:
                 parts.append(f"{k}=undefined")
-                continue
-            ci = s.get("ci95")
-            parts.append(f"{k}={s['value']:.6g}" + (f" [{ci[0]:.6g}, {ci[1]:.6g}]" if ci else ""))
+            elif isinstance(val, list):
+                parts.append(f"{k}=[{len(val)} values]")
+            elif isinstance(val, (int, float)) and not isinstance(val, bool):
+                ci = s.get("ci95")
+                parts.append(f"{k}={val:.6g}" + (f" [{ci[0]:.6g}, {ci[1]:.6g}]" if ci else ""))
+            else:
+                parts.append(f"{k}={val}")
         print(f"{out['estimate']['n_reports']:,} reports -> " + ", ".join(parts))
         print(f"guarantee: {out['guarantee']['summary']}; written to {a.output}")
     if out["reports"]["invalid"]:

@@ -176,3 +176,29 @@ def test_demo_runs_and_reconciles(tmp_path):
     assert dens.size == 100 and (dens >= 0).all()
     assert abs(dens.sum() * 2.5 - 1) < 1e-9  # integrates to one on [0, 250]
     assert (tmp_path / "income_density_rvns.png").stat().st_size > 1000
+
+
+def test_rvns_collect_and_estimate_with_options(tmp_path):
+    """RVNS through the CLI: k reports per user, estimator options, array statistics."""
+    import pyarrow as pa
+
+    rng = np.random.default_rng(8)
+    x = np.append(rng.beta(2, 5, 4000) * 10, [11.0, np.nan])
+    pq.write_table(pa.table({"x": x}), tmp_path / "t.parquet")
+    out = tmp_path / "r.parquet"
+    code, so, se = run_cli("collect", "-i", str(tmp_path / "t.parquet"), "-c", "x", "-m", "rvns",
+                           "-p", "lower=0", "-p", "upper=10", "-p", "d=2", "-p", "k=3",
+                           "-p", "delta=4", "--seed", "1", "-o", str(out))
+    assert code == 0, se
+    assert "neighbourhood-LDP with epsilon=2.07944" in so  # 3 ln 2 at delta = 2d
+    assert pq.read_schema(out).names == ["y1", "y2", "y3"]
+    code, so, se = run_cli("estimate", "-i", str(out), "-o", str(tmp_path / "e.json"),
+                           "--option", "m=50", "--option", "method=em")
+    assert code == 0, se
+    assert "density=[50 values]" in so and "method=" in so
+    est = json.loads((tmp_path / "e.json").read_text())
+    assert est["estimate"]["n_reports"] == 4000  # users, not reports
+    assert est["estimator_options"] == {"m": "50", "method": "em"}
+    code, _, se = run_cli("estimate", "-i", str(out), "-o", str(tmp_path / "x.json"),
+                          "--option", "method=magic")
+    assert code == 2 and "parameter 'method' = 'magic' is invalid" in se
