@@ -1,6 +1,6 @@
 """The measurements behind docs/rvns_reconstruction.md (not part of the library, not a test).
 
-    python docs/rvns_compare.py [--study main|em-options|paper-options|n-rule|timing|all]
+    python docs/rvns_compare.py [--study fit-rules|main|em-options|paper-options|n-rule|timing|all]
                                 [--reps R] [--json FILE]
 
 Data as in the paper's Section V: chi-squared(df) values kept in [0, 10]. We *redraw* until
@@ -185,13 +185,13 @@ def paired(records: list[dict], a: str, b: str, dfs, ds, ks) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--study", default="main",
-                    help="main, em-options, paper-options, n-rule, timing or all")
+                    help="fit-rules, main, em-options, paper-options, n-rule, timing or all")
     ap.add_argument("--reps", type=int, default=None)
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     dfs, ds, ks = (2, 3, 5, 8, 10), (0.5, 1.0, 2.0, 4.0), (1, 3)
     records: list[dict] = []
-    studies = ["main", "em-options", "paper-options", "n-rule", "timing"] \
+    studies = ["fit-rules", "main", "em-options", "paper-options", "n-rule", "timing"] \
         if args.study == "all" else [args.study]
     for study in studies:
         t0 = time.perf_counter()
@@ -247,6 +247,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(side_by_side(r, list(names), (2, 5, 10), ds, ks))
         elif study == "timing":
             recs = timing()
+        elif study == "fit-rules":
+            recs = fit_rules(args.reps)
         else:
             ap.error(f"unknown study {study!r}")
         for r in recs:
@@ -257,6 +259,52 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.json, "w") as fh:
             json.dump(records, fh, indent=1)
     return 0
+
+
+def fit_rules(reps: int | None = None) -> list[dict]:
+    """The least-squares fits behind the default rules: for each (n, d, k), Eq. 19 (mean over
+    df in {2, 5, 10} and reps; seeds differ from the tables') on a grid of weights, the optimum
+    by a parabola in log(weight) through the best three, then
+    log(optimum) = c0 + c1 log(d / (b - a)) + c2 log(n k). Prints the fit and how far the chosen
+    rules are from the per-configuration best (mean and worst ratio)."""
+    span = B - A
+    setups = {
+        "em": ("smoothing", (0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.6, 0.8),
+               lambda c, n, d, k: c * span * (n * k) ** -0.4,
+               (2_000, 10_000, 50_000, 200_000, 1_000_000), {},
+               lambda n, d, k: 0.65 * span * (d / (span * n * k)) ** 0.4),
+        "paper": ("reg_smooth", (1e-7, 3e-7, 1e-6, 3e-6, 1e-5, 3e-5, 1e-4),
+                  lambda c, n, d, k: c, (10_000, 50_000, 200_000), {"method": "paper"},
+                  lambda n, d, k: 0.01 * (d / (span * n * k)) ** 0.6),
+    }
+    out = []
+    for method, (opt, grid, value, ns, extra, rule) in setups.items():
+        rows, X, Y, ratios = {}, [], [], []
+        for n in ns:
+            names = {f"{c:g}": {**extra, opt: (lambda n_, d, k, c=c: value(c, n_, d, k))}
+                     for c in grid}
+            names["rule"] = {**extra}
+            r = compare_methods(names, (2, 5, 10), (0.5, 1.0, 2.0, 4.0), (1, 3), n=n,
+                                reps=reps or (4 if n <= 50_000 else 2 if n < 10 ** 6 else 1),
+                                seed=7, progress=False)
+            out += [dict(x, study="fit-rules", fitted=method) for x in r]
+            for x in r:
+                rows.setdefault((n, x["d"], x["k"], x["method"]), []).append(x["value"])
+        for n, d, k in itertools.product(ns, (0.5, 1.0, 2.0, 4.0), (1, 3)):
+            W = np.array([np.mean(rows[(n, d, k, f"{c:g}")]) for c in grid])
+            lw = np.log([value(c, n, d, k) for c in grid])
+            j = int(np.clip(np.argmin(W), 1, len(grid) - 2))
+            a2, a1, _ = np.polyfit(lw[j - 1:j + 2], W[j - 1:j + 2], 2)
+            best = -a1 / (2 * a2) if a2 > 0 else lw[j]
+            X.append([1.0, math.log(d / span), math.log(n * k)])
+            Y.append(float(np.clip(best, lw[0], lw[-1])))
+            ratios.append(np.mean(rows[(n, d, k, "rule")]) / W.min())
+        coef, *_ = np.linalg.lstsq(np.array(X), np.array(Y), rcond=None)
+        print(f"\n## fit-rules: {method} {opt}: log(optimum) = {coef[0]:.2f} "
+              f"{coef[1]:+.2f} log(d/(b-a)) {coef[2]:+.2f} log(n k); the default rule is "
+              f"{np.mean(ratios):.3f}x the per-configuration best on average, "
+              f"{np.max(ratios):.3f}x at worst")
+    return out
 
 
 def timing(n: int = 50_000, repeats: int = 5) -> list[dict]:
