@@ -202,3 +202,26 @@ def test_rvns_collect_and_estimate_with_options(tmp_path):
     code, _, se = run_cli("estimate", "-i", str(out), "-o", str(tmp_path / "x.json"),
                           "--option", "method=magic")
     assert code == 2 and "parameter 'method' = 'magic' is invalid" in se
+
+
+def test_corrupt_parquet_file_goes_to_the_dead_letter(tmp_path):
+    """An unreadable input file is dead-lettered with its name and the reason; the readable
+    files are still collected and the counts reconcile."""
+    import pyarrow as pa
+
+    d = tmp_path / "in"
+    d.mkdir()
+    pq.write_table(pa.table({"x": np.linspace(0, 1, 100)}), d / "good.parquet")
+    (d / "broken.parquet").write_bytes(b"PAR1 this is not a parquet file")
+    out = tmp_path / "r.parquet"
+    code, so, se = run_cli("collect", "-i", str(d), "-c", "x", "-m", "harmony", "--epsilon", "1",
+                           "-p", "lower=0", "-p", "upper=1", "-o", str(out))
+    assert code == 0, se
+    dead = [json.loads(x) for x in (tmp_path / "r.parquet.deadletter.jsonl").read_text().split("\n")
+            if x]
+    assert len(dead) == 1
+    assert dead[0]["source"].endswith("broken.parquet")
+    assert dead[0]["reason"].startswith("unreadable input:")
+    man = json.loads((tmp_path / "r.parquet.manifest.json").read_text())
+    assert man["records"]["input"] == 100 and man["records"]["reported"] == 100
+    assert man["records"]["reconciles"] is True

@@ -63,11 +63,17 @@ def csv_header(path: str) -> list[str]:
 
 
 def input_schema(files: list[str]) -> pa.Schema:
-    """The schema rows will have (CSV: every column as text)."""
-    f = files[0]
-    if table_format(f) == "parquet":
-        return pq.read_schema(f).remove_metadata()
-    return pa.schema([pa.field(c, pa.string()) for c in csv_header(f)])
+    """The schema rows will have (CSV: every column as text), from the first readable file
+    (unreadable ones are dead-lettered by the reader); an error if none can be read."""
+    errors = []
+    for f in files:
+        try:
+            if table_format(f) == "parquet":
+                return pq.read_schema(f).remove_metadata()
+            return pa.schema([pa.field(c, pa.string()) for c in csv_header(f)])
+        except (OSError, ValueError, pa.ArrowException, UnicodeDecodeError) as exc:
+            errors.append(f"{f}: {exc}")
+    raise ValueError("no input file is readable: " + "; ".join(errors[:3]))
 
 
 @dataclass(frozen=True)
