@@ -22,22 +22,13 @@ import time
 import numpy as np
 
 from ldp_beam.estimators.density import wasserstein_grid
+from ldp_beam.evaluation.datasets import chi2_truncated
 from ldp_beam.estimators.rvns import RVNSEstimator
 from ldp_beam.mechanisms.rvns import RVNS
 
 A, B = 0.0, 10.0
 
 
-def chi2_truncated(df: float, n: int, rng: np.random.Generator, upper: float = B) -> np.ndarray:
-    """n draws of chi-squared(df) conditioned on <= upper (redraw until n are in range)."""
-    out: list[np.ndarray] = []
-    have = 0
-    while have < n:
-        x = rng.chisquare(df, 2 * (n - have) + 100)
-        x = x[x <= upper]
-        out.append(x)
-        have += x.size
-    return np.concatenate(out)[:n]
 
 
 def compare_methods(variants: dict[str, dict], dfs=(2, 3, 5, 8, 10), ds=(0.5, 1.0, 2.0, 4.0),

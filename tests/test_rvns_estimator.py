@@ -33,6 +33,7 @@ from scipy import integrate, optimize, stats
 
 from ldp_beam.errors import EmptyAccumulatorError, ParameterError
 from ldp_beam.estimators.density import wasserstein_grid
+from ldp_beam.evaluation.datasets import chi2_truncated
 from ldp_beam.estimators.rvns import (RVNSEstimator, paper_objective, report_cdf,
                                       transition_matrix)
 from ldp_beam.mechanisms.rvns import RVNS, rvns_density
@@ -41,9 +42,6 @@ P_MIN = 1e-4
 A, B = 0.0, 10.0
 
 
-def chi2_truncated(df: float, n: int, rng: np.random.Generator) -> np.ndarray:
-    """n draws of chi-squared(df) conditioned on <= B (inverse CDF: exact, no rejection loop)."""
-    return stats.chi2.ppf(rng.random(n) * stats.chi2.cdf(B, df), df)
 
 
 def population_cells(df: float, m: int) -> np.ndarray:

@@ -17,6 +17,7 @@ import numpy as np
 
 from ..registry import get_registry
 from ..rng import RandomSource
+from .datasets import chi2_truncated
 from .records import Progress, make_record
 
 
@@ -38,11 +39,6 @@ def _uniform(lo: float, hi: float) -> Callable[[int, np.random.Generator], np.nd
     return lambda n, rng: rng.uniform(lo, hi, n)
 
 
-def _chi2_in(df: float, hi: float) -> Callable[[int, np.random.Generator], np.ndarray]:
-    def draw(n: int, rng: np.random.Generator) -> np.ndarray:
-        x = rng.chisquare(df, 2 * n)
-        return x[x <= hi][:n] if (x <= hi).sum() >= n else np.clip(x[:n], 0, hi)
-    return draw
 
 
 _MEAN = dict(epsilon=1.0, lower=0.0, upper=100.0)
@@ -53,7 +49,7 @@ PROFILES: dict[str, Profile] = {
     "pm": Profile(_MEAN, _uniform(0, 100)),
     "privkvm": Profile(_MEAN, _uniform(0, 100)),
     "rvns": Profile(
-        dict(lower=0.0, upper=10.0, d=2.0, k=1), _chi2_in(3, 10.0),
+        dict(lower=0.0, upper=10.0, d=2.0, k=1), lambda n, rng: chi2_truncated(3, n, rng, 10.0),
         estimators={"fast m=100": {"m": 100}, "fast m=1000": {"m": 1000},
                     "paper m=100": {"m": 100, "method": "paper"},
                     "paper m=1000": {"m": 1000, "method": "paper"}},

@@ -147,3 +147,16 @@ def preferences(n: int, rng: np.random.Generator, mu: float = 5.0,
 def answer_rate(prefs: np.ndarray, epsilon: float) -> float:
     """Share of users who give their real value at budget ``epsilon`` (eps_u >= eps, Alg. 3)."""
     return float(np.mean(np.asarray(prefs) >= epsilon))
+
+
+def chi2_truncated(df: float, n: int, rng: np.random.Generator, upper: float = 10.0
+                   ) -> np.ndarray:
+    """n draws of chi-squared(df) conditioned on <= upper (the RVNS paper's synthetic data):
+    values above are redrawn, never clipped."""
+    parts, have = [], 0
+    while have < n:
+        x = rng.chisquare(df, 2 * (n - have) + 100)
+        x = x[x <= upper]
+        parts.append(x)
+        have += x.size
+    return np.concatenate(parts)[:n]

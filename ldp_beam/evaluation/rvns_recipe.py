@@ -99,6 +99,7 @@ from ..mechanisms.continuous_baselines import GeneralizedGaussianNoise, LaplaceN
 from ..mechanisms.rvns import RVNS, rvns_neighbourhood_epsilon, rvns_paper_epsilon
 from . import datasets as ds
 from .adversary import euclidean_distance, infer_rvns
+from .datasets import chi2_truncated
 from .records import (as_progress, make_record, pyplot, recipe_main, save_figure, select,
                       write_records)
 
@@ -186,16 +187,6 @@ class RvnsDataset:
         return DensityGrid(self.lower, self.upper, self.m)
 
 
-def chi2_truncated(df: float, n: int, rng: np.random.Generator, upper: float = 10.0
-                   ) -> np.ndarray:
-    """n draws of chi-squared(df) conditioned on <= upper: values above are redrawn."""
-    parts, have = [], 0
-    while have < n:
-        x = rng.chisquare(df, 2 * (n - have) + 100)
-        x = x[x <= upper]
-        parts.append(x)
-        have += x.size
-    return np.concatenate(parts)[:n]
 
 
 def load_students_math(data_dir: str | os.PathLike | None) -> np.ndarray | None:
