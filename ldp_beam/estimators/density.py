@@ -91,8 +91,9 @@ class BinnedDensity:
 
 
 class BinnedEstimator(Estimator):
-    """An estimator whose accumulator is the :class:`BinnedDensity` ``self.binned`` of its
-    report field ``y`` (set ``binned`` in ``__init__``)."""
+    """An estimator whose accumulator is the :class:`BinnedDensity` ``self.binned`` (set in
+    ``__init__``) of all its mechanism's report fields: one field (``y``) for the noise-adding
+    baselines, k fields for RVNS's k reports per user. ``n_reports`` counts users."""
 
     binned: BinnedDensity
 
@@ -100,10 +101,12 @@ class BinnedEstimator(Estimator):
         return self.binned.create()
 
     def add(self, acc: np.ndarray, reports: Mapping[str, np.ndarray]) -> np.ndarray:
-        return self.binned.add(acc, np.asarray(reports["y"], dtype=np.float64))
+        for name, _ in self.mechanism.report_fields:
+            self.binned.add(acc, np.asarray(reports[name], dtype=np.float64))
+        return acc
 
     def n_reports(self, acc: np.ndarray) -> int:
-        return self.binned.n(acc)
+        return int(round(self.binned.n(acc) / len(self.mechanism.report_fields)))
 
 
 def kde_on_grid(binned: BinnedDensity, acc: np.ndarray, z: np.ndarray, bandwidth: float,

@@ -40,10 +40,11 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from ..core import Estimator, Reasons, Statistic, coerce_numeric
+from ..core import Reasons, Statistic, coerce_numeric
 from ..errors import EmptyAccumulatorError, ParameterError
 from ..mechanisms.rvns import RVNS, rvns_density
-from .density import BinnedDensity, DensityGrid, density_statistics, kde_on_grid
+from .density import (BinnedDensity, BinnedEstimator, DensityGrid, density_statistics,
+                      kde_on_grid)
 
 METHODS = ("em", "paper")
 BOUNDARIES = ("reflect", "none")
@@ -287,7 +288,7 @@ def _number(name: str, value: Any, lo: float, lo_open: bool = True, integer: boo
     return int(value) if integer else float(value)
 
 
-class RVNSEstimator(Estimator):
+class RVNSEstimator(BinnedEstimator):
     """Density of the true values on m equal cells of [lower, upper] from RVNS reports.
 
     ``RVNSEstimator(mechanism, m=100, method="em", bins=4096, bandwidth=None, boundary=None, *,
@@ -378,18 +379,6 @@ class RVNSEstimator(Estimator):
         return out
 
     # -- accumulator
-    def create(self) -> np.ndarray:
-        return self.binned.create()
-
-    def add(self, acc: np.ndarray, reports: Mapping[str, np.ndarray]) -> np.ndarray:
-        for name, _ in self.mechanism.report_fields:  # y1 .. yk: all into the same histogram
-            self.binned.add(acc, np.asarray(reports[name], dtype=np.float64))
-        return acc
-
-    def n_reports(self, acc: np.ndarray) -> int:
-        """Users, i.e. accumulated reports / k."""
-        return int(round(self.binned.n(acc) / self.mechanism.k))
-
     def check_reports(self, reports: Mapping[str, Any], n: int | None = None) -> Reasons:
         reasons = super().check_reports(reports, n)
         a, b = self.mechanism.lower, self.mechanism.upper
