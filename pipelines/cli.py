@@ -160,11 +160,11 @@ def cmd_collect(a: argparse.Namespace, beam_args: list[str]) -> int:
     mech = build(a.mechanism, _params(a))
     man = run_collect(a.input, a.output, mech, columns, keep=a.keep, seed=a.seed,
                       dead_letter=a.dead_letter, batch_rows=a.batch_rows, beam_args=beam_args)
-    r = man["records"]
-    print(f"collected {r['reported']:,} reports ({mech.guarantee.describe()}) into {a.output}; "
-          f"{r['dead_lettered']:,} records dead-lettered to {man['dead_letter']}; "
-          f"input {r['input']:,}" + ("" if r["reconciles"] else " -- COUNTS DO NOT RECONCILE"))
-    return 0 if r["reconciles"] else 1
+    from .common import records_line
+
+    print(f"collected {man['records']['reported']:,} reports ({mech.guarantee.describe()}) into "
+          f"{a.output}: " + records_line(man, f"dead letters in {man['dead_letter']}"))
+    return 0 if man["records"]["reconciles"] else 1
 
 
 def cmd_estimate(a: argparse.Namespace, beam_args: list[str]) -> int:

@@ -80,21 +80,18 @@ def run_collect(input: str, output: str, mechanism: Mechanism, columns: Mapping[
         "columns": cols, "keep": list(keep), "seeded": seed is not None,
         "guarantee": mechanism.guarantee.to_dict(),
         "records": {"input": c.get("records_in"), "reported": reported,
-                    "dead_lettered": dead},
+                    "dead_lettered": c.get("records_invalid"),
+                    "unreadable_files": c.get("files_unreadable", 0)},
     }
-    rin = c.get("records_in")
-    manifest["records"]["reconciles"] = rin is not None and rin == reported + dead - \
-        _unreadable(dead_letter)
+    # What the counters say must match what was written: every read record is reported or
+    # dead-lettered, and the dead-letter file holds exactly those records plus one line per
+    # unreadable file. A runner without metrics cannot prove it, so it does not reconcile.
+    rin, bad = c.get("records_in"), c.get("records_invalid")
+    manifest["records"]["reconciles"] = (
+        rin is not None and bad is not None and rin == reported + bad
+        and dead == bad + c.get("files_unreadable", 0))
     write_json(output + ".manifest.json", manifest)
     return manifest
-
-
-def _unreadable(dead_letter: str) -> int:
-    """Dead-letter lines for whole unreadable files (not counted in records_in)."""
-    if not os.path.exists(dead_letter):
-        return 0
-    with open(dead_letter) as fh:
-        return sum(1 for line in fh if '"reason": "unreadable input' in line)
 
 
 def build(name: str, params: Mapping[str, Any]) -> Mechanism:

@@ -59,3 +59,17 @@ def count_lines(path: str) -> int:
 
 def say(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
+
+
+def count_text(n: int | None) -> str:
+    """A record count for people: thousands separators, or why there is none."""
+    return "unknown (the runner reports no metrics)" if n is None else f"{n:,}"
+
+
+def records_line(manifest: dict, dead_letter_hint: str) -> str:
+    """The one-line reconciliation of a collect run: read = reported + dead-lettered."""
+    r = manifest["records"]
+    files = f" + {r['unreadable_files']} unreadable file(s)" if r.get("unreadable_files") else ""
+    return (f"{count_text(r['input'])} read = {count_text(r['reported'])} reported + "
+            f"{count_text(r['dead_lettered'])} dead-lettered{files} ({dead_letter_hint})"
+            + ("" if r["reconciles"] else "  ** DOES NOT RECONCILE **"))

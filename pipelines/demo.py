@@ -29,7 +29,7 @@ from ldp_beam.privacy import compose
 from ldp_beam.registry import build_mechanism
 
 from .collect import run_collect
-from .common import say
+from .common import records_line, say
 from .estimate import run_estimate
 
 LOWER, UPPER = 0.0, 100.0
@@ -116,11 +116,9 @@ def bisample_section(data: str, out_dir: str, epsilon: float, seed: Any,
     figure = _plot(os.path.join(out_dir, "mean_age_by_region.png"), truth, per["estimates"])
 
     s = est["estimate"]["statistics"]
-    rec = man["records"]
     w("\n== BiSample-MD: mean age with missing answers (LDP) ==\n")
-    w(f"  records: {rec['input']:,} read = {rec['reported']:,} reported + "
-      f"{rec['dead_lettered']:,} dead-lettered (reasons in {os.path.basename(man['dead_letter'])})"
-      f"{'' if rec['reconciles'] else '  ** DOES NOT RECONCILE **'}\n")
+    w("  records: " + records_line(man, f"reasons in {os.path.basename(man['dead_letter'])}")
+      + "\n")
     w(f"  privacy: each person sent one report: {md.guarantee.describe()} "
       f"(every number below is post-processing of those reports)\n\n")
     w(f"  {'statistic':<28}{'true':>12}{'estimate':>12}   95% CI\n")
@@ -198,11 +196,8 @@ def rvns_section(data: str, out_dir: str, epsilon: float, seed: Any,
                            f"Income density from {est['n_reports']:,} RVNS reports "
                            f"(each says where the value is NOT)")
     g = mech.guarantee
-    rec = man["records"]
     w("\n== RVNS: the income distribution from negative reports ==\n")
-    w(f"  records: {rec['input']:,} read = {rec['reported']:,} reported + "
-      f"{rec['dead_lettered']:,} dead-lettered (income outside [{lo:g}, {hi:g}])"
-      f"{'' if rec['reconciles'] else '  ** DOES NOT RECONCILE **'}\n")
+    w("  records: " + records_line(man, f"income outside [{lo:g}, {hi:g}]") + "\n")
     w(f"  privacy: {g.describe()} with neighbourhood delta = {g.params['delta']:g} "
       f"(outputs closer than that count as one); the paper's formula gives "
       f"{g.params.get('paper_epsilon', float('nan')):.3g} here\n\n")

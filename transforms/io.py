@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import apache_beam as beam
+from apache_beam.metrics import Metrics
 import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
@@ -104,6 +105,7 @@ def plan_units(files: list[str]) -> list[ReadUnit]:
 class ReadUnitFn(beam.DoFn):
     def __init__(self, batch_rows: int = DEFAULT_BATCH_ROWS) -> None:
         self.batch_rows = batch_rows
+        self.n_unreadable = Metrics.counter("ldp_beam", "files_unreadable")
 
     def process(self, unit: ReadUnit):
         stream = stream_id(os.path.basename(unit.path))
@@ -128,6 +130,7 @@ class ReadUnitFn(beam.DoFn):
                 yield KeyedBatch(stream, off, b, unit.path)
                 off += b.num_rows
         except Exception as exc:
+            self.n_unreadable.inc()
             yield beam.pvalue.TaggedOutput(DEAD_LETTER, dead_letter(
                 f"unreadable input: {type(exc).__name__}: {exc}", None, unit.path,
                 None if unit.row_group is None else unit.offset))
