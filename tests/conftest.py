@@ -42,6 +42,14 @@ def run_cli(*args: str):
     return code, out.getvalue(), err.getvalue()
 
 
+def read_jsonl(path) -> list[dict]:
+    """The records of a JSON-lines file (a dead-letter file, say)."""
+    import json
+
+    with open(path) as fh:
+        return [json.loads(line) for line in fh if line.strip()]
+
+
 class Sink:
     """Collect a PCollection's elements in a test: the DirectRunner pickles closures, so a list
     captured by a lambda would be a copy; elements are pickled to files in a folder instead."""

@@ -7,7 +7,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from ldp_beam_test_helpers import run_cli
+from ldp_beam_test_helpers import read_jsonl, run_cli
 
 
 def test_collect_estimate_parquet_roundtrip(survey_table, tmp_path):
@@ -56,8 +56,7 @@ def test_collect_csv_with_bad_rows(tmp_path):
     code, so, se = run_cli("collect", "-i", str(p), "-c", "x", "-m", "harmony", "--epsilon", "1",
                            "-p", "lower=0", "-p", "upper=1", "-o", str(out))
     assert code == 0, se
-    dead = [json.loads(x) for x in (tmp_path / "r.parquet.deadletter.jsonl").read_text().split("\n")
-            if x]
+    dead = read_jsonl(tmp_path / "r.parquet.deadletter.jsonl")
     assert sorted(d["reason"] for d in dead) == sorted([
         "value: non-numeric value 'abc'", "value: missing (null/NaN) and allow_missing=False",
         "value: 5.0 outside [0, 1]", "value: -0.5 outside [0, 1]"])
@@ -218,8 +217,7 @@ def test_corrupt_parquet_file_goes_to_the_dead_letter(tmp_path):
     code, so, se = run_cli("collect", "-i", str(d), "-c", "x", "-m", "harmony", "--epsilon", "1",
                            "-p", "lower=0", "-p", "upper=1", "-o", str(out))
     assert code == 0, se
-    dead = [json.loads(x) for x in (tmp_path / "r.parquet.deadletter.jsonl").read_text().split("\n")
-            if x]
+    dead = read_jsonl(tmp_path / "r.parquet.deadletter.jsonl")
     assert len(dead) == 1
     assert dead[0]["source"].endswith("broken.parquet")
     assert dead[0]["reason"].startswith("unreadable input:")

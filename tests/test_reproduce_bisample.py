@@ -198,7 +198,26 @@ def test_datasets_match_table2():
     assert abs(u.mean()) < 4 / math.sqrt(3e5) and u.min() >= -1 and u.max() <= 1
     a = ds.adult(None, rng)
     assert a.n == ds.ADULT_ROWS and a.source.startswith("synthetic")
-    assert abs(a.mean - (-0.409)) < 0.02
+    # the stand-in ages are rint(17 + Gamma) capped at 90: their exact mean and sd follow from
+    # the gamma CDF on the integers; the sample mean lies within 4 standard errors of it
+    from scipy import stats as sps
+
+    excess, var = ds.AGE_MEAN - ds.AGE_MIN, ds.AGE_STD ** 2
+    gam = sps.gamma(excess ** 2 / var, scale=var / excess)
+    ages = np.arange(ds.AGE_MIN, ds.AGE_MAX + 1)
+    cdf_hi = np.where(ages == ds.AGE_MAX, 1.0, gam.cdf(ages + 0.5 - ds.AGE_MIN))
+    pmf = cdf_hi - gam.cdf(np.maximum(ages - 0.5 - ds.AGE_MIN, 0))
+    scaled = 2 * (ages - ds.AGE_MIN) / (ds.AGE_MAX - ds.AGE_MIN) - 1
+    mu = float(pmf @ scaled)
+    sd = math.sqrt(float(pmf @ scaled ** 2) - mu ** 2)
+    assert abs(a.mean - mu) < 4 * sd / math.sqrt(a.n)
+    # and that expectation is Adult's mean (Table 2) but for the construction: the cap at 90
+    # lowers it by 2/73 E[(G - 73)+], and rounding moves each age by at most half a year
+    span = ds.AGE_MAX - ds.AGE_MIN
+    target = 2 * (ds.AGE_MEAN - ds.AGE_MIN) / span - 1
+    cap_shift = 2 / span * gam.expect(lambda g: g - span, lb=span)
+    assert abs(mu - (target - cap_shift)) <= 2 / span * 0.5
+    assert abs(target - (-0.409)) < 0.0005  # Table 2 rounds to three decimals
     p = ds.preferences(100_000, rng)
     assert abs(p.mean() - 5) < 4 * 1.5 / math.sqrt(1e5)
     assert ds.answer_rate(np.array([1.0, 2.0, 3.0]), 2.0) == pytest.approx(2 / 3)

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import math
 import os
-import secrets
 import time
 import zlib
 from dataclasses import dataclass
@@ -52,7 +51,7 @@ from ..registry import build_mechanism
 from . import datasets as ds
 from .metrics import (absolute_error, bisample_variance, chi2_interval,
                       harmony_worst_case_variance, pm_variance, squared_error)
-from .records import (as_progress, make_record, pyplot, recipe_main, save_figure, select,
+from .records import (make_record, pyplot, recipe_main, save_figure, select, start_recipe,
                       write_records)
 
 FAMILY = "bisample"
@@ -322,11 +321,7 @@ def run(quick: bool = False, data_dir: str | None = None, out_dir: str | None = 
     ``progress``: None (lines on stderr), False (silent), or a callable taking each line.
     ``config`` overrides the quick/full sizes (for tests and ad-hoc runs)."""
     cfg = config if config is not None else (QUICK if quick else FULL)
-    if seed is None:
-        seed = secrets.randbits(63)
-    prog = as_progress(progress, FAMILY)
-    prog.total = _total_steps(cfg)
-    common = {"seed": int(seed), "quick": bool(quick)}
+    seed, prog, common = start_recipe(FAMILY, quick, seed, progress, _total_steps(cfg))
     t0 = time.perf_counter()
     prog.note(f"{'quick' if quick else 'full'} run: n={cfg.n}, T={cfg.reps}, seed={seed}, "
               f"data_dir={data_dir}")

@@ -190,3 +190,17 @@ def recipe_main(run: Callable[..., list], prog: str, description: str, quick_hel
     else:
         print(json.dumps(recs, indent=1, allow_nan=False))
     return 0
+
+
+def start_recipe(family: str, quick: bool, seed: int | None, progress: Any, total: int
+                 ) -> tuple[int, Progress, dict]:
+    """What every recipe's ``run`` does first: draw the seed from OS entropy unless one is given
+    (it goes into every record so a run can be repeated), set up progress for ``total`` steps,
+    and return ``(seed, progress, fields every record carries)``."""
+    import secrets
+
+    if seed is None:
+        seed = secrets.randbits(63)
+    prog = as_progress(progress, family)
+    prog.total = total
+    return int(seed), prog, {"seed": int(seed), "quick": bool(quick)}

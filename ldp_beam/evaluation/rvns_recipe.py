@@ -84,7 +84,6 @@ from __future__ import annotations
 import csv
 import math
 import os
-import secrets
 import time
 import zlib
 from dataclasses import dataclass
@@ -100,7 +99,7 @@ from ..mechanisms.rvns import RVNS, rvns_neighbourhood_epsilon, rvns_paper_epsil
 from . import datasets as ds
 from .adversary import euclidean_distance, infer_rvns
 from .datasets import chi2_truncated
-from .records import (as_progress, make_record, pyplot, recipe_main, save_figure, select,
+from .records import (make_record, pyplot, recipe_main, save_figure, select, start_recipe,
                       write_records)
 
 FAMILY = "rvns"
@@ -453,11 +452,7 @@ def run(quick: bool = False, data_dir: str | None = None, out_dir: str | None = 
                or ps[1] not in cfg.d_fracs]
     if missing:
         raise ValueError(f"paper_settings {missing} are not among ks x d_fracs")
-    if seed is None:
-        seed = secrets.randbits(63)
-    prog = as_progress(progress, FAMILY)
-    prog.total = _total_steps(cfg)
-    common = {"seed": int(seed), "quick": bool(quick)}
+    seed, prog, common = start_recipe(FAMILY, quick, seed, progress, _total_steps(cfg))
     t0 = time.perf_counter()
     prog.note(f"{'quick' if quick else 'full'} run: chi2 n={cfg.n}, reps={cfg.reps} "
               f"(real {cfg.real_reps}, paper SLSQP {cfg.paper_reps}), seed={seed}, "
