@@ -73,7 +73,7 @@ def run(quick: bool = False, progress=None) -> list[dict]:
                            row_group_size=250_000)
             for mode, n in (("batched", rows), ("element", element_rows)):
                 if progress is not None:
-                    progress.step(f"pipeline {name} {mode} ({n:,} rows, DirectRunner)")
+                    progress.note(f"pipeline {name} {mode} ({n:,} rows, DirectRunner)")
                 cfg = {"mechanism": name, "params": params, "rows": n, "path": path,
                        "mode": mode, "beam_args": ["--runner=DirectRunner"]}
                 secs, rss = _child(cfg)
