@@ -62,7 +62,7 @@ class Role:
 
     name: str
     required: bool = True
-    kind: str = "numeric"  # 'numeric' (float, NaN = missing) or 'category' (labels)
+    kind: str = "numeric"  # 'numeric' (float, NaN = missing) or 'category' (declared labels -> codes)
     help: str = ""
 
 
@@ -84,6 +84,107 @@ def coerce_numeric(raw: Any) -> tuple[np.ndarray, np.ndarray]:
     vals = pd.to_numeric(ser.where(~isbool, None), errors="coerce").to_numpy(dtype=np.float64)
     present = ser.notna().to_numpy(dtype=bool)
     return vals, (present & np.isnan(vals)) | isbool
+
+
+def category_text(value: Any) -> str | None:
+    """The canonical text of a category label (None for a missing value): labels are compared as
+    text, so ``3``, ``3.0``, ``np.int8(3)`` and ``"3"`` are the same category; booleans stay
+    ``"True"``/``"False"``."""
+    if value is None:
+        return None
+    if isinstance(value, (bool, np.bool_)):
+        return str(bool(value))
+    if isinstance(value, (int, np.integer)):
+        return str(int(value))
+    if isinstance(value, (float, np.floating)):
+        if math.isnan(value):
+            return None
+        return str(int(value)) if float(value).is_integer() else repr(float(value))
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return str(value)
+
+
+def check_labels(labels: Any, name: str, min_size: int = 1) -> tuple[str, ...]:
+    """Validate a declared category domain: a non-empty sequence of distinct labels (a
+    comma-separated string is split). Returns the canonical labels (see :func:`category_text`)."""
+    if isinstance(labels, str):
+        labels = [x.strip() for x in labels.split(",") if x.strip()]
+    try:
+        items = list(labels)
+    except TypeError:
+        raise ParameterError(name, labels, "a sequence of category labels") from None
+    out = tuple(category_text(v) for v in items)
+    if any(v is None or v == "" for v in out):
+        raise ParameterError(name, labels, "labels that are not null or empty")
+    if len(out) < min_size:
+        raise ParameterError(name, labels, f"at least {min_size} label(s)")
+    dup = sorted({v for v in out if out.count(v) > 1})
+    if dup:
+        raise ParameterError(name, labels, f"distinct labels (repeated: {dup})")
+    return out
+
+
+def check_subset(subset: Any, name: str, domain: tuple[str, ...], domain_name: str,
+                 min_size: int = 1) -> tuple[str, ...]:
+    """Validate a subset of a declared domain (e.g. the sensitive categories)."""
+    if isinstance(subset, str):
+        subset = [x.strip() for x in subset.split(",") if x.strip()]
+    out = check_labels(subset, name, min_size=0) if len(list(subset)) else ()
+    if len(out) < min_size:
+        raise ParameterError(name, subset, f"at least {min_size} label(s) of {domain_name}")
+    extra = [v for v in out if v not in domain]
+    if extra:
+        raise ParameterError(name, subset, f"a subset of {domain_name} = {list(domain)} "
+                             f"(not in it: {extra})")
+    return out
+
+
+def encode_categories(values: Any, labels: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray,
+                                                                      np.ndarray]:
+    """Map a column of labels to codes ``0..len(labels)-1`` (the order of ``labels``).
+
+    Returns ``(codes, missing, unknown)``: ``codes`` is int64 with -1 where the value is missing
+    (None/NaN) or not a declared label; the two masks say which. Integer columns are looked up
+    directly (no text conversion); other columns are factorized once, so the cost is one hash
+    per row plus one lookup per distinct value.
+    """
+    arr = np.asarray(values)
+    if arr.ndim != 1:
+        arr = arr.reshape(-1)
+    n = arr.shape[0]
+    index = {lab: i for i, lab in enumerate(labels)}
+    if arr.dtype.kind in "iu":
+        known = [(int(lab), i) for lab, i in index.items() if _is_int_text(lab)]
+        codes = np.full(n, -1, dtype=np.int64)
+        if known:
+            keys = np.array([k for k, _ in known], dtype=np.int64)
+            vals = np.array([v for _, v in known], dtype=np.int64)
+            order = np.argsort(keys)
+            keys, vals = keys[order], vals[order]
+            pos = np.clip(np.searchsorted(keys, arr), 0, keys.size - 1)
+            hit = keys[pos] == arr
+            codes[hit] = vals[pos[hit]]
+        missing = np.zeros(n, dtype=bool)
+        return codes, missing, codes < 0
+    import pandas as pd
+
+    fcodes, uniques = pd.factorize(arr, use_na_sentinel=True)
+    texts = [category_text(u) for u in uniques]
+    lookup = np.array([-2 if t is None else index.get(t, -1) for t in texts] + [-2],
+                      dtype=np.int64)
+    codes = lookup[fcodes]  # fcodes == -1 (NA) indexes the trailing -2
+    missing = codes == -2
+    unknown = codes == -1
+    codes[missing] = -1
+    return codes, missing, unknown
+
+
+def _is_int_text(s: str) -> bool:
+    try:
+        return str(int(s)) == s
+    except ValueError:
+        return False
 
 
 class Reasons:
@@ -141,6 +242,10 @@ class Mechanism(ABC):
     def randomize(self, cols: dict[str, np.ndarray], u: np.ndarray) -> Reports:
         """Perturb valid rows given an ``(n, draws)`` array of uniforms. Vectorized."""
 
+    def labels(self, role: str) -> tuple[str, ...]:
+        """The declared labels of a 'category' role (codes are positions in this tuple)."""
+        raise NotImplementedError(f"{type(self).__name__} declares no domain for role {role!r}")
+
     # -- shared behaviour
     @property
     def name(self) -> str:
@@ -186,7 +291,15 @@ class Mechanism(ABC):
                              f"{nm}: non-numeric value {c[i]!r}")
                 out[r.name] = vals
             else:
-                out[r.name] = cols[r.name]
+                labels = self.labels(r.name)
+                raw = cols[r.name]
+                codes, missing, unknown = encode_categories(raw, labels)
+                shown = list(labels) if len(labels) <= 12 else list(labels[:12]) + ["..."]
+                reasons.flag(missing, f"{r.name}: missing value (a category of the declared "
+                             "domain is required)")
+                reasons.flag(unknown, lambda i, c=raw, nm=r.name, lb=shown:
+                             f"{nm}: {c[i]!r} is not in the declared domain {lb}")
+                out[r.name] = codes
         self.validate(out, reasons)
         return out, reasons
 

@@ -199,6 +199,18 @@ def _register_builtins(reg: Registry) -> None:
     reg.register("generalized-gaussian", GeneralizedGaussianNoise, NoiseKDEEstimator)
     reg.register("square-wave", SquareWave, SquareWaveEMSEstimator)
 
+    from .estimators.joint import (CategoricalEstimator, JuRREstimator, ProductURREstimator,
+                                   TDRREstimator)
+    from .mechanisms.categorical import GRR, URR
+    from .mechanisms.joint import CPRR, JDGRR, TDRR, JuRR
+
+    reg.register("grr", GRR, CategoricalEstimator)
+    reg.register("urr", URR, CategoricalEstimator)
+    reg.register("jurr", JuRR, JuRREstimator)
+    reg.register("cprr", CPRR, ProductURREstimator)
+    reg.register("jd-grr", JDGRR, ProductURREstimator)
+    reg.register("tdrr", TDRR, TDRREstimator)
+
 
 def load_plugins(reg: Registry) -> None:
     """Call every ``ldp_beam.plugins`` entry point with the registry. A plugin that fails to load

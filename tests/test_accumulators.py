@@ -28,6 +28,11 @@ SAMPLE_PARAMS = {
     "generalized-gaussian": dict(epsilon=1.0, lower=0.0, upper=10.0),
     "square-wave": dict(epsilon=1.0, lower=0.0, upper=10.0),
     "rvns": dict(lower=0.0, upper=10.0, d=2.0, k=2),
+    "grr": dict(epsilon=1.0, domain="a,b,c"),
+    "urr": dict(epsilon=1.0, domain="a,b,c", sensitive="a"),
+    "jd-grr": dict(epsilon=1.0, x_domain="a,b,c", y_domain="u,v"),
+    **{name: dict(epsilon=2.0, x_domain="a,b,c", y_domain="u,v", x_sensitive="a,b",
+                  y_sensitive="u") for name in ("jurr", "cprr", "tdrr")},
 }
 
 _CACHE: dict[str, tuple] = {}
@@ -46,6 +51,10 @@ def setup_for(name: str):
     g = np.random.default_rng(SEED)
     lo, hi = getattr(mech, "lower", 0.0), getattr(mech, "upper", 1.0)
     data = {"value": g.uniform(lo, hi, N_REPORTS)}
+    categories = [r.name for r in mech.roles if r.kind == "category"]
+    if categories:  # labels drawn from each declared domain
+        data = {r: g.choice(np.array(mech.labels(r), dtype=object), N_REPORTS)
+                for r in categories}
     if "preference" in {r.name for r in mech.roles}:
         data["preference"] = np.where(g.random(N_REPORTS) < 0.3, 0.5 * params["epsilon"], 10.0)
     try:

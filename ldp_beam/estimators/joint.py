@@ -1,0 +1,306 @@
+"""Server side of the categorical family: frequency estimates from uRR/GRR reports and joint
+tables from JuRR, CPRR, JD-GRR and TDRR reports (spec: shared/specs/uldp_joint.md).
+
+The accumulator is the output-frequency table (int64 counts, one per cell of the output domain;
+any labels are mapped to codes once, on the client side). Every estimator here is *linear* in the
+normalized counts P = c / N: f^ = A P, with A the inverse of the transition matrix Q written in
+closed form (the paper's equations, corrected as the spec lists). So each estimator implements
+
+* ``unbias(P, power)``: sum_k A[i, k]^power P[k] for every cell i. ``power=1`` is the estimate;
+  ``power=2`` gives the exact multinomial variance Var f^_i = (sum_k A_ik^2 pi_k - f_i^2) / N,
+  estimated by plugging in P for pi (the constant terms of the closed forms are written as
+  multiples of sum(P) = 1, so A is exactly Q^-1 and the formula holds);
+* ``adjoint(W)``: A^T W for a stack of weight tables, which gives the variance of any linear
+  functional (marginals) the same way.
+
+Tests check A Q = I, closed forms = ``solve(Q, P)``, the variances against simulation, and that
+``adjoint`` is the transpose of ``unbias``.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping
+
+import numpy as np
+
+from ..core import CountEstimator, Reasons, Statistic, coerce_numeric
+from ..mechanisms.categorical import GRR, urr_probabilities
+from ..mechanisms.joint import CPRR, JDGRR, TDRR, JointMechanism, JuRR
+from .consistency import project_simplex
+
+
+# --------------------------------------------------------------------------- uRR along an axis
+def urr_inverse(p: np.ndarray, axis: int, sens: np.ndarray, epsilon: float,
+                power: int = 1) -> np.ndarray:
+    """Apply the (elementwise ``power`` of the) inverse uRR matrix along ``axis`` of ``p``.
+
+    Sensitive label i: f_i = (P_i - b sum P) / (a - b) (Murakami & Kawamoto, Eq. 19 of the JuRR
+    paper's CPRR estimator); non-sensitive label i: f_i = P_i / t. ``sens`` masks that axis.
+    """
+    a, b, t = urr_probabilities(epsilon, int(sens.sum()))
+    w_self, w_other = (1 - b) / (a - b), -b / (a - b)
+    p = np.moveaxis(np.asarray(p, dtype=float), axis, -1)
+    total = p.sum(axis=-1, keepdims=True)
+    out = np.where(sens, w_self ** power * p + w_other ** power * (total - p),
+                   (1 / t) ** power * p)
+    return np.moveaxis(out, -1, axis)
+
+
+def urr_inverse_adjoint(w: np.ndarray, axis: int, sens: np.ndarray,
+                        epsilon: float) -> np.ndarray:
+    """The transpose of :func:`urr_inverse` (power 1) applied along ``axis`` of ``w``."""
+    a, b, t = urr_probabilities(epsilon, int(sens.sum()))
+    w_self, w_other = (1 - b) / (a - b), -b / (a - b)
+    w = np.moveaxis(np.asarray(w, dtype=float), axis, -1)
+    s_sum = np.where(sens, w, 0.0).sum(axis=-1, keepdims=True)
+    out = w_other * s_sum + np.where(sens, (w_self - w_other) * w, w / t)
+    return np.moveaxis(out, -1, axis)
+
+
+# --------------------------------------------------------------------------- the base
+class LinearFrequencyEstimator(CountEstimator):
+    """Counts over the output cells; a linear unbiased estimate with per-cell standard errors, a
+    consistent version (projection onto the simplex) and the count of reports."""
+
+    shape: tuple[int, ...] = ()
+    fields: tuple[tuple[str, int], ...] = ()  # report field -> number of codes
+
+    def __init__(self, mechanism: Any) -> None:
+        super().__init__(mechanism)
+        self.n_cells = int(np.prod(self.shape))
+
+    def cells(self, reports: Mapping[str, np.ndarray]) -> np.ndarray:
+        code = np.zeros(len(reports[self.fields[0][0]]), dtype=np.int64)
+        for name, size in self.fields:
+            code = code * size + np.asarray(reports[name], dtype=np.int64)
+        return code
+
+    def check_reports(self, reports: Mapping[str, Any], n: int | None = None) -> Reasons:
+        reasons = super().check_reports(reports, n)
+        for name, size in self.fields:
+            if name not in reports:
+                continue
+            raw = reports[name]
+            vals, _ = coerce_numeric(raw)
+            ok = (vals >= 0) & (vals < size) & (np.floor(vals) == vals)
+            reasons.flag(~ok, lambda i, r=raw, nm=name, k=size:
+                         f"report field {nm!r}: {r[i]!r} is not a code in [0, {k})")
+        return reasons
+
+    # -- what each mechanism provides
+    def unbias(self, p: np.ndarray, power: int = 1) -> np.ndarray:
+        raise NotImplementedError
+
+    def adjoint(self, w: np.ndarray) -> np.ndarray:
+        """A^T applied to a stack of weight tables ``w`` of shape (B, *shape)."""
+        raise NotImplementedError
+
+    # -- generic pieces
+    def table(self, acc: np.ndarray) -> np.ndarray:
+        return np.asarray(acc).reshape(self.shape)
+
+    def estimate_table(self, acc: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
+        """(raw unbiased estimate, its per-cell standard error, N)."""
+        n = int(acc.sum())
+        p = self.table(acc) / n
+        f = self.unbias(p, 1)
+        var = (self.unbias(p, 2) - f * f) / n
+        return f, np.sqrt(np.maximum(var, 0.0)), n
+
+    def functional_stderr(self, weights: np.ndarray, acc: np.ndarray, f: np.ndarray) -> np.ndarray:
+        """Standard errors of the linear functionals sum(W_b * f^) for a stack ``weights``."""
+        n = int(acc.sum())
+        p = self.table(acc) / n
+        g = self.adjoint(weights)
+        axes = tuple(range(1, g.ndim))
+        second = (g * g * p).sum(axis=axes)
+        first = (weights * f).sum(axis=axes)
+        return np.sqrt(np.maximum(second - first * first, 0.0) / n)
+
+    def statistics(self, acc: np.ndarray) -> dict[str, Statistic]:
+        f, se, _ = self.estimate_table(acc)
+        return {"frequency": Statistic(f, se, project_simplex(f), note=NOTE_CONSISTENT)}
+
+
+NOTE_CONSISTENT = ("value: unbiased, may be negative; clipped: the consistent estimate, the "
+                   "Euclidean projection onto the probability simplex (Norm-Sub)")
+
+
+class CategoricalEstimator(LinearFrequencyEstimator):
+    """Label frequencies from GRR or uRR reports (one field ``v``)."""
+
+    def __init__(self, mechanism: GRR) -> None:
+        self.shape = (len(mechanism.domain),)
+        self.fields = (("v", len(mechanism.domain)),)
+        super().__init__(mechanism)
+        self.sens = np.zeros(len(mechanism.domain), dtype=bool)
+        self.sens[mechanism.sensitive_codes] = True
+
+    def unbias(self, p: np.ndarray, power: int = 1) -> np.ndarray:
+        return urr_inverse(p, 0, self.sens, self.mechanism.epsilon, power)
+
+    def adjoint(self, w: np.ndarray) -> np.ndarray:
+        return urr_inverse_adjoint(w, 1, self.sens, self.mechanism.epsilon)
+
+
+# --------------------------------------------------------------------------- joint tables
+class JointEstimator(LinearFrequencyEstimator):
+    """Joint table, marginals and conditionals from a joint mechanism's (x, y) reports."""
+
+    def __init__(self, mechanism: JointMechanism) -> None:
+        self.shape = mechanism.shape
+        self.fields = (("x", mechanism.nx), ("y", mechanism.ny))
+        super().__init__(mechanism)
+        self.xs, self.ys = mechanism.sensitive_masks()
+
+    def statistics(self, acc: np.ndarray) -> dict[str, Statistic]:
+        f, se, _ = self.estimate_table(acc)
+        out = {"joint": Statistic(f, se, project_simplex(f), note=NOTE_CONSISTENT)}
+        out.update(self.derived(f, acc, out["joint"].clipped))
+        return out
+
+    def derived(self, f: np.ndarray, acc: np.ndarray, consistent: np.ndarray,
+                prefix: str = "") -> dict[str, Statistic]:
+        """Marginals (with standard errors) and conditionals of a joint estimate."""
+        nx, ny = self.shape
+        wx = np.zeros((nx, nx, ny))
+        wx[np.arange(nx), np.arange(nx), :] = 1.0
+        wy = np.zeros((ny, nx, ny))
+        wy[np.arange(ny), :, np.arange(ny)] = 1.0
+        mx, my = f.sum(axis=1), f.sum(axis=0)
+        cx, cy = consistent.sum(axis=1), consistent.sum(axis=0)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            y_given_x = np.where(cx[:, None] > 0, consistent / cx[:, None], np.nan)
+            x_given_y = np.where(cy[None, :] > 0, consistent / cy[None, :], np.nan)
+        cond_note = ("from the consistent joint; NaN where the conditioning label has estimated "
+                     "frequency 0; no standard error (a ratio of estimates)")
+        note = ("value: sum of the unbiased joint (unbiased); clipped: from the consistent joint")
+        return {
+            prefix + "marginal_x": Statistic(mx, self.functional_stderr(wx, acc, f), cx, note),
+            prefix + "marginal_y": Statistic(my, self.functional_stderr(wy, acc, f), cy, note),
+            prefix + "y_given_x": Statistic(y_given_x, None, None,
+                                            "rows: x labels, columns: P(y | x); " + cond_note),
+            prefix + "x_given_y": Statistic(x_given_y, None, None,
+                                            "rows: x labels, columns: P(x | y); " + cond_note),
+        }
+
+
+class ProductURREstimator(JointEstimator):
+    """CPRR and JD-GRR: the uRR / GRR inverse on the flattened product domain (CPRR, Eq. 39)."""
+
+    def __init__(self, mechanism: CPRR | JDGRR) -> None:
+        super().__init__(mechanism)
+        cells = mechanism.sensitive_cells() if isinstance(mechanism, CPRR) \
+            else mechanism.all_cells()
+        self.sens_cells = np.zeros(self.n_cells, dtype=bool)
+        self.sens_cells[cells] = True
+
+    def unbias(self, p: np.ndarray, power: int = 1) -> np.ndarray:
+        flat = np.asarray(p, dtype=float).reshape(self.n_cells)
+        return urr_inverse(flat, 0, self.sens_cells, self.mechanism.epsilon,
+                           power).reshape(self.shape)
+
+    def adjoint(self, w: np.ndarray) -> np.ndarray:
+        b = w.shape[0]
+        flat = urr_inverse_adjoint(w.reshape(b, self.n_cells), 1, self.sens_cells,
+                                   self.mechanism.epsilon)
+        return flat.reshape(w.shape)
+
+
+class TDRREstimator(JointEstimator):
+    """TDRR: the joint by Kronecker inversion (unbiased, no independence assumption) as
+    ``joint``, and the paper's product of the two estimated marginals as ``joint_independent``
+    (biased unless x and y are independent)."""
+
+    def unbias(self, p: np.ndarray, power: int = 1) -> np.ndarray:
+        e2 = self.mechanism.epsilon / 2  # (Qx kron Qy)^-1 = Qx^-1 kron Qy^-1, one axis at a time
+        return urr_inverse(urr_inverse(p, 0, self.xs, e2, power), 1, self.ys, e2, power)
+
+    def adjoint(self, w: np.ndarray) -> np.ndarray:
+        e2 = self.mechanism.epsilon / 2
+        return urr_inverse_adjoint(urr_inverse_adjoint(w, 1, self.xs, e2), 2, self.ys, e2)
+
+    def statistics(self, acc: np.ndarray) -> dict[str, Statistic]:
+        out = super().statistics(acc)
+        n = int(acc.sum())
+        p = self.table(acc) / n
+        e2 = self.mechanism.epsilon / 2
+        px, py = p.sum(axis=1), p.sum(axis=0)
+        fx, fy = urr_inverse(px, 0, self.xs, e2), urr_inverse(py, 0, self.ys, e2)
+        vx = np.maximum(urr_inverse(px, 0, self.xs, e2, 2) - fx * fx, 0) / n
+        vy = np.maximum(urr_inverse(py, 0, self.ys, e2, 2) - fy * fy, 0) / n
+        prod = np.outer(fx, fy)
+        # delta method, treating the two marginal estimates as independent (the model's premise)
+        var = np.outer(vx, fy * fy) + np.outer(fx * fx, vy) + np.outer(vx, vy)
+        out["joint_independent"] = Statistic(
+            prod, np.sqrt(var), project_simplex(prod),
+            note="the paper's TDRR estimate: product of the two estimated marginals; biased "
+                 "unless x and y are independent; stderr by the delta method under independence")
+        return out
+
+
+class JuRREstimator(JointEstimator):
+    """JuRR's closed form (Section 5.1.2 as corrected in the spec: the P x P cells use a and b,
+    and every count is divided by N)."""
+
+    def __init__(self, mechanism: JuRR) -> None:
+        super().__init__(mechanism)
+        pr = mechanism.probabilities()
+        a, b, p, q, m, n, t = (pr[k] for k in "abpqmnt")
+        sx, sy = mechanism.sx, mechanism.sy
+        r, r2 = p + (sx - 1) * q, m + (sy - 1) * n
+        w = {}
+        w["pp_self"], w["pp_other"] = (1 - b) / (a - b), -b / (a - b)
+        w["nn"] = 1 / t if t > 0 else math.nan  # t only enters when X_N x Y_N is non-empty
+        # P x I cell (i in X_S, j in Y_N): f = P_ij/(p-q) - q S_j/(r(p-q)) - q N_j/(r t), where
+        # S_j, N_j sum column j over X_S, X_N (the spec's FS_j/FN_j route, expanded)
+        w["pi_s"] = -q / (r * (p - q))
+        w["pi_self"] = 1 / (p - q) + w["pi_s"]
+        w["pi_n"] = -q / (r * t) if t > 0 else math.nan
+        w["ip_s"] = -n / (r2 * (m - n))
+        w["ip_self"] = 1 / (m - n) + w["ip_s"]
+        w["ip_n"] = -n / (r2 * t) if t > 0 else math.nan
+        self.w = w
+        xs, ys = self.xs[:, None], self.ys[None, :]
+        self.pp, self.nn = xs & ys, ~xs & ~ys
+        self.pi, self.ip = xs & ~ys, ~xs & ys
+
+    def unbias(self, p: np.ndarray, power: int = 1) -> np.ndarray:
+        w = {k: v ** power for k, v in self.w.items()}
+        p = np.asarray(p, dtype=float)
+        xs, ys = self.xs[:, None], self.ys[None, :]
+        col_s = np.where(xs, p, 0).sum(axis=0, keepdims=True)  # per column, over X_S
+        col_n = np.where(xs, 0, p).sum(axis=0, keepdims=True)
+        row_s = np.where(ys, p, 0).sum(axis=1, keepdims=True)  # per row, over Y_S
+        row_n = np.where(ys, 0, p).sum(axis=1, keepdims=True)
+        total = p.sum()
+        out = np.zeros(p.shape)
+        out = np.where(self.pp, w["pp_self"] * p + w["pp_other"] * (total - p), out)
+        if self.nn.any():
+            out = np.where(self.nn, w["nn"] * p, out)
+        out = np.where(self.pi, w["pi_self"] * p + w["pi_s"] * (col_s - p)
+                       + (w["pi_n"] * col_n if self.nn.any() else 0.0), out)
+        out = np.where(self.ip, w["ip_self"] * p + w["ip_s"] * (row_s - p)
+                       + (w["ip_n"] * row_n if self.nn.any() else 0.0), out)
+        return out
+
+    def adjoint(self, wt: np.ndarray) -> np.ndarray:
+        w = self.w
+        wt = np.asarray(wt, dtype=float)
+        pp, nn, pi, ip = self.pp, self.nn, self.pi, self.ip
+        xs, ys = self.xs[None, :, None], self.ys[None, None, :]
+        # P x P rows: other * sum over the P x P weights everywhere, (self - other) on their cell
+        out = w["pp_other"] * np.where(pp, wt, 0).sum(axis=(1, 2), keepdims=True) \
+            + np.where(pp, (w["pp_self"] - w["pp_other"]) * wt, 0)
+        if nn.any():
+            out = out + np.where(nn, w["nn"] * wt, 0)
+        # P x I rows feed column j: X_S cells and (if any) X_N cells of that column
+        s_pi = np.where(pi, wt, 0).sum(axis=1, keepdims=True)
+        out = out + np.where(xs & ~ys, w["pi_s"] * s_pi + (w["pi_self"] - w["pi_s"]) * wt, 0)
+        if nn.any():
+            out = out + np.where(~xs & ~ys, w["pi_n"] * s_pi, 0)
+        s_ip = np.where(ip, wt, 0).sum(axis=2, keepdims=True)
+        out = out + np.where(~xs & ys, w["ip_s"] * s_ip + (w["ip_self"] - w["ip_s"]) * wt, 0)
+        if nn.any():
+            out = out + np.where(~xs & ~ys, w["ip_n"] * s_ip, 0)
+        return out

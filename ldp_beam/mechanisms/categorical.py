@@ -1,0 +1,171 @@
+"""One-attribute categorical randomizers: generalized randomized response (GRR) and the
+utility-optimized randomized response uRR (Murakami & Kawamoto, "Utility-Optimized Local
+Differential Privacy Mechanisms for Distribution Estimation", USENIX Security 2019).
+
+Both are reusable on their own and are the building blocks of the joint family
+(:mod:`ldp_beam.mechanisms.joint`): CPRR is uRR on the product domain, JD-GRR is GRR on it, TDRR
+runs uRR on each attribute.
+
+Input: a column of labels from the declared ``domain`` (any type; compared as text, see
+:func:`ldp_beam.core.category_text`). Report (wire form): ``v`` (uint16), the position of the
+reported label in ``domain``; the output domain equals the input domain.
+
+uRR with sensitive set S (|S| = s >= 1) and budget eps, with a = e^eps/(e^eps + s - 1),
+b = 1/(e^eps + s - 1), t = (e^eps - 1)/(e^eps + s - 1):
+
+* x in S: report x with probability a, each other label of S with probability b;
+* x not in S: report x with probability t (this *reveals* x, which is allowed because x is not
+  sensitive), each label of S with probability b.
+
+GRR is uRR with S = the whole domain (then it is eps-LDP).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+
+from ..core import (Mechanism, Reasons, Reports, Role, check_epsilon, check_labels,
+                    check_subset)
+from ..errors import ParameterError
+from ..privacy import LDP, ULDP, PrivacyGuarantee
+
+MAX_LABELS = 65535  # codes travel as uint16
+CODE = "uint16"
+
+
+# --------------------------------------------------------------------------- shared pieces
+def urr_probabilities(epsilon: float, s: int) -> tuple[float, float, float]:
+    """(a, b, t) of uRR with ``s`` sensitive labels: keep a sensitive label, move to one given
+    other sensitive label, keep a non-sensitive label."""
+    e = math.exp(epsilon)
+    den = e + s - 1.0
+    return e / den, 1.0 / den, (e - 1.0) / den
+
+
+def sensitive_positions(k: int, sensitive_codes: np.ndarray) -> np.ndarray:
+    """pos[c] = index of code c in ``sensitive_codes`` (-1 when c is not sensitive)."""
+    pos = np.full(k, -1, dtype=np.int64)
+    pos[sensitive_codes] = np.arange(sensitive_codes.size)
+    return pos
+
+
+def urr_sample(codes: np.ndarray, pos: np.ndarray, sens: np.ndarray, a: float, t: float,
+               u0: np.ndarray, u1: np.ndarray) -> np.ndarray:
+    """uRR on integer codes, vectorized: two uniforms per record (keep?, which other label).
+
+    ``pos`` is :func:`sensitive_positions`, ``sens`` the sensitive codes in order."""
+    s = sens.size
+    p = pos[codes]
+    is_s = p >= 0
+    keep = u0 < np.where(is_s, a, t)
+    # a sensitive input moves to one of the s - 1 *other* sensitive labels: draw among s - 1 and
+    # skip its own position; a non-sensitive input moves to any of the s sensitive labels
+    j = np.floor(u1 * np.where(is_s, s - 1, s)).astype(np.int64)
+    j += is_s & (j >= p)
+    np.minimum(j, s - 1, out=j)
+    return np.where(keep, codes, sens[j])
+
+
+def urr_matrix(k: int, sens_codes: np.ndarray, epsilon: float) -> np.ndarray:
+    """uRR's transition matrix Q[output, input] (columns sum to one)."""
+    a, b, t = urr_probabilities(epsilon, sens_codes.size)
+    q = np.zeros((k, k))
+    is_s = np.zeros(k, dtype=bool)
+    is_s[sens_codes] = True
+    q[np.ix_(is_s, np.arange(k))] = b  # every input reaches every sensitive output with b ...
+    q[np.flatnonzero(is_s), np.flatnonzero(is_s)] = a  # ... except its own label (a) ...
+    ns = np.flatnonzero(~is_s)
+    q[ns, ns] = t  # ... and a non-sensitive label reveals itself with t
+    return q
+
+
+def check_domain_size(labels: tuple[str, ...], name: str) -> None:
+    if len(labels) > MAX_LABELS:
+        raise ParameterError(name, f"{len(labels)} labels", f"at most {MAX_LABELS} labels")
+
+
+# --------------------------------------------------------------------------- the mechanisms
+@dataclass(frozen=True)
+class GRR(Mechanism):
+    """Generalized randomized response on a declared domain: eps-LDP frequency oracle."""
+
+    NAME: ClassVar[str] = "grr"
+    family: ClassVar[str] = "uldp"
+    roles: ClassVar[tuple[Role, ...]] = (Role("value", kind="category",
+                                              help="a label of the declared domain"),)
+    report_fields: ClassVar[tuple] = (("v", CODE),)
+
+    epsilon: float
+    domain: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        check_epsilon(self.epsilon)
+        object.__setattr__(self, "domain", check_labels(self.domain, "domain", min_size=2))
+        check_domain_size(self.domain, "domain")
+
+    def labels(self, role: str = "value") -> tuple[str, ...]:
+        return self.domain
+
+    @property
+    def sensitive_codes(self) -> np.ndarray:
+        return np.arange(len(self.domain))
+
+    @property
+    def draws(self) -> int:
+        return 2
+
+    @property
+    def guarantee(self) -> PrivacyGuarantee:
+        return PrivacyGuarantee(LDP, self.epsilon, notes="GRR: keep/move ratio e^eps; tight")
+
+    def validate(self, cols: dict[str, np.ndarray], reasons: Reasons) -> None:
+        pass  # domain membership is checked by Mechanism.check for 'category' roles
+
+    def probabilities(self) -> tuple[float, float, float]:
+        return urr_probabilities(self.epsilon, self.sensitive_codes.size)
+
+    def randomize(self, cols: dict[str, np.ndarray], u: np.ndarray) -> Reports:
+        sens = self.sensitive_codes
+        a, _, t = self.probabilities()
+        v = urr_sample(cols["value"], sensitive_positions(len(self.domain), sens), sens, a, t,
+                       u[:, 0], u[:, 1])
+        return {"v": v.astype(np.uint16)}
+
+    def transition_matrix(self) -> np.ndarray:
+        """Q[output code, input code]; every column sums to one."""
+        return urr_matrix(len(self.domain), self.sensitive_codes, self.epsilon)
+
+
+@dataclass(frozen=True)
+class URR(GRR):
+    """Utility-optimized randomized response uRR, (X_S, eps)-ULDP (Murakami & Kawamoto 2019).
+
+    Sensitive labels get eps-LDP against every other label; a non-sensitive label may be
+    reported as itself (revealed)."""
+
+    NAME: ClassVar[str] = "urr"
+
+    sensitive: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        object.__setattr__(self, "sensitive", check_subset(self.sensitive, "sensitive",
+                                                           self.domain, "domain"))
+
+    @property
+    def sensitive_codes(self) -> np.ndarray:
+        return np.array(sorted(self.domain.index(s) for s in self.sensitive), dtype=np.int64)
+
+    @property
+    def guarantee(self) -> PrivacyGuarantee:
+        a, b, t = self.probabilities()
+        note = ("(X_S, eps)-ULDP (Murakami & Kawamoto 2019): a sensitive label is protected by "
+                "eps-LDP against every other label")
+        if len(self.sensitive) < len(self.domain):
+            note += (f"; a non-sensitive label is reported as itself, i.e. revealed, with "
+                     f"probability t = {t:.4g}")
+        return PrivacyGuarantee(ULDP, self.epsilon, notes=note,
+                                params={"sensitive": list(self.sensitive)})

@@ -1,0 +1,371 @@
+"""Joint distribution of two categorical attributes under utility-optimized LDP: JuRR and CPRR
+(the paper in shared/papers/uldp_joint_distribution_jurr_cprr.txt; spec: shared/specs/
+uldp_joint.md) and the baselines JD-GRR and TDRR.
+
+Every user holds (x, y); each attribute's declared domain is split into sensitive labels (X_S,
+Y_S) and non-sensitive ones (X_N, Y_N). Output domains equal input domains. Report (wire form):
+``x`` and ``y`` (uint16), positions of the reported labels in ``x_domain`` / ``y_domain``. Cell
+codes of the product domain are ``i * |Y| + j``.
+
+What each mechanism promises (checked exactly on its transition matrix by
+:mod:`ldp_beam.audit` and in the tests):
+
+* **CPRR** is uRR on the product domain with S = every pair with at least one sensitive
+  coordinate: (S, eps)-ULDP in the sense of Murakami & Kawamoto. A pair is revealed only when
+  both of its values are non-sensitive.
+* **JuRR** and **TDRR** satisfy the paper's two-dimensional ULDP (Definition 3): each sensitive
+  coordinate keeps eps-LDP, but a *non-sensitive* coordinate may be reported exactly even when the
+  other coordinate is sensitive (JuRR reports the true y of an (x in X_S, y in Y_N) user with
+  probability p + (sx - 1) q). They are **not** (S, eps)-ULDP on the product domain; their
+  ``guarantee`` says so.
+* **JD-GRR** is eps-LDP (everything is treated as sensitive).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+
+from ..core import (Mechanism, Reasons, Reports, Role, check_epsilon, check_labels,
+                    check_subset)
+from ..errors import ParameterError
+from ..privacy import LDP, ULDP, PrivacyGuarantee
+from .categorical import (CODE, check_domain_size, sensitive_positions, urr_matrix,
+                          urr_probabilities, urr_sample)
+
+ROLES = (Role("x", kind="category", help="the first attribute, a label of x_domain"),
+         Role("y", kind="category", help="the second attribute, a label of y_domain"))
+FIELDS = (("x", CODE), ("y", CODE))
+
+TWO_D_NOTE = ("the paper's two-dimensional ULDP (Definition 3): a sensitive coordinate keeps "
+              "eps-LDP, but a non-sensitive coordinate may be reported exactly even when the "
+              "other coordinate is sensitive; this is NOT (S, eps)-ULDP on the product domain "
+              "(use CPRR for that)")
+
+
+@dataclass(frozen=True)
+class JointMechanism(Mechanism):
+    """Base of the joint family: two declared categorical domains and a budget epsilon."""
+
+    family: ClassVar[str] = "uldp"
+    roles: ClassVar[tuple[Role, ...]] = ROLES
+    report_fields: ClassVar[tuple] = FIELDS
+
+    epsilon: float
+    x_domain: tuple[str, ...]
+    y_domain: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        check_epsilon(self.epsilon)
+        for name in ("x_domain", "y_domain"):
+            labels = check_labels(getattr(self, name), name, min_size=1)
+            check_domain_size(labels, name)
+            object.__setattr__(self, name, labels)
+        if self.nx * self.ny < 2:
+            raise ParameterError("x_domain", self.x_domain,
+                                 "domains whose product has at least 2 cells")
+
+    # -- the domain
+    @property
+    def nx(self) -> int:
+        return len(self.x_domain)
+
+    @property
+    def ny(self) -> int:
+        return len(self.y_domain)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.nx, self.ny)
+
+    def labels(self, role: str) -> tuple[str, ...]:
+        return {"x": self.x_domain, "y": self.y_domain}[role]
+
+    def sensitive_masks(self) -> tuple[np.ndarray, np.ndarray]:
+        """Boolean masks over the x and y codes: which labels are sensitive."""
+        return np.ones(self.nx, dtype=bool), np.ones(self.ny, dtype=bool)
+
+    def validate(self, cols: dict[str, np.ndarray], reasons: Reasons) -> None:
+        pass  # membership in the declared domains is checked by Mechanism.check
+
+    def transition_matrix(self) -> np.ndarray:
+        """Q[output cell, input cell] over product codes i * |Y| + j; columns sum to one.
+        Dense (|X||Y|)^2: meant for audits and tests, not for estimation."""
+        raise NotImplementedError
+
+    def _report(self, ox: np.ndarray, oy: np.ndarray) -> Reports:
+        return {"x": ox.astype(np.uint16), "y": oy.astype(np.uint16)}
+
+
+@dataclass(frozen=True)
+class SensitiveJoint(JointMechanism):
+    """A joint mechanism with declared sensitive labels on both attributes (each non-empty)."""
+
+    x_sensitive: tuple[str, ...]
+    y_sensitive: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        for name, dom in (("x_sensitive", "x_domain"), ("y_sensitive", "y_domain")):
+            object.__setattr__(self, name, check_subset(getattr(self, name), name,
+                                                        getattr(self, dom), dom, min_size=1))
+
+    @property
+    def sx(self) -> int:
+        return len(self.x_sensitive)
+
+    @property
+    def sy(self) -> int:
+        return len(self.y_sensitive)
+
+    def sensitive_masks(self) -> tuple[np.ndarray, np.ndarray]:
+        xs = np.isin(np.array(self.x_domain, dtype=object), self.x_sensitive)
+        ys = np.isin(np.array(self.y_domain, dtype=object), self.y_sensitive)
+        return xs, ys
+
+    def sensitive_codes(self) -> tuple[np.ndarray, np.ndarray]:
+        xs, ys = self.sensitive_masks()
+        return np.flatnonzero(xs), np.flatnonzero(ys)
+
+    def _params_note(self) -> dict:
+        return {"x_sensitive": list(self.x_sensitive), "y_sensitive": list(self.y_sensitive)}
+
+
+# --------------------------------------------------------------------------- CPRR and JD-GRR
+def _product_urr(mech: JointMechanism, cells_s: np.ndarray, epsilon: float,
+                 cols: dict[str, np.ndarray], u: np.ndarray) -> Reports:
+    k = mech.nx * mech.ny
+    a, _, t = urr_probabilities(epsilon, cells_s.size)
+    c = cols["x"] * mech.ny + cols["y"]
+    out = urr_sample(c, sensitive_positions(k, cells_s), cells_s, a, t, u[:, 0], u[:, 1])
+    return mech._report(out // mech.ny, out % mech.ny)
+
+
+@dataclass(frozen=True)
+class CPRR(SensitiveJoint):
+    """CPRR (Algorithms 3-4): uRR on the product domain, S = pairs with a sensitive coordinate."""
+
+    NAME: ClassVar[str] = "cprr"
+
+    def sensitive_cells(self) -> np.ndarray:
+        xs, ys = self.sensitive_masks()
+        return np.flatnonzero((xs[:, None] | ys[None, :]).ravel())
+
+    def probabilities(self) -> dict[str, float]:
+        """a', b', t' of Eqs. 33-35 with d = |S|."""
+        a, b, t = urr_probabilities(self.epsilon, self.sensitive_cells().size)
+        return {"a": a, "b": b, "t": t, "d": float(self.sensitive_cells().size)}
+
+    @property
+    def draws(self) -> int:
+        return 2
+
+    @property
+    def guarantee(self) -> PrivacyGuarantee:
+        d = int(self.sensitive_cells().size)
+        return PrivacyGuarantee(
+            ULDP, self.epsilon, params={**self._params_note(), "sensitive_cells": d},
+            notes=f"(S, eps)-ULDP on the product domain (Murakami & Kawamoto), S = the {d} pairs "
+                  "with at least one sensitive value; a pair is revealed only when both values "
+                  "are non-sensitive (Corollary 2; exact)")
+
+    def randomize(self, cols: dict[str, np.ndarray], u: np.ndarray) -> Reports:
+        return _product_urr(self, self.sensitive_cells(), self.epsilon, cols, u)
+
+    def transition_matrix(self) -> np.ndarray:
+        return urr_matrix(self.nx * self.ny, self.sensitive_cells(), self.epsilon)
+
+
+@dataclass(frozen=True)
+class JDGRR(JointMechanism):
+    """JD-GRR (Yilmaz et al., the paper's LDP baseline): GRR on the product domain."""
+
+    NAME: ClassVar[str] = "jd-grr"
+
+    def all_cells(self) -> np.ndarray:
+        return np.arange(self.nx * self.ny)
+
+    def probabilities(self) -> dict[str, float]:
+        a, b, _ = urr_probabilities(self.epsilon, self.nx * self.ny)
+        return {"a": a, "b": b}
+
+    @property
+    def draws(self) -> int:
+        return 2
+
+    @property
+    def guarantee(self) -> PrivacyGuarantee:
+        return PrivacyGuarantee(LDP, self.epsilon,
+                                notes="GRR on the |X||Y| product domain; tight")
+
+    def randomize(self, cols: dict[str, np.ndarray], u: np.ndarray) -> Reports:
+        return _product_urr(self, self.all_cells(), self.epsilon, cols, u)
+
+    def transition_matrix(self) -> np.ndarray:
+        return urr_matrix(self.nx * self.ny, self.all_cells(), self.epsilon)
+
+
+# --------------------------------------------------------------------------- TDRR
+@dataclass(frozen=True)
+class TDRR(SensitiveJoint):
+    """TDRR (the paper's ULDP baseline): eps/2 per attribute, one-dimensional uRR on each."""
+
+    NAME: ClassVar[str] = "tdrr"
+
+    @property
+    def draws(self) -> int:
+        return 4
+
+    @property
+    def guarantee(self) -> PrivacyGuarantee:
+        return PrivacyGuarantee(
+            ULDP, self.epsilon, params=self._params_note(),
+            notes=f"eps/2 + eps/2 by sequential composition; {TWO_D_NOTE}")
+
+    def axis_probabilities(self) -> tuple[tuple[float, float, float], tuple[float, float, float]]:
+        """(a, b, t) of the x-axis and the y-axis uRR, each with eps/2."""
+        return (urr_probabilities(self.epsilon / 2, self.sx),
+                urr_probabilities(self.epsilon / 2, self.sy))
+
+    def randomize(self, cols: dict[str, np.ndarray], u: np.ndarray) -> Reports:
+        xs, ys = self.sensitive_codes()
+        (ax, _, tx), (ay, _, ty) = self.axis_probabilities()
+        ox = urr_sample(cols["x"], sensitive_positions(self.nx, xs), xs, ax, tx, u[:, 0], u[:, 1])
+        oy = urr_sample(cols["y"], sensitive_positions(self.ny, ys), ys, ay, ty, u[:, 2], u[:, 3])
+        return self._report(ox, oy)
+
+    def transition_matrix(self) -> np.ndarray:
+        xs, ys = self.sensitive_codes()
+        return np.kron(urr_matrix(self.nx, xs, self.epsilon / 2),
+                       urr_matrix(self.ny, ys, self.epsilon / 2))
+
+
+# --------------------------------------------------------------------------- JuRR
+def jurr_valid(epsilon: float, sx: int, sy: int) -> bool:
+    """Eq. 21: t > 0 iff sx * sy < (e^eps - 1)^2."""
+    return sx * sy < math.expm1(epsilon) ** 2
+
+
+def jurr_min_epsilon(sx: int, sy: int) -> float:
+    """The smallest budget JuRR is defined for (exclusive): ln(1 + sqrt(sx sy))."""
+    return math.log1p(math.sqrt(sx * sy))
+
+
+@dataclass(frozen=True)
+class JuRR(SensitiveJoint):
+    """JuRR (Algorithm 1, Eqs. 11-20): a joint randomized response with four input quadrants.
+
+    Defined only when sx * sy < (e^eps - 1)^2 (Eq. 21) and both attributes have non-sensitive
+    labels; otherwise the probability t of keeping a fully non-sensitive pair is not positive and
+    the construction is not a mechanism. Such parameters are rejected (the paper plots JuRR at
+    eps = 0.5, where for sx = sy = 2 t is about -0.07).
+    """
+
+    NAME: ClassVar[str] = "jurr"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.sx < self.nx and self.sy < self.ny and not jurr_valid(self.epsilon, self.sx,
+                                                                      self.sy):
+            raise ParameterError(
+                "epsilon", self.epsilon,
+                f"sx * sy < (e^epsilon - 1)^2 (Eq. 21), i.e. epsilon > ln(1 + sqrt(sx sy)) = "
+                f"{jurr_min_epsilon(self.sx, self.sy):.4f} for sx = {self.sx}, sy = {self.sy}",
+                hint=f"otherwise t = {self.probabilities()['t']:.4g} is not a probability")
+
+    def probabilities(self) -> dict[str, float]:
+        """a, b, p, q, m, n, t of Eqs. 15-20."""
+        e = math.exp(self.epsilon)
+        sx, sy = self.sx, self.sy
+        d, ee, f = e + sx * sy - 1, e + sx - 1, e + sy - 1
+        a, b = e / d, 1 / d
+        p, q = (e * e - e) / (d * ee), (e - 1) / (d * ee)
+        m, n = (e * e - e) / (d * f), (e - 1) / (d * f)
+        return {"a": a, "b": b, "p": p, "q": q, "m": m, "n": n,
+                "t": 1 - sx * sy * b - sx * q - sy * n}
+
+    @property
+    def draws(self) -> int:
+        return 2
+
+    @property
+    def guarantee(self) -> PrivacyGuarantee:
+        pr = self.probabilities()
+        return PrivacyGuarantee(
+            ULDP, self.epsilon, params=self._params_note(),
+            notes=f"{TWO_D_NOTE}. An (x in X_S, y in Y_N) user reports its true y with "
+                  f"probability p + (sx-1) q = {pr['p'] + (self.sx - 1) * pr['q']:.4g} "
+                  "(Corollary 1 proves exactly this weaker definition)")
+
+    def randomize(self, cols: dict[str, np.ndarray], u: np.ndarray) -> Reports:
+        pr = self.probabilities()
+        sx, sy = self.sx, self.sy
+        xs, ys = self.sensitive_codes()
+        x, y = cols["x"], cols["y"]
+        px = sensitive_positions(self.nx, xs)[x]
+        py = sensitive_positions(self.ny, ys)[y]
+        in_xs, in_ys = px >= 0, py >= 0
+        u0, u1 = u[:, 0], u[:, 1]
+        ss_mass = sx * sy * pr["b"]
+
+        ox, oy = x.copy(), y.copy()
+        # (x, y) in X_S x Y_S: keep with a, else one of the other sx*sy - 1 protected cells
+        ss = in_xs & in_ys
+        own = px * sy + py
+        j = np.floor(u1 * (sx * sy - 1)).astype(np.int64)
+        j += j >= own
+        move_ss = ss & (u0 >= pr["a"]) & (sx * sy > 1)
+        # every other input goes to a uniform protected cell with total probability sx*sy*b
+        j_any = np.floor(u1 * (sx * sy)).astype(np.int64)
+        to_ss = ~ss & (u0 < ss_mass)
+        cell = np.minimum(np.where(ss, j, j_any), sx * sy - 1)
+        hit = move_ss | to_ss
+        ox[hit], oy[hit] = xs[cell[hit] // sy], ys[cell[hit] % sy]
+        rest = ~ss & ~to_ss
+        # (x in X_S, y in Y_N): keep with p, else x moves to another sensitive x' (q each)
+        sn = rest & in_xs & ~in_ys & (u0 >= ss_mass + pr["p"]) & (sx > 1)
+        jx = np.floor(u1 * (sx - 1)).astype(np.int64)
+        jx = np.minimum(jx + (jx >= px), sx - 1)
+        ox[sn] = xs[jx[sn]]
+        # (x in X_N, y in Y_S): keep with m, else y moves to another sensitive y' (n each)
+        ns = rest & ~in_xs & in_ys & (u0 >= ss_mass + pr["m"]) & (sy > 1)
+        jy = np.floor(u1 * (sy - 1)).astype(np.int64)
+        jy = np.minimum(jy + (jy >= py), sy - 1)
+        oy[ns] = ys[jy[ns]]
+        # (x in X_N, y in Y_N): x -> any sensitive x' (q each), y -> any sensitive y' (n each),
+        # else keep the pair (t)
+        nn = rest & ~in_xs & ~in_ys
+        to_x = nn & (u0 < ss_mass + sx * pr["q"])
+        to_y = nn & ~to_x & (u0 < ss_mass + sx * pr["q"] + sy * pr["n"])
+        ox[to_x] = xs[np.minimum(np.floor(u1[to_x] * sx).astype(np.int64), sx - 1)]
+        oy[to_y] = ys[np.minimum(np.floor(u1[to_y] * sy).astype(np.int64), sy - 1)]
+        return self._report(ox, oy)
+
+    def transition_matrix(self) -> np.ndarray:
+        pr = self.probabilities()
+        xs, ys = self.sensitive_masks()
+        nx, ny = self.nx, self.ny
+        q4 = np.zeros((nx, ny, nx, ny))  # [out x, out y, in x, in y]
+        ssb = xs[:, None] & ys[None, :]
+        for i in range(nx):
+            for j in range(ny):
+                col = q4[:, :, i, j]
+                if xs[i] and ys[j]:
+                    col[ssb] = pr["b"]
+                    col[i, j] = pr["a"]
+                elif xs[i]:  # y non-sensitive
+                    col[ssb] = pr["b"]
+                    col[xs, j] = pr["q"]
+                    col[i, j] = pr["p"]
+                elif ys[j]:
+                    col[ssb] = pr["b"]
+                    col[i, ys] = pr["n"]
+                    col[i, j] = pr["m"]
+                else:
+                    col[ssb] = pr["b"]
+                    col[xs, j] = pr["q"]
+                    col[i, ys] = pr["n"]
+                    col[i, j] = pr["t"]
+        return q4.reshape(nx * ny, nx * ny)
