@@ -18,7 +18,7 @@ FAMILIES = ("bisample", "rvns", "uldp", "dphr", "ospdprr")
 PENDING = {  # subcommand or family -> where it is tracked
     "stream": "issue #7 (warehouse-scale batch, streaming telemetry and distributed runners)",
     "audit": "issue #8 (privacy audits)",
-    "uldp": "issue #4", "dphr": "issue #5", "ospdprr": "issue #6",
+    "dphr": "issue #5", "ospdprr": "issue #6",
 }
 
 
@@ -68,7 +68,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     c = sub.add_parser("collect", help="perturb a table column into a reports table")
     c.add_argument("--input", "-i", required=True, help="Parquet/CSV file, glob or directory")
-    c.add_argument("--column", "-c", help="the input column for the 'value' role")
+    c.add_argument("--column", "-c", action="append",
+                   help="input column for the mechanism's required roles, in order; repeat it "
+                        "for several (e.g. -c parents -c class for a joint mechanism's x, y)")
     c.add_argument("--role", action="append", metavar="ROLE=COLUMN",
                    help="map another role to a column, e.g. --role preference=eps_u")
     c.add_argument("--keep", action="append", default=[],
@@ -155,9 +157,17 @@ def cmd_collect(a: argparse.Namespace, beam_args: list[str]) -> int:
     from .collect import build, run_collect
 
     columns = _kv(a.role, "--role")
-    if a.column:
-        columns["value"] = a.column
     mech = build(a.mechanism, _params(a))
+    required = [r.name for r in mech.roles if r.required]
+    if len(a.column or []) > len(required):
+        raise UsageError(f"--column given {len(a.column)} times but {mech.name} has "
+                         f"{len(required)} required role(s) {required}; map optional roles "
+                         "with --role ROLE=COLUMN")
+    for role, col in zip(required, a.column or []):
+        if role in columns and columns[role] != col:
+            raise UsageError(f"role {role!r} is mapped twice: --column {col} and --role "
+                             f"{role}={columns[role]}")
+        columns[role] = col
     man = run_collect(a.input, a.output, mech, columns, keep=a.keep, seed=a.seed,
                       dead_letter=a.dead_letter, batch_rows=a.batch_rows, beam_args=beam_args)
     from .common import records_line
@@ -186,6 +196,8 @@ def cmd_estimate(a: argparse.Namespace, beam_args: list[str]) -> int:
             val = s["value"]
             if val is None:
                 parts.append(f"{k}=undefined")
+            elif isinstance(val, list) and val and isinstance(val[0], list):
+                parts.append(f"{k}=[{len(val)}x{len(val[0])} table]")
             elif isinstance(val, list):
                 parts.append(f"{k}=[{len(val)} values]")
             elif isinstance(val, (int, float)) and not isinstance(val, bool):
@@ -194,6 +206,9 @@ def cmd_estimate(a: argparse.Namespace, beam_args: list[str]) -> int:
             else:
                 parts.append(f"{k}={val}")
         print(f"{out['estimate']['n_reports']:,} reports -> " + ", ".join(parts))
+        table = joint_table_text(out["estimate"])
+        if table:
+            print(table)
         print(f"guarantee: {out['guarantee']['summary']}; written to {a.output}")
     if out["reports"]["invalid"]:
         print(f"{out['reports']['invalid']:,} malformed reports dead-lettered to "
@@ -201,6 +216,18 @@ def cmd_estimate(a: argparse.Namespace, beam_args: list[str]) -> int:
     for err in errors:
         print(f"ldp-beam estimate: no estimate: {err}", file=sys.stderr)
     return 1 if errors else 0
+
+
+def joint_table_text(estimate: dict) -> str:
+    """The consistent joint table of a joint-family estimate, labelled, as text ('' otherwise)."""
+    from .common import format_table
+
+    joint = estimate.get("statistics", {}).get("joint")
+    params = estimate.get("params", {})
+    if not joint or "x_domain" not in params:
+        return ""
+    return "joint (consistent estimate; rows x, columns y):\n" + format_table(
+        joint["clipped"], params["x_domain"], params["y_domain"])
 
 
 def _emit_records(records: list[dict], path: str | None) -> None:

@@ -73,3 +73,17 @@ def records_line(manifest: dict, dead_letter_hint: str) -> str:
     return (f"{count_text(r['input'])} read = {count_text(r['reported'])} reported + "
             f"{count_text(r['dead_lettered'])} dead-lettered{files} ({dead_letter_hint})"
             + ("" if r["reconciles"] else "  ** DOES NOT RECONCILE **"))
+
+
+def format_table(values, rows, cols, fmt: str = "{:.4f}", extra=None) -> str:
+    """A labelled text table of a 2-D array; ``extra`` is an optional second array shown in
+    parentheses after each value (e.g. the truth beside an estimate)."""
+    rows, cols = [str(r) for r in rows], [str(c) for c in cols]
+    cells = [[fmt.format(v) + ("" if extra is None else f" ({fmt.format(extra[i][j])})")
+              for j, v in enumerate(row)] for i, row in enumerate(values)]
+    w0 = max(len(r) for r in rows)
+    w = max([len(c) for c in cols] + [len(x) for row in cells for x in row])
+    lines = [" " * w0 + "  " + "  ".join(c.rjust(w) for c in cols)]
+    lines += [r.ljust(w0) + "  " + "  ".join(x.rjust(w) for x in row)
+              for r, row in zip(rows, cells)]
+    return "\n".join(lines)

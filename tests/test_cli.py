@@ -141,7 +141,7 @@ def test_empty_reports_give_a_clear_error(tmp_path):
     assert code == 1 and "no reports were accumulated" in se
 
 
-@pytest.mark.parametrize("cmd", [["stream"], ["audit"], ["reproduce", "uldp"]])
+@pytest.mark.parametrize("cmd", [["stream"], ["audit"], ["reproduce", "dphr"]])
 def test_pending_commands_say_so_and_fail(cmd):
     code, so, se = run_cli(*cmd)
     assert code == 3 and "not available yet" in se and so == ""
@@ -176,6 +176,13 @@ def test_demo_runs_and_reconciles(tmp_path):
     assert dens.size == 100 and (dens >= 0).all()
     assert abs(dens.sum() * 2.5 - 1) < 1e-9  # integrates to one on [0, 250]
     assert (tmp_path / "income_density_rvns.png").stat().st_size > 1000
+    # the joint section: CPRR's table beside the truth, bad labels dead-lettered, a figure
+    assert "== CPRR" in so and "50,000 read = 49,995 reported + 5 dead-lettered" in so
+    joint = json.loads((tmp_path / "estimate_cprr.json").read_text())["estimate"]
+    table = np.asarray(joint["statistics"]["joint"]["clipped"])
+    assert table.shape == (4, 4) and abs(table.sum() - 1) < 1e-12
+    assert joint["guarantee"]["kind"] == "ULDP"
+    assert (tmp_path / "joint_employment_health.png").stat().st_size > 1000
 
 
 def test_rvns_collect_and_estimate_with_options(tmp_path):
