@@ -376,3 +376,35 @@ def test_project_simplex_is_the_euclidean_projection(v):
     theta = (v[pos] - p[pos])
     np.testing.assert_allclose(theta, theta[0], atol=1e-9)
     assert np.all(v[~pos] <= theta[0] + 1e-9)
+
+
+@settings(max_examples=40, deadline=None)
+@given(nx=st.integers(1, 6), ny=st.integers(2, 6), eps=st.floats(2.5, 6.0), data=st.data())
+def test_fast_marginal_stderr_equals_the_generic_adjoint_route(nx, ny, eps, data):
+    """The O(|X||Y|) class-based marginal variances equal one adjoint per marginal."""
+    xd, yd = tuple(f"x{i}" for i in range(nx)), tuple(f"y{j}" for j in range(ny))
+    sx, sy = data.draw(st.integers(1, nx)), data.draw(st.integers(1, ny))
+    rng = np.random.default_rng(data.draw(st.integers(0, 1000)))
+    xs = tuple(rng.choice(xd, sx, replace=False))
+    ys = tuple(rng.choice(yd, sy, replace=False))
+    mechs = [CPRR(eps, xd, yd, xs, ys), JDGRR(eps, xd, yd), TDRR(eps, xd, yd, xs, ys)]
+    if sx == nx or sy == ny or eps > jurr_min_epsilon(sx, sy):
+        mechs.append(JuRR(eps, xd, yd, xs, ys))
+    for m in mechs:
+        est = estimator_for(m)
+        acc = rng.integers(0, 50, nx * ny).astype(np.int64) + 1
+        f, _, _ = est.estimate_table(acc)
+        for axis in (0, 1):
+            fast = est.marginal_stderr(acc, f, axis)
+            assert est._plans[axis] is not None, (m.name, axis)
+            k = est.shape[axis]
+            w = np.zeros((k,) + est.shape)
+            for i in range(k):
+                if axis == 0:
+                    w[i, i, :] = 1
+                else:
+                    w[i, :, i] = 1
+            # compare variances: a true zero (a single line holds everything) comes out as the
+            # square root of rounding noise, ~1e-9, on both routes
+            np.testing.assert_allclose(fast ** 2, est.functional_stderr(w, acc, f) ** 2,
+                                       rtol=1e-9, atol=1e-14)

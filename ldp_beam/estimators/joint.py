@@ -152,6 +152,7 @@ class JointEstimator(LinearFrequencyEstimator):
         self.fields = (("x", mechanism.nx), ("y", mechanism.ny))
         super().__init__(mechanism)
         self.xs, self.ys = mechanism.sensitive_masks()
+        self._plans: dict[int, dict | None] = {}
 
     def statistics(self, acc: np.ndarray) -> dict[str, Statistic]:
         f, se, _ = self.estimate_table(acc)
@@ -162,11 +163,7 @@ class JointEstimator(LinearFrequencyEstimator):
     def derived(self, f: np.ndarray, acc: np.ndarray, consistent: np.ndarray,
                 prefix: str = "") -> dict[str, Statistic]:
         """Marginals (with standard errors) and conditionals of a joint estimate."""
-        nx, ny = self.shape
-        wx = np.zeros((nx, nx, ny))
-        wx[np.arange(nx), np.arange(nx), :] = 1.0
-        wy = np.zeros((ny, nx, ny))
-        wy[np.arange(ny), :, np.arange(ny)] = 1.0
+        se_x, se_y = self.marginal_stderr(acc, f, 0), self.marginal_stderr(acc, f, 1)
         mx, my = f.sum(axis=1), f.sum(axis=0)
         cx, cy = consistent.sum(axis=1), consistent.sum(axis=0)
         with np.errstate(invalid="ignore", divide="ignore"):
@@ -176,13 +173,129 @@ class JointEstimator(LinearFrequencyEstimator):
                      "frequency 0; no standard error (a ratio of estimates)")
         note = ("value: sum of the unbiased joint (unbiased); clipped: from the consistent joint")
         return {
-            prefix + "marginal_x": Statistic(mx, self.functional_stderr(wx, acc, f), cx, note),
-            prefix + "marginal_y": Statistic(my, self.functional_stderr(wy, acc, f), cy, note),
+            prefix + "marginal_x": Statistic(mx, se_x, cx, note),
+            prefix + "marginal_y": Statistic(my, se_y, cy, note),
             prefix + "y_given_x": Statistic(y_given_x, None, None,
                                             "rows: x labels, columns: P(y | x); " + cond_note),
             prefix + "x_given_y": Statistic(x_given_y, None, None,
                                             "rows: x labels, columns: P(x | y); " + cond_note),
         }
+
+
+    # -- marginal standard errors in O(|X||Y|)
+    def marginal_stderr(self, acc: np.ndarray, f: np.ndarray, axis: int) -> np.ndarray:
+        """Standard errors of the marginal sums of the raw joint along ``axis`` (0: one per x).
+
+        The variance of marginal i is (sum_k g_ik^2 pi_k - m_i^2) / N with g_i = A^T (indicator
+        of line i). For these mechanisms g_i is constant on classes of cells (same line or not,
+        sensitive line or not, sensitive cross label or not), and lines of one class are
+        interchangeable, so two adjoint evaluations (one representative line per class) and the
+        class masses give every marginal's variance in O(|X||Y|). The plan is built and checked
+        once per estimator; if a mechanism lacks that symmetry, the generic route (one adjoint
+        per line) is used instead.
+        """
+        if axis not in self._plans:
+            self._plans[axis] = self._marginal_plan(axis)
+        plan = self._plans[axis]
+        n = int(acc.sum())
+        p = self.table(acc) / n
+        m = f.sum(axis=1 - axis)
+        if plan is None:
+            k = self.shape[axis]
+            w = np.zeros((k,) + self.shape)
+            idx = (np.arange(k), np.arange(k), slice(None)) if axis == 0 else \
+                (np.arange(k), slice(None), np.arange(k))
+            w[idx] = 1.0
+            return self.functional_stderr(w, acc, f)
+        line_cls, cross_cls = self._classes(axis)
+        pl = p if axis == 0 else p.T
+        line_mass = {cc: pl[:, cross_cls == cc].sum(axis=1) for cc in (True, False)}
+        block = {(rc, cc): line_mass[cc][line_cls == rc].sum()
+                 for rc in (True, False) for cc in (True, False)}
+        second = np.zeros(self.shape[axis])
+        for rc, (same, other) in plan.items():
+            lines = line_cls == rc
+            acc2 = np.zeros(int(lines.sum()))
+            for cc, v in same.items():
+                acc2 += v * v * line_mass[cc][lines]
+            for (rc2, cc), v in other.items():
+                acc2 += v * v * (block[(rc2, cc)] - (line_mass[cc][lines] if rc2 == rc else 0.0))
+            second[lines] = acc2
+        return np.sqrt(np.maximum(second - m * m, 0.0) / n)
+
+    def _classes(self, axis: int) -> tuple[np.ndarray, np.ndarray]:
+        return (self.xs, self.ys) if axis == 0 else (self.ys, self.xs)
+
+    def _marginal_plan(self, axis: int) -> dict | None:
+        line_cls, cross_cls = self._classes(axis)
+        plan = {}
+        for rc in (True, False):
+            lines = np.flatnonzero(line_cls == rc)
+            if lines.size == 0:
+                continue
+            i = lines[0]
+            g = self._line_adjoint(axis, i)
+            same, other = {}, {}
+            for cc in (True, False):
+                cols = cross_cls == cc
+                if not cols.any():
+                    continue
+                v = _constant(g[i, cols])
+                if v is None:
+                    return None
+                same[cc] = v
+                for rc2 in (True, False):
+                    rows = line_cls == rc2
+                    rows[i] = False
+                    if not rows.any():
+                        continue
+                    v = _constant(g[np.ix_(rows, cols)])
+                    if v is None:
+                        return None
+                    other[(rc2, cc)] = v
+            plan[rc] = (same, other)
+        # the class values must rebuild g exactly, for the representative and for the last line of
+        # each class (lines of a class are interchangeable), else the generic route is used
+        for rc, (same, other) in plan.items():
+            lines = np.flatnonzero(line_cls == rc)
+            for j in {int(lines[0]), int(lines[-1])}:
+                if not np.allclose(self._line_adjoint(axis, j),
+                                   _rebuild(same, other, j, line_cls, cross_cls),
+                                   rtol=1e-10, atol=1e-12):
+                    return None
+        return plan
+
+
+    def _line_adjoint(self, axis: int, i: int) -> np.ndarray:
+        """A^T (indicator of line i along ``axis``), with lines as rows."""
+        w = np.zeros((1,) + self.shape)
+        if axis == 0:
+            w[0, i, :] = 1.0
+        else:
+            w[0, :, i] = 1.0
+        g = self.adjoint(w)[0]
+        return g if axis == 0 else g.T
+
+
+def _rebuild(same: dict, other: dict, i: int, line_cls: np.ndarray,
+             cross_cls: np.ndarray) -> np.ndarray:
+    """The table g_i from its class values (lines as rows)."""
+    g = np.zeros((line_cls.size, cross_cls.size))
+    for (rc2, cc), v in other.items():
+        g[np.ix_(line_cls == rc2, cross_cls == cc)] = v
+    for cc, v in same.items():
+        g[i, cross_cls == cc] = v
+    return g
+
+
+def _constant(values: np.ndarray) -> float | None:
+    """The common value of an array, or None if its entries differ."""
+    v = values.ravel()
+    if v.size == 0:
+        return 0.0
+    if np.allclose(v, v[0], rtol=1e-12, atol=1e-12):
+        return float(v[0])
+    return None
 
 
 class ProductURREstimator(JointEstimator):

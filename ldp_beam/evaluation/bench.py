@@ -33,12 +33,44 @@ class Profile:
     accumulate_target: float | None = None
     estimate_targets: dict[str, float] = field(default_factory=dict)  # label -> seconds
     quick_skip: tuple[str, ...] = ()  # estimator labels skipped with --quick
+    # finalize on another parameter set (e.g. a larger domain) than perturb/accumulate use
+    estimate_params: dict | None = None
+    estimate_data: Callable[[int, np.random.Generator], Any] | None = None
+    rows_are_reports: bool = False  # one report spans several fields (x, y): count rows
 
 
 def _uniform(lo: float, hi: float) -> Callable[[int, np.random.Generator], np.ndarray]:
     return lambda n, rng: rng.uniform(lo, hi, n)
 
 
+
+
+def _codes(*sizes: int) -> Callable[[int, np.random.Generator], dict]:
+    """Integer category codes (the labels are "0".."k-1"), skewed towards small codes. eps = 4
+    keeps JuRR valid with 25 x 25 sensitive labels (it needs eps > ln 26 = 3.26)."""
+    roles = ("x", "y") if len(sizes) == 2 else ("value",)
+
+    def make(n: int, rng: np.random.Generator) -> dict:
+        return {r: np.minimum(rng.geometric(3.0 / k, n) - 1, k - 1) for r, k in zip(roles, sizes)}
+    return make
+
+
+def _joint(k: int, sensitive: bool = True, eps: float = 4.0) -> dict:
+    labels = tuple(str(i) for i in range(k))
+    params = dict(epsilon=eps, x_domain=labels, y_domain=labels)
+    if sensitive:
+        params.update(x_sensitive=labels[: k // 4], y_sensitive=labels[: k // 4])
+    return params
+
+
+def _joint_profile(sensitive: bool = True, perturb_target: float | None = None) -> Profile:
+    """The issue's targets: perturb on a 20 x 20 domain, accumulate 20M reports/s, finalize
+    (raw + consistent joint, per-cell SEs, marginals with SEs, conditionals) on 100 x 100
+    under 10 ms."""
+    return Profile(_joint(20, sensitive), _codes(20, 20), perturb_target=perturb_target,
+                   accumulate_target=20e6, estimate_targets={"default": 0.010},
+                   estimate_params=_joint(100, sensitive), estimate_data=_codes(100, 100),
+                   rows_are_reports=True)
 
 
 _MEAN = dict(epsilon=1.0, lower=0.0, upper=100.0)
@@ -56,6 +88,13 @@ PROFILES: dict[str, Profile] = {
         perturb_target=5e6, accumulate_target=20e6,
         estimate_targets={"fast m=100": 0.05, "fast m=1000": 1.0},
         quick_skip=("paper m=1000",)),
+    "cprr": _joint_profile(perturb_target=5e6),
+    "jurr": _joint_profile(),
+    "tdrr": _joint_profile(),
+    "jd-grr": _joint_profile(sensitive=False),
+    "urr": Profile(dict(epsilon=1.0, domain=tuple(str(i) for i in range(20)),
+                        sensitive=tuple(str(i) for i in range(5))), _codes(20)),
+    "grr": Profile(dict(epsilon=1.0, domain=tuple(str(i) for i in range(20))), _codes(20)),
 }
 
 
@@ -112,24 +151,32 @@ def bench_mechanism(name: str, prof: Profile, rows: int, repeats: int, quick: bo
     r["fraction_of_uniform_rate"] = r["rows_per_second"] * mech.draws / uniform_rate
     r["draws_per_row"] = mech.draws
     out.append(r)
+    mech_e, reports_e = mech, reports
+    if prof.estimate_params is not None:  # finalize on another domain (e.g. 100 x 100)
+        mech_e = reg.build(name, dict(prof.estimate_params))
+        cols_e, _ = mech_e.check((prof.estimate_data or prof.data)(min(rows, 10**6), rng))
+        reports_e = mech_e.perturb_valid(cols_e, src)
     for label, opts in prof.estimators.items():
         if quick and label in prof.quick_skip:
             continue
         est = reg.estimator_for(mech, **opts)
         if label == next(iter(prof.estimators)):
             t, acc = _best(lambda: est.add(est.create(), reports), repeats)
-            n_values = sum(np.asarray(v).size for v in reports.values())
+            n_values = rows if prof.rows_are_reports else \
+                sum(np.asarray(v).size for v in reports.values())
             out.append(_rec(name, "accumulate", "reports/s", n_values, t, eps,
                             prof.accumulate_target, report_fields=len(reports)))
-        else:
-            acc = est.add(est.create(), reports)
+        if mech_e is not mech or label != next(iter(prof.estimators)):
+            est = reg.estimator_for(mech_e, **opts)
+            acc = est.add(est.create(), reports_e)
         slow = "paper" in label  # SLSQP: one timed call (m = 1000 takes minutes), no warm-up
         if not slow:
             est.finalize(acc)  # warm caches (e.g. a transition matrix built once per estimator)
         t, _ = _best(lambda: est.finalize(acc), 1 if slow else repeats)
-        out.append(_rec(name, "estimate", "finalize seconds", rows, t, eps,
+        extra = {"domain": "x".join(map(str, mech_e.shape))} if hasattr(mech_e, "shape") else {}
+        out.append(_rec(name, "estimate", "finalize seconds", est.n_reports(acc), t, eps,
                         prof.estimate_targets.get(label), per_second=False, estimator=label,
-                        options=opts))
+                        options=opts, **extra))
     return out
 
 
