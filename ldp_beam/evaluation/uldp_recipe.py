@@ -467,10 +467,9 @@ def _se(x: np.ndarray) -> float:
 
 
 def _ctx(data: JointData, sx: int, sy: int) -> dict:
-    return {"n": data.n, "shape": data.shape_label, "sx": sx, "sy": sy,
-            "x_attr": data.x_attr, "y_attr": data.y_attr,
-            "x_sensitive": list(data.xa.sensitive(sx)), "y_sensitive": list(data.ya.sensitive(sy)),
-            "source": data.source}
+    """Keys of every per-cell record (X_S / Y_S: the first sx / sy labels of the dataset
+    record's ``x_sensitivity`` / ``y_sensitivity``)."""
+    return {"n": data.n, "shape": data.shape_label, "sx": sx, "sy": sy, "source": data.source}
 
 
 def _invalid_note(epsilon: float, sx: int, sy: int) -> str:
@@ -532,6 +531,7 @@ def _datasets_experiment(tables: Mapping[str, Table], common: Mapping) -> list[d
             "datasets", d.name, "truth", None, "independence_ED", d.independence_ed(),
             n=d.n, shape=d.shape_label, source=d.source, x_attr=attr, y_attr="class",
             x_domain=list(d.xa.domain), y_domain=list(d.ya.domain),
+            x_sensitivity=list(d.xa.sensitivity), y_sensitivity=list(d.ya.sensitivity),
             x_counts=np.rint(f.sum(1) * d.n).astype(int), y_counts=np.rint(f.sum(0) * d.n).astype(int),
             **common))
     return out
