@@ -173,7 +173,8 @@ SCORE_COUNTS = {
 
 @dataclass(frozen=True)
 class Table:
-    """A dataset as integer codes per attribute (codes index ``ATTRIBUTES[(name, attr)].domain``)."""
+    """A dataset as integer codes per attribute (a code indexes
+    ``ATTRIBUTES[(name, attr)].domain``)."""
 
     name: str
     codes: dict[str, np.ndarray]
@@ -410,6 +411,8 @@ def jurr_t(epsilon: float, sx: int, sy: int) -> float:
 
 
 def build(mech: str, epsilon: float, data: JointData, sx: int, sy: int):
+    """The library mechanism for a display name of ``MECHANISMS`` on ``data``'s domains, with
+    the first sx / sy labels of each attribute's sensitivity order sensitive (JD-GRR: none)."""
     reg, _ = MECHANISMS[mech]
     kw: dict[str, Any] = {"epsilon": float(epsilon), "x_domain": data.xa.domain,
                           "y_domain": data.ya.domain}
@@ -532,8 +535,8 @@ def _datasets_experiment(tables: Mapping[str, Table], common: Mapping) -> list[d
             n=d.n, shape=d.shape_label, source=d.source, x_attr=attr, y_attr="class",
             x_domain=list(d.xa.domain), y_domain=list(d.ya.domain),
             x_sensitivity=list(d.xa.sensitivity), y_sensitivity=list(d.ya.sensitivity),
-            x_counts=np.rint(f.sum(1) * d.n).astype(int), y_counts=np.rint(f.sum(0) * d.n).astype(int),
-            **common))
+            x_counts=np.rint(f.sum(1) * d.n).astype(int),
+            y_counts=np.rint(f.sum(0) * d.n).astype(int), **common))
     return out
 
 
