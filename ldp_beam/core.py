@@ -371,7 +371,7 @@ class Estimate:
     """What finalize releases: statistics, the number of reports and the guarantee they carry."""
 
     mechanism: str
-    n_reports: int
+    n_reports: int | None  # None for central-DP releases: the exact record count is not released
     statistics: dict[str, Statistic]
     guarantee: PrivacyGuarantee
     params: dict = field(default_factory=dict)

@@ -66,8 +66,10 @@ class RandomSource:
 
     def uniforms(self, n: int, draws: int, *, stream: int | None = None,
                  offset: int | None = None) -> np.ndarray:
-        if n < 0 or draws < 1:
-            raise ValueError(f"uniforms(n={n}, draws={draws}): need n >= 0 and draws >= 1")
+        if n < 0 or draws < 0:
+            raise ValueError(f"uniforms(n={n}, draws={draws}): need n >= 0 and draws >= 0")
+        if draws == 0:  # a mechanism that needs no noise per record (central-DP inputs)
+            return np.empty((n, 0), order="F")
         if self._key is None:
             return np.asfortranarray(self._gen.random((n, draws)))
         stream = 0 if stream is None else stream

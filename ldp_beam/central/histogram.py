@@ -1,0 +1,252 @@
+"""Central-DP histogram publishing: the shared pieces (spec: shared/specs/dphr.md).
+
+The curator sees true values. A *histogram release* is a :class:`HistogramRelease` subclass: a
+frozen dataclass of validated parameters (the budget and the bucket domain) that
+
+* maps raw records to bucket codes (``check``/``randomize``: validation and encoding only, no
+  noise — ``draws == 0``; invalid records are dead-lettered by the Beam layer), and
+* publishes a noisy histogram from true bucket counts, once: ``publish(counts, rng)``.
+
+:class:`HistogramReleaseEstimator` is the server side: its accumulator is the vector of bucket
+counts (int64; mergeable by summation, so any Beam runner can build it), and ``finalize`` makes
+the one release. Neighbouring datasets differ by adding or removing one record, which changes one
+bucket count by 1.
+
+The bucket domain is either numeric (``bins`` equal-width buckets on ``[lower, upper]``; the last
+bucket includes ``upper``) or categorical (``categories``). Counts that are already aggregated
+(e.g. the DPBench histograms) go straight to ``publish``.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, ClassVar, Mapping
+
+import numpy as np
+
+from ..core import (CountEstimator, Estimate, Mechanism, Reasons, Reports, Role, Statistic,
+                    check_epsilon, check_labels, coerce_numeric, encode_categories)
+from ..errors import EmptyAccumulatorError, ParameterError
+from ..privacy import CENTRAL, PrivacyGuarantee
+from ..rng import RandomSource, RngLike
+
+BUCKET = (("bucket", "int32"),)
+
+
+def as_generator(rng: RngLike) -> np.random.Generator:
+    """A numpy Generator for curator-side noise: OS-entropy AES by default, seeded on request."""
+    if isinstance(rng, np.random.Generator):
+        return rng
+    if isinstance(rng, RandomSource):
+        return rng.generator()
+    return RandomSource(rng).generator()
+
+
+def check_counts(counts: Any, name: str = "counts") -> np.ndarray:
+    """Validate a histogram of counts: a non-empty 1-D array of non-negative integers."""
+    arr = np.asarray(counts)
+    if arr.ndim != 1 or arr.size == 0:
+        raise ParameterError(name, f"array of shape {arr.shape}", "a non-empty 1-D array of counts")
+    if arr.dtype.kind not in "iuf" or arr.dtype.kind == "b":
+        raise ParameterError(name, f"dtype {arr.dtype}", "numeric counts")
+    vals = arr.astype(np.float64)
+    bad = ~np.isfinite(vals) | (vals < 0) | (vals != np.floor(vals))
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise ParameterError(name, f"{arr[i]!r} at bucket {i} ({int(bad.sum())} such)",
+                             "non-negative integer counts")
+    return vals.astype(np.int64)
+
+
+def split_budget(epsilon: float, epsilon1: float | None, epsilon2: float | None,
+                 default_fraction: float = 0.5) -> tuple[float, float]:
+    """(eps1, eps2) with eps1 + eps2 = epsilon; either part may be given, or both (then they must
+    sum to epsilon)."""
+    check_epsilon(epsilon)
+    if epsilon1 is None and epsilon2 is None:
+        return epsilon * default_fraction, epsilon * (1 - default_fraction)
+    if epsilon1 is not None and epsilon2 is not None:
+        check_epsilon(epsilon1, "epsilon1")
+        check_epsilon(epsilon2, "epsilon2")
+        if not math.isclose(epsilon1 + epsilon2, epsilon, rel_tol=1e-12, abs_tol=1e-15):
+            raise ParameterError("epsilon1", epsilon1,
+                                 f"epsilon1 + epsilon2 = epsilon = {epsilon!r} (got "
+                                 f"{epsilon1!r} + {epsilon2!r} = {epsilon1 + epsilon2!r})")
+        return float(epsilon1), float(epsilon2)
+    part, name = (epsilon1, "epsilon1") if epsilon1 is not None else (epsilon2, "epsilon2")
+    check_epsilon(part, name)
+    if not part < epsilon:
+        raise ParameterError(name, part, f"a part of epsilon = {epsilon!r}: in (0, {epsilon!r})")
+    rest = epsilon - part
+    return (part, rest) if name == "epsilon1" else (rest, part)
+
+
+@dataclass(frozen=True)
+class HistogramRelease(Mechanism):
+    """Base of the central histogram algorithms: the budget and the bucket domain."""
+
+    central: ClassVar[bool] = True
+    family: ClassVar[str] = "dphr"
+    roles: ClassVar[tuple[Role, ...]] = (
+        Role("value", help="a number in [lower, upper] (numeric bins) or a label of categories"),)
+    report_fields: ClassVar[tuple] = BUCKET
+
+    epsilon: float
+    bins: int = 0
+    lower: float = 0.0
+    upper: float = 1.0
+    categories: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        check_epsilon(self.epsilon)
+        if self.categories:
+            object.__setattr__(self, "categories", check_labels(self.categories, "categories"))
+            if self.bins:
+                raise ParameterError("bins", self.bins,
+                                     "0 when categories are given (one domain, not both)")
+        elif self.bins:
+            if isinstance(self.bins, bool) or not isinstance(self.bins, (int, np.integer)) \
+                    or self.bins < 1:
+                raise ParameterError("bins", self.bins, "an integer >= 1")
+            from ..core import check_interval
+
+            check_interval(self.lower, self.upper)
+
+    # -- the domain
+    @property
+    def n_buckets(self) -> int:
+        """Buckets of the declared domain (0: only ``publish`` on given counts is possible)."""
+        return len(self.categories) if self.categories else int(self.bins)
+
+    def bucket_edges(self) -> np.ndarray | None:
+        return np.linspace(self.lower, self.upper, self.bins + 1) if self.bins else None
+
+    def labels(self, role: str) -> tuple[str, ...]:
+        return self.categories
+
+    @property
+    def draws(self) -> int:
+        return 0  # no per-record noise: the release is noised once, in publish
+
+    def check(self, data: Any) -> tuple[dict[str, np.ndarray], Reasons]:
+        if not self.n_buckets:
+            raise ParameterError("bins", 0, "a declared domain (bins >= 1 with lower/upper, or "
+                                 "categories) to bucket raw records")
+        cols = self.columns(data)
+        raw = cols["value"]
+        reasons = Reasons(len(raw))
+        if self.categories:
+            codes, missing, unknown = encode_categories(raw, self.categories)
+            reasons.flag(missing, "value: missing value (a category is required)")
+            reasons.flag(unknown, lambda i: f"value: {raw[i]!r} is not in the declared categories")
+            return {"value": codes}, reasons
+        vals, nonnum = coerce_numeric(raw)
+        reasons.flag(nonnum, lambda i: f"value: non-numeric value {raw[i]!r}")
+        reasons.flag(np.isnan(vals), "value: missing value (a number is required)")
+        outside = (vals < self.lower) | (vals > self.upper)
+        reasons.flag(outside, lambda i: f"value: {vals[i]!r} is outside the declared domain "
+                     f"[{self.lower!r}, {self.upper!r}] (not clipped)")
+        with np.errstate(invalid="ignore"):
+            pos = (vals - self.lower) / (self.upper - self.lower) * self.bins
+        codes = np.where(reasons.bad, -1, np.minimum(np.floor(np.nan_to_num(pos)),
+                                                     self.bins - 1)).astype(np.int64)
+        return {"value": codes}, reasons
+
+    def validate(self, cols: dict[str, np.ndarray], reasons: Reasons) -> None:
+        pass  # check() above does it all
+
+    def randomize(self, cols: dict[str, np.ndarray], u: np.ndarray) -> Reports:
+        return {"bucket": np.asarray(cols["value"], dtype=np.int32)}
+
+    # -- what subclasses provide
+    def publish(self, counts: Any, rng: RngLike = None) -> dict[str, Any]:
+        """One release from true bucket counts. Returns at least ``histogram`` (float64, one
+        value per bucket, in the original bucket order) and may add ``groups`` (the group id of
+        every bucket) and other diagnostics."""
+        raise NotImplementedError
+
+    def noise_variance(self, release: Mapping[str, Any]) -> np.ndarray | None:
+        """Per-bucket variance of the *noise* in a release (not the grouping bias), if known."""
+        return None
+
+
+@dataclass(frozen=True)
+class IdentityLaplace(HistogramRelease):
+    """LPA / identity: Lap(1/eps) on every bucket (Dwork et al. 2006); eps-DP, unbiased."""
+
+    NAME: ClassVar[str] = "laplace-histogram"
+
+    @property
+    def guarantee(self) -> PrivacyGuarantee:
+        return PrivacyGuarantee(CENTRAL, self.epsilon,
+                                notes="Laplace mechanism, L1 sensitivity 1 (add/remove a record)")
+
+    def publish(self, counts: Any, rng: RngLike = None) -> dict[str, Any]:
+        h = check_counts(counts).astype(float)
+        return {"histogram": h + as_generator(rng).laplace(0.0, 1.0 / self.epsilon, h.size)}
+
+    def noise_variance(self, release: Mapping[str, Any]) -> np.ndarray:
+        return np.full(len(release["histogram"]), 2.0 / self.epsilon ** 2)
+
+
+def group_means_with_noise(counts: np.ndarray, groups: np.ndarray, epsilon: float,
+                           gen: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """Publish every bucket as its group's mean of the *true* counts plus one Laplace draw of
+    scale 1/(epsilon |G|) shared by the group (DPHR Algorithm 1 line 8). Groups are disjoint, so
+    one record moves one group mean by 1/|G|: epsilon-DP for a grouping fixed independently of
+    the counts. Returns (histogram, per-bucket noise variance)."""
+    k = int(groups.max()) + 1
+    size = np.bincount(groups, minlength=k).astype(float)
+    mean = np.bincount(groups, weights=counts.astype(float), minlength=k) / size
+    noise = gen.laplace(0.0, 1.0, k) / (epsilon * size)
+    return (mean + noise)[groups], (2.0 / (epsilon * size) ** 2)[groups]
+
+
+class HistogramReleaseEstimator(CountEstimator):
+    """Accumulates bucket counts of raw records; ``finalize`` publishes once with the
+    release's algorithm. ``seed`` makes the release's noise reproducible (default: OS entropy)."""
+
+    def __init__(self, mechanism: HistogramRelease, seed: int | None = None) -> None:
+        super().__init__(mechanism)
+        if not mechanism.n_buckets:
+            raise ParameterError("bins", 0, "a declared domain (bins or categories) to accumulate "
+                                 "raw records; use publish(counts) for ready-made counts")
+        self.n_cells = mechanism.n_buckets
+        self.seed = seed
+        self.releases = 0
+
+    def cells(self, reports: Mapping[str, np.ndarray]) -> np.ndarray:
+        return np.asarray(reports["bucket"], dtype=np.int64)
+
+    def check_reports(self, reports: Mapping[str, Any], n: int | None = None) -> Reasons:
+        reasons = super().check_reports(reports, n)
+        if "bucket" in reports:
+            raw = reports["bucket"]
+            vals, _ = coerce_numeric(raw)
+            ok = (vals >= 0) & (vals < self.n_cells) & (np.floor(vals) == vals)
+            reasons.flag(~ok, lambda i: f"report field 'bucket': {raw[i]!r} is not a bucket in "
+                         f"[0, {self.n_cells})")
+        return reasons
+
+    def statistics(self, acc: np.ndarray) -> dict[str, Statistic]:
+        raise NotImplementedError("a central release is made by finalize(), once")
+
+    def finalize(self, acc: np.ndarray) -> Estimate:
+        n = self.n_reports(acc)
+        if n == 0:
+            raise EmptyAccumulatorError(f"{self.mechanism.name}: the histogram is empty (no "
+                                        "records); there is nothing to publish")
+        rng = None if self.seed is None else RandomSource(f"{self.seed}/release/{self.releases}")
+        self.releases += 1
+        rel = self.mechanism.publish(acc, rng)
+        var = self.mechanism.noise_variance(rel)
+        stats = {"histogram": Statistic(
+            np.asarray(rel["histogram"]), None if var is None else np.sqrt(var),
+            note="the published counts in bucket order; stderr: the noise alone (grouping "
+                 "methods add a reconstruction bias it does not include)")}
+        if "groups" in rel:
+            stats["groups"] = Statistic(np.asarray(rel["groups"]),
+                                        note="group id of every bucket (part of the release)")
+        # n_reports=None: the exact number of records is itself sensitive and is not released
+        return Estimate(self.mechanism.name, None, stats, self.mechanism.guarantee,
+                        self.mechanism.params())
