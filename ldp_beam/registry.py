@@ -211,6 +211,12 @@ def _register_builtins(reg: Registry) -> None:
     reg.register("jd-grr", JDGRR, ProductURREstimator)
     reg.register("tdrr", TDRR, TDRREstimator)
 
+    from .central.dphr import DPHR
+    from .central.histogram import HistogramReleaseEstimator, IdentityLaplace
+
+    reg.register("dphr", DPHR, HistogramReleaseEstimator)
+    reg.register("laplace-histogram", IdentityLaplace, HistogramReleaseEstimator)
+
 
 def load_plugins(reg: Registry) -> None:
     """Call every ``ldp_beam.plugins`` entry point with the registry. A plugin that fails to load

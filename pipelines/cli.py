@@ -85,6 +85,9 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--input", "-i", required=True)
     e.add_argument("--output", "-o", required=True, help="estimate JSON file")
     e.add_argument("--by", help="one estimate per value of this (kept) column")
+    e.add_argument("--column", "-c", action="append",
+                   help="central-DP releases (dphr, ...): the raw input column(s), in the "
+                        "order of the mechanism's roles")
     e.add_argument("--option", action="append", metavar="NAME=VALUE",
                    help="an estimator option, repeatable (e.g. --option m=1000 --option "
                         "method=paper for RVNS)")
@@ -183,8 +186,20 @@ def cmd_estimate(a: argparse.Namespace, beam_args: list[str]) -> int:
     params = _params(a)
     mech = mechanism_from_reports(a.input, a.mechanism, params) if (a.mechanism or params) \
         else None
+    columns = None
+    if a.column:
+        if mech is None or not getattr(mech, "central", False):
+            raise UsageError("--column maps raw columns for central-DP releases only (give "
+                             "--mechanism); LDP estimates read the reports' own fields")
+        required = [r.name for r in mech.roles if r.required]
+        if len(a.column) > len(required):
+            raise UsageError(f"--column given {len(a.column)} times but {mech.name} has "
+                             f"{len(required)} required role(s) {required}")
+        columns = dict(zip(required, a.column))
     out = run_estimate(a.input, a.output, mech, by=a.by, options=_kv(a.option, "--option"),
-                       beam_args=beam_args)
+                       beam_args=beam_args, columns=columns)
+    if "curator" in out:
+        return _print_release(out, a.output)
     ests = out["estimates"].values() if a.by else [out["estimate"]]
     errors = [e["error"] for e in ests if "error" in e]
     if a.by:
@@ -216,6 +231,24 @@ def cmd_estimate(a: argparse.Namespace, beam_args: list[str]) -> int:
     for err in errors:
         print(f"ldp-beam estimate: no estimate: {err}", file=sys.stderr)
     return 1 if errors else 0
+
+
+def _print_release(out: dict, path: str) -> int:
+    est, cur = out["estimate"], out["curator"]
+    from .common import records_line
+
+    rec = cur["records"]
+    line = (f"{rec['input']:,} read = {rec['released_from']:,} in the release + "
+            f"{rec['dead_lettered']:,} dead-lettered" if rec.get("input") is not None
+            else "record counts unavailable (no metrics)")
+    if "error" in est:
+        print(f"ldp-beam estimate: no release: {est['error']}", file=sys.stderr)
+        return 1
+    hist = est["statistics"]["histogram"]["value"]
+    print(f"released a histogram of {len(hist)} buckets ({out['guarantee']['summary']}) to {path}")
+    print(f"curator only (do not publish): {line}; bookkeeping in {path}.curator.json"
+          + ("" if rec.get("reconciles") else "; DOES NOT RECONCILE"))
+    return 0 if rec.get("reconciles") else 1
 
 
 def joint_table_text(estimate: dict) -> str:

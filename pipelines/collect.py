@@ -45,6 +45,10 @@ def run_collect(input: str, output: str, mechanism: Mechanism, columns: Mapping[
                 keep: Iterable[str] = (), seed: Any = None, dead_letter: str | None = None,
                 batch_rows: int = 1 << 16, beam_args: Iterable[str] = ()) -> dict:
     keep = tuple(keep)
+    if getattr(mechanism, "central", False):
+        raise ValueError(f"{mechanism.name} is a central-DP release: there is no client-side "
+                         "report to collect; run `ldp-beam estimate -i TABLE -c COLUMN -m "
+                         f"{mechanism.name} ...` on the trusted curator, which adds the noise once")
     read = ReadTable(input, batch_rows=batch_rows)
     in_schema = read.schema
     cols = resolve_columns(mechanism, in_schema, columns, keep)

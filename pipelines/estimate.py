@@ -66,8 +66,14 @@ def _result(est: Any) -> dict:
 
 def run_estimate(input: str, output: str, mechanism: Mechanism | None = None,
                  by: str | None = None, options: Mapping[str, Any] | None = None,
-                 beam_args: Iterable[str] = ()) -> dict:
+                 beam_args: Iterable[str] = (), columns: Mapping[str, str] | None = None
+                 ) -> dict:
     mech = mechanism or mechanism_from_reports(input)
+    if getattr(mech, "central", False):
+        return run_release(input, output, mech, columns or {}, by, options, beam_args)
+    if columns:
+        raise ValueError(f"{mech.name} estimates from reports; --column maps raw columns only "
+                         "for central-DP releases")
     est = estimator_for(mech, **dict(options or {}))
     dead_letter = output + ".deadletter.jsonl"
     tmpdir = tempfile.mkdtemp(prefix="ldp-beam-estimate-")
@@ -104,4 +110,64 @@ def run_estimate(input: str, output: str, mechanism: Mechanism | None = None,
     else:
         out["estimate"] = rows[0] if rows else {"error": "no reports", "n_reports": 0}
     write_json(output, out)
+    return out
+
+
+def run_release(input: str, output: str, mech: Mechanism, columns: Mapping[str, str],
+                by: str | None = None, options: Mapping[str, Any] | None = None,
+                beam_args: Iterable[str] = ()) -> dict:
+    """A central-DP release on the trusted curator: raw records are validated and bucketed (bad
+    ones dead-lettered with the reason), accumulated, and released once with noise.
+
+    ``OUTPUT`` is the release (what may be published): the statistics and the guarantee, no exact
+    counts. ``OUTPUT.curator.json`` holds the curator's bookkeeping (records read, accepted and
+    dead-lettered, which reconcile); like the dead-letter file it is not to be published.
+    """
+    from ldp_beam.transforms import Perturb
+
+    from .collect import resolve_columns
+
+    if by:
+        raise ValueError(f"{mech.name} is a central-DP release: per-key releases (--by) would "
+                         "disclose which keys occur and how many there are; release one "
+                         "histogram per declared key with separate runs instead")
+    read = ReadTable(input)
+    cols = resolve_columns(mech, read.schema, columns or {r.name: r.name for r in mech.roles
+                                                          if r.required}, ())
+    est = estimator_for(mech, **dict(options or {}))
+    dead_letter = output + ".deadletter.jsonl"
+    tmpdir = tempfile.mkdtemp(prefix="ldp-beam-release-")
+    parts = os.path.join(tmpdir, "release.jsonl")
+    p = beam.Pipeline(options=pipeline_options(beam_args))
+    rd = p | "ReadTable" >> read
+    rec = rd.batches | "Validate" >> Perturb(mech, columns=cols)
+    _ = (rec.reports | "Release" >> beam.CombineGlobally(EstimatorCombineFn(est, on_empty="report"))
+         | "ToJson" >> beam.Map(_result) | "WriteRelease" >> WriteJsonLines(parts))
+    _ = ((rd.dead_letter, rec.dead_letter) | "AllDeadLetters" >> beam.Flatten()
+         | "WriteDeadLetters" >> WriteJsonLines(dead_letter))
+    result = p.run()
+    result.wait_until_finish()
+    with open(parts) as fh:
+        rows = [json.loads(line) for line in fh if line.strip()]
+    release = rows[0] if rows else {"error": "no records"}
+    if "error" in release:
+        release.pop("n_reports", None)  # the exact count stays with the curator
+    opts = {k: v for k, v in dict(options or {}).items() if k != "seed"}
+    out: dict[str, Any] = {"mechanism": mech.name, "params": mech.params(),
+                           "estimator_options": opts, "guarantee": mech.guarantee.to_dict(),
+                           "seeded": "seed" in dict(options or {}), "estimate": release}
+    write_json(output, out)
+    c = counters(result)
+    rin, bad = c.get("records_in"), c.get("records_invalid")
+    unreadable = c.get("files_unreadable", 0)
+    curator = {"input": input, "release": os.path.abspath(output), "columns": cols,
+               "records": {"input": rin, "released_from": c.get("records_valid"),
+                           "dead_lettered": bad, "unreadable_files": unreadable,
+                           "dead_letter": os.path.abspath(dead_letter)}}
+    curator["records"]["reconciles"] = (
+        rin is not None and bad is not None and c.get("records_valid") is not None
+        and rin == c.get("records_valid") + bad
+        and count_lines(dead_letter) == bad + unreadable)
+    write_json(output + ".curator.json", curator)
+    out["curator"] = curator
     return out

@@ -155,7 +155,10 @@ def test_as_source_and_bad_rng():
     with pytest.raises(TypeError):
         RandomSource(True)
     with pytest.raises(ValueError, match="draws"):
-        RandomSource(1).uniforms(3, 0)
+        RandomSource(1).uniforms(3, -1)
+    # zero draws per record (central-DP inputs are only validated): an (n, 0) array
+    assert RandomSource(1).uniforms(3, 0).shape == (3, 0)
+    assert RandomSource().uniforms(3, 0).shape == (3, 0)
 
 
 # --------------------------------------------------------------------------- mechanisms

@@ -13,6 +13,7 @@ from __future__ import annotations
 import csv
 import glob
 import json
+import math
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -184,8 +185,24 @@ def _json_default(x: Any) -> Any:
     return str(x)
 
 
+def _strict(x: Any) -> Any:
+    """NaN and infinities (e.g. a missing value in a dead-lettered record) become null, so every
+    line is standard JSON."""
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, dict):
+        return {k: _strict(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_strict(v) for v in x]
+    if hasattr(x, "item") and getattr(x, "ndim", 1) == 0:
+        return _strict(x.item())
+    if hasattr(x, "tolist"):
+        return _strict(x.tolist())
+    return x
+
+
 def to_json_line(obj: Any) -> str:
-    return json.dumps(obj, default=_json_default, sort_keys=True)
+    return json.dumps(_strict(obj), default=_json_default, sort_keys=True, allow_nan=False)
 
 
 class WriteJsonLines(beam.PTransform):

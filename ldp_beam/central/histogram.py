@@ -144,8 +144,8 @@ class HistogramRelease(Mechanism):
         reasons.flag(nonnum, lambda i: f"value: non-numeric value {raw[i]!r}")
         reasons.flag(np.isnan(vals), "value: missing value (a number is required)")
         outside = (vals < self.lower) | (vals > self.upper)
-        reasons.flag(outside, lambda i: f"value: {vals[i]!r} is outside the declared domain "
-                     f"[{self.lower!r}, {self.upper!r}] (not clipped)")
+        reasons.flag(outside, lambda i: f"value: {float(vals[i]):g} is outside the declared "
+                     f"domain [{self.lower:g}, {self.upper:g}] (not clipped)")
         with np.errstate(invalid="ignore"):
             pos = (vals - self.lower) / (self.upper - self.lower) * self.bins
         codes = np.where(reasons.bad, -1, np.minimum(np.floor(np.nan_to_num(pos)),
@@ -202,9 +202,25 @@ def group_means_with_noise(counts: np.ndarray, groups: np.ndarray, epsilon: floa
     return (mean + noise)[groups], (2.0 / (epsilon * size) ** 2)[groups]
 
 
+def release_source(seed: Any, acc: np.ndarray) -> RandomSource | None:
+    """The noise source of one central release: OS entropy without a seed; with a seed, a
+    deterministic function of the seed *and the accumulator*, so the same counts give the same
+    release (reproducible tests) while releases of different counts (per-key, per-window) never
+    share noise. A seeded release is for testing only: whoever knows the seed can remove the
+    noise."""
+    if seed is None:
+        return None
+    import hashlib
+
+    digest = hashlib.sha256(np.ascontiguousarray(acc).tobytes()).hexdigest()
+    return RandomSource(f"{seed}/release/{acc.dtype}/{acc.shape}/{digest}")
+
+
 class HistogramReleaseEstimator(CountEstimator):
     """Accumulates bucket counts of raw records; ``finalize`` publishes once with the
-    release's algorithm. ``seed`` makes the release's noise reproducible (default: OS entropy)."""
+    release's algorithm. Each call of ``finalize`` is one release (one use of the budget on those
+    records); releases on disjoint records (per key, per window) compose in parallel. ``seed``
+    makes the release's noise reproducible (default: OS entropy; see :func:`release_source`)."""
 
     def __init__(self, mechanism: HistogramRelease, seed: int | None = None) -> None:
         super().__init__(mechanism)
@@ -213,7 +229,6 @@ class HistogramReleaseEstimator(CountEstimator):
                                  "raw records; use publish(counts) for ready-made counts")
         self.n_cells = mechanism.n_buckets
         self.seed = seed
-        self.releases = 0
 
     def cells(self, reports: Mapping[str, np.ndarray]) -> np.ndarray:
         return np.asarray(reports["bucket"], dtype=np.int64)
@@ -234,11 +249,10 @@ class HistogramReleaseEstimator(CountEstimator):
     def finalize(self, acc: np.ndarray) -> Estimate:
         n = self.n_reports(acc)
         if n == 0:
-            raise EmptyAccumulatorError(f"{self.mechanism.name}: the histogram is empty (no "
-                                        "records); there is nothing to publish")
-        rng = None if self.seed is None else RandomSource(f"{self.seed}/release/{self.releases}")
-        self.releases += 1
-        rel = self.mechanism.publish(acc, rng)
+            raise EmptyAccumulatorError(f"{self.mechanism.name}: no reports (records) were "
+                                        "accumulated: the histogram is empty; there is nothing "
+                                        "to publish")
+        rel = self.mechanism.publish(acc, release_source(self.seed, acc))
         var = self.mechanism.noise_variance(rel)
         stats = {"histogram": Statistic(
             np.asarray(rel["histogram"]), None if var is None else np.sqrt(var),

@@ -76,3 +76,22 @@ def chi2_interval(expected: float, dof: int, alpha: float = 1e-3) -> tuple[float
 
     return (float(expected * chi2.ppf(alpha / 2, dof) / dof),
             float(expected * chi2.ppf(1 - alpha / 2, dof) / dof))
+
+
+# --------------------------------------------------------------------------- histograms
+def range_sums(hist: np.ndarray, length: int) -> np.ndarray:
+    """Answers of every range query of ``length`` consecutive buckets (n - length + 1 of them),
+    by prefix sums."""
+    h = np.asarray(hist, dtype=float)
+    if not 1 <= length <= h.size:
+        raise ValueError(f"range length {length} must be in [1, {h.size}]")
+    c = np.concatenate([[0.0], np.cumsum(h)])
+    return c[length:] - c[:-length]
+
+
+def range_query_mse(true: np.ndarray, published: np.ndarray, lengths) -> np.ndarray:
+    """MSE of range-query answers (DPHR paper, Section 6.2): for each length, the mean over *all*
+    n - length + 1 ranges of (Q(published) - Q(true))^2, i.e. the expectation over a uniformly
+    random range of that length (no sampling error from drawing ranges)."""
+    return np.array([float(np.mean((range_sums(published, L) - range_sums(true, L)) ** 2))
+                     for L in lengths])
