@@ -183,6 +183,12 @@ def test_demo_runs_and_reconciles(tmp_path):
     assert table.shape == (4, 4) and abs(table.sum() - 1) < 1e-12
     assert joint["guarantee"]["kind"] == "ULDP"
     assert (tmp_path / "joint_employment_health.png").stat().st_size > 1000
+    # the histogram section: one central-DP release, no exact count in what is published
+    assert "== DPHR" in so and "central-DP with epsilon=0.1" in so
+    rel = json.loads((tmp_path / "release_dphr.json").read_text())
+    assert rel["estimate"]["n_reports"] is None and len(
+        rel["estimate"]["statistics"]["histogram"]["value"]) == 250
+    assert (tmp_path / "income_histogram_dphr.png").stat().st_size > 1000
 
 
 def test_rvns_collect_and_estimate_with_options(tmp_path):

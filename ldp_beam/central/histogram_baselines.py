@@ -118,9 +118,10 @@ def v_optimal_table(values: np.ndarray, max_groups: int) -> np.ndarray:
             cost = _sse(s1, s2, ll, ii[None, :])
         cost[ll >= ii[None, :]] = np.inf  # group l..i-1 must be non-empty
         buf = np.empty_like(cost)
-        for j in range(1, max_groups + 1):
-            np.add(cost, T[j - 1, :i1, None], out=buf)
-            T[j, i0:i1] = buf.min(axis=0)
+        for j in range(1, min(max_groups, i1 - 1) + 1):
+            lo = j - 1  # T[j-1, l] is inf for l < j - 1: skip those rows
+            np.add(cost[lo:], T[j - 1, lo:i1, None], out=buf[lo:])
+            T[j, i0:i1] = buf[lo:].min(axis=0)
     return T
 
 

@@ -180,6 +180,32 @@ def bench_mechanism(name: str, prof: Profile, rows: int, repeats: int, quick: bo
     return out
 
 
+def bench_histograms(quick: bool, repeats: int) -> list[dict]:
+    """DPHR's O(n^2) grouping programme (targets: n = 4096 under 1 s, n = 16384 under 10 s) and
+    whole releases (sound and paper variants) on DPBench-sized histograms."""
+    from ..central.dphr import DPHR, approximate_sort, optimal_grouping
+
+    gen = np.random.default_rng()
+    out = []
+    sizes = (4096,) if quick else (4096, 16384)
+    targets = {4096: 1.0, 16384: 10.0}
+    for n in sizes:
+        counts = gen.poisson(gen.gamma(0.5, 40.0, n))
+        v = np.sort(counts + gen.laplace(0, 2.0, n))
+        t, _ = _best(lambda: optimal_grouping(v, 0.5), 1 if n > 4096 else repeats)
+        out.append(_rec("dphr", "estimate", "grouping seconds", n, t, 1.0, targets[n],
+                        per_second=False, estimator="optimal_grouping (DP)", buckets=n))
+        t, _ = _best(lambda: approximate_sort(counts, 0.5, gen), 1)
+        out.append(_rec("dphr", "estimate", "approximate sort seconds", n, t, 1.0,
+                        per_second=False, estimator="approximate_sort (paper)", buckets=n))
+        for variant in ("sound", "paper"):
+            mech = DPHR(1.0, variant=variant)
+            t, _ = _best(lambda: mech.publish(counts, gen), 1)
+            out.append(_rec("dphr", "estimate", "release seconds", n, t, 1.0, per_second=False,
+                            estimator=f"publish ({variant})", buckets=n))
+    return out
+
+
 def run(quick: bool = False, only: list[str] | None = None,
         progress: Progress | None = None) -> list[dict]:
     """Benchmark the reference and every registered mechanism that has a profile."""
@@ -195,6 +221,10 @@ def run(quick: bool = False, only: list[str] | None = None,
     for name in names:
         progress.step(name)
         out += bench_mechanism(name, PROFILES[name], rows, repeats, quick, uniform_rate)
+    if not only or "dphr" in only:
+        progress.note("dphr: grouping programme and releases")
+        out += bench_histograms(quick, repeats)
     for name in skipped:
-        progress.note(f"{name}: no benchmark profile (a plugin?); skipped")
+        if name != "dphr":
+            progress.note(f"{name}: no benchmark profile (a plugin?); skipped")
     return out

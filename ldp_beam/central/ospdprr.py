@@ -1,0 +1,988 @@
+"""OSPDPRR: one-sided personalized DP queries driven by user sensitivity weights, and its
+baseline OsdpRR (OSDP randomized response).
+
+Paper: Liu, Wang, Dong, Wang, JEIT 47(8):2768-2779, 2025 (``shared/papers/
+ospdprr_one_sided_personalized_dp.txt``: abstract and the Algorithm 1 box only). Spec:
+``shared/specs/ospdprr.md``, which reconstructs every stage; its source tags are repeated here:
+[P] paper, [OSDP] Kotsogiannis et al. 2020, [PDP] Jorgensen et al. 2015 (``Sample``),
+[TOPSIS] Hwang & Yoon, [I] our interpretation.
+
+The curator sees every user's ``k`` items. A user's row holds the values of the *target* items
+``T`` (the query's input) and, for every item, a sensitivity level and an importance. Three
+stages, all in :meth:`OSPDPRR.release` (called once per release by the estimator's finalize):
+
+1. **Sensitivity weights and the comprehensive weight** (spec §2). A pluggable *sensitivity
+   specification function* ``S(importance, level) -> weight`` (default: importance relative to the
+   user's most important item, times the level; §2.1), then TOPSIS (:func:`comprehensive_weight`):
+   normalization (``vector`` or ``minmax``), ideal points (``data``: the column min/max, or
+   ``fixed``: the 0/1 profiles), distances, ``M_u = W- / (W+ + W-)`` in [0, 1] (1 = least
+   sensitive).
+2. **Personalized sampling** (§3): Jorgensen's ``Sample`` on the personal budgets ``eps_u``
+   (``M'_u = (M_u - B)/(A - B)`` with A/B over all users, or ``M_u`` itself in ``sound-self``):
+   ``pi_u = (e^eps_u - 1)/(e^t - 1)`` if ``eps_u < t`` else 1 (:func:`sampling_probabilities`).
+3. **One Laplace release** (§4, §6): the query on the sample plus ``Lap(Delta / eps)``; ``eps = t``
+   in the sound modes, ``e^m`` (``m`` the smallest score among sampled users) in ``paper`` mode.
+
+Modes (spec §4.4) and what we claim (§5; docs/ospdprr_privacy.md):
+
+* ``sound-self`` (default): fixed references on the raw weights, ``eps_u = M_u`` depends only on
+  user u's own items, noise budget t. t-DP at user level (add/remove a user with all her items);
+  per user ``ln(1 + pi_u (e^t - 1)) = min(M_u, t)``; (P, 2t)-OSDP for every policy P. It is the
+  default because it needs no assumption about the weights.
+* ``sound-public``: the paper's data references, normalization and A/B, noise budget t. The same
+  statements *only if the whole weight matrix is public metadata* not derived from protected
+  values; otherwise no guarantee. Allows the ratio estimator (``n / sum pi`` is then public).
+* ``paper``: the literal rule ``eps = e^m``. No privacy claim (replication only): the noise scale
+  depends on the sample, and the output density ratio of neighbouring datasets is unbounded.
+
+Queries (§6), user-level add/remove L1 sensitivities with ``Bmax = max(|lower|, |upper|)`` and
+``k_T = |T|``: count N (``k_T``), sum S (``k_T Bmax``), sum of squares Q (``k_T Bmax^2``);
+``count`` = N, ``sum`` = S, ``mean`` = S/N (N and S at eps/2 each), ``variance`` = Q/N - mean^2
+and ``cv`` = sqrt(variance)/mean (N, S, Q at eps/3 each). Estimators: ``raw`` (the query on the
+sample, what the paper appears to do; biased for count/sum by ``sum pi / n``) and ``ratio``
+(count/sum times ``n / sum pi``; only where ``pi`` is public, i.e. ``sound-public``, or in the
+claim-free ``paper`` mode).
+
+**Accumulators are O(users).** Unlike the LDP families, the estimators here keep every user's row
+(the target values and the k weights): the normalization, the ideal points and A/B of stages 1-2
+need all users at once, and the sample is drawn at release time. ``merge`` concatenates;
+``finalize`` sorts the rows into a canonical order first, so the release does not depend on how
+the rows were split or merged. One row must be one user: the pipeline groups a user's items into
+one row before estimating (the user-level sensitivities assume it).
+
+**Budget.** Each ``finalize`` is one release. Releases on disjoint users (per key, where the key
+partitions users; per window, where a user reports in one window only) compose in parallel, each
+at its own budget; every further release that involves the same user (a trigger firing twice, a
+user present in several keys or windows) adds its budget for her (sequential composition).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, ClassVar, Iterable, Mapping, Union
+
+import numpy as np
+
+from ..core import (Estimate, Estimator, Mechanism, Reasons, Reports, Role, Statistic,
+                    check_choice, check_interval)
+from ..errors import EmptyAccumulatorError, ParameterError
+from ..privacy import CENTRAL, NONE, ULDP, PrivacyGuarantee
+from ..rng import RngLike
+from .histogram import as_generator, release_source
+
+QUERIES = ("count", "sum", "mean", "variance", "cv")
+MODES = ("paper", "sound-public", "sound-self")
+NORMS = ("vector", "minmax")
+REFS = ("data", "fixed")
+#: the noisy statistics each query is built from; the budget is split equally among them (§6)
+QUERY_STATISTICS = {"count": ("N",), "sum": ("S",), "mean": ("N", "S"),
+                    "variance": ("N", "S", "Q"), "cv": ("N", "S", "Q")}
+STATISTIC_NAMES = {"N": "sample_count", "S": "sample_sum", "Q": "sample_sumsq"}
+RATIO_QUERIES = ("count", "sum")
+
+
+# --------------------------------------------------------------------------- stage 1
+def importance_times_level(importance: np.ndarray, level: np.ndarray) -> np.ndarray:
+    """The default sensitivity specification function (spec §2.1 [I]): ``w = r * l`` where
+    ``r = importance / max_j importance_j`` is the item's importance relative to the user's most
+    important item (so that item has r = 1) and ``l`` the item's sensitivity level (0 = not
+    sensitive). Arrays of shape (n, k); importances in (0, 1], levels in [0, 1]."""
+    imp = np.asarray(importance, dtype=np.float64)
+    lvl = np.asarray(level, dtype=np.float64)
+    return imp / imp.max(axis=1, keepdims=True) * lvl
+
+
+def level_only(importance: np.ndarray, level: np.ndarray) -> np.ndarray:
+    """A sensitivity specification function that ignores importance: ``w = l``."""
+    return np.array(level, dtype=np.float64)
+
+
+#: named sensitivity specification functions (for the command line); a callable also works
+SENSITIVITY_FUNCTIONS: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
+    "product": importance_times_level, "level": level_only}
+
+
+def normalize_weights(weights: np.ndarray, norm: str = "vector") -> np.ndarray:
+    """The 'standard normalization' of the weight matrix (spec §2.2 [TOPSIS]/[I]), column by
+    column: ``vector``: w / sqrt(sum_u w^2) (a column of zeros stays 0); ``minmax``:
+    (w - min)/(max - min) (a constant column becomes 0)."""
+    w = np.asarray(weights, dtype=np.float64)
+    if norm == "vector":
+        norms = np.sqrt(np.einsum("ij,ij->j", w, w))
+        return np.divide(w, norms, out=np.zeros_like(w), where=norms > 0)
+    if norm == "minmax":
+        lo, hi = w.min(axis=0), w.max(axis=0)
+        span = hi - lo
+        return np.divide(w - lo, span, out=np.zeros_like(w), where=span > 0)
+    raise ParameterError("norm", norm, f"one of {NORMS}")
+
+
+def comprehensive_weight(weights: np.ndarray, ref: str = "data", norm: str | None = "vector"
+                         ) -> np.ndarray:
+    """TOPSIS closeness of each user (spec §2.2-2.4): ``M_u = W-_u / (W+_u + W-_u)`` in [0, 1],
+    where ``W+`` / ``W-`` are the Euclidean distances to the least / most sensitive profile
+    (0.5 where both are 0). ``M = 1``: the least sensitive user; ``M = 0``: the most sensitive.
+
+    ``ref="data"`` (the paper's): normalize the columns (``norm``), then ``w+ = column min`` and
+    ``w- = column max`` of the normalized matrix -- every user's M depends on every other user.
+    ``ref="fixed"``: the raw weights against ``w+ = (0..0)`` and ``w- = (1..1)`` with no
+    normalization (``norm`` must be None): M_u depends on user u's weights only.
+    """
+    w = np.asarray(weights, dtype=np.float64)
+    if w.ndim != 2:
+        raise ParameterError("weights", f"array of shape {w.shape}", "an (n users, k items) array")
+    if ref == "data":
+        wb = normalize_weights(w, "vector" if norm is None else norm)
+        best, worst = wb.min(axis=0), wb.max(axis=0)
+    elif ref == "fixed":
+        if norm is not None:
+            raise ParameterError("norm", norm, "None with ref='fixed' (the fixed 0/1 references "
+                                 "apply to the raw weights; spec §2.3)")
+        wb, best, worst = w, np.zeros(w.shape[1]), np.ones(w.shape[1])
+    else:
+        raise ParameterError("ref", ref, f"one of {REFS}")
+    d_plus = np.sqrt(np.square(wb - best).sum(axis=1))
+    d_minus = np.sqrt(np.square(wb - worst).sum(axis=1))
+    den = d_plus + d_minus
+    return np.divide(d_minus, den, out=np.full(w.shape[0], 0.5), where=den > 0)
+
+
+# --------------------------------------------------------------------------- stage 2
+def personal_budgets(scores: np.ndarray, rescale: bool) -> np.ndarray:
+    """The personal budgets ``eps_u`` of the sampling step (spec §3 [I]): with ``rescale`` (the
+    paper's steps 6-7) ``M'_u = (M_u - B)/(A - B)`` with ``A = max M``, ``B = min M`` (all 1 if
+    A = B); without, ``M_u`` itself (sound-self)."""
+    m = np.asarray(scores, dtype=np.float64)
+    if not rescale:
+        return m.copy()
+    if m.size == 0:
+        return m.copy()
+    a, b = m.max(), m.min()
+    if a == b:
+        return np.ones_like(m)
+    return (m - b) / (a - b)
+
+
+def sampling_probabilities(budgets: np.ndarray, t: float) -> np.ndarray:
+    """Jorgensen et al.'s ``Sample`` [PDP]: ``pi_u = (e^eps_u - 1)/(e^t - 1)`` if ``eps_u < t``,
+    else 1. A user with budget 0 is never sampled."""
+    eps = np.asarray(budgets, dtype=np.float64)
+    return np.where(eps >= t, 1.0, np.expm1(np.maximum(eps, 0.0)) / math.expm1(t))
+
+
+def personal_epsilon(pi: np.ndarray, t: float) -> np.ndarray:
+    """The privacy loss of a user sampled with probability ``pi`` before a t-DP release
+    (amplification by sampling): ``ln(1 + pi (e^t - 1))``, which equals ``min(eps_u, t)`` for
+    ``pi`` from :func:`sampling_probabilities`."""
+    return np.log1p(np.asarray(pi, dtype=np.float64) * math.expm1(t))
+
+
+# --------------------------------------------------------------------------- stage 3
+def sensitivities(query: str, k_target: int, lower: float, upper: float) -> dict[str, float]:
+    """User-level add/remove L1 sensitivity of each noisy statistic of ``query`` (spec §6):
+    N: k_T, S: k_T Bmax, Q: k_T Bmax^2 with Bmax = max(|lower|, |upper|)."""
+    check_choice(query, "query", QUERIES)
+    bmax = max(abs(lower), abs(upper))
+    delta = {"N": float(k_target), "S": k_target * bmax, "Q": k_target * bmax * bmax}
+    return {s: delta[s] for s in QUERY_STATISTICS[query]}
+
+
+def noise_scales(query: str, k_target: int, lower: float, upper: float,
+                 epsilon: float | np.ndarray) -> dict[str, Any]:
+    """Laplace scale of each noisy statistic: ``Delta_j / (epsilon / j)`` when ``query`` uses j
+    statistics (the budget is split equally; sequential composition). ``epsilon`` may be an array
+    (one per repetition, for the paper's data-dependent e^m)."""
+    delta = sensitivities(query, k_target, lower, upper)
+    share = np.asarray(epsilon, dtype=np.float64) / len(delta)
+    return {s: d / share for s, d in delta.items()}
+
+
+def query_answer(query: str, n: Any, s: Any, q: Any, lower: float, upper: float,
+                 mean_floor: float | None = None) -> tuple[Any, Any]:
+    """The query from (noisy) count, sum and sum of squares; post-processing only (spec §6).
+    Returns ``(value, clipped)``: the plain formula and its post-processed form inside the valid
+    range. mean: S/max(N, 1), clipped to [lower, upper]; variance: Q/max(N, 1) - mean^2 with the
+    clipped mean, clipped to [0, (upper - lower)^2 / 4]; cv: sqrt(clipped variance) / max(clipped
+    mean, mean_floor) (value and clipped agree). Vectorized over arrays."""
+    check_choice(query, "query", QUERIES)
+    if query == "count":
+        n = np.asarray(n, dtype=np.float64)
+        return n, np.maximum(n, 0.0)
+    if query == "sum":
+        s = np.asarray(s, dtype=np.float64)
+        lo = 0.0 if lower >= 0 else -np.inf
+        hi = 0.0 if upper <= 0 else np.inf
+        return s, np.clip(s, lo, hi)
+    nn = np.maximum(np.asarray(n, dtype=np.float64), 1.0)
+    mean = np.asarray(s, dtype=np.float64) / nn
+    mean_c = np.clip(mean, lower, upper)
+    if query == "mean":
+        return mean, mean_c
+    var = np.asarray(q, dtype=np.float64) / nn - mean_c * mean_c
+    var_c = np.clip(var, 0.0, (upper - lower) ** 2 / 4.0)
+    if query == "variance":
+        return var, var_c
+    floor = lower if mean_floor is None else mean_floor
+    if not floor > 0:
+        raise ParameterError("mean_floor", mean_floor, "a number > 0 for the cv (the mean must "
+                             "be bounded away from 0)")
+    cv = np.sqrt(var_c) / np.maximum(mean_c, floor)
+    return cv, cv
+
+
+def exact_answer(query: str, values: np.ndarray) -> float:
+    """The query on exact data (the truth of an experiment): population variance, cv = sd/mean."""
+    v = np.asarray(values, dtype=np.float64).ravel()
+    if query == "count":
+        return float(v.size)
+    if query == "sum":
+        return float(v.sum())
+    mean = float(v.mean())
+    if query == "mean":
+        return mean
+    var = float(np.mean((v - mean) ** 2))
+    return var if query == "variance" else math.sqrt(var) / mean
+
+
+# --------------------------------------------------------------------------- the baseline
+def osdp_keep_probability(epsilon: float) -> float:
+    """OsdpRR [OSDP]: a non-sensitive record is released with probability ``1 - e^-eps``."""
+    return -math.expm1(-epsilon)
+
+
+def osdp_epsilon_for_threshold(t: float, matching: str = "epsilon") -> float:
+    """Budget matching of spec §7.2 [I]: the OsdpRR epsilon for the OSPDPRR panel at threshold
+    ``t``. ``"epsilon"`` (default): eps = t. ``"keep-probability"``: read t as the keep-probability
+    cap, 1 - e^-eps = t, i.e. eps = -ln(1 - t) (undefined at t = 1). The two guarantees are not
+    comparable either way: OSPDPRR's is user-level DP for everyone, OsdpRR's record-level
+    one-sided DP that leaves non-sensitive records unprotected."""
+    _check_t(t)
+    check_choice(matching, "matching", ("epsilon", "keep-probability"))
+    if matching == "epsilon":
+        return float(t)
+    if t >= 1:
+        raise ParameterError("t", t, "a number in (0, 1) for matching='keep-probability'")
+    return -math.log1p(-t)
+
+
+# --------------------------------------------------------------------------- validation helpers
+def _is_number(v: Any) -> bool:
+    return not isinstance(v, bool) and isinstance(v, (int, float, np.integer, np.floating)) \
+        and math.isfinite(v)
+
+
+def _check_t(t: Any) -> float:
+    if not _is_number(t) or not 0 < t <= 1:
+        raise ParameterError("t", t, "a number in (0, 1] (the sampling threshold and, in the "
+                             "sound modes, the noise budget)")
+    return float(t)
+
+
+def _check_items(k: Any, target: Any) -> tuple[int, tuple[int, ...]]:
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+        raise ParameterError("k", k, "an integer >= 1 (items per user)")
+    k = int(k)
+    if isinstance(target, (int, np.integer)) and not isinstance(target, bool):
+        target = (target,)
+    try:
+        items = tuple(target)
+    except TypeError:
+        raise ParameterError("target", target, f"item numbers in 1..{k}") from None
+    if not items:
+        return k, tuple(range(1, k + 1))
+    bad = [i for i in items if isinstance(i, bool) or not isinstance(i, (int, np.integer))
+           or not 1 <= i <= k]
+    if bad:
+        raise ParameterError("target", target, f"distinct item numbers in 1..{k} (k = {k})")
+    if len(set(items)) != len(items):
+        raise ParameterError("target", target, "distinct item numbers")
+    return k, tuple(sorted(int(i) for i in items))
+
+
+def _check_common(self: Any) -> None:
+    """Shared checks of OSPDPRR and OsdpRR: query, items, interval, clip, mean floor."""
+    check_choice(self.query, "query", QUERIES)
+    k, target = _check_items(self.k, self.target)
+    object.__setattr__(self, "k", k)
+    object.__setattr__(self, "target", target)
+    check_interval(self.lower, self.upper)
+    if not isinstance(self.clip, (bool, np.bool_)):
+        raise ParameterError("clip", self.clip, "True or False")
+    if self.mean_floor is not None:
+        if self.query != "cv":
+            raise ParameterError("mean_floor", self.mean_floor,
+                                 "None unless query='cv' (it bounds the cv's denominator)")
+        if not _is_number(self.mean_floor) or self.mean_floor <= 0:
+            raise ParameterError("mean_floor", self.mean_floor, "a number > 0")
+    elif self.query == "cv" and self.lower <= 0:
+        raise ParameterError(
+            "lower", self.lower, "a number > 0 for query='cv'",
+            "with lower <= 0 the mean of the data can be 0 and the coefficient of variation is "
+            "unbounded; declare a public lower bound on the mean with mean_floor > 0, or use "
+            "values bounded away from 0")
+
+
+def _flag_values(self: Any, cols: dict, reasons: Reasons) -> None:
+    """Missing target values are invalid; values outside [lower, upper] are clipped when
+    ``clip`` was asked for and invalid otherwise."""
+    for i in self.target:
+        name = f"value{i}"
+        v = cols[name]
+        reasons.flag(np.isnan(v), f"{name}: missing value (a number is required)")
+        with np.errstate(invalid="ignore"):
+            out = (v < self.lower) | (v > self.upper)
+        if self.clip:
+            cols[name] = np.clip(v, self.lower, self.upper)
+        else:
+            reasons.flag(out, lambda r, v=v, nm=name: (
+                f"{nm}: {float(v[r])!r} is outside the declared interval [{self.lower!r}, "
+                f"{self.upper!r}] (not clipped; set clip=True to clip)"))
+
+
+def _flag_levels(self: Any, cols: dict, reasons: Reasons, items: Iterable[int]) -> None:
+    for i in items:
+        name = f"level{i}"
+        v = cols[name]
+        reasons.flag(np.isnan(v), f"{name}: missing sensitivity level (a number in [0, 1] is "
+                     "required)")
+        with np.errstate(invalid="ignore"):
+            out = (v < 0) | (v > 1)
+        reasons.flag(out, lambda r, v=v, nm=name: f"{nm}: sensitivity level {float(v[r])!r} is "
+                     "outside [0, 1]")
+
+
+class _ByItem:
+    """A class attribute computed from an instance's ``k``/``target`` (its roles or report
+    fields); on the class itself it shows a template (for ``ldp-beam list``)."""
+
+    def __init__(self, build: Callable[[Any], tuple], template: tuple) -> None:
+        self.build, self.template = build, template
+
+    def __get__(self, obj: Any, owner: type) -> tuple:
+        return self.template if obj is None else self.build(obj)
+
+
+# --------------------------------------------------------------------------- OSPDPRR
+@dataclass(frozen=True)
+class Release:
+    """One OSPDPRR or OsdpRR release: ``statistics`` (what may be published) and ``internal``
+    (the sample, the sampling probabilities, the scores, the noise scales: for tests and
+    diagnostics only -- publishing any of it voids the guarantee)."""
+
+    statistics: dict[str, Statistic]
+    internal: dict[str, Any] = field(default_factory=dict)
+
+
+def _ospdprr_roles(m: "OSPDPRR") -> tuple[Role, ...]:
+    return (tuple(Role(f"value{i}", help=f"item {i}: a number in [lower, upper]")
+                  for i in m.target)
+            + tuple(Role(f"level{i}", help=f"item {i}: sensitivity level in [0, 1] (0: not "
+                         "sensitive)") for i in range(1, m.k + 1))
+            + tuple(Role(f"importance{i}", required=False,
+                         help=f"item {i}: importance in (0, 1] (default 1)")
+                    for i in range(1, m.k + 1)))
+
+
+def _ospdprr_fields(m: "OSPDPRR") -> tuple[tuple[str, str], ...]:
+    return (tuple((f"value{i}", "float64") for i in m.target)
+            + tuple((f"weight{i}", "float64") for i in range(1, m.k + 1)))
+
+
+@dataclass(frozen=True)
+class OSPDPRR(Mechanism):
+    """One-sided personalized DP query (OSPDPRR) on users' k items: TOPSIS sensitivity scores,
+    personalized sampling with threshold t, one Laplace release.
+
+    Parameters: ``t`` in (0, 1]; ``query`` (count, sum, mean, variance, cv) on the target items
+    ``target`` (item numbers in 1..k, default all); values in ``[lower, upper]`` (outside: invalid,
+    or clipped with ``clip=True``); ``mode`` (``sound-self`` default, ``sound-public``, ``paper``);
+    ``norm`` (``vector``/``minmax`` for the data-reference modes; None = vector; sound-self uses
+    no normalization); ``estimator`` (``raw``/``ratio``; None = ratio where allowed in
+    sound-public, else raw); ``sensitivity``: the sensitivity specification function, a name of
+    :data:`SENSITIVITY_FUNCTIONS` or a callable ``(importance, level) -> weights`` on (n, k)
+    arrays (a module-level function, so that Beam can pickle it); ``paper_m`` (paper mode: ``m``
+    over the ``raw`` scores M, default, or the ``rescaled`` M'); ``mean_floor`` (cv only: a public
+    lower bound > 0 on the mean; default ``lower``, which must then be > 0).
+
+    Curator side: ``check``/``randomize`` only validate the rows and compute the item weights
+    (``draws == 0``); invalid rows are dead-lettered. :class:`OSPDPRREstimator` accumulates the
+    rows and makes the one release in ``finalize``.
+    """
+
+    NAME: ClassVar[str] = "ospdprr"
+    central: ClassVar[bool] = True
+    family: ClassVar[str] = "ospdprr"
+    roles = _ByItem(_ospdprr_roles, (
+        Role("value<i>", help="one per target item i: a number in [lower, upper]"),
+        Role("level<i>", help="one per item i = 1..k: sensitivity level in [0, 1]"),
+        Role("importance<i>", required=False, help="one per item i = 1..k: importance in (0, 1]")))
+    report_fields = _ByItem(_ospdprr_fields, (("value<i>", "float64"), ("weight<i>", "float64")))
+
+    t: float
+    query: str = "sum"
+    k: int = 1
+    target: tuple[int, ...] = ()
+    lower: float = 0.0
+    upper: float = 1.0
+    clip: bool = False
+    mode: str = "sound-self"
+    norm: Union[str, None] = None
+    estimator: Union[str, None] = None
+    sensitivity: Union[str, Callable[..., Any]] = "product"
+    paper_m: Union[str, None] = None
+    mean_floor: Union[float, None] = None
+
+    def __post_init__(self) -> None:
+        _check_t(self.t)
+        _check_common(self)
+        check_choice(self.mode, "mode", MODES)
+        if self.mode == "sound-self":
+            if self.norm not in (None, "none"):
+                raise ParameterError(
+                    "norm", self.norm, "None with mode='sound-self'",
+                    "sound-self scores the raw weights against the fixed references 0 and 1; a "
+                    "normalization across users would make each user's budget depend on the "
+                    "others (spec §2.3, §5)")
+            object.__setattr__(self, "norm", None)
+        else:
+            norm = "vector" if self.norm is None else self.norm
+            check_choice(norm, "norm", NORMS)
+            object.__setattr__(self, "norm", norm)
+        ratio_ok = self.query in RATIO_QUERIES and self.mode in ("sound-public", "paper")
+        est = self.estimator
+        if est is None:
+            est = "ratio" if ratio_ok and self.mode == "sound-public" else "raw"
+        check_choice(est, "estimator", ("raw", "ratio"))
+        if est == "ratio" and not ratio_ok:
+            why = ("count and sum only (mean, variance and cv are ratios already)"
+                   if self.query not in RATIO_QUERIES else
+                   "mode 'sound-public' or 'paper': the factor n / sum(pi) is public only when "
+                   "the weights are (in sound-self, n and the pi are private)")
+            raise ParameterError("estimator", self.estimator, "'raw'", f"ratio needs {why}")
+        object.__setattr__(self, "estimator", est)
+        if isinstance(self.sensitivity, str):
+            check_choice(self.sensitivity, "sensitivity", tuple(SENSITIVITY_FUNCTIONS))
+        elif not callable(self.sensitivity):
+            raise ParameterError("sensitivity", self.sensitivity,
+                                 f"one of {tuple(SENSITIVITY_FUNCTIONS)} or a callable "
+                                 "(importance, level) -> weights")
+        if self.mode == "paper":
+            pm = "raw" if self.paper_m is None else self.paper_m
+            check_choice(pm, "paper_m", ("raw", "rescaled"))
+            object.__setattr__(self, "paper_m", pm)
+        elif self.paper_m is not None:
+            raise ParameterError("paper_m", self.paper_m, "None unless mode='paper'")
+
+    # -- derived parameters
+    @property
+    def k_target(self) -> int:
+        return len(self.target)
+
+    @property
+    def ref(self) -> str:
+        """TOPSIS references: ``fixed`` (sound-self) or ``data`` (paper, sound-public)."""
+        return "fixed" if self.mode == "sound-self" else "data"
+
+    @property
+    def sensitivity_function(self) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
+        s = self.sensitivity
+        return SENSITIVITY_FUNCTIONS[s] if isinstance(s, str) else s
+
+    @property
+    def resolved_mean_floor(self) -> float | None:
+        if self.query != "cv":
+            return None
+        return float(self.lower if self.mean_floor is None else self.mean_floor)
+
+    def params(self) -> dict:
+        p = super().params()
+        if callable(p["sensitivity"]):
+            f = p["sensitivity"]
+            p["sensitivity"] = f"{getattr(f, '__module__', '?')}.{getattr(f, '__qualname__', f)}"
+        return p
+
+    @property
+    def draws(self) -> int:
+        return 0  # the sampling and the noise happen once, in the release
+
+    # -- the guarantee (spec §5)
+    @property
+    def guarantee(self) -> PrivacyGuarantee:
+        t = float(self.t)
+        split = len(QUERY_STATISTICS[self.query])
+        comp = (f" The query uses {split} noisy statistics at t/{split} each (sequential "
+                "composition: t in total)." if split > 1 else "")
+        release = (" Each finalize is one release: releases on disjoint users (per key or per "
+                   "window) compose in parallel; further releases that involve the same user add "
+                   "up.")
+        claim = ("the paper (Algorithm 1, step 8): noise Lap(Delta f / eps) with eps = e^m, m the "
+                 "smallest comprehensive weight among the sampled users; claimed to satisfy "
+                 "one-sided personalized DP with sensitivity shielding")
+        if self.mode == "paper":
+            return PrivacyGuarantee(
+                NONE, math.inf, claim=claim, params={"mode": "paper", "t": t},
+                notes="Replication only, no privacy claim (spec §4.2, docs/ospdprr_privacy.md): "
+                      "the noise budget e^m depends on which users were sampled and on their "
+                      "weights, so the output distribution with a user contains a Laplace "
+                      "component strictly wider than any without her, and the density ratio of "
+                      "neighbouring datasets grows without bound in the tails. e^m lies in "
+                      "[1, e], above every t, and the normalization, the ideals and A/B couple "
+                      "all users.")
+        personal = ("min(M_u, t) = ln(1 + pi_u (e^t - 1)) for user u, M_u her comprehensive "
+                    "weight against the fixed references" if self.mode == "sound-self" else
+                    "min(M'_u, t) = ln(1 + pi_u (e^t - 1)) for user u, M'_u her rescaled "
+                    "comprehensive weight")
+        params = {"mode": self.mode, "t": t, "unit": "user (add/remove one user with all her "
+                  "items)", "personal_epsilon": personal, "osdp_epsilon": 2 * t,
+                  "replacement_epsilon": 2 * t}
+        core = (f"t-DP at user level (t = {t:g}; add/remove one user with all her items): "
+                f"Laplace noise calibrated to Delta/t on any sample is t-DP and the "
+                f"personalized sampling only amplifies (Jorgensen et al.'s Sample). Per user: "
+                f"{personal} (amplification by sampling, Li-Qardaji-Su). Replacing a user's "
+                f"items costs at most 2t = {2 * t:g}, so the release is (P, {2 * t:g})-one-sided "
+                f"DP for every policy P (the paper's sensitivity shielding, with parameter 2t); "
+                f"non-sensitive users are protected too.")
+        if self.mode == "sound-self":
+            params["assumption"] = "none"
+            return PrivacyGuarantee(
+                CENTRAL, t, claim=claim, params=params,
+                notes=core + " M_u depends only on user u's own items, so the per-user bound is "
+                      "a budget that is a function of the user's own record (per-record DP "
+                      "sense)." + comp + release)
+        params["assumption"] = "the weight matrix is public"
+        return PrivacyGuarantee(
+            CENTRAL, t, claim=claim, params=params,
+            notes="CONDITIONAL on the public-weights assumption: the whole weight matrix "
+                  "(every user's importance and level, hence the normalization, the ideal "
+                  "points, A, B, every pi_u, n and sum pi) is public metadata fixed in advance "
+                  "and not derived from protected values; the protected data are the item "
+                  "values. Under it: " + core + " The ratio factor n / sum(pi) is then public "
+                  "post-processing. Without the assumption there is NO guarantee: one user's "
+                  "weights move the column norms, the ideals, A and B, hence every other user's "
+                  "sampling probability; use mode='sound-self'." + comp + release)
+
+    # -- validation and encoding (curator side: no noise here)
+    def validate(self, cols: dict[str, np.ndarray], reasons: Reasons) -> None:
+        n = reasons.n
+        _flag_values(self, cols, reasons)
+        items = range(1, self.k + 1)
+        _flag_levels(self, cols, reasons, items)
+        imp = np.ones((n, self.k))
+        for j, i in enumerate(items):
+            name = f"importance{i}"
+            if name not in cols:
+                continue
+            v = cols[name]
+            reasons.flag(np.isnan(v), f"{name}: missing importance (a number in (0, 1] is "
+                         "required when the column is mapped)")
+            with np.errstate(invalid="ignore"):
+                out = (v <= 0) | (v > 1)
+            reasons.flag(out, lambda r, v=v, nm=name: f"{nm}: importance {float(v[r])!r} is outside "
+                         "(0, 1]")
+            imp[:, j] = np.where(np.isnan(v), 1.0, v)
+        lvl = np.column_stack([np.nan_to_num(cols[f"level{i}"]) for i in items]) if n else \
+            np.zeros((0, self.k))
+        bad = reasons.bad
+        imp = np.where(bad[:, None] | (imp <= 0) | (imp > 1), 1.0, imp)
+        lvl = np.where(bad[:, None] | (lvl < 0) | (lvl > 1), 0.0, lvl)
+        w = self.weights(imp, lvl)
+        with np.errstate(invalid="ignore"):
+            wbad = ~np.isfinite(w) | (w < 0) | (w > 1)
+        rows = wbad.any(axis=1)
+        reasons.flag(rows, lambda r: (
+            f"sensitivity function {self.params()['sensitivity']!r} gave weights "
+            f"{w[r].tolist()!r}: every weight must be in [0, 1]"))
+        for j, i in enumerate(items):
+            cols[f"weight{i}"] = np.where(rows, 0.0, w[:, j])
+
+    def weights(self, importance: np.ndarray, level: np.ndarray) -> np.ndarray:
+        """Stage 1 (§2.1): the (n, k) weight matrix from importances and levels."""
+        imp = np.asarray(importance, dtype=np.float64)
+        lvl = np.asarray(level, dtype=np.float64)
+        if imp.shape[0] == 0:
+            return np.zeros(lvl.shape)
+        w = np.asarray(self.sensitivity_function(imp, lvl), dtype=np.float64)
+        if w.shape != lvl.shape:
+            raise ParameterError("sensitivity", self.params()["sensitivity"],
+                                 f"a function returning one weight per item: shape "
+                                 f"{lvl.shape}, not {w.shape}")
+        return w
+
+    def randomize(self, cols: dict[str, np.ndarray], u: np.ndarray) -> Reports:
+        return {name: np.asarray(cols[name], dtype=np.float64) for name, _ in self.report_fields}
+
+    # -- stages 1-3 and the one release
+    def scores(self, weights: np.ndarray) -> np.ndarray:
+        """Stage 1 (§2.2-2.4): the comprehensive weight M_u of every user."""
+        return comprehensive_weight(weights, self.ref, self.norm)
+
+    def sampling(self, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Stages 1-2: (M, personal budgets eps_u, sampling probabilities pi)."""
+        m = self.scores(weights)
+        eps = personal_budgets(m, rescale=self.mode != "sound-self")
+        return m, eps, sampling_probabilities(eps, self.t)
+
+    def noise_scales(self, epsilon: float | None = None) -> dict[str, float]:
+        """Laplace scale of each noisy statistic at budget ``epsilon`` (default t)."""
+        sc = noise_scales(self.query, self.k_target, self.lower, self.upper,
+                          self.t if epsilon is None else epsilon)
+        return {s: float(v) for s, v in sc.items()}
+
+    def release(self, values: np.ndarray, weights: np.ndarray, rng: RngLike = None) -> Release:
+        """Stages 1-3 on all users' rows: ``values`` (n, k_T) target values in [lower, upper],
+        ``weights`` (n, k) in [0, 1]. One sample, one Laplace draw per noisy statistic."""
+        vals = np.asarray(values, dtype=np.float64).reshape(-1, self.k_target)
+        w = np.asarray(weights, dtype=np.float64).reshape(-1, self.k)
+        n = vals.shape[0]
+        if n == 0 or w.shape[0] != n:
+            raise EmptyAccumulatorError(f"{self.name}: no reports (users) to release from")
+        gen = as_generator(rng)
+        m, eps_u, pi = self.sampling(w)
+        keep = gen.random(n) < pi
+        sv = vals[keep]
+        exact = {"N": float(self.k_target * keep.sum()), "S": float(sv.sum()),
+                 "Q": float(np.square(sv).sum())}
+        internal: dict[str, Any] = {"scores": m, "budgets": eps_u, "pi": pi, "sample": keep,
+                                    "exact": exact}
+        if self.mode == "paper":  # step 8: eps = e^m, m the smallest score among sampled users
+            score = m if self.paper_m == "raw" else eps_u
+            low = score[keep].min() if keep.any() else score.min()  # empty sample: over all users
+            epsilon = math.exp(float(low))
+            internal["m"] = float(low)
+        else:
+            epsilon = float(self.t)
+        scales = self.noise_scales(epsilon)
+        noisy = {s: exact[s] + float(gen.laplace(0.0, scales[s])) for s in scales}
+        internal.update(epsilon=epsilon, scales=scales, noisy=noisy)
+        stats: dict[str, Statistic] = {}
+        public = self.mode != "paper"  # the noise scale itself is data-dependent in paper mode
+        for s, v in noisy.items():
+            stats[STATISTIC_NAMES[s]] = Statistic(
+                v, math.sqrt(2.0) * scales[s] if public else None,
+                note=f"{s} of the sample's target values + Laplace(Delta_{s} / eps_{s}); the "
+                     "noisy statistic every other number here is computed from (stderr: the "
+                     "noise alone)")
+        value, clipped = query_answer(self.query, noisy.get("N"), noisy.get("S"), noisy.get("Q"),
+                                      self.lower, self.upper, self.resolved_mean_floor)
+        raw = Statistic(float(value), self._stderr(scales, 1.0, public), float(clipped),
+                        note=self._note("raw"))
+        stats[self.query] = raw
+        if self.query in RATIO_QUERIES and self.mode in ("sound-public", "paper"):
+            factor = float(n / pi.sum())
+            ratio = Statistic(float(value) * factor, self._stderr(scales, factor, public),
+                              float(clipped) * factor, note=self._note("ratio"))
+            stats[f"{self.query}_raw"] = raw
+            stats[f"{self.query}_ratio"] = ratio
+            stats[self.query] = ratio if self.estimator == "ratio" else raw
+            stats["ratio_factor"] = Statistic(
+                factor, note="n / sum(pi): public under the sound-public assumption"
+                if self.mode == "sound-public" else "n / sum(pi) (paper mode: data-dependent)")
+            internal["ratio_factor"] = factor
+        if self.mode == "paper":
+            stats["paper_epsilon"] = Statistic(
+                epsilon, note="the paper's data-dependent budget e^m (replication only: it "
+                              "reveals the smallest sampled score)")
+        return Release(stats, internal)
+
+    def _stderr(self, scales: Mapping[str, float], factor: float, public: bool) -> float | None:
+        if not public or self.query not in RATIO_QUERIES:
+            return None
+        return factor * math.sqrt(2.0) * scales["N" if self.query == "count" else "S"]
+
+    def _note(self, estimator: str) -> str:
+        what = {"count": "the number of target values", "sum": "the sum of the target values",
+                "mean": "the mean", "variance": "the population variance",
+                "cv": "the coefficient of variation sqrt(variance)/mean"}[self.query]
+        base = f"{what} of the sampled users, from the noisy statistics"
+        if estimator == "ratio":
+            base = (f"{what} of all users: the raw answer times n / sum(pi) (approximately "
+                    "unbiased when values do not depend on sensitivity)")
+        elif self.query in RATIO_QUERIES:
+            base += "; an estimate of the full-data total only up to the factor sum(pi) / n"
+        if self.query in RATIO_QUERIES and self.mode != "paper":
+            base += "; stderr: the Laplace noise alone (the sampling error is not included)"
+        if self.mode == "paper":
+            base += "; paper mode: replication only, no privacy claim"
+        return base
+
+
+class OSPDPRREstimator(Estimator):
+    """Accumulates users' rows (target values and item weights); ``finalize`` runs the three
+    stages and makes the one release.
+
+    The accumulator is a float64 array of shape (users, k_T + k): O(users), unlike the LDP
+    estimators, because the normalization, the ideal points and A/B need all users and the sample
+    is drawn at release time. ``merge`` concatenates; ``finalize`` sorts the rows first, so the
+    release is the same whatever the split or merge order. ``seed`` makes the release
+    reproducible (a function of the seed and the rows; for tests only: whoever knows the seed can
+    remove the noise); default: OS entropy. Each ``finalize`` is one release (see the module
+    docstring for per-key / per-window budgets)."""
+
+    def __init__(self, mechanism: OSPDPRR, seed: int | None = None) -> None:
+        super().__init__(mechanism)
+        self.seed = seed
+        self.fields = mechanism.report_fields
+        self.width = len(self.fields)
+
+    def create(self) -> np.ndarray:
+        return np.empty((0, self.width), dtype=np.float64)
+
+    def add(self, acc: np.ndarray, reports: Mapping[str, np.ndarray]) -> np.ndarray:
+        cols = [np.asarray(reports[name], dtype=np.float64).reshape(-1) for name, _ in self.fields]
+        if not cols[0].size:
+            return acc
+        return np.concatenate([acc, np.column_stack(cols)])
+
+    def merge(self, accs: Iterable[np.ndarray]) -> np.ndarray:
+        accs = [a for a in accs if a.shape[0]]
+        if not accs:
+            return self.create()
+        return np.concatenate(accs) if len(accs) > 1 else accs[0].copy()
+
+    def n_reports(self, acc: np.ndarray) -> int:
+        return int(acc.shape[0])
+
+    def check_reports(self, reports: Mapping[str, Any], n: int | None = None) -> Reasons:
+        reasons = super().check_reports(reports, n)
+        m = self.mechanism
+        for name, _ in self.fields:
+            if name not in reports:
+                continue
+            v = np.asarray(reports[name], dtype=np.float64)
+            lo, hi = (m.lower, m.upper) if name.startswith("value") else (0.0, 1.0)
+            with np.errstate(invalid="ignore"):
+                bad = ~np.isfinite(v) | (v < lo) | (v > hi)
+            reasons.flag(bad, lambda r, v=v, nm=name, lo=lo, hi=hi:
+                         f"report field {nm!r}: {float(v[r])!r} is not in [{lo!r}, {hi!r}]")
+        return reasons
+
+    def statistics(self, acc: np.ndarray) -> dict[str, Statistic]:
+        raise NotImplementedError("a central release is made by finalize(), once")
+
+    def finalize(self, acc: np.ndarray) -> Estimate:
+        if acc.shape[0] == 0:
+            raise EmptyAccumulatorError(f"{self.mechanism.name}: no reports (users) were "
+                                        "accumulated; there is nothing to release")
+        acc = _canonical(acc)
+        kt = self.mechanism.k_target
+        rel = self.mechanism.release(acc[:, :kt], acc[:, kt:], release_source(self.seed, acc))
+        # n_reports=None: the exact number of users is itself sensitive and is not released
+        return Estimate(self.mechanism.name, None, rel.statistics, self.mechanism.guarantee,
+                        self.mechanism.params())
+
+
+def _canonical(acc: np.ndarray) -> np.ndarray:
+    """The rows in lexicographic order (a release independent of split and merge order)."""
+    if acc.shape[0] < 2:
+        return np.ascontiguousarray(acc)
+    order = np.lexsort(acc.T[::-1])
+    return np.ascontiguousarray(acc[order])
+
+
+# --------------------------------------------------------------------------- OsdpRR
+def _osdp_roles(m: "OsdpRR") -> tuple[Role, ...]:
+    return (tuple(Role(f"value{i}", help=f"item {i}: a number in [lower, upper]")
+                  for i in m.target)
+            + tuple(Role(f"level{i}", help=f"item {i}: sensitivity level in [0, 1] (the record "
+                         "is sensitive iff level > 0)") for i in m.target))
+
+
+def _osdp_fields(m: "OsdpRR") -> tuple[tuple[str, str], ...]:
+    return (tuple((f"value{i}", "float64") for i in m.target)
+            + tuple((f"sensitive{i}", "uint8") for i in m.target))
+
+
+@dataclass(frozen=True)
+class OsdpRR(Mechanism):
+    """OSDP randomized response (Kotsogiannis et al., ICDE 2020), the baseline of OSPDPRR: every
+    target item of every user is a record; a sensitive record (level > 0) is never released, a
+    non-sensitive one is released truthfully with probability ``1 - e^-epsilon``; the query is
+    answered from the released records.
+
+    ``estimator``: ``raw`` (the query on the released records) or ``scaled`` (count and sum
+    divided by the keep probability: an estimate of the *non-sensitive* total, biased by minus the
+    sensitive mass); None = scaled for count/sum, raw otherwise. Other parameters as
+    :class:`OSPDPRR`. For a panel at threshold t, :meth:`matched` builds it with the budget
+    matching of spec §7.2.
+    """
+
+    NAME: ClassVar[str] = "osdp-rr"
+    central: ClassVar[bool] = True
+    family: ClassVar[str] = "ospdprr"
+    roles = _ByItem(_osdp_roles, (
+        Role("value<i>", help="one per target item i: a number in [lower, upper]"),
+        Role("level<i>", help="one per target item i: sensitivity level in [0, 1]")))
+    report_fields = _ByItem(_osdp_fields, (("value<i>", "float64"), ("sensitive<i>", "uint8")))
+
+    epsilon: float
+    query: str = "sum"
+    k: int = 1
+    target: tuple[int, ...] = ()
+    lower: float = 0.0
+    upper: float = 1.0
+    clip: bool = False
+    estimator: Union[str, None] = None
+    mean_floor: Union[float, None] = None
+
+    def __post_init__(self) -> None:
+        if not _is_number(self.epsilon) or self.epsilon <= 0:
+            raise ParameterError("epsilon", self.epsilon, "a finite number > 0")
+        _check_common(self)
+        est = self.estimator
+        if est is None:
+            est = "scaled" if self.query in RATIO_QUERIES else "raw"
+        check_choice(est, "estimator", ("raw", "scaled"))
+        if est == "scaled" and self.query not in RATIO_QUERIES:
+            raise ParameterError("estimator", self.estimator, "'raw'",
+                                 "scaled applies to count and sum only")
+        object.__setattr__(self, "estimator", est)
+
+    @classmethod
+    def matched(cls, t: float, matching: str = "epsilon", **params: Any) -> "OsdpRR":
+        """The baseline for the OSPDPRR panel at threshold ``t`` (spec §7.2): epsilon = t
+        (``matching="epsilon"``, default) or 1 - e^-epsilon = t (``"keep-probability"``)."""
+        return cls(epsilon=osdp_epsilon_for_threshold(t, matching), **params)
+
+    @property
+    def k_target(self) -> int:
+        return len(self.target)
+
+    @property
+    def keep_probability(self) -> float:
+        return osdp_keep_probability(self.epsilon)
+
+    @property
+    def resolved_mean_floor(self) -> float | None:
+        if self.query != "cv":
+            return None
+        return float(self.lower if self.mean_floor is None else self.mean_floor)
+
+    @property
+    def draws(self) -> int:
+        return 0  # records are sampled once, in the release
+
+    @property
+    def guarantee(self) -> PrivacyGuarantee:
+        eps = float(self.epsilon)
+        return PrivacyGuarantee(
+            ULDP, eps, params={"unit": "record (one item of one user)",
+                               "osdp_epsilon": eps, "policy": "sensitive iff level > 0",
+                               "keep_probability": self.keep_probability},
+            notes=f"(P, {eps:g})-one-sided DP at record level (Kotsogiannis et al., ICDE 2020), "
+                  "policy P: a record is sensitive iff its level > 0. Sensitive records are "
+                  "never released; a non-sensitive record is released truthfully with "
+                  f"probability 1 - e^-eps = {self.keep_probability:.4g}. Replacing a sensitive "
+                  f"record by any record changes the probability of any output by at most "
+                  f"e^eps (the suppression probability e^-eps defeats exclusion attacks). NOT DP "
+                  "for non-sensitive records: they are published as they are. Reported as kind "
+                  "ULDP because, per record, this is exactly utility-optimized LDP on (value, "
+                  "level) pairs: the one protected output (suppressed) has probability 1 or "
+                  "e^-eps, and every released output reveals a non-sensitive record. Record "
+                  "level, not user level: a user's target items are separate records (j "
+                  "sensitive items of one user: j eps by group privacy). Not comparable with "
+                  "OSPDPRR's user-level DP, which protects every user. Keep probability and "
+                  "'never release a sensitive record' are the spec's reading of the OSDP paper "
+                  "(open question Q7). The answers are post-processing of the released sample; "
+                  "each finalize draws a new sample (a new release).")
+
+    def validate(self, cols: dict[str, np.ndarray], reasons: Reasons) -> None:
+        _flag_values(self, cols, reasons)
+        _flag_levels(self, cols, reasons, self.target)
+        for i in self.target:
+            cols[f"sensitive{i}"] = (np.nan_to_num(cols[f"level{i}"]) > 0).astype(np.uint8)
+
+    def randomize(self, cols: dict[str, np.ndarray], u: np.ndarray) -> Reports:
+        out = {}
+        for name, dt in self.report_fields:
+            out[name] = np.asarray(cols[name], dtype=dt)
+        return out
+
+    def release(self, values: np.ndarray, sensitive: np.ndarray, rng: RngLike = None) -> Release:
+        """Sample the non-sensitive records (each kept with probability 1 - e^-eps) and answer
+        the query from them. ``values`` and ``sensitive``: (n, k_T) arrays."""
+        vals = np.asarray(values, dtype=np.float64).reshape(-1, self.k_target)
+        sens = np.asarray(sensitive).reshape(-1, self.k_target).astype(bool)
+        if vals.shape[0] == 0:
+            raise EmptyAccumulatorError(f"{self.name}: no reports (users) to release from")
+        gen = as_generator(rng)
+        q = self.keep_probability
+        kept = ~sens & (gen.random(vals.shape) < q)
+        v = vals[kept]
+        n_rel, s, ss = float(v.size), float(v.sum()), float(np.square(v).sum())
+        stats: dict[str, Statistic] = {"released_records": Statistic(
+            int(v.size), note="records in the released sample (part of the OSDP output)")}
+        if self.query in RATIO_QUERIES:
+            raw = n_rel if self.query == "count" else s
+            var_sum = (n_rel if self.query == "count" else ss) * (1 - q)
+            stats[f"{self.query}_raw"] = Statistic(
+                raw, math.sqrt(var_sum), note="on the released records: its expectation is "
+                "q times the non-sensitive total (stderr: the sampling error alone)")
+            stats[f"{self.query}_scaled"] = Statistic(
+                raw / q, math.sqrt(var_sum) / q,
+                note="released total / q: an unbiased estimate of the non-sensitive total only; "
+                     "biased by minus the sensitive mass (stderr excludes that bias)")
+            stats[self.query] = stats[f"{self.query}_{self.estimator}"]
+        elif v.size == 0:
+            stats[self.query] = Statistic(None, note="no record was released")
+        else:
+            value, clipped = query_answer(self.query, n_rel, s, ss, self.lower, self.upper,
+                                          self.resolved_mean_floor)
+            stats[self.query] = Statistic(
+                float(value), None, float(clipped),
+                note="on the released non-sensitive records; unbiased for the full data only "
+                     "when sensitivity is independent of value")
+        return Release(stats, {"kept": kept, "q": q})
+
+
+class OsdpRREstimator(Estimator):
+    """Accumulates users' rows (target values and sensitivity flags, float64 (users, 2 k_T):
+    O(users), as :class:`OSPDPRREstimator`); ``finalize`` samples the records and answers the
+    query once. ``seed`` as :class:`OSPDPRREstimator`."""
+
+    def __init__(self, mechanism: OsdpRR, seed: int | None = None) -> None:
+        super().__init__(mechanism)
+        self.seed = seed
+        self.fields = mechanism.report_fields
+        self.width = len(self.fields)
+
+    create = OSPDPRREstimator.create
+    add = OSPDPRREstimator.add
+    merge = OSPDPRREstimator.merge
+    n_reports = OSPDPRREstimator.n_reports
+
+    def check_reports(self, reports: Mapping[str, Any], n: int | None = None) -> Reasons:
+        reasons = super().check_reports(reports, n)
+        m = self.mechanism
+        for name, _ in self.fields:
+            if name not in reports:
+                continue
+            v = np.asarray(reports[name], dtype=np.float64)
+            if name.startswith("value"):
+                with np.errstate(invalid="ignore"):
+                    bad = ~np.isfinite(v) | (v < m.lower) | (v > m.upper)
+                reasons.flag(bad, lambda r, v=v, nm=name: f"report field {nm!r}: {float(v[r])!r} is "
+                             f"not in [{m.lower!r}, {m.upper!r}]")
+            else:
+                reasons.flag(~np.isin(v, (0.0, 1.0)), lambda r, v=v, nm=name:
+                             f"report field {nm!r}: {float(v[r])!r} is not 0 or 1")
+        return reasons
+
+    def statistics(self, acc: np.ndarray) -> dict[str, Statistic]:
+        raise NotImplementedError("a release is made by finalize(), once")
+
+    def finalize(self, acc: np.ndarray) -> Estimate:
+        if acc.shape[0] == 0:
+            raise EmptyAccumulatorError(f"{self.mechanism.name}: no reports (users) were "
+                                        "accumulated; there is nothing to release")
+        acc = _canonical(acc)
+        kt = self.mechanism.k_target
+        rel = self.mechanism.release(acc[:, :kt], acc[:, kt:], release_source(self.seed, acc))
+        return Estimate(self.mechanism.name, None, rel.statistics, self.mechanism.guarantee,
+                        self.mechanism.params())
+
+
+__all__ = ["OSPDPRR", "OSPDPRREstimator", "OsdpRR", "OsdpRREstimator", "Release",
+           "SENSITIVITY_FUNCTIONS", "importance_times_level", "level_only", "normalize_weights",
+           "comprehensive_weight", "personal_budgets", "sampling_probabilities",
+           "personal_epsilon", "sensitivities", "noise_scales", "query_answer", "exact_answer",
+           "osdp_keep_probability", "osdp_epsilon_for_threshold"]
