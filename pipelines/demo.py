@@ -69,13 +69,20 @@ def _row(label: str, truth: float, stat: dict, digits: int = 3) -> str:
     return f"  {label:<28}{truth:>12.{digits}f}{v:>12}   {_fmt_ci(stat, digits)}"
 
 
-def _plot(path: str, truth: dict, by_region: dict) -> str | None:
+def _pyplot():
+    """matplotlib's pyplot (Agg), or None without matplotlib: a figure is a convenience, never a
+    reason to fail the job."""
     try:
-        import matplotlib
+        from ldp_beam.evaluation.records import pyplot
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except Exception:  # plotting is a convenience; never fail the job for it
+        return pyplot()
+    except Exception:
+        return None
+
+
+def _plot(path: str, truth: dict, by_region: dict) -> str | None:
+    plt = _pyplot()
+    if plt is None:
         return None
     regions = sorted(by_region)
     est = [by_region[r]["statistics"]["mean"]["value"] for r in regions]
@@ -147,12 +154,8 @@ def bisample_section(data: str, out_dir: str, epsilon: float, seed: Any,
 
 def _plot_density(path: str, values: np.ndarray, est: dict, lo: float, hi: float,
                   title: str) -> str | None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except Exception:
+    plt = _pyplot()
+    if plt is None:
         return None
     st = est["statistics"]
     z, v = np.asarray(st["grid"]["value"]), np.asarray(st["density"]["value"])
@@ -220,12 +223,8 @@ def rvns_section(data: str, out_dir: str, epsilon: float, seed: Any,
 
 
 def _plot_joint(path: str, tables: dict[str, np.ndarray], rows, cols) -> str | None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except Exception:
+    plt = _pyplot()
+    if plt is None:
         return None
     vmax = max(float(t.max()) for t in tables.values())
     fig, axes = plt.subplots(1, len(tables), figsize=(3.6 * len(tables), 3.4), dpi=100)
@@ -310,12 +309,8 @@ HIST_BINS = 250
 
 
 def _plot_hist(path: str, edges: np.ndarray, series: dict[str, np.ndarray]) -> str | None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except Exception:
+    plt = _pyplot()
+    if plt is None:
         return None
     fig, ax = plt.subplots(figsize=(7, 3.6), dpi=100)
     mid = (edges[:-1] + edges[1:]) / 2
