@@ -217,6 +217,11 @@ def _register_builtins(reg: Registry) -> None:
     reg.register("dphr", DPHR, HistogramReleaseEstimator)
     reg.register("laplace-histogram", IdentityLaplace, HistogramReleaseEstimator)
 
+    from .central.histogram_baselines import AHP, StructureFirst
+
+    reg.register("structure-first", StructureFirst, HistogramReleaseEstimator)
+    reg.register("ahp", AHP, HistogramReleaseEstimator)
+
 
 def load_plugins(reg: Registry) -> None:
     """Call every ``ldp_beam.plugins`` entry point with the registry. A plugin that fails to load

@@ -205,21 +205,7 @@ def cmd_estimate(a: argparse.Namespace, beam_args: list[str]) -> int:
     if a.by:
         print(f"{len(out['estimates'])} estimates by {a.by!r} written to {a.output}")
     elif not errors:
-        stats = out["estimate"]["statistics"]
-        parts = []
-        for k, s in stats.items():
-            val = s["value"]
-            if val is None:
-                parts.append(f"{k}=undefined")
-            elif isinstance(val, list) and val and isinstance(val[0], list):
-                parts.append(f"{k}=[{len(val)}x{len(val[0])} table]")
-            elif isinstance(val, list):
-                parts.append(f"{k}=[{len(val)} values]")
-            elif isinstance(val, (int, float)) and not isinstance(val, bool):
-                ci = s.get("ci95")
-                parts.append(f"{k}={val:.6g}" + (f" [{ci[0]:.6g}, {ci[1]:.6g}]" if ci else ""))
-            else:
-                parts.append(f"{k}={val}")
+        parts = [_stat_text(k, st) for k, st in out["estimate"]["statistics"].items()]
         print(f"{out['estimate']['n_reports']:,} reports -> " + ", ".join(parts))
         table = joint_table_text(out["estimate"])
         if table:
@@ -233,19 +219,32 @@ def cmd_estimate(a: argparse.Namespace, beam_args: list[str]) -> int:
     return 1 if errors else 0
 
 
-def _print_release(out: dict, path: str) -> int:
-    est, cur = out["estimate"], out["curator"]
-    from .common import records_line
+def _stat_text(name: str, stat: dict) -> str:
+    val = stat.get("value")
+    if val is None:
+        return f"{name}=undefined"
+    if isinstance(val, list):
+        if val and isinstance(val[0], list):
+            return f"{name}=[{len(val)}x{len(val[0])} table]"
+        return f"{name}=[{len(val)} values]"
+    if isinstance(val, (int, float)) and not isinstance(val, bool):
+        ci = stat.get("ci95")
+        return f"{name}={val:.6g}" + (f" [{ci[0]:.6g}, {ci[1]:.6g}]" if ci else "")
+    return f"{name}={val}"
 
-    rec = cur["records"]
-    line = (f"{rec['input']:,} read = {rec['released_from']:,} in the release + "
-            f"{rec['dead_lettered']:,} dead-lettered" if rec.get("input") is not None
-            else "record counts unavailable (no metrics)")
+
+def _print_release(out: dict, path: str) -> int:
+    """What a central release printed: the statistics released and the guarantee; the curator's
+    record counts, marked as not for publication."""
+    est, rec = out["estimate"], out["curator"]["records"]
     if "error" in est:
         print(f"ldp-beam estimate: no release: {est['error']}", file=sys.stderr)
         return 1
-    hist = est["statistics"]["histogram"]["value"]
-    print(f"released a histogram of {len(hist)} buckets ({out['guarantee']['summary']}) to {path}")
+    stats = ", ".join(_stat_text(k, s) for k, s in est["statistics"].items())
+    print(f"released {out['mechanism']}: {stats} ({out['guarantee']['summary']}) to {path}")
+    line = (f"{rec['input']:,} read = {rec['released_from']:,} in the release + "
+            f"{rec['dead_lettered']:,} dead-lettered" if rec.get("input") is not None
+            else "record counts unavailable (no metrics)")
     print(f"curator only (do not publish): {line}; bookkeeping in {path}.curator.json"
           + ("" if rec.get("reconciles") else "; DOES NOT RECONCILE"))
     return 0 if rec.get("reconciles") else 1

@@ -35,10 +35,13 @@ SAMPLE_PARAMS = {
                   y_sensitive="u") for name in ("jurr", "cprr", "tdrr")},
     "dphr": dict(epsilon=1.0, bins=12, lower=0.0, upper=10.0),
     "laplace-histogram": dict(epsilon=1.0, bins=12, lower=0.0, upper=10.0),
+    "ahp": dict(epsilon=1.0, bins=12, lower=0.0, upper=10.0),
+    "structure-first": dict(epsilon=1.0, bins=12, lower=0.0, upper=10.0, k=3, F=1000),
 }
 # central releases draw fresh noise at every finalize unless seeded; with a seed, the release is
 # a function of the seed and the accumulator, so equal accumulators give equal releases
-SAMPLE_OPTIONS = {"dphr": {"seed": 5}, "laplace-histogram": {"seed": 5}}
+SAMPLE_OPTIONS = {name: {"seed": 5} for name in ("dphr", "laplace-histogram", "ahp",
+                                                 "structure-first")}
 
 _CACHE: dict[str, tuple] = {}
 

@@ -307,7 +307,8 @@ def test_cli_release_from_raw_records(raw_table, tmp_path):
                            "--epsilon", "1", "-p", "bins=40", "-p", "lower=0", "-p", "upper=200",
                            "-o", str(out))
     assert code == 0, se
-    assert "released a histogram of 40 buckets (central-DP with epsilon=1)" in so
+    assert "released dphr: groups=[40 values], histogram=[40 values] (central-DP with " \
+        "epsilon=1)" in so
     rel = json.loads(out.read_text())
     assert rel["estimate"]["n_reports"] is None and "curator" not in rel
     assert "4,997" not in out.read_text()  # no exact count in what may be published
