@@ -18,7 +18,7 @@ FAMILIES = ("bisample", "rvns", "uldp", "dphr", "ospdprr")
 PENDING = {  # subcommand or family -> where it is tracked
     "stream": "issue #7 (warehouse-scale batch, streaming telemetry and distributed runners)",
     "audit": "issue #8 (privacy audits)",
-    "dphr": "issue #5", "ospdprr": "issue #6",
+    "ospdprr": "issue #6",
 }
 
 
