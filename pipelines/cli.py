@@ -88,6 +88,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--column", "-c", action="append",
                    help="central-DP releases (dphr, ...): the raw input column(s), in the "
                         "order of the mechanism's roles")
+    e.add_argument("--role", action="append", metavar="ROLE=COLUMN",
+                   help="central-DP releases: map a role to a column (e.g. --role level1=lv)")
     e.add_argument("--option", action="append", metavar="NAME=VALUE",
                    help="an estimator option, repeatable (e.g. --option m=1000 --option "
                         "method=paper for RVNS)")
@@ -187,15 +189,20 @@ def cmd_estimate(a: argparse.Namespace, beam_args: list[str]) -> int:
     mech = mechanism_from_reports(a.input, a.mechanism, params) if (a.mechanism or params) \
         else None
     columns = None
-    if a.column:
+    if a.column or a.role:
         if mech is None or not getattr(mech, "central", False):
-            raise UsageError("--column maps raw columns for central-DP releases only (give "
+            raise UsageError("--column/--role map raw columns for central-DP releases only (give "
                              "--mechanism); LDP estimates read the reports' own fields")
+        columns = _kv(a.role, "--role")
         required = [r.name for r in mech.roles if r.required]
-        if len(a.column) > len(required):
+        if len(a.column or []) > len(required):
             raise UsageError(f"--column given {len(a.column)} times but {mech.name} has "
                              f"{len(required)} required role(s) {required}")
-        columns = dict(zip(required, a.column))
+        for role, col in zip(required, a.column or []):
+            if role in columns and columns[role] != col:
+                raise UsageError(f"role {role!r} is mapped twice: --column {col} and --role "
+                                 f"{role}={columns[role]}")
+            columns[role] = col
     out = run_estimate(a.input, a.output, mech, by=a.by, options=_kv(a.option, "--option"),
                        beam_args=beam_args, columns=columns)
     if "curator" in out:
