@@ -158,21 +158,28 @@ def cmd_list(a: argparse.Namespace) -> int:
     return 0
 
 
+def role_columns(mech: Any, columns: list[str] | None, roles: list[str] | None
+                 ) -> dict[str, str]:
+    """Role -> input column from ``--column`` (the required roles, in order) and ``--role``."""
+    out = _kv(roles, "--role")
+    required = [r.name for r in mech.roles if r.required]
+    if len(columns or []) > len(required):
+        raise UsageError(f"--column given {len(columns)} times but {mech.name} has "
+                         f"{len(required)} required role(s) {required}; map optional roles "
+                         "with --role ROLE=COLUMN")
+    for role, col in zip(required, columns or []):
+        if role in out and out[role] != col:
+            raise UsageError(f"role {role!r} is mapped twice: --column {col} and --role "
+                             f"{role}={out[role]}")
+        out[role] = col
+    return out
+
+
 def cmd_collect(a: argparse.Namespace, beam_args: list[str]) -> int:
     from .collect import build, run_collect
 
-    columns = _kv(a.role, "--role")
     mech = build(a.mechanism, _params(a))
-    required = [r.name for r in mech.roles if r.required]
-    if len(a.column or []) > len(required):
-        raise UsageError(f"--column given {len(a.column)} times but {mech.name} has "
-                         f"{len(required)} required role(s) {required}; map optional roles "
-                         "with --role ROLE=COLUMN")
-    for role, col in zip(required, a.column or []):
-        if role in columns and columns[role] != col:
-            raise UsageError(f"role {role!r} is mapped twice: --column {col} and --role "
-                             f"{role}={columns[role]}")
-        columns[role] = col
+    columns = role_columns(mech, a.column, a.role)
     man = run_collect(a.input, a.output, mech, columns, keep=a.keep, seed=a.seed,
                       dead_letter=a.dead_letter, batch_rows=a.batch_rows, beam_args=beam_args)
     from .common import records_line
@@ -193,16 +200,7 @@ def cmd_estimate(a: argparse.Namespace, beam_args: list[str]) -> int:
         if mech is None or not getattr(mech, "central", False):
             raise UsageError("--column/--role map raw columns for central-DP releases only (give "
                              "--mechanism); LDP estimates read the reports' own fields")
-        columns = _kv(a.role, "--role")
-        required = [r.name for r in mech.roles if r.required]
-        if len(a.column or []) > len(required):
-            raise UsageError(f"--column given {len(a.column)} times but {mech.name} has "
-                             f"{len(required)} required role(s) {required}")
-        for role, col in zip(required, a.column or []):
-            if role in columns and columns[role] != col:
-                raise UsageError(f"role {role!r} is mapped twice: --column {col} and --role "
-                                 f"{role}={columns[role]}")
-            columns[role] = col
+        columns = role_columns(mech, a.column, a.role)
     out = run_estimate(a.input, a.output, mech, by=a.by, options=_kv(a.option, "--option"),
                        beam_args=beam_args, columns=columns)
     if "curator" in out:
