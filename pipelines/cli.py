@@ -319,7 +319,11 @@ def cmd_reproduce(a: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     ap = build_parser()
-    a, rest = ap.parse_known_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    for i in range(len(argv) - 1):  # `--runner dask` as well as `--runner=dask`
+        if argv[i] == "--runner":
+            argv[i:i + 2] = [f"--runner={argv[i + 1]}", ""]
+    a, rest = ap.parse_known_args([x for x in argv if x != ""])
     stray = [x for x in rest if not x.startswith("--")]
     if stray:
         ap.error(f"unexpected arguments: {' '.join(stray)}")

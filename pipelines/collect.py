@@ -20,7 +20,7 @@ from ldp_beam.registry import get_registry
 from ldp_beam.transforms import (Perturb, ReadTable, WriteJsonLines, WriteParquetFile,
                                  report_schema)
 
-from .common import count_lines, counters, pipeline_options, write_json
+from .common import count_lines, counters, run_pipeline, write_json
 
 
 def resolve_columns(mech: Mechanism, schema: pa.Schema, columns: Mapping[str, str],
@@ -62,15 +62,15 @@ def run_collect(input: str, output: str, mechanism: Mechanism, columns: Mapping[
     for path in (output, dead_letter):
         if os.path.exists(path):
             os.remove(path)
-    p = beam.Pipeline(options=pipeline_options(beam_args))
-    rd = p | "ReadTable" >> read
-    out = rd.batches | "Perturb" >> Perturb(mechanism, columns=cols, keep=keep, seed=seed,
-                                            passthrough_schema=passthrough)
-    _ = out.reports | "WriteReports" >> WriteParquetFile(output, schema)
-    _ = ((rd.dead_letter, out.dead_letter) | "AllDeadLetters" >> beam.Flatten()
-         | "WriteDeadLetters" >> WriteJsonLines(dead_letter))
-    result = p.run()
-    result.wait_until_finish()
+    def build(p):
+        rd = p | "ReadTable" >> read
+        out = rd.batches | "Perturb" >> Perturb(mechanism, columns=cols, keep=keep, seed=seed,
+                                                passthrough_schema=passthrough)
+        return [out.reports | "WriteReports" >> WriteParquetFile(output, schema),
+                (rd.dead_letter, out.dead_letter) | "AllDeadLetters" >> beam.Flatten()
+                | "WriteDeadLetters" >> WriteJsonLines(dead_letter)]
+
+    result = run_pipeline(build, beam_args)
     if not os.path.exists(output):  # no valid record at all: still leave a readable, empty table
         pq.write_table(schema.empty_table(), output)
     c = counters(result)

@@ -23,7 +23,7 @@ from ldp_beam.transforms import (EstimatorCombineFn, ReadTable, SplitByKey, Vali
 from ldp_beam.transforms.combine import EstimateFailure
 from ldp_beam.transforms.io import match_files, table_format
 
-from .common import count_lines, counters, pipeline_options, write_json
+from .common import count_lines, counters, run_pipeline, write_json
 
 
 def mechanism_from_reports(input: str, name: str | None = None,
@@ -78,22 +78,24 @@ def run_estimate(input: str, output: str, mechanism: Mechanism | None = None,
     dead_letter = output + ".deadletter.jsonl"
     tmpdir = tempfile.mkdtemp(prefix="ldp-beam-estimate-")
     parts = os.path.join(tmpdir, "estimates.jsonl")
-    p = beam.Pipeline(options=pipeline_options(beam_args))
-    rd = p | "ReadReports" >> ReadTable(input)
-    valid = rd.batches | "Validate" >> ValidateReports(est)
-    combine_fn = EstimatorCombineFn(est, on_empty="report")
-    if by:
-        results = (valid.reports | "SplitByKey" >> beam.ParDo(SplitByKey(by))
-                   | "EstimatePerKey" >> beam.CombinePerKey(combine_fn)
-                   | "ToJson" >> beam.Map(_keyed_json))
-    else:
-        results = (valid.reports | "Estimate" >> beam.CombineGlobally(combine_fn)
-                   | "ToJson" >> beam.Map(_result))
-    _ = results | "WriteEstimates" >> WriteJsonLines(parts)
-    _ = ((rd.dead_letter, valid.dead_letter) | "AllDeadLetters" >> beam.Flatten()
-         | "WriteDeadLetters" >> WriteJsonLines(dead_letter))
-    result = p.run()
-    result.wait_until_finish()
+    read = ReadTable(input)
+
+    def build(p):
+        rd = p | "ReadReports" >> read
+        valid = rd.batches | "Validate" >> ValidateReports(est)
+        combine_fn = EstimatorCombineFn(est, on_empty="report")
+        if by:
+            results = (valid.reports | "SplitByKey" >> beam.ParDo(SplitByKey(by))
+                       | "EstimatePerKey" >> beam.CombinePerKey(combine_fn)
+                       | "ToJson" >> beam.Map(_keyed_json))
+        else:
+            results = (valid.reports | "Estimate" >> beam.CombineGlobally(combine_fn)
+                       | "ToJson" >> beam.Map(_result))
+        return [results | "WriteEstimates" >> WriteJsonLines(parts),
+                (rd.dead_letter, valid.dead_letter) | "AllDeadLetters" >> beam.Flatten()
+                | "WriteDeadLetters" >> WriteJsonLines(dead_letter)]
+
+    result = run_pipeline(build, beam_args)
     with open(parts) as fh:
         rows = [json.loads(line) for line in fh if line.strip()]
     c = counters(result)
@@ -138,15 +140,16 @@ def run_release(input: str, output: str, mech: Mechanism, columns: Mapping[str, 
     dead_letter = output + ".deadletter.jsonl"
     tmpdir = tempfile.mkdtemp(prefix="ldp-beam-release-")
     parts = os.path.join(tmpdir, "release.jsonl")
-    p = beam.Pipeline(options=pipeline_options(beam_args))
-    rd = p | "ReadTable" >> read
-    rec = rd.batches | "Validate" >> Perturb(mech, columns=cols)
-    _ = (rec.reports | "Release" >> beam.CombineGlobally(EstimatorCombineFn(est, on_empty="report"))
-         | "ToJson" >> beam.Map(_result) | "WriteRelease" >> WriteJsonLines(parts))
-    _ = ((rd.dead_letter, rec.dead_letter) | "AllDeadLetters" >> beam.Flatten()
-         | "WriteDeadLetters" >> WriteJsonLines(dead_letter))
-    result = p.run()
-    result.wait_until_finish()
+    def build(p):
+        rd = p | "ReadTable" >> read
+        rec = rd.batches | "Validate" >> Perturb(mech, columns=cols)
+        return [rec.reports
+                | "Release" >> beam.CombineGlobally(EstimatorCombineFn(est, on_empty="report"))
+                | "ToJson" >> beam.Map(_result) | "WriteRelease" >> WriteJsonLines(parts),
+                (rd.dead_letter, rec.dead_letter) | "AllDeadLetters" >> beam.Flatten()
+                | "WriteDeadLetters" >> WriteJsonLines(dead_letter)]
+
+    result = run_pipeline(build, beam_args)
     with open(parts) as fh:
         rows = [json.loads(line) for line in fh if line.strip()]
     release = rows[0] if rows else {"error": "no records"}
