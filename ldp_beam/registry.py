@@ -222,6 +222,11 @@ def _register_builtins(reg: Registry) -> None:
     reg.register("structure-first", StructureFirst, HistogramReleaseEstimator)
     reg.register("ahp", AHP, HistogramReleaseEstimator)
 
+    from .central.ospdprr import OSPDPRR, OSPDPRREstimator, OsdpRR, OsdpRREstimator
+
+    reg.register("ospdprr", OSPDPRR, OSPDPRREstimator)
+    reg.register("osdp-rr", OsdpRR, OsdpRREstimator)
+
 
 def load_plugins(reg: Registry) -> None:
     """Call every ``ldp_beam.plugins`` entry point with the registry. A plugin that fails to load

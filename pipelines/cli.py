@@ -18,7 +18,6 @@ FAMILIES = ("bisample", "rvns", "uldp", "dphr", "ospdprr")
 PENDING = {  # subcommand or family -> where it is tracked
     "stream": "issue #7 (warehouse-scale batch, streaming telemetry and distributed runners)",
     "audit": "issue #8 (privacy audits)",
-    "ospdprr": "issue #6",
 }
 
 

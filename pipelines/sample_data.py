@@ -6,7 +6,9 @@ as 150 or -2 that a real export would contain), ``privacy_preference`` (each per
 Gaussian(5, 1.5) as in the BiSample paper, redrawn below 0.1), ``income`` (whole thousands),
 and two categorical answers that depend on age and on each other: ``employment`` (employed,
 self-employed, unemployed, retired) and ``health`` (excellent, good, fair, poor), each with a few
-unusable entries (null, or a label outside the questionnaire's). The file is generated once and
+unusable entries (null, or a label outside the questionnaire's), and ``income_sensitivity``, how
+sensitive each person considers their income (0: not at all, else in (0, 1]; high earners more
+often and more strongly). The file is generated once and
 shipped; it was made with ``python -m ldp_beam.pipelines.sample_data --out PATH --seed 20261121``.
 """
 from __future__ import annotations
@@ -53,6 +55,10 @@ def make_survey(n: int, rng: np.random.Generator) -> pa.Table:
     odd = rng.choice(n, size=5, replace=False)
     employment[odd[:2]] = [None, "student"]
     health_l[odd[2:]] = [None, "n/a", "very good"]
+    # drawn after every column above: P(sensitive) and the level grow with income
+    p_sens = np.clip(0.15 + 0.6 * income / 150.0, 0.0, 0.9)
+    sensitive = rng.random(n) < p_sens
+    level = np.where(sensitive, np.clip(rng.beta(2.0, 2.0, n) + income / 500.0, 0.001, 1.0), 0.0)
     return pa.table({
         "user_id": pa.array(np.arange(1, n + 1, dtype=np.int32)),
         "region": pa.array([REGIONS[i] for i in region]).dictionary_encode(),
@@ -61,6 +67,7 @@ def make_survey(n: int, rng: np.random.Generator) -> pa.Table:
         "income": pa.array(income.astype(np.int32)),
         "employment": pa.array(employment, type=pa.string()),
         "health": pa.array(health_l, type=pa.string()),
+        "income_sensitivity": pa.array(np.round(level, 3).astype(np.float32)),
     })
 
 

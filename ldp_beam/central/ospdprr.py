@@ -390,8 +390,9 @@ def _ospdprr_fields(m: "OSPDPRR") -> tuple[tuple[str, str], ...]:
 
 @dataclass(frozen=True)
 class OSPDPRR(Mechanism):
-    """One-sided personalized DP query (OSPDPRR) on users' k items: TOPSIS sensitivity scores,
-    personalized sampling with threshold t, one Laplace release.
+    """OSPDPRR: one-sided personalized DP query on users' k items (central, one release).
+
+    TOPSIS sensitivity scores, personalized sampling with threshold t, one Laplace release.
 
     Parameters: ``t`` in (0, 1]; ``query`` (count, sum, mean, variance, cv) on the target items
     ``target`` (item numbers in 1..k, default all); values in ``[lower, upper]`` (outside: invalid,
@@ -577,8 +578,8 @@ class OSPDPRR(Mechanism):
                          "required when the column is mapped)")
             with np.errstate(invalid="ignore"):
                 out = (v <= 0) | (v > 1)
-            reasons.flag(out, lambda r, v=v, nm=name: f"{nm}: importance {float(v[r])!r} is outside "
-                         "(0, 1]")
+            reasons.flag(out, lambda r, v=v, nm=name:
+                         f"{nm}: importance {float(v[r])!r} is outside (0, 1]")
             imp[:, j] = np.where(np.isnan(v), 1.0, v)
         lvl = np.column_stack([np.nan_to_num(cols[f"level{i}"]) for i in items]) if n else \
             np.zeros((0, self.k))
@@ -718,6 +719,9 @@ class OSPDPRREstimator(Estimator):
     remove the noise); default: OS entropy. Each ``finalize`` is one release (see the module
     docstring for per-key / per-window budgets)."""
 
+    #: the accumulator holds one row per user (O(users)); compare accumulators with canonical()
+    accumulates_rows: ClassVar[bool] = True
+
     def __init__(self, mechanism: OSPDPRR, seed: int | None = None) -> None:
         super().__init__(mechanism)
         self.seed = seed
@@ -741,6 +745,11 @@ class OSPDPRREstimator(Estimator):
 
     def n_reports(self, acc: np.ndarray) -> int:
         return int(acc.shape[0])
+
+    def canonical(self, acc: np.ndarray) -> np.ndarray:
+        """The accumulator with its rows in lexicographic order: equal for any split of the
+        reports into batches and any merge order (the form ``finalize`` releases from)."""
+        return _canonical(acc)
 
     def check_reports(self, reports: Mapping[str, Any], n: int | None = None) -> Reasons:
         reasons = super().check_reports(reports, n)
@@ -794,10 +803,11 @@ def _osdp_fields(m: "OsdpRR") -> tuple[tuple[str, str], ...]:
 
 @dataclass(frozen=True)
 class OsdpRR(Mechanism):
-    """OSDP randomized response (Kotsogiannis et al., ICDE 2020), the baseline of OSPDPRR: every
-    target item of every user is a record; a sensitive record (level > 0) is never released, a
-    non-sensitive one is released truthfully with probability ``1 - e^-epsilon``; the query is
-    answered from the released records.
+    """OsdpRR: OSDP randomized response, record-level one-sided DP (the OSPDPRR baseline).
+
+    Kotsogiannis et al., ICDE 2020. Every target item of every user is a record; a sensitive
+    record (level > 0) is never released, a non-sensitive one is released truthfully with
+    probability ``1 - e^-epsilon``; the query is answered from the released records.
 
     ``estimator``: ``raw`` (the query on the released records) or ``scaled`` (count and sum
     divided by the keep probability: an estimate of the *non-sensitive* total, biased by minus the
@@ -939,6 +949,8 @@ class OsdpRREstimator(Estimator):
     O(users), as :class:`OSPDPRREstimator`); ``finalize`` samples the records and answers the
     query once. ``seed`` as :class:`OSPDPRREstimator`."""
 
+    accumulates_rows: ClassVar[bool] = True
+
     def __init__(self, mechanism: OsdpRR, seed: int | None = None) -> None:
         super().__init__(mechanism)
         self.seed = seed
@@ -949,6 +961,7 @@ class OsdpRREstimator(Estimator):
     add = OSPDPRREstimator.add
     merge = OSPDPRREstimator.merge
     n_reports = OSPDPRREstimator.n_reports
+    canonical = OSPDPRREstimator.canonical
 
     def check_reports(self, reports: Mapping[str, Any], n: int | None = None) -> Reasons:
         reasons = super().check_reports(reports, n)
@@ -960,8 +973,8 @@ class OsdpRREstimator(Estimator):
             if name.startswith("value"):
                 with np.errstate(invalid="ignore"):
                     bad = ~np.isfinite(v) | (v < m.lower) | (v > m.upper)
-                reasons.flag(bad, lambda r, v=v, nm=name: f"report field {nm!r}: {float(v[r])!r} is "
-                             f"not in [{m.lower!r}, {m.upper!r}]")
+                reasons.flag(bad, lambda r, v=v, nm=name: f"report field {nm!r}: "
+                             f"{float(v[r])!r} is not in [{m.lower!r}, {m.upper!r}]")
             else:
                 reasons.flag(~np.isin(v, (0.0, 1.0)), lambda r, v=v, nm=name:
                              f"report field {nm!r}: {float(v[r])!r} is not 0 or 1")
