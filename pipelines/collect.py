@@ -20,7 +20,7 @@ from ldp_beam.registry import get_registry
 from ldp_beam.transforms import (Perturb, ReadTable, WriteJsonLines, WriteParquetFile,
                                  report_schema)
 
-from .common import count_lines, counters, run_pipeline, write_json
+from .common import counters, reconcile, run_pipeline, write_json
 
 
 def resolve_columns(mech: Mechanism, schema: pa.Schema, columns: Mapping[str, str],
@@ -73,9 +73,8 @@ def run_collect(input: str, output: str, mechanism: Mechanism, columns: Mapping[
     result = run_pipeline(build, beam_args)
     if not os.path.exists(output):  # no valid record at all: still leave a readable, empty table
         pq.write_table(schema.empty_table(), output)
-    c = counters(result)
     reported = pq.ParquetFile(output).metadata.num_rows
-    dead = count_lines(dead_letter)
+    rec = reconcile(counters(result), read.files, dead_letter, reported)
     manifest = {
         "input": os.path.abspath(input) if os.path.exists(input) else input,
         "output": os.path.abspath(output),
@@ -83,17 +82,11 @@ def run_collect(input: str, output: str, mechanism: Mechanism, columns: Mapping[
         "mechanism": mechanism.name, "params": mechanism.params(),
         "columns": cols, "keep": list(keep), "seeded": seed is not None,
         "guarantee": mechanism.guarantee.to_dict(),
-        "records": {"input": c.get("records_in"), "reported": reported,
-                    "dead_lettered": c.get("records_invalid"),
-                    "unreadable_files": c.get("files_unreadable", 0)},
+        "records": {"input": rec["input"], "reported": reported,
+                    "dead_lettered": rec["dead_lettered"],
+                    "unreadable_files": rec["unreadable_files"],
+                    "reconciles": rec["reconciles"], "counted_from": rec["counted_from"]},
     }
-    # What the counters say must match what was written: every read record is reported or
-    # dead-lettered, and the dead-letter file holds exactly those records plus one line per
-    # unreadable file. A runner without metrics cannot prove it, so it does not reconcile.
-    rin, bad = c.get("records_in"), c.get("records_invalid")
-    manifest["records"]["reconciles"] = (
-        rin is not None and bad is not None and rin == reported + bad
-        and dead == bad + c.get("files_unreadable", 0))
     write_json(output + ".manifest.json", manifest)
     return manifest
 

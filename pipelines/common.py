@@ -135,15 +135,71 @@ def _default(x: Any) -> Any:
     return str(x)
 
 
-def count_lines(path: str) -> int:
-    if not os.path.exists(path):
-        return 0
-    with open(path, "rb") as fh:
-        return sum(1 for line in fh if line.strip())
-
-
 def say(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
+
+
+def _rows(element: Any) -> int:
+    from ldp_beam.transforms.batches import num_rows
+
+    return num_rows(element)
+
+
+def count_rows_to(pcoll: Any, path: str) -> Any:
+    """Write the number of records in a PCollection of batches/records to ``path`` (one JSON
+    line): a count taken from the data itself, for runners without metrics."""
+    from ldp_beam.transforms import WriteJsonLines
+
+    return (pcoll | "CountRows" >> beam.Map(_rows)
+            | "SumRows" >> beam.CombineGlobally(sum)
+            | "WriteCount" >> WriteJsonLines(path))
+
+
+def read_count(path: str) -> int | None:
+    if not os.path.exists(path):
+        return None
+    with open(path) as fh:
+        vals = [json.loads(line) for line in fh if line.strip()]
+    return int(vals[0]) if vals else None
+
+
+def reconcile(c: dict, files: Sequence[str], dead_letter: str, accepted: int | None,
+              accepted_counter: str = "records_valid") -> dict:
+    """Do the counts add up? Every input record is accepted (reported / used) or dead-lettered,
+    and the dead-letter file holds exactly those records plus one line per unreadable file.
+
+    From Beam's counters when the runner has metrics; otherwise (the Dask runner) from the
+    outputs themselves: the input files' row counts (Parquet metadata, CSV records) against the
+    accepted count and the dead-letter file."""
+    lines = 0
+    unreadable: set[str] = set()
+    if os.path.exists(dead_letter):
+        with open(dead_letter) as fh:
+            for line in fh:
+                if not line.strip():
+                    continue
+                lines += 1
+                d = json.loads(line)
+                if d.get("record") is None and str(d.get("reason", "")).startswith(
+                        "unreadable input"):
+                    unreadable.add(d.get("source"))
+    bad_records = lines - len(unreadable)
+    rin, bad = c.get("records_in"), c.get("records_invalid")
+    if rin is not None and bad is not None:
+        acc = accepted if accepted is not None else c.get(accepted_counter)
+        n_unreadable = c.get("files_unreadable", 0)
+        ok = acc is not None and rin == acc + bad and lines == bad + n_unreadable
+        source = "metrics"
+    else:
+        from ldp_beam.transforms.io import count_rows
+
+        rin = sum(count_rows(f) for f in files if f not in unreadable)
+        bad, n_unreadable = bad_records, len(unreadable)
+        acc = accepted
+        ok = acc is not None and rin == acc + bad
+        source = "outputs"
+    return {"input": rin, "accepted": acc, "dead_lettered": bad,
+            "unreadable_files": n_unreadable, "reconciles": bool(ok), "counted_from": source}
 
 
 def count_text(n: int | None) -> str:

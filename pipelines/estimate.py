@@ -23,7 +23,7 @@ from ldp_beam.transforms import (EstimatorCombineFn, ReadTable, SplitByKey, Vali
 from ldp_beam.transforms.combine import EstimateFailure
 from ldp_beam.transforms.io import match_files, table_format
 
-from .common import count_lines, counters, run_pipeline, write_json
+from .common import counters, count_rows_to, read_count, reconcile, run_pipeline, write_json
 
 
 def mechanism_from_reports(input: str, name: str | None = None,
@@ -79,6 +79,7 @@ def run_estimate(input: str, output: str, mechanism: Mechanism | None = None,
     tmpdir = tempfile.mkdtemp(prefix="ldp-beam-estimate-")
     parts = os.path.join(tmpdir, "estimates.jsonl")
     read = ReadTable(input)
+    count_path = os.path.join(tmpdir, "accepted.jsonl")
 
     def build(p):
         rd = p | "ReadReports" >> read
@@ -92,6 +93,7 @@ def run_estimate(input: str, output: str, mechanism: Mechanism | None = None,
             results = (valid.reports | "Estimate" >> beam.CombineGlobally(combine_fn)
                        | "ToJson" >> beam.Map(_result))
         return [results | "WriteEstimates" >> WriteJsonLines(parts),
+                count_rows_to(valid.reports, count_path),
                 (rd.dead_letter, valid.dead_letter) | "AllDeadLetters" >> beam.Flatten()
                 | "WriteDeadLetters" >> WriteJsonLines(dead_letter)]
 
@@ -99,11 +101,16 @@ def run_estimate(input: str, output: str, mechanism: Mechanism | None = None,
     with open(parts) as fh:
         rows = [json.loads(line) for line in fh if line.strip()]
     c = counters(result)
+    c = {"records_in": c.get("reports_in"), "records_invalid": c.get("reports_invalid"),
+         "files_unreadable": c.get("files_unreadable", 0)} if "reports_in" in c else {}
+    rec = reconcile(c, read.files, dead_letter, read_count(count_path))
     out: dict[str, Any] = {
         "input": input, "mechanism": mech.name, "params": mech.params(),
         "estimator_options": dict(options or {}),
         "guarantee": mech.guarantee.to_dict(),
-        "reports": {"read": c.get("reports_in"), "invalid": count_lines(dead_letter),
+        "reports": {"read": rec["input"], "valid": rec["accepted"],
+                    "invalid": rec["dead_lettered"], "unreadable_files": rec["unreadable_files"],
+                    "reconciles": rec["reconciles"], "counted_from": rec["counted_from"],
                     "dead_letter": os.path.abspath(dead_letter)},
     }
     if by:
@@ -140,12 +147,15 @@ def run_release(input: str, output: str, mech: Mechanism, columns: Mapping[str, 
     dead_letter = output + ".deadletter.jsonl"
     tmpdir = tempfile.mkdtemp(prefix="ldp-beam-release-")
     parts = os.path.join(tmpdir, "release.jsonl")
+    count_path = os.path.join(tmpdir, "accepted.jsonl")
+
     def build(p):
         rd = p | "ReadTable" >> read
         rec = rd.batches | "Validate" >> Perturb(mech, columns=cols)
         return [rec.reports
                 | "Release" >> beam.CombineGlobally(EstimatorCombineFn(est, on_empty="report"))
                 | "ToJson" >> beam.Map(_result) | "WriteRelease" >> WriteJsonLines(parts),
+                count_rows_to(rec.reports, count_path),
                 (rd.dead_letter, rec.dead_letter) | "AllDeadLetters" >> beam.Flatten()
                 | "WriteDeadLetters" >> WriteJsonLines(dead_letter)]
 
@@ -160,17 +170,14 @@ def run_release(input: str, output: str, mech: Mechanism, columns: Mapping[str, 
                            "estimator_options": opts, "guarantee": mech.guarantee.to_dict(),
                            "seeded": "seed" in dict(options or {}), "estimate": release}
     write_json(output, out)
-    c = counters(result)
-    rin, bad = c.get("records_in"), c.get("records_invalid")
-    unreadable = c.get("files_unreadable", 0)
+    rec = reconcile(counters(result), read.files, dead_letter, read_count(count_path))
     curator = {"input": input, "release": os.path.abspath(output), "columns": cols,
-               "records": {"input": rin, "released_from": c.get("records_valid"),
-                           "dead_lettered": bad, "unreadable_files": unreadable,
-                           "dead_letter": os.path.abspath(dead_letter)}}
-    curator["records"]["reconciles"] = (
-        rin is not None and bad is not None and c.get("records_valid") is not None
-        and rin == c.get("records_valid") + bad
-        and count_lines(dead_letter) == bad + unreadable)
+               "records": {"input": rec["input"], "released_from": rec["accepted"],
+                           "dead_lettered": rec["dead_lettered"],
+                           "unreadable_files": rec["unreadable_files"],
+                           "dead_letter": os.path.abspath(dead_letter),
+                           "reconciles": rec["reconciles"],
+                           "counted_from": rec["counted_from"]}}
     write_json(output + ".curator.json", curator)
     out["curator"] = curator
     return out

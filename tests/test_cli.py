@@ -20,7 +20,7 @@ def test_collect_estimate_parquet_roundtrip(survey_table, tmp_path):
     man = json.loads((tmp_path / "r.parquet.manifest.json").read_text())
     rec = man["records"]
     assert rec == {"input": 3000, "reported": 2997, "dead_lettered": 3, "unreadable_files": 0,
-                   "reconciles": True}
+                   "reconciles": True, "counted_from": "metrics"}
     assert man["guarantee"]["kind"] == "LDP" and man["guarantee"]["epsilon"] == 2.0
     schema = pq.read_schema(out)
     assert schema.names == ["s", "b", "g"]
@@ -241,4 +241,4 @@ def test_corrupt_parquet_file_goes_to_the_dead_letter(tmp_path):
     assert dead[0]["reason"].startswith("unreadable input:")
     man = json.loads((tmp_path / "r.parquet.manifest.json").read_text())
     assert man["records"] == {"input": 100, "reported": 100, "dead_lettered": 0,
-                              "unreadable_files": 1, "reconciles": True}
+                              "unreadable_files": 1, "reconciles": True, "counted_from": "metrics"}

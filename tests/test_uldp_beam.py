@@ -52,7 +52,7 @@ def test_cli_collect_and_estimate_two_columns(joint_table, tmp_path):
     assert code == 0, se
     man = json.load(open(str(rep) + ".manifest.json"))
     assert man["records"] == {"input": 20_000, "reported": 19_997, "dead_lettered": 3,
-                              "unreadable_files": 0, "reconciles": True}
+                              "unreadable_files": 0, "reconciles": True, "counted_from": "metrics"}
     assert man["columns"] == {"x": "parents", "y": "cls"}
     dead = read_jsonl(str(rep) + ".deadletter.jsonl")
     reasons = sorted(d["reason"] for d in dead)

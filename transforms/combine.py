@@ -18,7 +18,7 @@ from ldp_beam.core import Estimator
 from ldp_beam.errors import EmptyAccumulatorError
 
 from .batches import KeyedBatch, get_column, is_batch, num_rows, report_columns, row_dict, take
-from .perturb import DEAD_LETTER, dead_letter
+from .perturb import DEAD_LETTER, dead_letter, split_dead_letters
 
 
 @dataclass(frozen=True)
@@ -150,8 +150,8 @@ class ValidateReportsFn(beam.DoFn):
         else:
             self.n_in.inc()
             self.n_bad.inc()
-            yield beam.pvalue.TaggedOutput(DEAD_LETTER, dead_letter(
-                f"unsupported report type {type(element).__name__}", repr(element)[:200]))
+            yield dead_letter(
+                f"unsupported report type {type(element).__name__}", repr(element)[:200])
             return
         n = num_rows(table) if batch else 1
         reasons = self.estimator.check_reports(cols, n)
@@ -164,7 +164,7 @@ class ValidateReportsFn(beam.DoFn):
         msgs = reasons.as_dict()
         for i in np.flatnonzero(bad).tolist():
             rec = row_dict(table, i) if batch else dict(element)
-            yield beam.pvalue.TaggedOutput(DEAD_LETTER, dead_letter(msgs[i], rec))
+            yield dead_letter(msgs[i], rec)
         if batch:
             ok = np.flatnonzero(~bad)
             if ok.size:
@@ -177,7 +177,7 @@ class ValidateReports(beam.PTransform):
         self.fn = ValidateReportsFn(estimator)
 
     def expand(self, pcoll):
-        return pcoll | beam.ParDo(self.fn).with_outputs(DEAD_LETTER, main="reports")
+        return split_dead_letters(pcoll | "Validate" >> beam.ParDo(self.fn), "reports")
 
 
 def table_of(batch: Any) -> pa.Table:

@@ -27,7 +27,7 @@ import pyarrow.parquet as pq
 from ldp_beam.rng import stream_id
 
 from .batches import KeyedBatch
-from .perturb import DEAD_LETTER, dead_letter
+from .perturb import dead_letter, split_dead_letters
 
 DEFAULT_BATCH_ROWS = 1 << 16
 
@@ -76,6 +76,15 @@ def input_schema(files: list[str]) -> pa.Schema:
         except (OSError, ValueError, pa.ArrowException, UnicodeDecodeError) as exc:
             errors.append(f"{f}: {exc}")
     raise ValueError("no input file is readable: " + "; ".join(errors[:3]))
+
+
+def count_rows(path: str) -> int:
+    """Rows of a table file without reading its data: Parquet metadata, or CSV records (quoted
+    newlines respected) minus the header. Raises for an unreadable file."""
+    if table_format(path) == "parquet":
+        return pq.ParquetFile(path).metadata.num_rows
+    with open(path, newline="", encoding="utf-8-sig") as fh:
+        return max(sum(1 for _ in csv.reader(fh)) - 1, 0)
 
 
 @dataclass(frozen=True)
@@ -132,9 +141,9 @@ class ReadUnitFn(beam.DoFn):
                 off += b.num_rows
         except Exception as exc:
             self.n_unreadable.inc()
-            yield beam.pvalue.TaggedOutput(DEAD_LETTER, dead_letter(
+            yield dead_letter(
                 f"unreadable input: {type(exc).__name__}: {exc}", None, unit.path,
-                None if unit.row_group is None else unit.offset))
+                None if unit.row_group is None else unit.offset)
 
 
 class ReadTable(beam.PTransform):
@@ -154,8 +163,8 @@ class ReadTable(beam.PTransform):
         units = pbegin | "Units" >> beam.Create(self.units)
         if len(self.units) > 1:
             units = units | "Spread" >> beam.Reshuffle()
-        return units | "Read" >> beam.ParDo(ReadUnitFn(self.batch_rows)).with_outputs(
-            DEAD_LETTER, main="batches")
+        return split_dead_letters(units | "Read" >> beam.ParDo(ReadUnitFn(self.batch_rows)),
+                                  "batches")
 
 
 def _to_table(batch: Any) -> pa.Table:

@@ -26,8 +26,46 @@ REPORTS = "reports"
 ELEMENT_BUFFER = 4096  # single records perturbed together (per bundle, at most this many)
 
 
+class DeadLetterRecord(dict):
+    """A dead-letter entry travelling in a DoFn's single output until :func:`split_dead_letters`
+    separates it from the main elements."""
+
+
 def dead_letter(reason: str, record: Any, source: str = "", row: int | None = None) -> dict:
-    return {"reason": reason, "record": record, "source": source, "row": row}
+    return DeadLetterRecord(reason=reason, record=record, source=source, row=row)
+
+
+def _main_part(element: Any) -> list:
+    return [] if isinstance(element, DeadLetterRecord) else [element]
+
+
+def _dead_part(element: Any) -> list:
+    return [dict(element)] if isinstance(element, DeadLetterRecord) else []
+
+
+class Outputs:
+    """The two outputs of a validating step: ``getattr(out, main)`` and ``out.dead_letter``
+    (also by item, ``out["dead_letter"]``)."""
+
+    def __init__(self, main_name: str, main: Any, dead: Any) -> None:
+        self._items = {main_name: main, DEAD_LETTER: dead}
+        setattr(self, main_name, main)
+        self.dead_letter = dead
+
+    def __getitem__(self, name: str) -> Any:
+        return self._items[name]
+
+    def __iter__(self):
+        return iter(self._items.values())
+
+
+def split_dead_letters(pcoll: Any, main_name: str) -> Outputs:
+    """Split a DoFn's single output into its main elements and its dead letters.
+
+    Not ``with_outputs``: Beam's Dask runner does not separate tagged outputs (each branch gets
+    every element), so one output plus two filters is what runs the same on every runner."""
+    return Outputs(main_name, pcoll | f"{main_name.title()}" >> beam.FlatMap(_main_part),
+                   pcoll | "DeadLetters" >> beam.FlatMap(_dead_part))
 
 
 class PerturbFn(beam.DoFn):
@@ -73,9 +111,9 @@ class PerturbFn(beam.DoFn):
         absent = [c for c in list(self.columns.values()) + list(self.keep) if c not in names]
         if absent:
             for i in range(n):
-                yield beam.pvalue.TaggedOutput(DEAD_LETTER, dead_letter(
+                yield dead_letter(
                     f"input has no column {absent[0]!r}", row_dict(table, i), source,
-                    None if offset is None else offset + i))
+                    None if offset is None else offset + i)
             self.n_invalid.inc(n)
             return
         raw = {role: get_column(table, col) for role, col in self.columns.items()}
@@ -85,8 +123,8 @@ class PerturbFn(beam.DoFn):
         if bad.any():
             msgs = reasons.as_dict()
             for i in np.flatnonzero(bad).tolist():
-                yield beam.pvalue.TaggedOutput(DEAD_LETTER, dead_letter(
-                    msgs[i], row_dict(table, i), source, None if offset is None else offset + i))
+                yield dead_letter(
+                    msgs[i], row_dict(table, i), source, None if offset is None else offset + i)
             ok = np.flatnonzero(~bad)
             cols = {k: v[ok] for k, v in cols.items()}
             u = u[ok]
@@ -174,8 +212,8 @@ class PerturbFn(beam.DoFn):
         else:
             self.n_in.inc()
             self.n_invalid.inc()
-            yield beam.pvalue.TaggedOutput(DEAD_LETTER, dead_letter(
-                f"unsupported element type {type(element).__name__}", repr(element)[:200]))
+            yield dead_letter(
+                f"unsupported element type {type(element).__name__}", repr(element)[:200])
 
     def finish_bundle(self):
         yield from self._flush()
@@ -190,7 +228,7 @@ def _column(values: list) -> np.ndarray:
 
 
 def _tagged(value: Any, ts: Any, win: Any) -> Any:
-    return beam.pvalue.TaggedOutput(DEAD_LETTER, WindowedValue(value, ts, (win,)))
+    return WindowedValue(value, ts, (win,))
 
 
 class Perturb(beam.PTransform):
@@ -203,4 +241,4 @@ class Perturb(beam.PTransform):
         self.fn = PerturbFn(mechanism, columns, keep, seed, key_column, passthrough_schema)
 
     def expand(self, pcoll):
-        return pcoll | beam.ParDo(self.fn).with_outputs(DEAD_LETTER, main=REPORTS)
+        return split_dead_letters(pcoll | "Perturb" >> beam.ParDo(self.fn), REPORTS)
