@@ -194,9 +194,10 @@ def load_dataset(name: str, data_dir: str | os.PathLike | None, seed: int) -> Da
     if d is not None:
         return d
     gen = np.random.default_rng([seed, _code("data"), _code(name)])
-    where = dpbench_path(data_dir, name) if data_dir is not None else "no data_dir"
+    why = (f"{dpbench_path(data_dir, name)} not found" if data_dir is not None
+           else "no data_dir given")
     return Dataset(name, SYNTHETIC[name](gen),
-                   f"synthetic {name}-like {SYNTHETIC_KIND[name]} histogram ({where} not found)")
+                   f"synthetic {name}-like {SYNTHETIC_KIND[name]} histogram ({why})")
 
 
 # --------------------------------------------------------------------------- methods
@@ -352,8 +353,8 @@ def _datasets_records(datasets: Sequence[Dataset], common: Mapping) -> list[dict
         h = d.counts
         out.append(make_record(
             "datasets", d.name, "truth", None, "N", d.total, n=d.n, max=int(h.max()),
-            argmax=int(h.argmax()), nonzero=int((h > 0).sum()), zero_fraction=float((h == 0).mean()),
-            mean=float(h.mean()), source=d.source, description=DESCRIPTIONS[d.name],
+            argmax=int(h.argmax()), nonzero=int((h > 0).sum()),
+            zero_fraction=float((h == 0).mean()), mean=float(h.mean()), source=d.source, description=DESCRIPTIONS[d.name],
             paper_datasets=list(PAPER_DATASETS), **common))
     return out
 
