@@ -145,7 +145,7 @@ def cmd_list(a: argparse.Namespace) -> int:
         ps = ", ".join(p["name"] + ("" if p["required"] else f"={p['default']!r}")
                        for p in row["parameters"])
         print(f"    parameters: {ps}")
-        print(f"    input roles: " + ", ".join(r["name"] + ("" if r["required"] else "?")
+        print("    input roles: " + ", ".join(r["name"] + ("" if r["required"] else "?")
                                                for r in row["roles"]))
         rf = row["report_fields"]
         print("    reports: " + (rf if isinstance(rf, str) else

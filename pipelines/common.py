@@ -23,7 +23,7 @@ def runner_args(beam_args: Iterable[str] = ()) -> list[str]:
     """The command line's leftover arguments for Beam: ``--runner`` defaults to DirectRunner and
     accepts the short names ``direct`` and ``dask``; ``--runner VALUE`` becomes
     ``--runner=VALUE``."""
-    args, out, it = list(beam_args), [], None
+    args, out = list(beam_args), []
     i = 0
     while i < len(args):
         a = args[i]

@@ -186,7 +186,7 @@ def rvns_section(data: str, out_dir: str, epsilon: float, seed: Any,
     truth. d = 25, delta = 50 on [0, 250]: the exact neighbourhood-LDP epsilon is ln 2."""
     lo, hi = INCOME
     mech = build_mechanism("rvns", lower=lo, upper=hi, d=25.0, k=1, delta=50.0)
-    say(f"[demo] rvns 1/2 collect: RVNS (d=25, k=1) over income")
+    say("[demo] rvns 1/2 collect: RVNS (d=25, k=1) over income")
     reports = os.path.join(out_dir, "reports_rvns.parquet")
     man = run_collect(data, reports, mech, {"value": "income"}, seed=seed, beam_args=beam_args)
     say("[demo] rvns 2/2 estimate: density on 100 cells")

@@ -13,7 +13,7 @@ from apache_beam.testing.util import assert_that, equal_to
 from apache_beam.transforms import window
 
 from ldp_beam import build_mechanism, estimator_for
-from ldp_beam.transforms import (Accumulate, EstimateGlobally, EstimatePerKey, KeyedBatch,
+from ldp_beam.transforms import (Accumulate, EstimateGlobally, EstimatePerKey,
                                  Perturb, ReadTable, SplitByKey, ValidateReports)
 from ldp_beam.transforms.combine import EstimateFailure, EstimatorCombineFn
 from ldp_beam_test_helpers import Sink

@@ -15,11 +15,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.stats import chi2, norm
 
-from ldp_beam import build_mechanism, estimator_for
+from ldp_beam import estimator_for
 from ldp_beam.central.dphr import (DPHR, approximate_sort, brute_force_grouping,
                                    optimal_grouping)
-from ldp_beam.central.histogram import (IdentityLaplace, check_counts, group_means_with_noise,
-                                        split_budget)
+from ldp_beam.central.histogram import IdentityLaplace, group_means_with_noise, split_budget
 from ldp_beam.errors import EmptyAccumulatorError, ParameterError
 from ldp_beam.evaluation.metrics import range_query_mse, range_sums
 from ldp_beam.privacy import CENTRAL, NONE

@@ -18,7 +18,7 @@ from ldp_beam.core import Estimator
 from ldp_beam.errors import EmptyAccumulatorError
 
 from .batches import KeyedBatch, get_column, is_batch, num_rows, report_columns, row_dict, take
-from .perturb import DEAD_LETTER, dead_letter, split_dead_letters
+from .perturb import dead_letter, split_dead_letters
 
 
 @dataclass(frozen=True)

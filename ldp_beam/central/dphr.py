@@ -112,7 +112,6 @@ def approximate_sort(counts: np.ndarray, eps_pick: float, gen: np.random.Generat
     Each pick reads the exact counts; see the module notes on what that costs in privacy."""
     b = np.asarray(counts, dtype=float)
     n = b.size
-    idx = np.arange(n)
     remaining = np.ones(n, dtype=bool)
     order = np.empty(n, dtype=np.int64)
     base = 0

@@ -25,7 +25,7 @@ import numpy as np
 
 from ..core import CountEstimator, Reasons, Statistic, coerce_numeric
 from ..mechanisms.categorical import GRR, urr_probabilities
-from ..mechanisms.joint import CPRR, JDGRR, TDRR, JointMechanism, JuRR
+from ..mechanisms.joint import CPRR, JDGRR, JointMechanism, JuRR
 from .consistency import project_simplex
 
 

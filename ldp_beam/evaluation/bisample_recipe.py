@@ -51,8 +51,8 @@ from ..registry import build_mechanism
 from . import datasets as ds
 from .metrics import (absolute_error, bisample_variance, chi2_interval,
                       harmony_worst_case_variance, pm_variance, squared_error)
-from .records import (make_record, pyplot, recipe_main, save_figure, select, start_recipe,
-                      write_records)
+from .records import (finish_recipe, make_record, pyplot, recipe_main, save_figure, select,
+                      start_recipe)
 
 FAMILY = "bisample"
 
@@ -330,22 +330,7 @@ def run(quick: bool = False, data_dir: str | None = None, out_dir: str | None = 
     for exp_name in cfg.experiments:
         records += runners[exp_name](cfg, seed, data_dir, common, prog)
     prog.note(f"experiments done in {time.perf_counter() - t0:.1f}s")
-    if out_dir is not None:
-        os.makedirs(out_dir, exist_ok=True)
-        write_records(records, os.path.join(out_dir, "bisample.json"))
-        write_records([{**c, "experiment": "claims", "dataset": "-", "method": "-",
-                        "epsilon": None, "metric": "verdict", "value": c["verdict"]}
-                       for c in claims(records)], os.path.join(out_dir, "bisample_claims.json"))
-        paths = figures(records, out_dir)
-        table = summary(records)
-        with open(os.path.join(out_dir, "bisample_summary.txt"), "w", encoding="utf-8") as fh:
-            fh.write(table + "\n")
-        prog.note(f"wrote {len(paths)} figures, bisample.json, bisample_claims.json and "
-                  f"bisample_summary.txt to {out_dir}")
-    else:
-        table = summary(records)
-    prog.block(table)
-    return records
+    return finish_recipe(FAMILY, records, out_dir, prog, claims, figures, summary)
 
 
 # --------------------------------------------------------------------------- figures

@@ -87,8 +87,8 @@ from ..central.dphr import DPHR, optimal_grouping
 from ..central.histogram import HistogramRelease, IdentityLaplace
 from ..central.histogram_baselines import AHP, StructureFirst
 from .metrics import range_query_mse
-from .records import (make_record, pyplot, recipe_main, save_figure, select, start_recipe,
-                      write_records)
+from .records import (finish_recipe, make_record, pyplot, recipe_main, save_figure, select,
+                      start_recipe)
 
 FAMILY = "dphr"
 EPS_GRID = (1.0, math.log(2.0), 0.1, 0.01)
@@ -484,20 +484,7 @@ def run(quick: bool = False, data_dir: str | None = None, out_dir: str | None = 
         records += _scaling_records(cfg, datasets[0], seed, common)
     records += _derived_records(records, common)
     prog.note(f"experiments done in {time.perf_counter() - t0:.1f}s")
-    table = summary(records)
-    if out_dir is not None:
-        os.makedirs(out_dir, exist_ok=True)
-        write_records(records, os.path.join(out_dir, "dphr.json"))
-        write_records([{**c, "experiment": "claims", "dataset": "-", "method": "-",
-                        "epsilon": None, "metric": "verdict", "value": c["verdict"]}
-                       for c in claims(records)], os.path.join(out_dir, "dphr_claims.json"))
-        paths = figures(records, out_dir)
-        with open(os.path.join(out_dir, "dphr_summary.txt"), "w", encoding="utf-8") as fh:
-            fh.write(table + "\n")
-        prog.note(f"wrote {len(paths)} figures, dphr.json, dphr_claims.json and "
-                  f"dphr_summary.txt to {out_dir}")
-    prog.block(table)
-    return records
+    return finish_recipe(FAMILY, records, out_dir, prog, claims, figures, summary)
 
 
 # --------------------------------------------------------------------------- claims

@@ -74,8 +74,8 @@ from ..central.ospdprr import (QUERY_STATISTICS, comprehensive_weight, exact_ans
                                importance_times_level, noise_scales, osdp_epsilon_for_threshold,
                                osdp_keep_probability, personal_budgets, query_answer,
                                sampling_probabilities)
-from .records import (make_record, pyplot, recipe_main, save_figure, select, start_recipe,
-                      write_records)
+from .records import (finish_recipe, make_record, pyplot, recipe_main, save_figure, select,
+                      start_recipe)
 
 FAMILY = "ospdprr"
 T_GRID = (0.6, 0.7, 0.8, 0.9)
@@ -562,20 +562,7 @@ def run(quick: bool = False, data_dir: str | None = None, out_dir: str | None = 
                                 regimes=cfg.sizes_regimes)
     records += _headline(records, common)
     prog.note(f"experiments done in {time.perf_counter() - t0:.1f}s ({len(records)} records)")
-    table = summary(records)
-    if out_dir is not None:
-        os.makedirs(out_dir, exist_ok=True)
-        write_records(records, os.path.join(out_dir, "ospdprr.json"))
-        write_records([{**c, "experiment": "claims", "dataset": "-", "method": "-",
-                        "epsilon": None, "metric": "verdict", "value": c["verdict"]}
-                       for c in claims(records)], os.path.join(out_dir, "ospdprr_claims.json"))
-        paths = figures(records, out_dir)
-        with open(os.path.join(out_dir, "ospdprr_summary.txt"), "w", encoding="utf-8") as fh:
-            fh.write(table + "\n")
-        prog.note(f"wrote {len(paths)} figures, ospdprr.json, ospdprr_claims.json and "
-                  f"ospdprr_summary.txt to {out_dir}")
-    prog.block(table)
-    return records
+    return finish_recipe(FAMILY, records, out_dir, prog, claims, figures, summary)
 
 
 # --------------------------------------------------------------------------- claims

@@ -204,3 +204,25 @@ def start_recipe(family: str, quick: bool, seed: int | None, progress: Any, tota
     prog = as_progress(progress, family)
     prog.total = total
     return int(seed), prog, {"seed": int(seed), "quick": bool(quick)}
+
+
+def finish_recipe(family: str, records: list, out_dir: str | None, prog: Progress,
+                  claims: Callable[[list], list], figures: Callable[[list, str], list],
+                  summary: Callable[[list], str]) -> list:
+    """The end of every recipe: print the summary table and, with ``out_dir``, write
+    ``FAMILY.json`` (the records), ``FAMILY_claims.json`` (one verdict record per claim),
+    ``FAMILY_summary.txt`` and the figures there. Returns ``records``."""
+    table = summary(records)
+    if out_dir is not None:
+        os.makedirs(out_dir, exist_ok=True)
+        write_records(records, os.path.join(out_dir, f"{family}.json"))
+        write_records([{**c, "experiment": "claims", "dataset": "-", "method": "-",
+                        "epsilon": None, "metric": "verdict", "value": c["verdict"]}
+                       for c in claims(records)], os.path.join(out_dir, f"{family}_claims.json"))
+        paths = figures(records, out_dir)
+        with open(os.path.join(out_dir, f"{family}_summary.txt"), "w", encoding="utf-8") as fh:
+            fh.write(table + "\n")
+        prog.note(f"wrote {len(paths)} figures, {family}.json, {family}_claims.json and "
+                  f"{family}_summary.txt to {out_dir}")
+    prog.block(table)
+    return records

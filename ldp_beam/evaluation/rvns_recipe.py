@@ -99,8 +99,8 @@ from ..mechanisms.rvns import RVNS, rvns_neighbourhood_epsilon, rvns_paper_epsil
 from . import datasets as ds
 from .adversary import euclidean_distance, infer_rvns
 from .datasets import chi2_truncated
-from .records import (make_record, pyplot, recipe_main, save_figure, select, start_recipe,
-                      write_records)
+from .records import (finish_recipe, make_record, pyplot, recipe_main, save_figure, select,
+                      start_recipe)
 
 FAMILY = "rvns"
 EXPERIMENT = "sec5"
@@ -473,20 +473,7 @@ def run(quick: bool = False, data_dir: str | None = None, out_dir: str | None = 
     prog.note(f"experiments done in {elapsed:.1f}s")
     for r in records:
         r["run_seconds"] = round(elapsed, 1)
-    table = summary(records)
-    if out_dir is not None:
-        os.makedirs(out_dir, exist_ok=True)
-        write_records(records, os.path.join(out_dir, "rvns.json"))
-        write_records([{**c, "experiment": "claims", "dataset": "-", "method": "-",
-                        "epsilon": None, "metric": "verdict", "value": c["verdict"]}
-                       for c in claims(records)], os.path.join(out_dir, "rvns_claims.json"))
-        paths = figures(records, out_dir, curves=curves)
-        with open(os.path.join(out_dir, "rvns_summary.txt"), "w", encoding="utf-8") as fh:
-            fh.write(table + "\n")
-        prog.note(f"wrote {len(paths)} figures, rvns.json, rvns_claims.json and "
-                  f"rvns_summary.txt to {out_dir}")
-    prog.block(table)
-    return records
+    return finish_recipe(FAMILY, records, out_dir, prog, claims, lambda rs, out: figures(rs, out, curves=curves), summary)
 
 
 # --------------------------------------------------------------------------- curves and bands

@@ -98,8 +98,8 @@ import numpy as np
 from ..estimators import estimator_for
 from ..mechanisms.joint import jurr_min_epsilon, jurr_valid
 from ..registry import build_mechanism
-from .records import (make_record, pyplot, recipe_main, save_figure, select, start_recipe,
-                      write_records)
+from .records import (finish_recipe, make_record, pyplot, recipe_main, save_figure, select,
+                      start_recipe)
 
 FAMILY = "uldp"
 EPS_GRID = (0.5, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0)
@@ -617,20 +617,7 @@ def run(quick: bool = False, data_dir: str | None = None, out_dir: str | None = 
     if "fig7" in cfg.experiments:
         records += _fig7(cfg, seed, tables, common, prog)
     prog.note(f"experiments done in {time.perf_counter() - t0:.1f}s")
-    table = summary(records)
-    if out_dir is not None:
-        os.makedirs(out_dir, exist_ok=True)
-        write_records(records, os.path.join(out_dir, "uldp.json"))
-        write_records([{**c, "experiment": "claims", "dataset": "-", "method": "-",
-                        "epsilon": None, "metric": "verdict", "value": c["verdict"]}
-                       for c in claims(records)], os.path.join(out_dir, "uldp_claims.json"))
-        paths = figures(records, out_dir)
-        with open(os.path.join(out_dir, "uldp_summary.txt"), "w", encoding="utf-8") as fh:
-            fh.write(table + "\n")
-        prog.note(f"wrote {len(paths)} figures, uldp.json, uldp_claims.json and "
-                  f"uldp_summary.txt to {out_dir}")
-    prog.block(table)
-    return records
+    return finish_recipe(FAMILY, records, out_dir, prog, claims, figures, summary)
 
 
 # --------------------------------------------------------------------------- figures
