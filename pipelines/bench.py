@@ -1,6 +1,11 @@
-"""Pipeline benchmarks for ``ldp-beam bench``: the Beam batch path end to end on Parquet rows.
+"""Pipeline benchmarks for ``ldp-beam bench``: families end to end through Beam.
 
-Each pipeline runs in a fresh child process, which reports its own peak RSS (``peak_rss_mb``).
+Each run reads a Parquet table with ``ReadTable``, perturbs it with the generic ``Perturb`` and
+estimates with ``EstimateGlobally`` (the batched path), or feeds single records through the
+element path (telemetry), on the DirectRunner, the multi-process DirectRunner and the Dask runner
+(a local two-worker cluster). Every pipeline runs in a fresh child process, which reports its
+own wall time and peak RSS (``peak_rss_mb``), so memory growth with input size is visible
+(10^6 and, without ``--quick``, 10^7 rows).
 """
 from __future__ import annotations
 
@@ -9,81 +14,139 @@ import os
 import subprocess
 import sys
 import tempfile
+from typing import Any
 
 from ldp_beam.evaluation.records import make_record
 
-_CHILD = r"""
-import json, sys, time
-import numpy as np, pyarrow as pa, pyarrow.parquet as pq
-import apache_beam as beam
-from apache_beam.options.pipeline_options import PipelineOptions
-from ldp_beam import build_mechanism, estimator_for
-from ldp_beam.transforms import ReadTable, Perturb, EstimateGlobally
-cfg = json.loads(sys.argv[1])
-mech = build_mechanism(cfg["mechanism"], **cfg["params"])
-rows, path = cfg["rows"], cfg["path"]
-if cfg["mode"] == "batched":
-    t = time.perf_counter()
-    with beam.Pipeline(options=PipelineOptions(cfg["beam_args"])) as p:
-        out = p | ReadTable(path)
-        r = out.batches | Perturb(mech, columns={"value": "x"})
-        r.reports | EstimateGlobally(estimator_for(mech))
-    secs = time.perf_counter() - t
-else:
-    x = pq.read_table(path)["x"].to_numpy()[:rows]
-    t = time.perf_counter()
-    with beam.Pipeline(options=PipelineOptions(cfg["beam_args"])) as p:
-        r = (p | beam.Create([{"x": float(v)} for v in x])
-             | Perturb(mech, columns={"value": "x"}))
-        r.reports | EstimateGlobally(estimator_for(mech))
-    secs = time.perf_counter() - t
-import resource
-print(json.dumps({"seconds": secs,
-                  "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0}))
-"""
+_CHILD = r'''
+import json, resource, sys, time
 
 
-def _child(cfg: dict) -> tuple[float, float]:
+def main():
+    import numpy as np
+    import pyarrow.parquet as pq
+    import apache_beam as beam
+    from ldp_beam import build_mechanism, estimator_for
+    from ldp_beam.pipelines.common import run_pipeline
+    from ldp_beam.transforms import EstimateGlobally, Perturb, ReadTable
+
+    cfg = json.loads(sys.argv[1])
+    mech = build_mechanism(cfg["mechanism"], **cfg["params"])
+    cols, rows, path = cfg["columns"], cfg["rows"], cfg["path"]
+
+    if cfg["mode"] == "batched":
+        def build(p):
+            out = p | ReadTable(path)
+            r = out.batches | Perturb(mech, columns=cols)
+            return [r.reports | EstimateGlobally(estimator_for(mech)) | beam.Map(lambda e: None)]
+    else:
+        table = pq.read_table(path).slice(0, rows)
+        data = {c: table[c].to_pylist() for c in cols.values()}
+        records = [dict(zip(data, vals)) for vals in zip(*data.values())]
+
+        def build(p):
+            r = p | beam.Create(records) | Perturb(mech, columns=cols)
+            return [r.reports | EstimateGlobally(estimator_for(mech)) | beam.Map(lambda e: None)]
+
+    t = time.perf_counter()
+    run_pipeline(build, cfg["beam_args"])
+    secs = time.perf_counter() - t
+    print(json.dumps({"seconds": secs,
+                      "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0}))
+
+
+if __name__ == "__main__":
+    main()
+'''
+
+RUNNERS = {
+    "DirectRunner": ["--runner=DirectRunner"],
+    "DirectRunner (2 processes)": ["--runner=DirectRunner", "--direct_num_workers=2",
+                                   "--direct_running_mode=multi_processing"],
+    "DaskRunner (2 workers)": ["--runner=dask", "--dask_workers=2"],
+}
+
+
+def _child(cfg: dict, script: str) -> tuple[float, float]:
     """Run one pipeline in a fresh process: (seconds, that process's own peak RSS in MiB)."""
-    r = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(cfg)], capture_output=True,
-                       text=True, timeout=1800)
+    r = subprocess.run([sys.executable, script, json.dumps(cfg)], capture_output=True,
+                       text=True, timeout=3600)
     if r.returncode != 0:
         raise RuntimeError(f"benchmark pipeline failed: {r.stderr[-2000:]}")
     out = json.loads(r.stdout.strip().splitlines()[-1])
     return out["seconds"], out["peak_rss_mb"]  # ru_maxrss is in KiB on Linux
 
 
-CASES = {  # mechanism -> (params, domain for the synthetic column)
-    "bisample": ({"epsilon": 1.0, "lower": 0.0, "upper": 100.0}, (0.0, 100.0)),
+def _numeric(n: int, rng: Any) -> dict:
+    return {"x": rng.uniform(0.0, 100.0, n)}
+
+
+def _pairs(n: int, rng: Any) -> dict:
+    import numpy as np
+
+    labels = np.array([str(i) for i in range(20)], dtype=object)
+    return {"x": labels[np.minimum(rng.geometric(0.15, n) - 1, 19)],
+            "y": labels[np.minimum(rng.geometric(0.15, n) - 1, 19)]}
+
+
+_LABELS = tuple(str(i) for i in range(20))
+CASES = {  # mechanism -> (params, role -> column, data generator)
+    "bisample": ({"epsilon": 1.0, "lower": 0.0, "upper": 100.0}, {"value": "x"}, _numeric),
+    "cprr": ({"epsilon": 2.0, "x_domain": _LABELS, "y_domain": _LABELS,
+              "x_sensitive": _LABELS[:5], "y_sensitive": _LABELS[:5]},
+             {"x": "x", "y": "y"}, _pairs),
 }
 
 
-def run(quick: bool = False, progress=None) -> list[dict]:
+def _write(path: str, gen, n: int) -> None:
     import numpy as np
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    rows = 1_000_000
+    rng = np.random.default_rng()
+    writer = None
+    step = 1_000_000
+    for start in range(0, n, step):  # written in slices: the benchmark measures the pipeline
+        t = pa.table(gen(min(step, n - start), rng))
+        if writer is None:
+            writer = pq.ParquetWriter(path, t.schema)
+        writer.write_table(t, row_group_size=250_000)
+    writer.close()
+
+
+def run(quick: bool = False, progress=None, only: list[str] | None = None) -> list[dict]:
+    sizes = (1_000_000,) if quick else (1_000_000, 10_000_000)
     element_rows = 20_000 if quick else 100_000
     out = []
     with tempfile.TemporaryDirectory(prefix="ldp-beam-bench-") as tmp:
-        for name, (params, (lo, hi)) in CASES.items():
-            path = os.path.join(tmp, f"{name}.parquet")
-            pq.write_table(pa.table({"x": np.random.default_rng().uniform(lo, hi, rows)}), path,
-                           row_group_size=250_000)
-            for mode, n in (("batched", rows), ("element", element_rows)):
+        script = os.path.join(tmp, "child.py")
+        with open(script, "w") as fh:
+            fh.write(_CHILD)
+        for name, (params, cols, gen) in CASES.items():
+            if only and name not in only:
+                continue
+            plan = [(n, "batched", "DirectRunner") for n in sizes]
+            plan += [(element_rows, "element", "DirectRunner")]
+            plan += [(sizes[0], "batched", r) for r in RUNNERS if r != "DirectRunner"]
+            paths = {}
+            for n, mode, runner in plan:
+                size = max(n, element_rows)
+                if size not in paths:
+                    paths[size] = os.path.join(tmp, f"{name}-{size}.parquet")
+                    _write(paths[size], gen, size)
                 if progress is not None:
-                    progress.note(f"pipeline {name} {mode} ({n:,} rows, DirectRunner)")
-                cfg = {"mechanism": name, "params": params, "rows": n, "path": path,
-                       "mode": mode, "beam_args": ["--runner=DirectRunner"]}
-                secs, rss = _child(cfg)
+                    progress.note(f"pipeline {name} {mode} ({n:,} rows, {runner})")
+                cfg = {"mechanism": name, "params": params, "columns": cols, "rows": n,
+                       "path": paths[size], "mode": mode, "beam_args": RUNNERS[runner]}
+                secs, rss = _child(cfg, script)
                 rec = make_record("bench", "synthetic", name, params.get("epsilon"),
                                   f"pipeline rows/s ({mode})", n / secs, stage="pipeline",
-                                  runner="DirectRunner", rows=n, seconds=secs,
-                                  rows_per_second=n / secs, peak_rss_mb=rss, mode=mode,
-                                  note="includes pipeline start-up; peak RSS of the pipeline's "
-                                  "own process")
-                if mode == "batched":
+                                  runner=runner, rows=n, seconds=secs, rows_per_second=n / secs,
+                                  peak_rss_mb=rss, mode=mode,
+                                  note="read + perturb + estimate, start-up included; peak RSS "
+                                       "of the pipeline's own process (Dask: the client "
+                                       "process, not its workers)")
+                if mode == "batched" and runner == "DirectRunner" and n == 1_000_000:
                     rec["target"] = 1e6
                     rec["meets_target"] = bool(n / secs >= 1e6)
                 out.append(rec)

@@ -285,7 +285,7 @@ def cmd_bench(a: argparse.Namespace) -> int:
     if not a.no_pipeline:
         from . import bench as pipeline_bench
 
-        records += pipeline_bench.run(quick=a.quick, progress=prog)
+        records += pipeline_bench.run(quick=a.quick, progress=prog, only=a.only)
     for r in records:
         tgt = ""
         if "target" in r:

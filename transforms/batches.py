@@ -71,7 +71,8 @@ def get_column(table: Any, name: str) -> np.ndarray:
             if col.null_count:
                 return col.to_numpy(zero_copy_only=False).astype(np.float64, copy=False)
             return col.to_numpy(zero_copy_only=False)
-        return np.asarray(col.to_pylist(), dtype=object)
+        out = col.to_numpy(zero_copy_only=False)  # strings, dates, ...: objects, nulls as None
+        return out if out.dtype == object else out.astype(object)
     return np.asarray(table[name])
 
 
