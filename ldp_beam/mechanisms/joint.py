@@ -300,47 +300,55 @@ class JuRR(SensitiveJoint):
                   "(Corollary 1 proves exactly this weaker definition)")
 
     def randomize(self, cols: dict[str, np.ndarray], u: np.ndarray) -> Reports:
+        """Algorithm 1, vectorized per input quadrant (each quadrant's rows handled as one index
+        set): u0 picks the branch by its cumulative probability, u1 the cell within it."""
         pr = self.probabilities()
         sx, sy = self.sx, self.sy
         xs, ys = self.sensitive_codes()
+        posx, posy = sensitive_positions(self.nx, xs), sensitive_positions(self.ny, ys)
         x, y = cols["x"], cols["y"]
-        px = sensitive_positions(self.nx, xs)[x]
-        py = sensitive_positions(self.ny, ys)[y]
-        in_xs, in_ys = px >= 0, py >= 0
+        ox, oy = x.copy(), y.copy()
         u0, u1 = u[:, 0], u[:, 1]
         ss_mass = sx * sy * pr["b"]
+        # 3: X_S x Y_S, 2: X_S x Y_N, 1: X_N x Y_S, 0: X_N x Y_N, looked up per cell
+        table = (2 * (posx >= 0)[:, None] + (posy >= 0)[None, :]).astype(np.int8).ravel()
+        quadrant = table[x * self.ny + y]
 
-        ox, oy = x.copy(), y.copy()
-        # (x, y) in X_S x Y_S: keep with a, else one of the other sx*sy - 1 protected cells
-        ss = in_xs & in_ys
-        own = px * sy + py
-        j = np.floor(u1 * (sx * sy - 1)).astype(np.int64)
-        j += j >= own
-        move_ss = ss & (u0 >= pr["a"]) & (sx * sy > 1)
-        # every other input goes to a uniform protected cell with total probability sx*sy*b
-        j_any = np.floor(u1 * (sx * sy)).astype(np.int64)
-        to_ss = ~ss & (u0 < ss_mass)
-        cell = np.minimum(np.where(ss, j, j_any), sx * sy - 1)
-        hit = move_ss | to_ss
-        ox[hit], oy[hit] = xs[cell[hit] // sy], ys[cell[hit] % sy]
-        rest = ~ss & ~to_ss
-        # (x in X_S, y in Y_N): keep with p, else x moves to another sensitive x' (q each)
-        sn = rest & in_xs & ~in_ys & (u0 >= ss_mass + pr["p"]) & (sx > 1)
-        jx = np.floor(u1 * (sx - 1)).astype(np.int64)
-        jx = np.minimum(jx + (jx >= px), sx - 1)
-        ox[sn] = xs[jx[sn]]
-        # (x in X_N, y in Y_S): keep with m, else y moves to another sensitive y' (n each)
-        ns = rest & ~in_xs & in_ys & (u0 >= ss_mass + pr["m"]) & (sy > 1)
-        jy = np.floor(u1 * (sy - 1)).astype(np.int64)
-        jy = np.minimum(jy + (jy >= py), sy - 1)
-        oy[ns] = ys[jy[ns]]
-        # (x in X_N, y in Y_N): x -> any sensitive x' (q each), y -> any sensitive y' (n each),
-        # else keep the pair (t)
-        nn = rest & ~in_xs & ~in_ys
-        to_x = nn & (u0 < ss_mass + sx * pr["q"])
-        to_y = nn & ~to_x & (u0 < ss_mass + sx * pr["q"] + sy * pr["n"])
-        ox[to_x] = xs[np.minimum(np.floor(u1[to_x] * sx).astype(np.int64), sx - 1)]
-        oy[to_y] = ys[np.minimum(np.floor(u1[to_y] * sy).astype(np.int64), sy - 1)]
+        def to_protected(i: np.ndarray, skip_own: bool) -> None:
+            """Rows i move to a uniform cell of X_S x Y_S (other than their own if skip_own)."""
+            j = np.floor(u1[i] * (sx * sy - skip_own)).astype(np.int64)
+            if skip_own:
+                j += j >= posx[x[i]] * sy + posy[y[i]]
+            np.minimum(j, sx * sy - 1, out=j)
+            ox[i], oy[i] = xs[j // sy], ys[j % sy]
+
+        def other_label(i: np.ndarray, pos, codes: np.ndarray, s: int) -> np.ndarray:
+            """Another sensitive label than the row's own (pos(i): its position in codes)."""
+            j = np.floor(u1[i] * (s - 1)).astype(np.int64)
+            return codes[np.minimum(j + (j >= pos(i)), s - 1)]
+
+        i = np.flatnonzero(quadrant == 3)  # keep with a, else another protected cell (b each)
+        if sx * sy > 1:
+            to_protected(i[u0[i] >= pr["a"]], True)
+        for q, keep, pos, codes, s, out in ((2, pr["p"], lambda i: posx[x[i]], xs, sx, ox),
+                                            (1, pr["m"], lambda i: posy[y[i]], ys, sy, oy)):
+            # one coordinate sensitive: protected block (sx*sy*b), keep (p | m), else the
+            # sensitive coordinate moves to another sensitive label (q | n each)
+            i = np.flatnonzero(quadrant == q)
+            v = u0[i]
+            to_protected(i[v < ss_mass], False)
+            if s > 1:
+                i = i[v >= ss_mass + keep]
+                out[i] = other_label(i, pos, codes, s)
+        # N x N: protected block, x -> a sensitive label (q each), y -> one (n each), keep (t)
+        i = np.flatnonzero(quadrant == 0)
+        v = u0[i]
+        to_protected(i[v < ss_mass], False)
+        cut_x = ss_mass + sx * pr["q"]
+        ix = i[(v >= ss_mass) & (v < cut_x)]
+        ox[ix] = xs[np.minimum(np.floor(u1[ix] * sx).astype(np.int64), sx - 1)]
+        iy = i[(v >= cut_x) & (v < cut_x + sy * pr["n"])]
+        oy[iy] = ys[np.minimum(np.floor(u1[iy] * sy).astype(np.int64), sy - 1)]
         return self._report(ox, oy)
 
     def transition_matrix(self) -> np.ndarray:
