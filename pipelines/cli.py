@@ -16,7 +16,6 @@ from ldp_beam.errors import LdpBeamError
 
 FAMILIES = ("bisample", "rvns", "uldp", "dphr", "ospdprr")
 PENDING = {  # subcommand or family -> where it is tracked
-    "stream": "issue #7 (warehouse-scale batch, streaming telemetry and distributed runners)",
     "audit": "issue #8 (privacy audits)",
 }
 
@@ -94,7 +93,49 @@ def build_parser() -> argparse.ArgumentParser:
                         "method=paper for RVNS)")
     _mechanism_args(e, required=False)
 
-    sub.add_parser("stream", help="windowed streaming estimation (not available yet)")
+    s = sub.add_parser("stream", help="windowed streaming estimation of telemetry (spool "
+                       "directory or Pub/Sub)")
+    src = s.add_mutually_exclusive_group(required=True)
+    src.add_argument("--spool", help="a directory of JSON-lines files, watched continuously "
+                     "(producers rename complete files into it; read files move to .done/)")
+    src.add_argument("--subscription", help="Pub/Sub PROJECT/SUBSCRIPTION (needs "
+                     "apache-beam[gcp]); each message holds one or more JSON lines")
+    s.add_argument("--output", "-o", required=True,
+                   help="directory for estimates.jsonl, deadletter.jsonl, ledger.jsonl and "
+                        "summary.json (appended to across runs)")
+    s.add_argument("--reports-schema", help="take the mechanism and its parameters from this "
+                   "reports Parquet file's metadata (as written by collect)")
+    s.add_argument("--column", "-c", action="append",
+                   help="central-DP families: the raw record field(s) for the required roles, "
+                        "in order")
+    s.add_argument("--role", action="append", metavar="ROLE=FIELD",
+                   help="central-DP families: map a role to a record field")
+    s.add_argument("--option", action="append", metavar="NAME=VALUE",
+                   help="an estimator option, repeatable")
+    s.add_argument("--window", type=float, default=60.0,
+                   help="fixed event-time window length in seconds (default 60)")
+    s.add_argument("--allowed-lateness", type=float, default=0.0,
+                   help="seconds after a window's end during which late records still count: "
+                        "each fires a late pane (default 0: later records are dead-lettered)")
+    s.add_argument("--early", type=float,
+                   help="also fire speculative panes every this many seconds of processing "
+                        "time before the window's end")
+    s.add_argument("--releases-per-window", type=int,
+                   help="central-DP families: the releases a window may make (needed with "
+                        "--allowed-lateness or --early; the guarantee is their composition)")
+    s.add_argument("--timestamp-field", default="ts",
+                   help="record field with the event time: epoch seconds or ISO 8601 (default ts)")
+    s.add_argument("--poll", type=float, default=1.0,
+                   help="seconds between looks at the spool directory (default 1, at most 10)")
+    s.add_argument("--watermark-lag", type=float, default=0.0,
+                   help="seconds the spool's watermark trails the wall clock: how long a window "
+                        "waits for stragglers before its on-time pane (default 0)")
+    s.add_argument("--duration", type=float,
+                   help="stop cleanly after this many seconds (default: run until Ctrl-C)")
+    s.add_argument("--once", action="store_true",
+                   help="read the files in the spool now, estimate, and stop (a bounded run)")
+    s.add_argument("--quiet", "-q", action="store_true", help="no progress lines on stderr")
+    _mechanism_args(s, required=False)
 
     r = sub.add_parser("reproduce", help="a paper's experiments")
     r.add_argument("family", choices=FAMILIES + ("all",))
@@ -276,6 +317,38 @@ def _emit_records(records: list[dict], path: str | None) -> None:
         print(text)
 
 
+def cmd_stream(a: argparse.Namespace, beam_args: list[str]) -> int:
+    from ldp_beam.registry import get_registry
+
+    from .estimate import mechanism_from_reports
+    from .stream import run_stream
+
+    params = _params(a)
+    if a.reports_schema:
+        mech = mechanism_from_reports(a.reports_schema, a.mechanism, params)
+    elif a.mechanism:
+        mech = get_registry().build(a.mechanism, params)
+    else:
+        raise UsageError("name the mechanism: --mechanism NAME [-p NAME=VALUE ...], or "
+                         "--reports-schema FILE")
+    columns = None
+    if a.column or a.role:
+        if not getattr(mech, "central", False):
+            raise UsageError("--column/--role map raw record fields for central-DP releases "
+                             f"only; {mech.name} reads its reports' own fields")
+        columns = role_columns(mech, a.column, a.role)
+    summary = run_stream(
+        a.output, mech, spool=a.spool, subscription=a.subscription, window_seconds=a.window,
+        allowed_lateness=a.allowed_lateness, early_seconds=a.early,
+        releases_per_window=a.releases_per_window, columns=columns,
+        options=_kv(a.option, "--option"), timestamp_field=a.timestamp_field,
+        poll_seconds=a.poll, watermark_lag=a.watermark_lag, duration=a.duration, once=a.once,
+        beam_args=beam_args, progress=not a.quiet)
+    print(f"{summary['windows']} window(s), {summary['panes']} pane(s) written to "
+          f"{summary['outputs']['estimates']} ({summary['guarantee']['summary']})")
+    return 0 if summary["reconciles"] in (True, None) else 1
+
+
 def cmd_bench(a: argparse.Namespace) -> int:
     from ldp_beam.evaluation import bench
     from ldp_beam.evaluation.records import Progress
@@ -345,6 +418,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_reproduce(a)
         if a.command == "bench":
             return cmd_bench(a)
+        if a.command == "stream":
+            return cmd_stream(a, rest)
         return _not_yet(a.command)
     except (LdpBeamError, UsageError, ValueError, FileNotFoundError, KeyError) as exc:
         print(f"ldp-beam {a.command}: error: {exc}", file=sys.stderr)
