@@ -75,6 +75,22 @@ class Sink:
         return out
 
 
+def recipe_outputs(out, family: str, figures) -> tuple[list, str]:
+    """A recipe's written outputs: every expected figure is a PNG file; returns the claims
+    records and the summary text for the family's own checks."""
+    import json
+
+    written = {p for p in os.listdir(out) if p.endswith(".png")}
+    assert set(figures) <= written, sorted(set(figures) - written)
+    for name in figures:
+        with open(os.path.join(out, name), "rb") as fh:
+            assert fh.read(8) == b"\x89PNG\r\n\x1a\n", name
+    with open(os.path.join(out, f"{family}_claims.json")) as fh:
+        claims = json.load(fh)
+    with open(os.path.join(out, f"{family}_summary.txt"), encoding="utf-8") as fh:
+        return claims, fh.read()
+
+
 sys.modules.setdefault("ldp_beam_test_helpers", sys.modules[__name__])
 
 

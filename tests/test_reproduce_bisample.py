@@ -14,6 +14,7 @@ import re
 
 import numpy as np
 import pytest
+from ldp_beam_test_helpers import recipe_outputs
 from scipy.stats import binom, norm
 
 from ldp_beam.evaluation import bisample_recipe as recipe
@@ -74,14 +75,8 @@ def test_record_schema(quick_run):
 
 def test_figures_written(quick_run):
     _, out, _ = quick_run
-    written = {p for p in os.listdir(out) if p.endswith(".png")}
-    assert EXPECTED_FIGURES <= written
-    for name in EXPECTED_FIGURES:
-        with open(out / name, "rb") as fh:
-            assert fh.read(8) == b"\x89PNG\r\n\x1a\n"
-    claims = json.load(open(out / "bisample_claims.json"))
+    claims, table = recipe_outputs(out, "bisample", EXPECTED_FIGURES)
     assert len(claims) == 6
-    table = (out / "bisample_summary.txt").read_text()
     assert "fig4 EXP" in table and "Table 2" in table
 
 

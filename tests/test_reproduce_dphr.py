@@ -17,6 +17,7 @@ import re
 
 import numpy as np
 import pytest
+from ldp_beam_test_helpers import recipe_outputs
 from scipy.stats import chi2
 
 from ldp_beam.evaluation import dphr_recipe as recipe
@@ -210,14 +211,8 @@ def test_significance_rules():
 # ----------------------------------------------------------------------------- outputs
 def test_figures_and_files_written(quick_run):
     _, out, _ = quick_run
-    written = {p for p in os.listdir(out) if p.endswith(".png")}
-    assert FIGURES <= written
-    for name in FIGURES:
-        with open(out / name, "rb") as fh:
-            assert fh.read(8) == b"\x89PNG\r\n\x1a\n"
-    cl = json.load(open(out / "dphr_claims.json"))
+    cl, table = recipe_outputs(out, "dphr", FIGURES)
     assert len(cl) == len(recipe.claims([])) + len(recipe.DATASETS) * len(recipe.EPS_GRID)
-    table = (out / "dphr_summary.txt").read_text()
     assert "fig3 HEPTH eps=1 " in table and "fig3 MEDCOST eps=ln2 " in table
     assert "soundness" in table and "scaling" in table
 

@@ -16,6 +16,7 @@ import os
 
 import numpy as np
 import pytest
+from ldp_beam_test_helpers import recipe_outputs
 from scipy.stats import norm
 
 from ldp_beam.central.ospdprr import OSPDPRR, OSPDPRREstimator
@@ -105,14 +106,8 @@ def test_record_schema(quick_run):
 
 def test_figures_and_files(quick_run):
     _, out, _ = quick_run
-    written = {p for p in os.listdir(out) if p.endswith(".png")}
-    assert FIGURES <= written
-    for name in FIGURES:
-        with open(out / name, "rb") as fh:
-            assert fh.read(8) == b"\x89PNG\r\n\x1a\n"
-    cl = json.load(open(out / "ospdprr_claims.json"))
+    cl, table = recipe_outputs(out, "ospdprr", FIGURES)
     assert len(cl) == len(recipe.claims([]))
-    table = (out / "ospdprr_summary.txt").read_text()
     assert "sum RMSE, t=0.6, random" in table and "headline" in table and "[" in table
 
 

@@ -17,6 +17,7 @@ import re
 
 import numpy as np
 import pytest
+from ldp_beam_test_helpers import recipe_outputs
 from scipy.stats import chi2
 
 from ldp_beam.evaluation import uldp_recipe as recipe
@@ -85,14 +86,8 @@ def test_record_schema(quick_run):
 
 def test_figures_and_files_written(quick_run):
     _, out, _ = quick_run
-    written = {p for p in os.listdir(out) if p.endswith(".png")}
-    assert EXPECTED_FIGURES <= written
-    for name in EXPECTED_FIGURES:
-        with open(out / name, "rb") as fh:
-            assert fh.read(8) == b"\x89PNG\r\n\x1a\n"
-    cl = json.load(open(out / "uldp_claims.json"))
+    cl, table = recipe_outputs(out, "uldp", EXPECTED_FIGURES)
     assert len(cl) == len(recipe.claims([]))
-    table = (out / "uldp_summary.txt").read_text()
     assert "fig3 nursery-parents 3x5" in table and "undef" in table and "fig7" in table
 
 

@@ -707,22 +707,15 @@ class OSPDPRR(Mechanism):
         return base
 
 
-class OSPDPRREstimator(Estimator):
-    """Accumulates users' rows (target values and item weights); ``finalize`` runs the three
-    stages and makes the one release.
-
-    The accumulator is a float64 array of shape (users, k_T + k): O(users), unlike the LDP
-    estimators, because the normalization, the ideal points and A/B need all users and the sample
-    is drawn at release time. ``merge`` concatenates; ``finalize`` sorts the rows first, so the
-    release is the same whatever the split or merge order. ``seed`` makes the release
-    reproducible (a function of the seed and the rows; for tests only: whoever knows the seed can
-    remove the noise); default: OS entropy. Each ``finalize`` is one release (see the module
-    docstring for per-key / per-window budgets)."""
+class _UserRowsEstimator(Estimator):
+    """Shared by both estimators of this module: the accumulator is one float64 row per user
+    (the report fields in order), merged by concatenation; ``finalize`` sorts the rows and makes
+    the mechanism's one release from them."""
 
     #: the accumulator holds one row per user (O(users)); compare accumulators with canonical()
     accumulates_rows: ClassVar[bool] = True
 
-    def __init__(self, mechanism: OSPDPRR, seed: int | None = None) -> None:
+    def __init__(self, mechanism: Any, seed: int | None = None) -> None:
         super().__init__(mechanism)
         self.seed = seed
         self.fields = mechanism.report_fields
@@ -751,20 +744,6 @@ class OSPDPRREstimator(Estimator):
         reports into batches and any merge order (the form ``finalize`` releases from)."""
         return _canonical(acc)
 
-    def check_reports(self, reports: Mapping[str, Any], n: int | None = None) -> Reasons:
-        reasons = super().check_reports(reports, n)
-        m = self.mechanism
-        for name, _ in self.fields:
-            if name not in reports:
-                continue
-            v = np.asarray(reports[name], dtype=np.float64)
-            lo, hi = (m.lower, m.upper) if name.startswith("value") else (0.0, 1.0)
-            with np.errstate(invalid="ignore"):
-                bad = ~np.isfinite(v) | (v < lo) | (v > hi)
-            reasons.flag(bad, lambda r, v=v, nm=name, lo=lo, hi=hi:
-                         f"report field {nm!r}: {float(v[r])!r} is not in [{lo!r}, {hi!r}]")
-        return reasons
-
     def statistics(self, acc: np.ndarray) -> dict[str, Statistic]:
         raise NotImplementedError("a central release is made by finalize(), once")
 
@@ -778,6 +757,33 @@ class OSPDPRREstimator(Estimator):
         # n_reports=None: the exact number of users is itself sensitive and is not released
         return Estimate(self.mechanism.name, None, rel.statistics, self.mechanism.guarantee,
                         self.mechanism.params())
+
+
+class OSPDPRREstimator(_UserRowsEstimator):
+    """Accumulates users' rows (target values and item weights); ``finalize`` runs the three
+    stages and makes the one release.
+
+    The accumulator is a float64 array of shape (users, k_T + k): O(users), unlike the LDP
+    estimators, because the normalization, the ideal points and A/B need all users and the sample
+    is drawn at release time. ``merge`` concatenates; ``finalize`` sorts the rows first, so the
+    release is the same whatever the split or merge order. ``seed`` makes the release
+    reproducible (a function of the seed and the rows; for tests only: whoever knows the seed can
+    remove the noise); default: OS entropy. Each ``finalize`` is one release (see the module
+    docstring for per-key / per-window budgets)."""
+
+    def check_reports(self, reports: Mapping[str, Any], n: int | None = None) -> Reasons:
+        reasons = super().check_reports(reports, n)
+        m = self.mechanism
+        for name, _ in self.fields:
+            if name not in reports:
+                continue
+            v = np.asarray(reports[name], dtype=np.float64)
+            lo, hi = (m.lower, m.upper) if name.startswith("value") else (0.0, 1.0)
+            with np.errstate(invalid="ignore"):
+                bad = ~np.isfinite(v) | (v < lo) | (v > hi)
+            reasons.flag(bad, lambda r, v=v, nm=name, lo=lo, hi=hi:
+                         f"report field {nm!r}: {float(v[r])!r} is not in [{lo!r}, {hi!r}]")
+        return reasons
 
 
 def _canonical(acc: np.ndarray) -> np.ndarray:
@@ -944,24 +950,10 @@ class OsdpRR(Mechanism):
         return Release(stats, {"kept": kept, "q": q})
 
 
-class OsdpRREstimator(Estimator):
+class OsdpRREstimator(_UserRowsEstimator):
     """Accumulates users' rows (target values and sensitivity flags, float64 (users, 2 k_T):
     O(users), as :class:`OSPDPRREstimator`); ``finalize`` samples the records and answers the
     query once. ``seed`` as :class:`OSPDPRREstimator`."""
-
-    accumulates_rows: ClassVar[bool] = True
-
-    def __init__(self, mechanism: OsdpRR, seed: int | None = None) -> None:
-        super().__init__(mechanism)
-        self.seed = seed
-        self.fields = mechanism.report_fields
-        self.width = len(self.fields)
-
-    create = OSPDPRREstimator.create
-    add = OSPDPRREstimator.add
-    merge = OSPDPRREstimator.merge
-    n_reports = OSPDPRREstimator.n_reports
-    canonical = OSPDPRREstimator.canonical
 
     def check_reports(self, reports: Mapping[str, Any], n: int | None = None) -> Reasons:
         reasons = super().check_reports(reports, n)
@@ -979,19 +971,6 @@ class OsdpRREstimator(Estimator):
                 reasons.flag(~np.isin(v, (0.0, 1.0)), lambda r, v=v, nm=name:
                              f"report field {nm!r}: {float(v[r])!r} is not 0 or 1")
         return reasons
-
-    def statistics(self, acc: np.ndarray) -> dict[str, Statistic]:
-        raise NotImplementedError("a release is made by finalize(), once")
-
-    def finalize(self, acc: np.ndarray) -> Estimate:
-        if acc.shape[0] == 0:
-            raise EmptyAccumulatorError(f"{self.mechanism.name}: no reports (users) were "
-                                        "accumulated; there is nothing to release")
-        acc = _canonical(acc)
-        kt = self.mechanism.k_target
-        rel = self.mechanism.release(acc[:, :kt], acc[:, kt:], release_source(self.seed, acc))
-        return Estimate(self.mechanism.name, None, rel.statistics, self.mechanism.guarantee,
-                        self.mechanism.params())
 
 
 __all__ = ["OSPDPRR", "OSPDPRREstimator", "OsdpRR", "OsdpRREstimator", "Release",
