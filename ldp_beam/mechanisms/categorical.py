@@ -52,21 +52,30 @@ def sensitive_positions(k: int, sensitive_codes: np.ndarray) -> np.ndarray:
     return pos
 
 
-def urr_sample(codes: np.ndarray, pos: np.ndarray, sens: np.ndarray, a: float, t: float,
-               u0: np.ndarray, u1: np.ndarray) -> np.ndarray:
-    """uRR on integer codes, vectorized: two uniforms per record (keep?, which other label).
-
-    ``pos`` is :func:`sensitive_positions`, ``sens`` the sensitive codes in order."""
+def urr_tables(k: int, sens: np.ndarray, epsilon: float) -> tuple[np.ndarray, ...]:
+    """Per-label lookup tables of uRR with sensitive codes ``sens`` (in order): the keep
+    probability (a or t), how many labels a move chooses among (s - 1 or s), and the position a
+    move skips (the label's own position among the sensitive ones; s, i.e. none, otherwise)."""
+    a, _, t = urr_probabilities(epsilon, sens.size)
     s = sens.size
-    p = pos[codes]
-    is_s = p >= 0
-    keep = u0 < np.where(is_s, a, t)
-    # a sensitive input moves to one of the s - 1 *other* sensitive labels: draw among s - 1 and
-    # skip its own position; a non-sensitive input moves to any of the s sensitive labels
-    j = np.floor(u1 * np.where(is_s, s - 1, s)).astype(np.int64)
-    j += is_s & (j >= p)
-    np.minimum(j, s - 1, out=j)
-    return np.where(keep, codes, sens[j])
+    is_s = np.zeros(k, dtype=bool)
+    is_s[sens] = True
+    skip = np.full(k, s, dtype=np.int64)
+    skip[sens] = np.arange(s)
+    return np.where(is_s, a, t), np.where(is_s, s - 1.0, float(s)), skip
+
+
+def urr_sample(codes: np.ndarray, tables: tuple[np.ndarray, ...], sens: np.ndarray,
+               u0: np.ndarray, u1: np.ndarray) -> np.ndarray:
+    """uRR on integer codes, vectorized: two uniforms per record (keep?, which other label);
+    ``tables`` from :func:`urr_tables`. A sensitive label moves to one of the s - 1 *other*
+    sensitive labels (drawn among s - 1, skipping its own position); a non-sensitive one to any
+    of the s sensitive labels."""
+    keep_p, choices, skip = tables
+    j = (u1 * choices[codes]).astype(np.int64)  # truncation = floor: u1 * choices >= 0
+    j += j >= skip[codes]
+    np.minimum(j, sens.size - 1, out=j)
+    return np.where(u0 < keep_p[codes], codes, sens[j])
 
 
 def urr_matrix(k: int, sens_codes: np.ndarray, epsilon: float) -> np.ndarray:
@@ -129,8 +138,7 @@ class GRR(Mechanism):
 
     def randomize(self, cols: dict[str, np.ndarray], u: np.ndarray) -> Reports:
         sens = self.sensitive_codes
-        a, _, t = self.probabilities()
-        v = urr_sample(cols["value"], sensitive_positions(len(self.domain), sens), sens, a, t,
+        v = urr_sample(cols["value"], urr_tables(len(self.domain), sens, self.epsilon), sens,
                        u[:, 0], u[:, 1])
         return {"v": v.astype(np.uint16)}
 

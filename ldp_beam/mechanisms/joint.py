@@ -33,7 +33,7 @@ from ..core import (Mechanism, Reasons, Reports, Role, check_epsilon, check_labe
 from ..errors import ParameterError
 from ..privacy import LDP, ULDP, PrivacyGuarantee
 from .categorical import (CODE, check_domain_size, sensitive_positions, urr_matrix,
-                          urr_probabilities, urr_sample)
+                          urr_probabilities, urr_sample, urr_tables)
 
 ROLES = (Role("x", kind="category", help="the first attribute, a label of x_domain"),
          Role("y", kind="category", help="the second attribute, a label of y_domain"))
@@ -137,10 +137,10 @@ class SensitiveJoint(JointMechanism):
 def _product_urr(mech: JointMechanism, cells_s: np.ndarray, epsilon: float,
                  cols: dict[str, np.ndarray], u: np.ndarray) -> Reports:
     k = mech.nx * mech.ny
-    a, _, t = urr_probabilities(epsilon, cells_s.size)
     c = cols["x"] * mech.ny + cols["y"]
-    out = urr_sample(c, sensitive_positions(k, cells_s), cells_s, a, t, u[:, 0], u[:, 1])
-    return mech._report(out // mech.ny, out % mech.ny)
+    out = urr_sample(c, urr_tables(k, cells_s, epsilon), cells_s, u[:, 0], u[:, 1])
+    cell_x, cell_y = np.divmod(np.arange(k, dtype=np.uint16), np.uint16(mech.ny))
+    return {"x": cell_x[out], "y": cell_y[out]}  # table lookups, not a division per record
 
 
 @dataclass(frozen=True)
@@ -231,9 +231,9 @@ class TDRR(SensitiveJoint):
 
     def randomize(self, cols: dict[str, np.ndarray], u: np.ndarray) -> Reports:
         xs, ys = self.sensitive_codes()
-        (ax, _, tx), (ay, _, ty) = self.axis_probabilities()
-        ox = urr_sample(cols["x"], sensitive_positions(self.nx, xs), xs, ax, tx, u[:, 0], u[:, 1])
-        oy = urr_sample(cols["y"], sensitive_positions(self.ny, ys), ys, ay, ty, u[:, 2], u[:, 3])
+        e2 = self.epsilon / 2
+        ox = urr_sample(cols["x"], urr_tables(self.nx, xs, e2), xs, u[:, 0], u[:, 1])
+        oy = urr_sample(cols["y"], urr_tables(self.ny, ys, e2), ys, u[:, 2], u[:, 3])
         return self._report(ox, oy)
 
     def transition_matrix(self) -> np.ndarray:
@@ -307,16 +307,16 @@ class JuRR(SensitiveJoint):
         xs, ys = self.sensitive_codes()
         posx, posy = sensitive_positions(self.nx, xs), sensitive_positions(self.ny, ys)
         x, y = cols["x"], cols["y"]
-        ox, oy = x.copy(), y.copy()
+        ox, oy = x.astype(np.uint16), y.astype(np.uint16)  # the report dtype, copied once
         u0, u1 = u[:, 0], u[:, 1]
         ss_mass = sx * sy * pr["b"]
-        # 3: X_S x Y_S, 2: X_S x Y_N, 1: X_N x Y_S, 0: X_N x Y_N, looked up per cell
-        table = (2 * (posx >= 0)[:, None] + (posy >= 0)[None, :]).astype(np.int8).ravel()
-        quadrant = table[x * self.ny + y]
+        # 3: X_S x Y_S, 2: X_S x Y_N, 1: X_N x Y_S, 0: X_N x Y_N (two small-table lookups)
+        quadrant = (2 * (posx >= 0)).astype(np.int8)[x]
+        quadrant += (posy >= 0).astype(np.int8)[y]
 
         def to_protected(i: np.ndarray, skip_own: bool) -> None:
             """Rows i move to a uniform cell of X_S x Y_S (other than their own if skip_own)."""
-            j = np.floor(u1[i] * (sx * sy - skip_own)).astype(np.int64)
+            j = (u1[i] * (sx * sy - skip_own)).astype(np.int64)  # truncation = floor
             if skip_own:
                 j += j >= posx[x[i]] * sy + posy[y[i]]
             np.minimum(j, sx * sy - 1, out=j)
@@ -324,7 +324,7 @@ class JuRR(SensitiveJoint):
 
         def other_label(i: np.ndarray, pos, codes: np.ndarray, s: int) -> np.ndarray:
             """Another sensitive label than the row's own (pos(i): its position in codes)."""
-            j = np.floor(u1[i] * (s - 1)).astype(np.int64)
+            j = (u1[i] * (s - 1)).astype(np.int64)
             return codes[np.minimum(j + (j >= pos(i)), s - 1)]
 
         i = np.flatnonzero(quadrant == 3)  # keep with a, else another protected cell (b each)
@@ -346,10 +346,10 @@ class JuRR(SensitiveJoint):
         to_protected(i[v < ss_mass], False)
         cut_x = ss_mass + sx * pr["q"]
         ix = i[(v >= ss_mass) & (v < cut_x)]
-        ox[ix] = xs[np.minimum(np.floor(u1[ix] * sx).astype(np.int64), sx - 1)]
+        ox[ix] = xs[np.minimum((u1[ix] * sx).astype(np.int64), sx - 1)]
         iy = i[(v >= cut_x) & (v < cut_x + sy * pr["n"])]
-        oy[iy] = ys[np.minimum(np.floor(u1[iy] * sy).astype(np.int64), sy - 1)]
-        return self._report(ox, oy)
+        oy[iy] = ys[np.minimum((u1[iy] * sy).astype(np.int64), sy - 1)]
+        return {"x": ox, "y": oy}
 
     def transition_matrix(self) -> np.ndarray:
         pr = self.probabilities()
