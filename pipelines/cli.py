@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import logging
 import sys
 from typing import Any
@@ -15,9 +16,7 @@ from typing import Any
 from ldp_beam.errors import LdpBeamError
 
 FAMILIES = ("bisample", "rvns", "uldp", "dphr", "ospdprr")
-PENDING = {  # subcommand or family -> where it is tracked
-    "audit": "issue #8 (privacy audits)",
-}
+PENDING: dict[str, str] = {}  # subcommand or family -> where it is tracked
 
 
 class UsageError(Exception):
@@ -150,9 +149,11 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--json", help="write the records here (default: stdout)")
     b.add_argument("--only", action="append", help="benchmark only this mechanism (repeatable)")
     b.add_argument("--no-pipeline", action="store_true", help="skip the Beam pipeline runs")
-    au = sub.add_parser("audit", help="empirical privacy audits (not available yet)")
-    au.add_argument("--quick", action="store_true")
-    au.add_argument("--json")
+    au = sub.add_parser("audit", help="privacy audits of every mechanism: exact worst case and an "
+                        "empirical lower bound on epsilon beside each claim")
+    au.add_argument("--quick", action="store_true", help="fewer samples, under a minute")
+    au.add_argument("--json", help="write the records here (default: stdout)")
+    au.add_argument("--seed", type=int, help="sampling seed (default: OS entropy, recorded)")
     return ap
 
 
@@ -370,21 +371,47 @@ def cmd_bench(a: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_reproduce(a: argparse.Namespace) -> int:
-    families = [f for f in FAMILIES] if a.family == "all" else [a.family]
-    records: list[dict] = []
-    missing = [f for f in families if f in PENDING]
-    if a.family != "all" and missing:
-        return _not_yet(a.family)
-    for fam in families:
-        if fam in PENDING:
-            print(f"ldp-beam reproduce: skipping {fam}: not available yet ({PENDING[fam]})",
-                  file=sys.stderr)
-            continue
-        from importlib import import_module
+def cmd_audit(a: argparse.Namespace) -> int:
+    """Exit 0 when every audited claim is consistent, 1 when one is violated."""
+    from ldp_beam.evaluation import audit_recipe
+    from ldp_beam.evaluation.records import Progress
 
+    records = audit_recipe.run(quick=a.quick, progress=Progress("audit"), seed=a.seed)
+
+    def num(v: Any, inf: bool = False) -> str:
+        return "inf" if inf else ("-" if v is None else f"{v:.4g}")
+    print(f"  {'mechanism':<18} {'setting':<24} {'claimed':>8} {'exact':>8} "
+          f"{'empirical lower (conf)':>24}  verdict", file=sys.stderr)
+    for r in records:
+        claim_inf = r["claimed_epsilon"] is None and r["verdict"] not in ("not audited",)
+        low = "-" if r["empirical_epsilon_lower"] is None else \
+            f"{r['empirical_epsilon_lower']:.4g} ({r['confidence']:.4g})"
+        print(f"  {r['method']:<18} {r['dataset']:<24} {num(r['claimed_epsilon'], claim_inf):>8} "
+              f"{num(r['exact_epsilon'], r.get('exact_infinite', False)):>8} {low:>24}  "
+              f"{r['verdict']}", file=sys.stderr)
+    _emit_records(records, a.json)
+    return 1 if any(r["verdict"] == "violates claim" for r in records) else 0
+
+
+def cmd_reproduce(a: argparse.Namespace) -> int:
+    """One family's experiments; ``all`` runs every family into ``--out DIR/FAMILY/`` and writes
+    ``DIR/report.md`` (every claim's verdict and evidence, and the figures)."""
+    from importlib import import_module
+
+    families = list(FAMILIES) if a.family == "all" else [a.family]
+    records: list[dict] = []
+    for fam in families:
         recipe = import_module(f"ldp_beam.evaluation.{fam}_recipe")
-        records += recipe.run(quick=a.quick, data_dir=a.data_dir, out_dir=a.out, seed=a.seed)
+        out = os.path.join(a.out, fam) if a.out and a.family == "all" else a.out
+        records += recipe.run(quick=a.quick, data_dir=a.data_dir, out_dir=out, seed=a.seed)
+    if a.family == "all" and a.out:
+        from ldp_beam.evaluation.report import write_report
+
+        path = write_report(a.out, families, {
+            "run": "quick (reduced sizes)" if a.quick else "full", "data": a.data_dir or
+            "synthetic fallbacks", "seed": a.seed if a.seed is not None else
+            "drawn from OS entropy per family (recorded in every record)"})
+        print(f"ldp-beam reproduce: report written to {path}", file=sys.stderr)
     _emit_records(records, a.json)
     return 0
 
@@ -420,6 +447,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_bench(a)
         if a.command == "stream":
             return cmd_stream(a, rest)
+        if a.command == "audit":
+            return cmd_audit(a)
         return _not_yet(a.command)
     except (LdpBeamError, UsageError, ValueError, FileNotFoundError, KeyError) as exc:
         print(f"ldp-beam {a.command}: error: {exc}", file=sys.stderr)
