@@ -130,7 +130,11 @@ def check_subset(subset: Any, name: str, domain: tuple[str, ...], domain_name: s
     """Validate a subset of a declared domain (e.g. the sensitive categories)."""
     if isinstance(subset, str):
         subset = [x.strip() for x in subset.split(",") if x.strip()]
-    out = check_labels(subset, name, min_size=0) if len(list(subset)) else ()
+    try:
+        items = list(subset)
+    except TypeError:
+        raise ParameterError(name, subset, "a sequence of category labels") from None
+    out = check_labels(items, name, min_size=0) if items else ()
     if len(out) < min_size:
         raise ParameterError(name, subset, f"at least {min_size} label(s) of {domain_name}")
     extra = [v for v in out if v not in domain]

@@ -385,8 +385,11 @@ def test_bad_values_are_flagged(mech):
 
 def test_bad_reports_are_flagged():
     lap = NoiseKDEEstimator(LaplaceNoise(1.0))
-    r = lap.check_reports({"y": np.array([0.5, np.inf, np.nan, -1e6, "x"], dtype=object)})
-    assert r.bad.tolist() == [False, True, True, False, True]
+    # -1e6 is ~7e5 noise standard deviations (sd = sqrt 2) below the domain [0, 1]: no honest
+    # report is that far (probability e^-1e6), so it is flagged too; -1000 (~707 sds) is not
+    r = lap.check_reports({"y": np.array([0.5, np.inf, np.nan, -1e6, "x", -1000.0],
+                                         dtype=object)})
+    assert r.bad.tolist() == [False, True, True, True, True, False]
     sw = SquareWave(1.0)
     est = SquareWaveEMSEstimator(sw)
     r = est.check_reports({"y": np.array([-sw.b, 1 + sw.b, -sw.b - 1e-9, 2.0, np.nan])})

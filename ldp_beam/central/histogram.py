@@ -99,6 +99,8 @@ class HistogramRelease(Mechanism):
 
     def __post_init__(self) -> None:
         check_epsilon(self.epsilon)
+        if isinstance(self.categories, np.ndarray):  # an array of labels: `if array:` is ambiguous
+            object.__setattr__(self, "categories", tuple(self.categories.ravel().tolist()))
         if self.categories:
             object.__setattr__(self, "categories", check_labels(self.categories, "categories"))
             if self.bins:

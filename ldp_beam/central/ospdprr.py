@@ -64,7 +64,7 @@ from typing import Any, Callable, ClassVar, Iterable, Mapping, Union
 import numpy as np
 
 from ..core import (Estimate, Estimator, Mechanism, Reasons, Reports, Role, Statistic,
-                    check_choice, check_interval)
+                    check_choice, check_interval, coerce_numeric)
 from ..errors import EmptyAccumulatorError, ParameterError
 from ..privacy import CENTRAL, NONE, ULDP, PrivacyGuarantee
 from ..rng import RngLike
@@ -777,7 +777,7 @@ class OSPDPRREstimator(_UserRowsEstimator):
         for name, _ in self.fields:
             if name not in reports:
                 continue
-            v = np.asarray(reports[name], dtype=np.float64)
+            v, _ = coerce_numeric(reports[name])  # non-numeric entries -> NaN, flagged below
             lo, hi = (m.lower, m.upper) if name.startswith("value") else (0.0, 1.0)
             with np.errstate(invalid="ignore"):
                 bad = ~np.isfinite(v) | (v < lo) | (v > hi)
@@ -961,7 +961,7 @@ class OsdpRREstimator(_UserRowsEstimator):
         for name, _ in self.fields:
             if name not in reports:
                 continue
-            v = np.asarray(reports[name], dtype=np.float64)
+            v, _ = coerce_numeric(reports[name])  # non-numeric entries -> NaN, flagged below
             if name.startswith("value"):
                 with np.errstate(invalid="ignore"):
                     bad = ~np.isfinite(v) | (v < m.lower) | (v > m.upper)

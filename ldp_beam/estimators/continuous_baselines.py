@@ -93,12 +93,24 @@ class NoiseKDEEstimator(BinnedEstimator):
         self.reach = j * w  # c as used
         self.binned = BinnedDensity(lower - j * w, upper + j * w, inner + 2 * j)
 
+    #: a report further than this many noise standard deviations outside [lower, upper] cannot
+    #: come from an honest client (Laplace: probability e^(-1000 sqrt 2); lighter tails: less)
+    PLAUSIBLE_SDS = 1000.0
+
     def check_reports(self, reports: Mapping[str, Any], n: int | None = None) -> Reasons:
         reasons = super().check_reports(reports, n)
         if "y" in reports:
             y, _ = coerce_numeric(reports["y"])
             reasons.flag(~np.isfinite(y), lambda i, r=reports["y"]:
                          f"report field 'y': {r[i]!r} is not a finite number")
+            g = self.grid
+            reach = self.PLAUSIBLE_SDS * float(self.mechanism.noise_sd)
+            with np.errstate(invalid="ignore"):
+                far = (y < g.lower - reach) | (y > g.upper + reach)
+            reasons.flag(far, lambda i, r=reports["y"], d=reach:
+                         f"report field 'y': {r[i]!r} is more than {self.PLAUSIBLE_SDS:g} noise "
+                         f"standard deviations ({d:.4g}) outside [lower, upper]: no honest "
+                         "report is that far (forged or corrupted)")
         return reasons
 
     # -- release

@@ -122,7 +122,9 @@ class PrivKVM(NumericMechanism):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if not (0 < self.key_fraction < 1):
+        if isinstance(self.key_fraction, bool) or not isinstance(
+                self.key_fraction, (int, float, np.integer, np.floating)) \
+                or not (0 < self.key_fraction < 1):
             raise ParameterError("key_fraction", self.key_fraction, "a number in (0, 1)")
         if isinstance(self.virtual_iterations, bool) or not isinstance(self.virtual_iterations, int) \
                 or not 0 <= self.virtual_iterations <= 1000:
