@@ -314,13 +314,15 @@ class JuRR(SensitiveJoint):
         quadrant = (2 * (posx >= 0)).astype(np.int8)[x]
         quadrant += (posy >= 0).astype(np.int8)[y]
 
+        cell_x, cell_y = np.repeat(xs, sy), np.tile(ys, sx)  # protected cell j -> its labels
+
         def to_protected(i: np.ndarray, skip_own: bool) -> None:
             """Rows i move to a uniform cell of X_S x Y_S (other than their own if skip_own)."""
             j = (u1[i] * (sx * sy - skip_own)).astype(np.int64)  # truncation = floor
             if skip_own:
                 j += j >= posx[x[i]] * sy + posy[y[i]]
             np.minimum(j, sx * sy - 1, out=j)
-            ox[i], oy[i] = xs[j // sy], ys[j % sy]
+            ox[i], oy[i] = cell_x[j], cell_y[j]
 
         def other_label(i: np.ndarray, pos, codes: np.ndarray, s: int) -> np.ndarray:
             """Another sensitive label than the row's own (pos(i): its position in codes)."""
