@@ -12,38 +12,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ldp_beam import EmptyAccumulatorError, build_mechanism, estimator_for, get_registry
+from ldp_beam_test_helpers import SAMPLE_OPTIONS, SAMPLE_PARAMS
 
 SEED = 99
 N_REPORTS = 300
 EPS_F = 2.0**-52
-
-# Inputs that reach every report of the built-in mechanisms (missing users included).
-SAMPLE_PARAMS = {
-    "bisample": dict(epsilon=1.0, lower=0.0, upper=10.0),
-    "bisample-md": dict(epsilon=1.0, lower=0.0, upper=10.0),
-    "harmony": dict(epsilon=1.0, lower=0.0, upper=10.0),
-    "pm": dict(epsilon=1.0, lower=0.0, upper=10.0),
-    "privkvm": dict(epsilon=1.0, lower=0.0, upper=10.0),
-    "laplace-dp": dict(epsilon=1.0, lower=0.0, upper=10.0),
-    "generalized-gaussian": dict(epsilon=1.0, lower=0.0, upper=10.0),
-    "square-wave": dict(epsilon=1.0, lower=0.0, upper=10.0),
-    "rvns": dict(lower=0.0, upper=10.0, d=2.0, k=2),
-    "grr": dict(epsilon=1.0, domain="a,b,c"),
-    "urr": dict(epsilon=1.0, domain="a,b,c", sensitive="a"),
-    "jd-grr": dict(epsilon=1.0, x_domain="a,b,c", y_domain="u,v"),
-    **{name: dict(epsilon=2.0, x_domain="a,b,c", y_domain="u,v", x_sensitive="a,b",
-                  y_sensitive="u") for name in ("jurr", "cprr", "tdrr")},
-    "dphr": dict(epsilon=1.0, bins=12, lower=0.0, upper=10.0),
-    "laplace-histogram": dict(epsilon=1.0, bins=12, lower=0.0, upper=10.0),
-    "ahp": dict(epsilon=1.0, bins=12, lower=0.0, upper=10.0),
-    "structure-first": dict(epsilon=1.0, bins=12, lower=0.0, upper=10.0, k=3, F=1000),
-    "ospdprr": dict(t=0.7, k=1, lower=0.0, upper=10.0),
-    "osdp-rr": dict(epsilon=1.0, k=1, lower=0.0, upper=10.0),
-}
-# central releases draw fresh noise at every finalize unless seeded; with a seed, the release is
-# a function of the seed and the accumulator, so equal accumulators give equal releases
-SAMPLE_OPTIONS = {name: {"seed": 5} for name in ("dphr", "laplace-histogram", "ahp",
-                                                 "structure-first", "ospdprr", "osdp-rr")}
 
 _CACHE: dict[str, tuple] = {}
 

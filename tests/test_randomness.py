@@ -23,34 +23,12 @@ import pytest
 
 import ldp_beam
 from ldp_beam.registry import get_registry
+from ldp_beam_test_helpers import SAMPLE_PARAMS
 from ldp_beam.rng import RandomSource, as_source
 
 REG = get_registry()
 BUILTINS = [d["name"] for d in REG.describe() if d["source"] == "ldp-beam"]
 
-# Inputs that build every built-in mechanism (copied from tests/test_accumulators.py).
-SAMPLE_PARAMS = {
-    "bisample": dict(epsilon=1.0, lower=0.0, upper=10.0),
-    "bisample-md": dict(epsilon=1.0, lower=0.0, upper=10.0),
-    "harmony": dict(epsilon=1.0, lower=0.0, upper=10.0),
-    "pm": dict(epsilon=1.0, lower=0.0, upper=10.0),
-    "privkvm": dict(epsilon=1.0, lower=0.0, upper=10.0),
-    "laplace-dp": dict(epsilon=1.0, lower=0.0, upper=10.0),
-    "generalized-gaussian": dict(epsilon=1.0, lower=0.0, upper=10.0),
-    "square-wave": dict(epsilon=1.0, lower=0.0, upper=10.0),
-    "rvns": dict(lower=0.0, upper=10.0, d=2.0, k=2),
-    "grr": dict(epsilon=1.0, domain="a,b,c"),
-    "urr": dict(epsilon=1.0, domain="a,b,c", sensitive="a"),
-    "jd-grr": dict(epsilon=1.0, x_domain="a,b,c", y_domain="u,v"),
-    **{name: dict(epsilon=2.0, x_domain="a,b,c", y_domain="u,v", x_sensitive="a,b",
-                  y_sensitive="u") for name in ("jurr", "cprr", "tdrr")},
-    "dphr": dict(epsilon=1.0, bins=12, lower=0.0, upper=10.0),
-    "laplace-histogram": dict(epsilon=1.0, bins=12, lower=0.0, upper=10.0),
-    "ahp": dict(epsilon=1.0, bins=12, lower=0.0, upper=10.0),
-    "structure-first": dict(epsilon=1.0, bins=12, lower=0.0, upper=10.0, k=3, F=1000),
-    "ospdprr": dict(t=0.7, k=1, lower=0.0, upper=10.0),
-    "osdp-rr": dict(epsilon=1.0, k=1, lower=0.0, upper=10.0),
-}
 CENTRAL = [n for n in BUILTINS if getattr(REG.get(n).mechanism, "central", False)]
 LOCAL = [n for n in BUILTINS if n not in CENTRAL]
 N = 2000

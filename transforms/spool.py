@@ -304,6 +304,15 @@ class SpoolDirectory:
         """Move a claimed file to ``.done/`` (every record of it is settled)."""
         os.rename(state.path, _free_name(self._sub(DONE), os.path.basename(state.path)))
 
+    def finish_existing(self, states: list) -> int:
+        """Move every one of ``states`` still in ``.claimed/`` to ``.done/``; returns how many."""
+        n = 0
+        for state in states:
+            if os.path.exists(state.path):
+                self.finish(state)
+                n += 1
+        return n
+
     def fail(self, state: FileState) -> None:
         try:
             os.rename(state.path, _free_name(self._sub(FAILED), os.path.basename(state.path)))
@@ -547,11 +556,7 @@ class SpoolSource(beam.PTransform):
 
     def finish_all(self) -> int:
         """After the pipeline has finished cleanly: every file read is settled."""
-        n = 0
-        for state in self.claimed:
-            if os.path.exists(state.path):
-                self.spool.finish(state)
-                n += 1
+        n = self.spool.finish_existing(self.claimed)
         self.claimed = []
         return n
 
@@ -610,9 +615,4 @@ class ReadSpoolOnce(beam.PTransform):
         return files | "Read" >> beam.ParDo(ReadClaimedFn(self.spool, self.settled_us))
 
     def finish_all(self) -> int:
-        n = 0
-        for state in self.claimed:
-            if os.path.exists(state.path):
-                self.spool.finish(state)
-                n += 1
-        return n
+        return self.spool.finish_existing(self.claimed)

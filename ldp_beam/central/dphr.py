@@ -37,8 +37,8 @@ import numpy as np
 from ..core import check_choice
 from ..privacy import CENTRAL, NONE, PrivacyGuarantee
 from ..rng import RngLike
-from .histogram import (HistogramRelease, as_generator, check_counts, group_means_with_noise,
-                        split_budget)
+from .histogram import (HistogramRelease, TwoPartBudget, as_generator, check_counts,
+                        group_means_with_noise)
 
 
 # --------------------------------------------------------------------------- grouping
@@ -135,7 +135,7 @@ def approximate_sort(counts: np.ndarray, eps_pick: float, gen: np.random.Generat
 
 # --------------------------------------------------------------------------- the release
 @dataclass(frozen=True)
-class DPHR(HistogramRelease):
+class DPHR(TwoPartBudget, HistogramRelease):
     """DPHR (Algorithms 1-3), ``sound`` (default: (eps1 + eps2)-DP) or ``paper`` (as published;
     no established guarantee). Budget: epsilon = epsilon1 + epsilon2 (each epsilon/2 by
     default, as in the paper)."""
@@ -149,11 +149,7 @@ class DPHR(HistogramRelease):
     def __post_init__(self) -> None:
         super().__post_init__()
         check_choice(self.variant, "variant", ("sound", "paper"))
-        split_budget(self.epsilon, self.epsilon1, self.epsilon2)
-
-    @property
-    def budget(self) -> tuple[float, float]:
-        return split_budget(self.epsilon, self.epsilon1, self.epsilon2)
+        self.budget  # validates the split
 
     @property
     def guarantee(self) -> PrivacyGuarantee:

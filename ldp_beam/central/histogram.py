@@ -81,6 +81,19 @@ def split_budget(epsilon: float, epsilon1: float | None, epsilon2: float | None,
     return (part, rest) if name == "epsilon1" else (rest, part)
 
 
+class TwoPartBudget:
+    """For releases that spend epsilon in two parts (a structure or view, then the counts):
+    ``epsilon1``/``epsilon2`` fields (either, both or neither given) and the resolved
+    ``budget``; ``DEFAULT_FRACTION`` of epsilon goes to the first part by default."""
+
+    DEFAULT_FRACTION: ClassVar[float] = 0.5
+
+    @property
+    def budget(self) -> tuple[float, float]:
+        return split_budget(self.epsilon, self.epsilon1, self.epsilon2,  # type: ignore[attr-defined]
+                            self.DEFAULT_FRACTION)
+
+
 @dataclass(frozen=True)
 class HistogramRelease(Mechanism):
     """Base of the central histogram algorithms: the budget and the bucket domain."""

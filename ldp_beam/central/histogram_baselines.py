@@ -29,8 +29,8 @@ import numpy as np
 from ..errors import ParameterError
 from ..privacy import CENTRAL, NONE, PrivacyGuarantee
 from ..rng import RngLike
-from .histogram import (HistogramRelease, as_generator, check_counts, group_means_with_noise,
-                        split_budget)
+from .histogram import (HistogramRelease, TwoPartBudget, as_generator, check_counts,
+                        group_means_with_noise)
 
 #: Entries of one block of the (prefix position x bucket) cost matrix of the v-optimal programme.
 _BLOCK_ENTRIES = 1 << 22
@@ -126,7 +126,7 @@ def v_optimal_table(values: np.ndarray, max_groups: int) -> np.ndarray:
 
 
 @dataclass(frozen=True)
-class StructureFirst(HistogramRelease):
+class StructureFirst(TwoPartBudget, HistogramRelease):
     """StructureFirst (Xu et al., VLDB J 2013, Algorithm "StructureFirst" with the mean as the
     group representative).
 
@@ -169,16 +169,12 @@ class StructureFirst(HistogramRelease):
             raise ParameterError("k", None, "an integer >= 1 (the number of groups; "
                                  "StructureFirst needs it)")
         _check_int(self.k, "k", 1)
-        split_budget(self.epsilon, self.epsilon1, self.epsilon2)
+        self.budget  # validates the split
         if self.F is not None and (isinstance(self.F, bool)
                                    or not isinstance(self.F, (int, float, np.integer,
                                                               np.floating))
                                    or not math.isfinite(self.F) or self.F <= 0):
             raise ParameterError("F", self.F, "None or a finite public bound > 0 on any count")
-
-    @property
-    def budget(self) -> tuple[float, float]:
-        return split_budget(self.epsilon, self.epsilon1, self.epsilon2)
 
     @property
     def guarantee(self) -> PrivacyGuarantee:
@@ -313,7 +309,7 @@ def ahp_greedy_cluster(x: np.ndarray, eps2: float) -> np.ndarray:
 
 
 @dataclass(frozen=True)
-class AHP(HistogramRelease):
+class AHP(TwoPartBudget, HistogramRelease):
     """AHP (Zhang et al., SDM 2014).
 
     1. view = counts + Lap(1/eps1) per bucket;
@@ -343,15 +339,11 @@ class AHP(HistogramRelease):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        split_budget(self.epsilon, self.epsilon1, self.epsilon2, self.DEFAULT_FRACTION)
+        self.budget  # validates the split
         if isinstance(self.eta, bool) or not isinstance(self.eta, (int, float, np.integer,
                                                                    np.floating)) \
                 or not math.isfinite(self.eta) or self.eta < 0:
             raise ParameterError("eta", self.eta, "a finite number >= 0 (threshold factor)")
-
-    @property
-    def budget(self) -> tuple[float, float]:
-        return split_budget(self.epsilon, self.epsilon1, self.epsilon2, self.DEFAULT_FRACTION)
 
     @property
     def guarantee(self) -> PrivacyGuarantee:
