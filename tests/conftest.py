@@ -105,6 +105,26 @@ SAMPLE_OPTIONS = {name: {"seed": 5} for name in ("dphr", "laplace-histogram", "a
                                                  "structure-first", "ospdprr", "osdp-rr")}
 
 
+def valid_columns(mech, n, g):
+    """Valid input for every role of a sample-built mechanism: labels from declared domains,
+    values in [lower, upper], sensitivity levels (half 0), importances, preferences (30%
+    below epsilon: those users do not answer)."""
+    lo, hi = getattr(mech, "lower", 0.0), getattr(mech, "upper", 1.0)
+    out = {}
+    for r in mech.roles:
+        if r.kind == "category":
+            out[r.name] = g.choice(np.array(mech.labels(r.name), dtype=object), n)
+        elif r.name.startswith("level"):
+            out[r.name] = np.where(g.random(n) < 0.5, 0.0, g.uniform(0.01, 1.0, n))
+        elif r.name.startswith("importance"):
+            out[r.name] = g.uniform(0.01, 1.0, n)
+        elif r.name == "preference":
+            out[r.name] = np.where(g.random(n) < 0.3, 0.5 * mech.epsilon, 10.0)
+        else:
+            out[r.name] = g.uniform(lo, hi, n)
+    return out
+
+
 def recipe_outputs(out, family: str, figures) -> tuple[list, str]:
     """A recipe's written outputs: every expected figure is a PNG file; returns the claims
     records and the summary text for the family's own checks."""

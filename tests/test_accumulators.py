@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ldp_beam import EmptyAccumulatorError, build_mechanism, estimator_for, get_registry
-from ldp_beam_test_helpers import SAMPLE_OPTIONS, SAMPLE_PARAMS
+from ldp_beam_test_helpers import SAMPLE_OPTIONS, SAMPLE_PARAMS, valid_columns
 
 SEED = 99
 N_REPORTS = 300
@@ -31,21 +31,7 @@ def setup_for(name: str):
         mech = build_mechanism(name, **params)
     except Exception as exc:  # a plugin with other required parameters
         pytest.skip(f"no sample parameters for plugin {name!r} ({exc}); add to SAMPLE_PARAMS")
-    g = np.random.default_rng(SEED)
-    lo, hi = getattr(mech, "lower", 0.0), getattr(mech, "upper", 1.0)
-    data = {"value": g.uniform(lo, hi, N_REPORTS)}
-    categories = [r.name for r in mech.roles if r.kind == "category"]
-    if categories:  # labels drawn from each declared domain
-        data = {r: g.choice(np.array(mech.labels(r), dtype=object), N_REPORTS)
-                for r in categories}
-    itemised = [r.name for r in mech.roles if r.name.startswith(("value", "level"))
-                and r.name[-1].isdigit()]
-    if itemised:  # per-item values and sensitivity levels (0: not sensitive)
-        data = {r: (g.uniform(lo, hi, N_REPORTS) if r.startswith("value") else
-                    np.where(g.random(N_REPORTS) < 0.5, 0.0, g.uniform(0.01, 1.0, N_REPORTS)))
-                for r in itemised}
-    if "preference" in {r.name for r in mech.roles}:
-        data["preference"] = np.where(g.random(N_REPORTS) < 0.3, 0.5 * params["epsilon"], 10.0)
+    data = valid_columns(mech, N_REPORTS, np.random.default_rng(SEED))
     try:
         reports = mech.perturb(data, rng=SEED)
     except Exception as exc:

@@ -25,7 +25,7 @@ from ldp_beam.core import coerce_numeric
 from ldp_beam.errors import (EmptyAccumulatorError, InvalidRecordsError, LdpBeamError,
                              ParameterError)
 from ldp_beam.registry import get_registry
-from ldp_beam_test_helpers import SAMPLE_PARAMS
+from ldp_beam_test_helpers import SAMPLE_PARAMS, valid_columns
 
 REG = get_registry()
 BUILTINS = [d["name"] for d in REG.describe() if d["source"] == "ldp-beam"]
@@ -157,24 +157,6 @@ def columns(draw, n):
     arr = np.empty(n, dtype=object)
     arr[:] = draw(st.lists(ELEMENTS, min_size=n, max_size=n))
     return arr
-
-
-def valid_columns(mech, n, g):
-    """Valid input for every role of a sample-built mechanism (as tests/test_accumulators.py)."""
-    lo, hi = getattr(mech, "lower", 0.0), getattr(mech, "upper", 1.0)
-    out = {}
-    for r in mech.roles:
-        if r.kind == "category":
-            out[r.name] = g.choice(np.array(mech.labels(r.name), dtype=object), n)
-        elif r.name.startswith("level"):
-            out[r.name] = np.where(g.random(n) < 0.5, 0.0, g.uniform(0.01, 1.0, n))
-        elif r.name.startswith("importance"):
-            out[r.name] = g.uniform(0.01, 1.0, n)
-        elif r.name == "preference":
-            out[r.name] = np.where(g.random(n) < 0.3, 0.5 * mech.epsilon, 10.0)
-        else:
-            out[r.name] = g.uniform(lo, hi, n)
-    return out
 
 
 def assert_reports(mech, reports, n):

@@ -23,7 +23,7 @@ import pytest
 
 import ldp_beam
 from ldp_beam.registry import get_registry
-from ldp_beam_test_helpers import SAMPLE_PARAMS
+from ldp_beam_test_helpers import SAMPLE_PARAMS, valid_columns
 from ldp_beam.rng import RandomSource, as_source
 
 REG = get_registry()
@@ -36,21 +36,7 @@ N = 2000
 
 def valid_input(mech, n, seed=0):
     """Valid rows for every role (the data generator is seeded: only the *noise* must vary)."""
-    g = np.random.default_rng(seed)
-    lo, hi = getattr(mech, "lower", 0.0), getattr(mech, "upper", 1.0)
-    out = {}
-    for r in mech.roles:
-        if r.kind == "category":
-            out[r.name] = g.choice(np.array(mech.labels(r.name), dtype=object), n)
-        elif r.name.startswith("level"):
-            out[r.name] = np.where(g.random(n) < 0.5, 0.0, g.uniform(0.01, 1.0, n))
-        elif r.name.startswith("importance"):
-            out[r.name] = g.uniform(0.01, 1.0, n)
-        elif r.name == "preference":
-            out[r.name] = np.where(g.random(n) < 0.3, 0.5 * mech.epsilon, 10.0)
-        else:
-            out[r.name] = g.uniform(lo, hi, n)
-    return out
+    return valid_columns(mech, n, np.random.default_rng(seed))
 
 
 def test_every_builtin_has_sample_params():
