@@ -141,6 +141,30 @@ def recipe_outputs(out, family: str, figures) -> tuple[list, str]:
         return claims, fh.read()
 
 
+class ScriptedNoise:
+    """Stands in for the central releases' noise (``ldp_beam.central.histogram.lattice_laplace``,
+    which every histogram release's Laplace noise goes through): records ``(sensitivity,
+    epsilon, size)`` of every call and returns the scripted integer noise arrays first (in
+    order), then real exact draws."""
+
+    def __init__(self, monkeypatch, draws=()):
+        from ldp_beam.central import histogram
+
+        self.real = histogram.lattice_laplace
+        self.script = [np.asarray(d, dtype=np.int64) for d in draws]
+        self.calls: list[tuple] = []
+        monkeypatch.setattr(histogram, "lattice_laplace", self)
+
+    def __call__(self, units, sensitivity, epsilon, gen):
+        u = np.asarray(units, dtype=np.int64)
+        self.calls.append((sensitivity, epsilon, u.size))
+        if self.script:
+            z = self.script.pop(0)
+            assert z.shape == u.shape, (z.shape, u.shape)
+            return u + z, None
+        return self.real(units, sensitivity, epsilon, gen)
+
+
 sys.modules.setdefault("ldp_beam_test_helpers", sys.modules[__name__])
 
 

@@ -20,9 +20,10 @@ from ldp_beam.central.dphr import (DPHR, approximate_sort, brute_force_grouping,
                                    optimal_grouping)
 from ldp_beam.central.histogram import IdentityLaplace, group_means_with_noise, split_budget
 from ldp_beam.errors import EmptyAccumulatorError, ParameterError
+from ldp_beam.noise import discrete_laplace_pmf, discrete_laplace_scale
 from ldp_beam.evaluation.metrics import range_query_mse, range_sums
 from ldp_beam.privacy import CENTRAL, NONE
-from ldp_beam_test_helpers import read_jsonl, run_cli
+from ldp_beam_test_helpers import ScriptedNoise, read_jsonl, run_cli
 
 EXAMPLE = np.array([2, 4, 2, 5, 8, 2, 3])  # Sections 4.2 and 5.2 of the paper
 
@@ -86,15 +87,16 @@ def test_variant_guarantees():
 
 
 def _log_density_sound(h, view, hist, groups, e1, e2):
-    """log p(view, published histogram | counts h) for the sound variant: the view is
-    Laplace(h, 1/e1) per bucket, the grouping a function of the view, and each group's published
-    value Laplace(mean_G(h), 1/(e2 |G|))."""
-    lp = np.sum(np.log(e1 / 2) - e1 * np.abs(view - h))
+    """log P(view, published histogram | counts h) for the sound variant: the view is h plus
+    discrete Laplace noise of scale t1 ~ 1/e1 per bucket, the grouping a function of the view,
+    and each group's published value (sum_G(h) + Z) / |G| with Z discrete Laplace of scale
+    t2 ~ 1/e2 (the scales as the library rounds them up)."""
+    t1, t2 = discrete_laplace_scale(1, e1), discrete_laplace_scale(1, e2)
+    lp = np.sum(np.log(discrete_laplace_pmf(view - h, t1)))
     for k in np.unique(groups):
         m = groups == k
-        size = m.sum()
-        b = 1.0 / (e2 * size)
-        lp += np.log(1 / (2 * b)) - abs(hist[m][0] - h[m].mean()) / b
+        z = np.rint(hist[m][0] * m.sum() - h[m].sum())
+        lp += np.log(discrete_laplace_pmf(z, t2))
     return lp
 
 
@@ -118,29 +120,16 @@ def test_sound_variant_exact_privacy_loss_is_bounded():
     assert worst > 0.5 * (e1 + e2)  # the bound is not vacuous: some outputs come close
 
 
-class _FixedView(np.random.Generator):
-    """A generator whose first Laplace call returns chosen noise (the view's), then behaves."""
-
-    def __init__(self, first_noise):
-        super().__init__(np.random.PCG64(0))
-        self.first = np.asarray(first_noise, dtype=float)
-        self.calls = 0
-
-    def laplace(self, loc=0.0, scale=1.0, size=None):
-        self.calls += 1
-        if self.calls == 1:
-            return self.first
-        return super().laplace(loc, scale, size)
-
-
-def test_sound_grouping_depends_on_the_data_only_through_the_view():
+def test_sound_grouping_depends_on_the_data_only_through_the_view(monkeypatch):
     rng = np.random.default_rng(4)
-    view = rng.normal(10, 6, 30)
+    view = np.rint(rng.normal(10, 6, 30)).astype(np.int64)
     mech = DPHR(0.5)
     groups = []
     for _ in range(5):
         h = rng.integers(0, 25, 30)  # five different histograms ...
-        rel = mech.publish(h, _FixedView(view - h))  # ... with the same private view
+        noise = ScriptedNoise(monkeypatch, [view - h])  # ... with the same private view
+        rel = mech.publish(h, np.random.default_rng(0))
+        assert noise.calls[0] == (1, 0.25, 30)  # the view: sensitivity 1 at eps1
         np.testing.assert_allclose(rel["view"], view)
         groups.append(rel["groups"])
     for g in groups[1:]:
@@ -178,20 +167,25 @@ def test_paper_variant_grouping_reveals_one_record():
 
 # --------------------------------------------------------------------------- the release
 def test_group_noise_has_the_stated_variance():
+    """(group sum + Z) / |G| with Z discrete Laplace of scale 1/eps: variance
+    2q/(1-q)^2 / |G|^2, q = exp(-eps) (a little below the continuous 2/(eps |G|)^2)."""
     counts = np.arange(12)
     groups = np.repeat([0, 1, 2], [2, 4, 6])
     gen = np.random.default_rng(8)
     runs = 4000
     out = np.array([group_means_with_noise(counts, groups, 0.7, gen)[0] for _ in range(runs)])
     _, var = group_means_with_noise(counts, groups, 0.7, gen)
+    q = math.exp(-1 / discrete_laplace_scale(1, 0.7))
+    k2, k4 = 2 * q / (1 - q) ** 2, 2 * q * (1 + 4 * q + q * q) / (1 - q) ** 4
     for k, size in enumerate([2, 4, 6]):
         m = groups == k
         noise = out[:, m][:, 0] - counts[m].mean()
         assert np.all(out[:, m] == out[:, m][:, :1])  # one draw shared by the group
-        want = 2 / (0.7 * size) ** 2
-        assert var[m][0] == pytest.approx(want)
-        # sample variance of R Laplace draws: relative SE sqrt((kurtosis 6 + 2)/R)
-        assert noise.var() == pytest.approx(want, rel=5 * math.sqrt(8 / runs))
+        np.testing.assert_allclose(noise * size, np.rint(noise * size), atol=1e-9)  # integers
+        want = k2 / size ** 2
+        assert var[m][0] == pytest.approx(want, rel=1e-12)
+        # sample variance of R draws: relative SE sqrt((excess kurtosis k4/k2^2 + 2)/R)
+        assert noise.var() == pytest.approx(want, rel=5 * math.sqrt((k4 / k2 ** 2 + 2) / runs))
         assert abs(noise.mean()) <= 5 * math.sqrt(want / runs)
 
 

@@ -17,32 +17,17 @@ from scipy.stats import chi2
 
 from ldp_beam import ParameterError
 from ldp_beam.central import histogram_baselines as hb
-from ldp_beam.central.histogram import HistogramReleaseEstimator
+from ldp_beam.central.histogram import HistogramReleaseEstimator, count_noise_variance
 from ldp_beam.central.histogram_baselines import (AHP, StructureFirst, ahp_err_star,
                                                   ahp_greedy_cluster, ahp_threshold,
                                                   exponential_mechanism,
                                                   exponential_mechanism_probabilities,
                                                   v_optimal_table)
 from ldp_beam.privacy import CENTRAL, NONE
+from ldp_beam_test_helpers import ScriptedNoise
 
 Z = 4.0
 CHI2_Q = 0.999
-
-
-class ScriptedGenerator(np.random.Generator):
-    """A numpy Generator whose first ``laplace`` calls return the given draws (in order) and
-    that records every ``laplace`` call; everything else is an ordinary seeded PCG64."""
-
-    def __init__(self, seed: int, draws=()):
-        super().__init__(np.random.PCG64(seed))
-        self.script = [np.asarray(d, dtype=float) for d in draws]
-        self.calls: list[tuple] = []
-
-    def laplace(self, loc=0.0, scale=1.0, size=None):
-        self.calls.append((loc, scale, size))
-        if self.script:
-            return self.script.pop(0)
-        return super().laplace(loc, scale, size)
 
 
 def sse(v):
@@ -154,7 +139,7 @@ def test_structure_first_boundary_distribution_matches_exponential_mechanism(k):
 
 def test_structure_first_privacy_accounting(monkeypatch):
     """k - 1 exponential-mechanism choices of eps1/(k-1) each with sensitivity 2F + 1, then one
-    Laplace draw of scale 1/eps2 per group sum; the guarantee is their sum."""
+    discrete Laplace draw of scale 1/eps2 per group sum; the guarantee is their sum."""
     eps, eps1, eps2, k, F = 1.0, 0.3, 0.7, 5, 50.0
     mech = StructureFirst(epsilon=eps, k=k, epsilon1=eps1, epsilon2=eps2, F=F)
     used = []
@@ -166,20 +151,20 @@ def test_structure_first_privacy_accounting(monkeypatch):
 
     monkeypatch.setattr(hb, "exponential_mechanism", spy)
     h = np.random.default_rng(1).integers(0, 60, 30)
-    z = np.array([0.4, -1.3, 2.2, 0.05, -0.7])
-    gen = ScriptedGenerator(2, [z])
-    rel = mech.publish(h, gen)
+    z = np.array([4, -13, 22, 0, -7])
+    noise = ScriptedNoise(monkeypatch, [z])
+    rel = mech.publish(h, np.random.default_rng(2))
     assert len(used) == k - 1
     assert all(e == pytest.approx(eps1 / (k - 1)) and s == 2 * F + 1 for e, s, _ in used)
     assert sum(e for e, _, _ in used) == pytest.approx(eps1)
-    # one Laplace call: k standard draws, each group sum moved by draw / eps2
-    assert gen.calls == [(0.0, 1.0, k)]
+    # one noise call: k integer group sums of sensitivity 1 at eps2, each moved by its draw
+    assert noise.calls == [(1, eps2, k)]
     groups = rel["groups"]
     assert groups.max() + 1 == k and np.all(np.diff(groups) >= 0)  # contiguous, in order
     np.testing.assert_allclose(group_sums(rel["histogram"], groups) - group_sums(h, groups),
-                               z / eps2, atol=1e-9)
+                               z, atol=1e-9)
     size = np.bincount(groups)
-    np.testing.assert_allclose(rel["noise_var"], (2.0 / (eps2 * size) ** 2)[groups])
+    np.testing.assert_allclose(rel["noise_var"], (count_noise_variance(eps2) / size ** 2)[groups])
     np.testing.assert_array_equal(mech.noise_variance(rel), rel["noise_var"])
     g = mech.guarantee
     assert g.kind == CENTRAL and g.epsilon == pytest.approx(sum(rel["epsilon_spent"]))
@@ -192,12 +177,13 @@ def test_structure_first_forced_structure_spends_all_on_the_sums(monkeypatch, k)
     monkeypatch.setattr(hb, "exponential_mechanism", lambda *a: pytest.fail("no choice"))
     h = np.array([3, 1, 4, 1, 5, 9])
     mech = StructureFirst(epsilon=0.8, k=k, F=10)
-    z = np.linspace(-1, 1, k)
-    rel = mech.publish(h, ScriptedGenerator(0, [z]))
-    assert rel["epsilon_spent"] == (0.0, 0.8)
+    z = np.arange(k) - k // 2
+    noise = ScriptedNoise(monkeypatch, [z])
+    rel = mech.publish(h, np.random.default_rng(0))
+    assert rel["epsilon_spent"] == (0.0, 0.8) and noise.calls == [(1, 0.8, k)]
     assert rel["groups"].max() + 1 == k
     np.testing.assert_allclose(group_sums(rel["histogram"], rel["groups"]),
-                               group_sums(h, rel["groups"]) + z / 0.8)
+                               group_sums(h, rel["groups"]) + z)
 
 
 def test_structure_first_default_split_is_even_and_partial_split_completes():
@@ -307,15 +293,17 @@ def test_ahp_threshold_rule():
     assert np.all(t[v > cut] == v[v > cut]) and np.all(t[v <= cut] == 0)
 
 
-def test_ahp_grouping_depends_on_data_only_through_the_noisy_view():
+def test_ahp_grouping_depends_on_data_only_through_the_noisy_view(monkeypatch):
     rng = np.random.default_rng(21)
     n = 64
-    view = rng.gamma(0.8, 15.0, n) + rng.laplace(0, 2, n)
+    view = np.rint(rng.gamma(0.8, 15.0, n) + rng.laplace(0, 2, n)).astype(np.int64)
     h1 = rng.integers(0, 40, n)
     h2 = rng.integers(0, 40, n)
     mech = AHP(epsilon=0.5)
-    r1 = mech.publish(h1, ScriptedGenerator(1, [view - h1]))
-    r2 = mech.publish(h2, ScriptedGenerator(99, [view - h2]))
+    ScriptedNoise(monkeypatch, [view - h1])
+    r1 = mech.publish(h1, np.random.default_rng(1))
+    ScriptedNoise(monkeypatch, [view - h2])
+    r2 = mech.publish(h2, np.random.default_rng(99))
     np.testing.assert_allclose(r1["view"], view)
     np.testing.assert_allclose(r2["view"], view)
     np.testing.assert_array_equal(r1["groups"], r2["groups"])
@@ -325,25 +313,26 @@ def test_ahp_grouping_depends_on_data_only_through_the_noisy_view():
     assert not np.allclose(r1["histogram"], r2["histogram"])
 
 
-def test_ahp_privacy_accounting():
+def test_ahp_privacy_accounting(monkeypatch):
     eps = 1.0
     mech = AHP(epsilon=eps)
     e1, e2 = mech.budget
     assert (e1, e2) == pytest.approx((0.85, 0.15))  # the default split
     h = np.random.default_rng(2).integers(0, 50, 40)
-    gen = ScriptedGenerator(4)
-    rel = mech.publish(h, gen)
+    noise = ScriptedNoise(monkeypatch)
+    rel = mech.publish(h, np.random.default_rng(4))
     groups = rel["groups"]
     k = int(groups.max()) + 1
-    # the view: Laplace(1/eps1) per bucket; the group means: k standard draws / (eps2 |G|)
-    assert gen.calls == [(0.0, 1.0 / e1, h.size), (0.0, 1.0, k)]
-    z = np.random.default_rng(0).standard_normal(k)
-    rel2 = mech.publish(h, ScriptedGenerator(4, [rel["view"] - h, z]))
+    # the view: noise of sensitivity 1 at eps1 per bucket; then the k group sums at eps2
+    assert noise.calls == [(1, e1, h.size), (1, e2, k)]
+    z = np.random.default_rng(0).integers(-20, 21, k)
+    ScriptedNoise(monkeypatch, [np.rint(rel["view"] - h), z])
+    rel2 = mech.publish(h, np.random.default_rng(4))
     np.testing.assert_array_equal(rel2["groups"], groups)
     np.testing.assert_allclose(group_sums(rel2["histogram"], groups) - group_sums(h, groups),
-                               z / e2, atol=1e-9)
+                               z, atol=1e-9)
     size = np.bincount(groups)
-    np.testing.assert_allclose(mech.noise_variance(rel), (2.0 / (e2 * size) ** 2)[groups])
+    np.testing.assert_allclose(mech.noise_variance(rel), (count_noise_variance(e2) / size ** 2)[groups])
     g = mech.guarantee
     assert g.kind == CENTRAL and g.epsilon == pytest.approx(e1 + e2) and g.epsilon == eps
     assert g.params == {"epsilon1": e1, "epsilon2": e2, "eta": 0.35}

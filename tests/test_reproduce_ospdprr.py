@@ -172,22 +172,24 @@ def test_error_moments_against_enumeration():
         fb = factor * b
         m2 += pr * (c * c + 2 * fb * fb)
         m4 += pr * (c ** 4 + 6 * c * c * 2 * fb * fb + 24 * fb ** 4)
-    mse, var = recipe.error_moments(p, a, b, target, factor)
+    mse, var = recipe.error_moments(p, a, (2 * b * b, 12 * b ** 4), target, factor)
     assert mse == pytest.approx(m2, rel=1e-12)
     assert var == pytest.approx(m4 - m2 * m2, rel=1e-10)
 
 
 def test_paper_noise_variance_against_enumeration():
+    """E over the sample of the discrete Laplace variance 2q/(1-q)^2, q = exp(-e^m / delta)."""
     pi = np.array([0.0, 0.3, 0.6, 1.0])
     m = np.array([0.1, 0.2, 0.5, 0.9])  # sorted scores
-    delta = 7.0
+    delta, grid = 7, 0.25
     expect = 0.0
     for bits in itertools.product((0, 1), repeat=4):
         x = np.array(bits, dtype=bool)
         pr = np.prod(np.where(x, pi, 1 - pi))
         mm = m[x].min() if x.any() else m.min()
-        expect += pr * 2 * (delta / math.exp(mm)) ** 2
-    assert recipe.paper_noise_variance(pi, m, delta) == pytest.approx(expect, rel=1e-12)
+        q = math.exp(-math.exp(mm) / delta)
+        expect += pr * grid ** 2 * 2 * q / (1 - q) ** 2
+    assert recipe.paper_noise_variance(pi, m, delta, grid) == pytest.approx(expect, rel=1e-12)
 
 
 def test_sensitivity_assignment():

@@ -38,7 +38,7 @@ from ..core import check_choice
 from ..privacy import CENTRAL, NONE, PrivacyGuarantee
 from ..rng import RngLike
 from .histogram import (HistogramRelease, TwoPartBudget, as_generator, check_counts,
-                        group_means_with_noise)
+                        group_means_with_noise, laplace_counts)
 
 
 # --------------------------------------------------------------------------- grouping
@@ -179,7 +179,7 @@ class DPHR(TwoPartBudget, HistogramRelease):
             sorted_groups, total = optimal_grouping(h[order].astype(float), e2)
             view = None
         else:
-            view = h + gen.laplace(0.0, 1.0 / e1, h.size)
+            view = laplace_counts(h, e1, gen).astype(float)
             order = np.argsort(view, kind="stable")
             sorted_groups, total = optimal_grouping(view[order], e2)
         groups = np.empty(h.size, dtype=np.int64)

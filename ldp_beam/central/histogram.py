@@ -27,6 +27,7 @@ import numpy as np
 from ..core import (CountEstimator, Estimate, Mechanism, Reasons, Reports, Role, Statistic,
                     check_epsilon, check_labels, coerce_numeric, encode_categories)
 from ..errors import EmptyAccumulatorError, ParameterError
+from ..noise import discrete_laplace_scale, discrete_laplace_variance, lattice_laplace
 from ..privacy import CENTRAL, PrivacyGuarantee
 from ..rng import RandomSource, RngLike
 
@@ -185,36 +186,52 @@ class HistogramRelease(Mechanism):
         return None
 
 
+def laplace_counts(counts: np.ndarray, epsilon: float, gen: np.random.Generator) -> np.ndarray:
+    """``counts`` (integers, sensitivity 1) plus exact discrete Laplace noise of scale 1/epsilon
+    (rounded up to a rational; :mod:`ldp_beam.noise`): an integer, exactly epsilon-DP view."""
+    return lattice_laplace(counts, 1, epsilon, gen)[0]
+
+
+def count_noise_variance(epsilon: float) -> float:
+    """The variance of :func:`laplace_counts`' noise: 2q/(1 - q)^2, q = exp(-1/t), t ~ 1/eps."""
+    return discrete_laplace_variance(discrete_laplace_scale(1, epsilon))
+
+
 @dataclass(frozen=True)
 class IdentityLaplace(HistogramRelease):
-    """LPA / identity: Lap(1/eps) on every bucket (Dwork et al. 2006); eps-DP, unbiased."""
+    """LPA / identity: Laplace noise of scale 1/eps on every bucket (Dwork et al. 2006), as the
+    exact discrete Laplace on the integer counts (see :mod:`ldp_beam.noise`); eps-DP, unbiased."""
 
     NAME: ClassVar[str] = "laplace-histogram"
 
     @property
     def guarantee(self) -> PrivacyGuarantee:
         return PrivacyGuarantee(CENTRAL, self.epsilon,
-                                notes="Laplace mechanism, L1 sensitivity 1 (add/remove a record)")
+                                notes="discrete Laplace mechanism on the integer counts, sampled "
+                                      "exactly (no floating-point noise), L1 sensitivity 1 "
+                                      "(add/remove a record)")
 
     def publish(self, counts: Any, rng: RngLike = None) -> dict[str, Any]:
-        h = check_counts(counts).astype(float)
-        return {"histogram": h + as_generator(rng).laplace(0.0, 1.0 / self.epsilon, h.size)}
+        h = check_counts(counts)
+        return {"histogram": laplace_counts(h, self.epsilon, as_generator(rng)).astype(float)}
 
     def noise_variance(self, release: Mapping[str, Any]) -> np.ndarray:
-        return np.full(len(release["histogram"]), 2.0 / self.epsilon ** 2)
+        return np.full(len(release["histogram"]), count_noise_variance(self.epsilon))
 
 
 def group_means_with_noise(counts: np.ndarray, groups: np.ndarray, epsilon: float,
                            gen: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-    """Publish every bucket as its group's mean of the *true* counts plus one Laplace draw of
-    scale 1/(epsilon |G|) shared by the group (DPHR Algorithm 1 line 8). Groups are disjoint, so
-    one record moves one group mean by 1/|G|: epsilon-DP for a grouping fixed independently of
-    the counts. Returns (histogram, per-bucket noise variance)."""
+    """Publish every bucket as its group's mean of the *true* counts plus noise of scale
+    1/(epsilon |G|) shared by the group (DPHR Algorithm 1 line 8), as (group sum + Z) / |G| with
+    Z exactly discrete Laplace of scale 1/epsilon on the integer group sum. Groups are disjoint,
+    so one record moves one group sum by 1: epsilon-DP for a grouping fixed independently of the
+    counts. Returns (histogram, per-bucket noise variance)."""
     k = int(groups.max()) + 1
     size = np.bincount(groups, minlength=k).astype(float)
-    mean = np.bincount(groups, weights=counts.astype(float), minlength=k) / size
-    noise = gen.laplace(0.0, 1.0, k) / (epsilon * size)
-    return (mean + noise)[groups], (2.0 / (epsilon * size) ** 2)[groups]
+    sums = np.zeros(k, dtype=np.int64)
+    np.add.at(sums, groups, np.asarray(counts, dtype=np.int64))
+    noisy = laplace_counts(sums, epsilon, gen) / size
+    return noisy[groups], (count_noise_variance(epsilon) / size ** 2)[groups]
 
 
 def release_source(seed: Any, acc: np.ndarray) -> RandomSource | None:

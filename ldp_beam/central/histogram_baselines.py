@@ -30,7 +30,7 @@ from ..errors import ParameterError
 from ..privacy import CENTRAL, NONE, PrivacyGuarantee
 from ..rng import RngLike
 from .histogram import (HistogramRelease, TwoPartBudget, as_generator, check_counts,
-                        group_means_with_noise)
+                        group_means_with_noise, laplace_counts)
 
 #: Entries of one block of the (prefix position x bucket) cost matrix of the v-optimal programme.
 _BLOCK_ENTRIES = 1 << 22
@@ -360,7 +360,7 @@ class AHP(TwoPartBudget, HistogramRelease):
         h = check_counts(counts)
         gen = as_generator(rng)
         e1, e2 = self.budget
-        view = h + gen.laplace(0.0, 1.0 / e1, h.size)
+        view = laplace_counts(h, e1, gen).astype(float)
         groups = self.group_view(view)
         hist, var = group_means_with_noise(h, groups, e2, gen)
         return {"histogram": hist, "groups": groups, "noise_var": var, "view": view}

@@ -22,6 +22,9 @@ stages, all in :meth:`OSPDPRR.release` (called once per release by the estimator
    ``pi_u = (e^eps_u - 1)/(e^t - 1)`` if ``eps_u < t`` else 1 (:func:`sampling_probabilities`).
 3. **One Laplace release** (§4, §6): the query on the sample plus ``Lap(Delta / eps)``; ``eps = t``
    in the sound modes, ``e^m`` (``m`` the smallest score among sampled users) in ``paper`` mode.
+   The statistics are summed exactly on an integer lattice (:func:`statistic_lattice`) and the
+   noise is the exact discrete Laplace (:mod:`ldp_beam.noise`, docs/floating_point.md), not
+   floating-point Laplace draws.
 
 Modes (spec §4.4) and what we claim (§5; docs/ospdprr_privacy.md):
 
@@ -66,6 +69,7 @@ import numpy as np
 from ..core import (Estimate, Estimator, Mechanism, Reasons, Reports, Role, Statistic,
                     check_choice, check_interval, coerce_numeric)
 from ..errors import EmptyAccumulatorError, ParameterError
+from ..noise import discrete_laplace_variance, lattice_laplace, to_units
 from ..privacy import CENTRAL, NONE, ULDP, PrivacyGuarantee
 from ..rng import RngLike
 from .histogram import as_generator, release_source
@@ -195,6 +199,61 @@ def noise_scales(query: str, k_target: int, lower: float, upper: float,
     delta = sensitivities(query, k_target, lower, upper)
     share = np.asarray(epsilon, dtype=np.float64) / len(delta)
     return {s: d / share for s, d in delta.items()}
+
+
+#: real-valued statistics are summed exactly as integers on a grid of 2^-LATTICE_BITS of their
+#: per-value bound, so their sensitivity in grid units is an exact integer (ldp_beam.noise)
+LATTICE_BITS = 20
+
+
+def statistic_lattice(query: str, k_target: int, lower: float, upper: float
+                      ) -> dict[str, tuple[float, int]]:
+    """(grid, sensitivity in grid units) of each noisy statistic of ``query``: N counts items
+    (grid 1, sensitivity k_T); S and Q sum values and squares in units of Bmax / 2^20 and
+    Bmax^2 / 2^20 (sensitivity k_T 2^20: rounding is monotone, so a value bounded by Bmax has at
+    most 2^20 units). The grids are powers of two times the bound, so no rounding hides in them."""
+    check_choice(query, "query", QUERIES)
+    bmax = max(abs(float(lower)), abs(float(upper)))
+    unit = 1 << LATTICE_BITS
+    lattice = {"N": (1.0, int(k_target)), "S": (bmax / unit, int(k_target) * unit),
+               "Q": (bmax * bmax / unit, int(k_target) * unit)}
+    return {s: lattice[s] for s in QUERY_STATISTICS[query]}
+
+
+def statistic_units(values: np.ndarray, lattice: Mapping[str, tuple[float, int]]) -> np.ndarray:
+    """Per user (row of ``values``, shape (n, k_T)), her contribution to N, S and Q in lattice
+    units: an (n, 3) int64 table whose column sums are the exact integer statistics (columns a
+    query does not use are 0)."""
+    v = np.asarray(values, dtype=np.float64)
+    if v.ndim == 1:  # one target item
+        v = v[:, None]
+    out = np.zeros((v.shape[0], 3), dtype=np.int64)
+    if "N" in lattice:
+        out[:, 0] = v.shape[1]
+    if "S" in lattice:
+        out[:, 1] = to_units(v, lattice["S"][0]).sum(axis=1)
+    if "Q" in lattice:
+        out[:, 2] = to_units(v * v, lattice["Q"][0]).sum(axis=1)
+    return out
+
+
+def noisy_statistics(sums: np.ndarray, query: str, k_target: int, lower: float, upper: float,
+                     epsilon: float | np.ndarray, gen: np.random.Generator
+                     ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Stage 3's noise: each statistic of ``query`` (``sums[..., j]`` in lattice units, j = 0, 1,
+    2 for N, S, Q; any leading shape, e.g. one row per repetition) plus exact discrete Laplace
+    noise at ``epsilon / j`` (the budget split equally; ``epsilon`` a number or an array matching
+    the leading shape). Returns ({statistic: noisy value in data units}, {statistic: noise
+    variance in data units^2})."""
+    lattice = statistic_lattice(query, k_target, lower, upper)
+    share = np.asarray(epsilon, dtype=np.float64) / len(lattice)
+    sums = np.asarray(sums, dtype=np.int64)
+    noisy, variance = {}, {}
+    for s, (grid, sens) in lattice.items():
+        units, scale = lattice_laplace(sums[..., "NSQ".index(s)], sens, share, gen)
+        noisy[s] = grid * units.astype(np.float64)
+        variance[s] = grid * grid * discrete_laplace_variance(scale)
+    return noisy, variance
 
 
 def query_answer(query: str, n: Any, s: Any, q: Any, lower: float, upper: float,
@@ -653,24 +712,31 @@ class OSPDPRR(Mechanism):
         else:
             epsilon = float(self.t)
         scales = self.noise_scales(epsilon)
-        noisy = {s: exact[s] + float(gen.laplace(0.0, scales[s])) for s in scales}
-        internal.update(epsilon=epsilon, scales=scales, noisy=noisy)
+        lattice = statistic_lattice(self.query, self.k_target, self.lower, self.upper)
+        sums = statistic_units(sv, lattice).sum(axis=0)
+        noisy_arr, variance = noisy_statistics(sums, self.query, self.k_target, self.lower,
+                                               self.upper, epsilon, gen)
+        noisy = {s: float(v) for s, v in noisy_arr.items()}
+        sds = {s: math.sqrt(float(v)) for s, v in variance.items()}
+        internal.update(epsilon=epsilon, scales=scales, noisy=noisy, noise_sd=sds,
+                        lattice=lattice, units=sums)
         stats: dict[str, Statistic] = {}
         public = self.mode != "paper"  # the noise scale itself is data-dependent in paper mode
         for s, v in noisy.items():
             stats[STATISTIC_NAMES[s]] = Statistic(
-                v, math.sqrt(2.0) * scales[s] if public else None,
-                note=f"{s} of the sample's target values + Laplace(Delta_{s} / eps_{s}); the "
-                     "noisy statistic every other number here is computed from (stderr: the "
-                     "noise alone)")
+                v, sds[s] if public else None,
+                note=f"{s} of the sample's target values (summed exactly on a grid of "
+                     f"{lattice[s][0]:g}) + discrete Laplace noise of scale Delta_{s} / eps_{s}; "
+                     "the noisy statistic every other number here is computed from (stderr: "
+                     "the noise alone)")
         value, clipped = query_answer(self.query, noisy.get("N"), noisy.get("S"), noisy.get("Q"),
                                       self.lower, self.upper, self.resolved_mean_floor)
-        raw = Statistic(float(value), self._stderr(scales, 1.0, public), float(clipped),
+        raw = Statistic(float(value), self._stderr(sds, 1.0, public), float(clipped),
                         note=self._note("raw"))
         stats[self.query] = raw
         if self.query in RATIO_QUERIES and self.mode in ("sound-public", "paper"):
             factor = float(n / pi.sum())
-            ratio = Statistic(float(value) * factor, self._stderr(scales, factor, public),
+            ratio = Statistic(float(value) * factor, self._stderr(sds, factor, public),
                               float(clipped) * factor, note=self._note("ratio"))
             stats[f"{self.query}_raw"] = raw
             stats[f"{self.query}_ratio"] = ratio
@@ -685,10 +751,10 @@ class OSPDPRR(Mechanism):
                               "reveals the smallest sampled score)")
         return Release(stats, internal)
 
-    def _stderr(self, scales: Mapping[str, float], factor: float, public: bool) -> float | None:
+    def _stderr(self, sds: Mapping[str, float], factor: float, public: bool) -> float | None:
         if not public or self.query not in RATIO_QUERIES:
             return None
-        return factor * math.sqrt(2.0) * scales["N" if self.query == "count" else "S"]
+        return factor * sds["N" if self.query == "count" else "S"]
 
     def _note(self, estimator: str) -> str:
         what = {"count": "the number of target values", "sum": "the sum of the target values",

@@ -70,10 +70,11 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from ..central.ospdprr import (QUERY_STATISTICS, comprehensive_weight, exact_answer,
-                               importance_times_level, noise_scales, osdp_epsilon_for_threshold,
+from ..central.ospdprr import (comprehensive_weight, exact_answer, importance_times_level,
+                               noisy_statistics, osdp_epsilon_for_threshold,
                                osdp_keep_probability, personal_budgets, query_answer,
-                               sampling_probabilities)
+                               sampling_probabilities, statistic_lattice, statistic_units)
+from ..noise import discrete_laplace_cumulants, discrete_laplace_scale, discrete_laplace_variance
 from .records import (finish_recipe, make_record, pyplot, recipe_main, save_figure, select,
                       start_recipe)
 
@@ -229,20 +230,32 @@ def assign_sensitivity(items: np.ndarray, rho: float, regime: str, gen: np.rando
 
 
 # --------------------------------------------------------------------------- exact moments
-def error_moments(p: np.ndarray, a: np.ndarray, b: float, target: float, factor: float = 1.0
-                  ) -> tuple[float, float]:
+def noise_cumulants(query: str, stat: str, k_target: int, lower: float, upper: float,
+                    epsilon: float) -> tuple[float, float]:
+    """(k2, k4) in data units of the library's noise on statistic ``stat`` of ``query`` at
+    budget ``epsilon``: the exact discrete Laplace on the statistic's lattice (see
+    :func:`ldp_beam.central.ospdprr.noisy_statistics`)."""
+    lattice = statistic_lattice(query, k_target, lower, upper)
+    grid, sens = lattice[stat]
+    k2, k4 = discrete_laplace_cumulants(
+        discrete_laplace_scale(sens, epsilon / len(lattice)))
+    return grid ** 2 * k2, grid ** 4 * k4
+
+
+def error_moments(p: np.ndarray, a: np.ndarray, noise: tuple[float, float], target: float,
+                  factor: float = 1.0) -> tuple[float, float]:
     """Exact (E[e^2], Var(e^2)) of e = factor (sum_j B_j a_j + L) - target with independent
-    B_j ~ Bernoulli(p_j) and L ~ Laplace(0, b), from the first four cumulants of e:
+    B_j ~ Bernoulli(p_j) and symmetric noise L of cumulants ``noise`` = (k2, k4) (e.g.
+    :func:`noise_cumulants`; Laplace(0, b): (2b^2, 12b^4)), from the first four cumulants of e:
     E[e^2] = mu^2 + k2; Var(e^2) = 4 mu^2 k2 + 4 mu k3 + k4 + 2 k2^2."""
     fa = factor * np.ascontiguousarray(a, dtype=np.float64)
-    fb = factor * b
     p = np.ascontiguousarray(p, dtype=np.float64)
     pq = p * (1.0 - p)
     fa2 = fa * fa
     mu = _dot(fa, p) - target
-    k2 = _dot(pq, fa2) + 2.0 * fb * fb
+    k2 = _dot(pq, fa2) + factor ** 2 * noise[0]
     k3 = _dot(pq * (1.0 - 2.0 * p), fa2 * fa)
-    k4 = _dot(pq * (1.0 - 6.0 * pq), fa2 * fa2) + 12.0 * fb ** 4
+    k4 = _dot(pq * (1.0 - 6.0 * pq), fa2 * fa2) + factor ** 4 * noise[1]
     return mu * mu + k2, 4 * mu * mu * k2 + 4 * mu * k3 + k4 + 2 * k2 * k2
 
 
@@ -258,14 +271,16 @@ def _masked_sums(mask: np.ndarray, table: np.ndarray) -> np.ndarray:
     return np.stack([(mask * table[:, j]).sum(axis=1) for j in range(table.shape[1])], axis=1)
 
 
-def paper_noise_variance(pi_sorted: np.ndarray, m_sorted: np.ndarray, delta: float) -> float:
-    """E[2 b(m)^2] of the paper rule, b(m) = delta / e^m, m the smallest score among sampled
-    users (users sorted by score): P(first sampled = j) = pi_j prod_{i<j} (1 - pi_i); an empty
-    sample uses the smallest score."""
+def paper_noise_variance(pi_sorted: np.ndarray, m_sorted: np.ndarray, sensitivity: int,
+                         grid: float = 1.0) -> float:
+    """E[Var(noise | m)] of the paper rule: discrete Laplace of scale sensitivity / e^m lattice
+    units (``grid`` data units each), m the smallest score among sampled users (users sorted by
+    score): P(first sampled = j) = pi_j prod_{i<j} (1 - pi_i); an empty sample uses the smallest
+    score. (The scale's rounding up to a rational, a relative 2^-20 / t, is ignored.)"""
     survive = np.concatenate([[1.0], np.cumprod(1.0 - pi_sorted)])
     first = pi_sorted * survive[:-1]
-    b2 = (delta * np.exp(-m_sorted)) ** 2
-    return float(2.0 * (_dot(first, b2) + survive[-1] * b2[0]))
+    var = grid * grid * discrete_laplace_variance(sensitivity * np.exp(-m_sorted))
+    return float(_dot(first, var) + survive[-1] * var[0])
 
 
 # --------------------------------------------------------------------------- one population
@@ -290,6 +305,8 @@ def simulate(pop: Population, levels: np.ndarray, importance: np.ndarray,
     n, kt = xv.shape
     lo, hi = pop.lower, pop.upper
     table = np.column_stack([np.full(n, float(kt)), xv.sum(axis=1), np.square(xv).sum(axis=1)])
+    lattice = statistic_lattice("cv", kt, lo, hi)  # N, S and Q (the grids do not depend on query)
+    units = statistic_units(xv, lattice)  # what the library sums exactly and adds noise to
     truths = {q: exact_answer(q, xv) for q in queries}
     # stages 1-2 of the two reference choices (library functions)
     w = importance_times_level(importance, levels)
@@ -298,6 +315,7 @@ def simulate(pop: Population, levels: np.ndarray, importance: np.ndarray,
     m_sorted = m_pub[order]
     eps_pub_sorted = personal_budgets(m_pub, rescale=True)[order]
     table_sorted = table[order]
+    units_sorted = units[order]
     m_self = comprehensive_weight(w, "fixed", None)
     # OsdpRR records: the target items; sensitive iff level > 0
     sens = levels[:, [i - 1 for i in pop.target]] > 0
@@ -318,18 +336,16 @@ def simulate(pop: Population, levels: np.ndarray, importance: np.ndarray,
         for t in t_grid:
             pi_pub, pi_self, factor, keep = per_t[t]
             mask = u_user < pi_pub
-            st_pub = _masked_sums(mask, table_sorted)
+            st_pub = _masked_sums(mask, units_sorted)
             m_min = np.where(mask.any(axis=1), m_sorted[mask.argmax(axis=1)], m_sorted[0])
-            st_self = _masked_sums(u_user < pi_self, table)
+            st_self = _masked_sums(u_user < pi_self, units)
             osdp = {m: (_masked_sums(u_rec < q, rec_table), q) for m, q in keep.items()}
             for query in queries:
                 truth = truths[query]
-                runs = {"sound-public": (st_pub, noise_scales(query, kt, lo, hi, t)),
-                        "sound-self": (st_self, noise_scales(query, kt, lo, hi, t)),
-                        "paper": (st_pub, noise_scales(query, kt, lo, hi, np.exp(m_min)))}
-                for mode, (st, scales) in runs.items():
-                    noisy = {s: st[:, "NSQ".index(s)] + gen.laplace(0.0, 1.0, b) * scales[s]
-                             for s in QUERY_STATISTICS[query]}
+                runs = {"sound-public": (st_pub, t), "sound-self": (st_self, t),
+                        "paper": (st_pub, np.exp(m_min))}
+                for mode, (st, eps) in runs.items():
+                    noisy, _ = noisy_statistics(st, query, kt, lo, hi, eps, gen)
                     value, clipped = query_answer(query, noisy.get("N"), noisy.get("S"),
                                                   noisy.get("Q"), lo, hi, mean_floor)
                     est = value if query in RATIO_QUERIES else clipped
@@ -355,15 +371,16 @@ def simulate(pop: Population, levels: np.ndarray, importance: np.ndarray,
             truth = truths[query]
             col = 0 if query == "count" else 1
             stat = "N" if col == 0 else "S"
-            b = float(noise_scales(query, kt, lo, hi, t)[stat])
+            cum = noise_cumulants(query, stat, kt, lo, hi, t)
             for key, p, a, fac in (("sound-public-raw", pi_pub, table_sorted[:, col], 1.0),
                                    ("sound-public-ratio", pi_pub, table_sorted[:, col], factor),
                                    ("sound-self-raw", pi_self, table[:, col], 1.0)):
                 c = out[(t, query, key)]
-                c.theory_mse, c.theory_var = error_moments(p, a, b, truth, fac)
-            noise = paper_noise_variance(pi_pub, m_sorted, b * t)  # b t = Delta
+                c.theory_mse, c.theory_var = error_moments(p, a, cum, truth, fac)
+            grid, sens = lattice[stat]
+            noise = paper_noise_variance(pi_pub, m_sorted, sens, grid)  # one statistic: eps = e^m
             for key, fac in (("paper-raw", 1.0), ("paper-ratio", factor)):
-                mse, _ = error_moments(pi_pub, table_sorted[:, col], 0.0, truth, fac)
+                mse, _ = error_moments(pi_pub, table_sorted[:, col], (0.0, 0.0), truth, fac)
                 out[(t, query, key)].theory_mse = mse + fac * fac * noise
             rec_a = np.ones(v_ns.size) if col == 0 else v_ns
             for matching, q in keep.items():
@@ -373,7 +390,7 @@ def simulate(pop: Population, levels: np.ndarray, importance: np.ndarray,
                 p = np.full(v_ns.size, q)
                 for est_name, fac in (("raw", 1.0), ("scaled", 1.0 / q)):
                     c = out[(t, query, f"OsdpRR-{est_name}{suffix}")]
-                    c.theory_mse, c.theory_var = error_moments(p, rec_a, 0.0, truth, fac)
+                    c.theory_mse, c.theory_var = error_moments(p, rec_a, (0.0, 0.0), truth, fac)
     return out
 
 
