@@ -46,6 +46,10 @@ MAX_DENOMINATOR = 1 << 20
 #: below (a counter reaching 127 has probability below 1e-200; it is checked, never wrapped)
 _NUMERATOR_LIMIT = 1 << 56
 _COUNTER_LIMIT = 127
+#: candidates proposed per pending draw and round when fewer than _SMALL draws are pending
+#: (fewer rounds of small numpy calls; large batches are cheaper without)
+OVERSAMPLE = 4
+_SMALL = 8192
 
 
 def discrete_laplace_scale(sensitivity: int | float, epsilon: float,
@@ -124,42 +128,75 @@ def _bernoulli_exp(gen: np.random.Generator, a: np.ndarray, b: np.ndarray) -> np
     return (k & 1) == 1
 
 
-def discrete_laplace(gen: np.random.Generator, scale: Fraction | Any, size: int | None = None
+def _scale_parts(scales: Any) -> tuple[np.ndarray, np.ndarray]:
+    """Numerators and denominators (int64) of an array of rational scales."""
+    flat = np.asarray(scales, dtype=object).ravel()
+    uniq: dict[Fraction, int] = {}
+    index = np.fromiter((uniq.setdefault(Fraction(x), len(uniq)) for x in flat),
+                        dtype=np.int64, count=flat.size)
+    num = np.array([f.numerator for f in uniq], dtype=np.int64)
+    den = np.array([f.denominator for f in uniq], dtype=np.int64)
+    if num.size and (num.min() <= 0 or num.max() >= _NUMERATOR_LIMIT):
+        raise ParameterError("scale", scales, "rationals a/b with 0 < a < 2^56 "
+                             "(use discrete_laplace_scale)")
+    return num[index], den[index]
+
+
+def _geometric_exp1(gen: np.random.Generator, m: int) -> np.ndarray:
+    """m draws of V with P(V >= k) = exp(-k): the number of leading successes in a run of
+    Bernoulli(exp(-1)) trials, drawn several trials at a time (more for small batches, where
+    numpy's per-call cost dominates)."""
+    v = np.zeros(m, dtype=np.int64)
+    act = np.arange(m)
+    while act.size:
+        width = 2 if act.size >= _SMALL else 8
+        if v[act].max() >= _COUNTER_LIMIT:  # probability < e^-126
+            raise RuntimeError("discrete Laplace sampler: counter limit reached")
+        one = np.ones(act.size * width, dtype=np.int64)
+        hits = _bernoulli_exp(gen, one, one).reshape(act.size, width)
+        run = np.where(hits.all(axis=1), width, np.argmin(hits, axis=1))
+        v[act] += run
+        act = act[run == width]  # every trial succeeded: the run goes on
+    return v
+
+
+def discrete_laplace(gen: np.random.Generator, scale: Fraction | Any, size: Any = None
                      ) -> np.ndarray:
     """Exact draws from the discrete Laplace distribution P(z) ∝ exp(-|z| / t), t = ``scale`` (a
     :class:`~fractions.Fraction` or an array of them, one per draw), by Canonne, Kamath and
     Steinke's Algorithm 2 with integer arithmetic only. Returns int64 of shape ``size`` (or of
-    ``scale``'s shape)."""
-    scales = np.asarray(scale, dtype=object)
-    shape = scales.shape if size is None else ((size,) if np.isscalar(size) else tuple(size))
-    scales = np.broadcast_to(scales, shape).ravel()
-    num = np.fromiter((Fraction(s).numerator for s in scales), dtype=np.int64,
-                      count=scales.size) if scales.size else np.zeros(0, np.int64)
-    den = np.fromiter((Fraction(s).denominator for s in scales), dtype=np.int64,
-                      count=scales.size) if scales.size else np.zeros(0, np.int64)
-    if scales.size and (num.min() <= 0 or num.max() >= _NUMERATOR_LIMIT):
-        raise ParameterError("scale", scale, "rationals a/b with 0 < a < 2^56 "
-                             "(use discrete_laplace_scale)")
-    out = np.empty(scales.size, dtype=np.int64)
-    todo = np.arange(scales.size)
+    ``scale``'s shape).
+
+    Vectorized: every round proposes ``OVERSAMPLE`` candidates per pending draw and keeps the
+    first accepted one (the candidates are i.i.d., so the first accepted has the target law)."""
+    if isinstance(scale, (Fraction, int)) or np.ndim(scale) == 0:
+        f = Fraction(scale.item() if isinstance(scale, np.ndarray) else scale)
+        shape = () if size is None else ((size,) if np.isscalar(size) else tuple(size))
+        num, den = _scale_parts([f])
+        n = int(np.prod(shape))
+        num, den = np.full(n, num[0]), np.full(n, den[0])
+    else:
+        arr = np.asarray(scale, dtype=object)
+        shape = arr.shape if size is None else ((size,) if np.isscalar(size) else tuple(size))
+        num, den = _scale_parts(np.broadcast_to(arr, shape))
+    out = np.empty(num.size, dtype=np.int64)
+    todo = np.arange(num.size)
     while todo.size:
-        s, d = num[todo], den[todo]
+        r = 1 if todo.size >= _SMALL else OVERSAMPLE
+        s, d = np.repeat(num[todo], r), np.repeat(den[todo], r)
         u = gen.integers(0, s)  # U uniform on {0, ..., s - 1}
         ok = _bernoulli_exp(gen, u, s)  # keep with probability exp(-U / s)
-        v = np.zeros(todo.size, dtype=np.int64)
-        act = np.flatnonzero(ok)
-        while act.size:  # V ~ Geometric(1 - exp(-1)) by repeated Bernoulli(exp(-1))
-            if v[act].max() >= _COUNTER_LIMIT:
-                raise RuntimeError("discrete Laplace sampler: counter limit reached")
-            one = np.ones(act.size, dtype=np.int64)
-            act = act[_bernoulli_exp(gen, one, one)]
-            v[act] += 1
+        v = np.zeros(s.size, dtype=np.int64)
+        v[ok] = _geometric_exp1(gen, int(ok.sum()))
         y = (u + s * v) // d  # U + sV ~ Geometric(1 - exp(-1/s)); floor(./d): ratio exp(-d/s)
-        neg = gen.integers(0, 2, todo.size) == 1
+        neg = gen.integers(0, 2, s.size) == 1
         ok &= ~(neg & (y == 0))  # reject "-0" so that 0 is not counted twice
-        done = todo[ok]
-        out[done] = np.where(neg[ok], -y[ok], y[ok])
-        todo = todo[~ok]
+        ok2 = ok.reshape(-1, r)
+        got = ok2.any(axis=1)
+        first = np.argmax(ok2, axis=1) + np.arange(todo.size) * r
+        pick = first[got]
+        out[todo[got]] = np.where(neg[pick], -y[pick], y[pick])
+        todo = todo[~got]
     return out.reshape(shape)
 
 
@@ -180,9 +217,8 @@ def lattice_laplace(units: Any, sensitivity: int, epsilon: float | Any,
     if eps.ndim == 0:
         scale: Any = discrete_laplace_scale(sensitivity, float(eps))
     else:
-        cache: dict[float, Fraction] = {}
-        for e in np.unique(eps):
-            cache[float(e)] = discrete_laplace_scale(sensitivity, float(e))
-        flat = [cache[float(e)] for e in np.broadcast_to(eps, u.shape).ravel()]
-        scale = np.array(flat, dtype=object).reshape(u.shape)
+        uniq, inverse = np.unique(np.broadcast_to(eps, u.shape), return_inverse=True)
+        fracs = np.empty(uniq.size, dtype=object)
+        fracs[:] = [discrete_laplace_scale(sensitivity, float(e)) for e in uniq]
+        scale = fracs[inverse.reshape(u.shape)]
     return u + discrete_laplace(gen, scale, u.shape), scale

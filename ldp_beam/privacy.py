@@ -58,6 +58,14 @@ class PrivacyGuarantee:
                 "claim": self.claim, "params": dict(self.params), "summary": self.describe()}
 
 
+#: Appended to the notes of LDP mechanisms whose report is a double computed from the input (PM,
+#: Square Wave, Laplace-DP, the generalized Gaussian): see docs/floating_point.md.
+FLOAT_OUTPUT_NOTE = (
+    " Floating-point caveat: the report is a double computed from the input, so which doubles "
+    "can occur depends on the input; the epsilon stated is that of the real-number mechanism and "
+    "does not cover attacks on the report's low-order bits (Mironov 2012). A baseline for "
+    "accuracy comparisons; see docs/floating_point.md.")
+
 #: From strongest to weakest: a composition of mixed kinds promises only the weakest one. An LDP
 #: release is also neighbourhood-LDP and central DP for the same epsilon; ULDP protects only
 #: sensitive values, so it is the weakest of the DP kinds here.

@@ -196,7 +196,11 @@ class StructureFirst(TwoPartBudget, HistogramRelease):
                   f"clipped to F for the structure) + eps2 = {e2:g} on Laplace(1/eps2) group "
                   "sums (disjoint groups, sensitivity 1); sequential composition; all of "
                   "epsilon goes to the group sums when the structure is forced (k = 1 or k = n); "
-                  "add/remove-one-record neighbours",
+                  "add/remove-one-record neighbours. The group sums' noise is the exact discrete "
+                  "Laplace; the boundary choices are a floating-point exponential mechanism "
+                  "(scores and the inverse-CDF draw in double precision): its output is an index, "
+                  "not a noisy value, and its residual deviation from the exact mechanism is "
+                  "discussed, not bounded by this epsilon, in docs/floating_point.md",
             params=params)
 
     def publish(self, counts: Any, rng: RngLike = None) -> dict[str, Any]:

@@ -35,7 +35,7 @@ from scipy import special, stats
 from ..core import (Mechanism, Reasons, Reports, Role, check_choice, check_epsilon,
                     check_interval)
 from ..errors import ParameterError
-from ..privacy import LDP, PrivacyGuarantee
+from ..privacy import FLOAT_OUTPUT_NOTE, LDP, PrivacyGuarantee
 
 _HALF_ULP = 2.0 ** -53  # u moves by half its 2^-53 grid step, so 2u moves by 2^-53
 
@@ -240,7 +240,7 @@ class LaplaceNoise(_BoundedValue):
             LDP, self.epsilon,
             notes="Laplace mechanism on the identity, sensitivity upper - lower: the output "
                   "density ratio of two inputs is at most exp(|x - x'|/scale) <= e^eps; tight "
-                  "for x, x' at the ends of [lower, upper]",
+                  "for x, x' at the ends of [lower, upper]." + FLOAT_OUTPUT_NOTE,
             params={"scale": self.scale})
 
     def randomize(self, cols: dict[str, np.ndarray], u: np.ndarray) -> Reports:
@@ -353,6 +353,7 @@ class GeneralizedGaussianNoise(_BoundedValue):
             notes += "; p > 1: no pure epsilon bound exists (unbounded log density ratio)"
         if self.p == 2.0:
             notes += "; for p = 2 this is the analytic Gaussian mechanism (Balle & Wang 2018)"
+        notes += "." + FLOAT_OUTPUT_NOTE
         return PrivacyGuarantee(LDP, self.epsilon, min(delta, 1.0), notes=notes, claim=claim,
                                 params={"sigma": self.scale, "p": float(self.p),
                                         "exact_delta": exact, "pdp_delta": pdp,
@@ -430,7 +431,7 @@ class SquareWave(_BoundedValue):
         return PrivacyGuarantee(
             LDP, self.epsilon,
             notes="the output density is p or q = p e^-eps everywhere on [-b, 1 + b], for every "
-                  "input: ratio <= e^eps, tight", params={"b": self.b, "p": self.p, "q": self.q})
+                  "input: ratio <= e^eps, tight." + FLOAT_OUTPUT_NOTE, params={"b": self.b, "p": self.p, "q": self.q})
 
     def normalize(self, x: np.ndarray) -> np.ndarray:
         return (np.asarray(x, float) - self.lower) / (self.upper - self.lower)

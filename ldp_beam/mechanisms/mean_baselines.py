@@ -17,7 +17,7 @@ import numpy as np
 
 from ..core import Reports
 from ..errors import ParameterError
-from ..privacy import LDP, PrivacyGuarantee
+from ..privacy import FLOAT_OUTPUT_NOTE, LDP, PrivacyGuarantee
 from .numeric import ForcedAnswerMechanism, NumericMechanism
 
 
@@ -77,7 +77,8 @@ class PiecewiseMechanism(ForcedAnswerMechanism):
     @property
     def guarantee(self) -> PrivacyGuarantee:
         return PrivacyGuarantee(LDP, self.epsilon,
-                                notes="density ratio e^(eps/2) * (C+1)/(C-1) = e^eps; tight")
+                                notes="density ratio e^(eps/2) * (C+1)/(C-1) = e^eps; tight."
+                                      + FLOAT_OUTPUT_NOTE)
 
     def randomize(self, cols: dict[str, np.ndarray], u: np.ndarray) -> Reports:
         t = self.answers(cols, u)
