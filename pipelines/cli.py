@@ -137,12 +137,16 @@ def build_parser() -> argparse.ArgumentParser:
     _mechanism_args(s, required=False)
 
     r = sub.add_parser("reproduce", help="a paper's experiments")
-    r.add_argument("family", choices=FAMILIES + ("all",))
+    r.add_argument("family", choices=FAMILIES + ("all", "report"),
+                   help="one family, all of them, or `report`: no experiment, just rewrite "
+                        "DIR/report.md from the outputs already in --out DIR")
     r.add_argument("--quick", action="store_true", help="reduced run, under a minute")
     r.add_argument("--data-dir", help="real datasets (synthetic fallback when a file is absent)")
     r.add_argument("--out", help="directory for PNG figures")
     r.add_argument("--json", help="write the records here (default: stdout)")
     r.add_argument("--seed", type=int, help="simulation seed (default: OS entropy, recorded)")
+    r.add_argument("--readme", help="with all or report: also rewrite this README's generated "
+                   "results block (between its results:begin/end markers)")
 
     b = sub.add_parser("bench", help="performance benchmarks, as JSON records")
     b.add_argument("--quick", action="store_true", help="10^6 rows instead of 10^7; fewer repeats")
@@ -393,25 +397,45 @@ def cmd_audit(a: argparse.Namespace) -> int:
     return 1 if any(r["verdict"] == "violates claim" for r in records) else 0
 
 
+def _write_reproduction(out: str, families: list[str], readme: str | None,
+                        run_info: dict | None = None) -> None:
+    """Write ``out/report.md`` and, with ``readme``, that README's results block."""
+    from ldp_beam.evaluation.report import results_section, update_readme, write_report
+
+    path = write_report(out, families, run_info)
+    print(f"ldp-beam reproduce: report written to {path}", file=sys.stderr)
+    if readme:
+        root = os.path.dirname(os.path.abspath(readme))
+        link_base = os.path.relpath(os.path.abspath(out), root).replace(os.sep, "/")
+        changed = update_readme(readme, results_section(out, families, link_base, root))
+        print(f"ldp-beam reproduce: results block in {readme} "
+              f"{'rewritten' if changed else 'already up to date'}", file=sys.stderr)
+
+
 def cmd_reproduce(a: argparse.Namespace) -> int:
     """One family's experiments; ``all`` runs every family into ``--out DIR/FAMILY/`` and writes
-    ``DIR/report.md`` (every claim's verdict and evidence, and the figures)."""
+    ``DIR/report.md`` (every claim's verdict and evidence, and the figures); ``report`` only
+    rewrites that report (and, with ``--readme``, the README's results block)."""
     from importlib import import_module
 
-    families = list(FAMILIES) if a.family == "all" else [a.family]
+    families = list(FAMILIES) if a.family in ("all", "report") else [a.family]
+    if a.readme:  # find a README without markers before, not after, the experiments
+        from ldp_beam.evaluation.report import readme_block
+
+        readme_block(a.readme)
+    if a.family == "report":
+        _write_reproduction(a.out, families, a.readme)
+        return 0
     records: list[dict] = []
     for fam in families:
         recipe = import_module(f"ldp_beam.evaluation.{fam}_recipe")
         out = os.path.join(a.out, fam) if a.out and a.family == "all" else a.out
         records += recipe.run(quick=a.quick, data_dir=a.data_dir, out_dir=out, seed=a.seed)
     if a.family == "all" and a.out:
-        from ldp_beam.evaluation.report import write_report
-
-        path = write_report(a.out, families, {
+        _write_reproduction(a.out, families, a.readme, {
             "run": "quick (reduced sizes)" if a.quick else "full", "data": a.data_dir or
             "synthetic fallbacks", "seed": a.seed if a.seed is not None else
             "drawn from OS entropy per family (recorded in every record)"})
-        print(f"ldp-beam reproduce: report written to {path}", file=sys.stderr)
     _emit_records(records, a.json)
     return 0
 
@@ -426,6 +450,11 @@ def main(argv: list[str] | None = None) -> int:
     stray = [x for x in rest if not x.startswith("--")]
     if stray:
         ap.error(f"unexpected arguments: {' '.join(stray)}")
+    if a.command == "reproduce":
+        if a.readme and (not a.out or a.family not in ("all", "report")):
+            ap.error("--readme: needs --out DIR and the family `all` or `report`")
+        if a.family == "report" and not a.out:
+            ap.error("reproduce report: --out DIR is required (the folder with FAMILY/ outputs)")
     logging.basicConfig(level=logging.INFO if a.verbose else logging.ERROR)
     if not a.verbose:
         logging.getLogger().setLevel(logging.ERROR)

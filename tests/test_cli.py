@@ -247,17 +247,67 @@ def test_corrupt_parquet_file_goes_to_the_dead_letter(tmp_path):
 
 
 def test_reproduce_all_writes_one_report(tmp_path, monkeypatch):
-    """`reproduce all --out DIR` runs each family into DIR/FAMILY and writes DIR/report.md
-    (restricted here to one fast family)."""
+    """`reproduce all --out DIR --readme R` runs each family into DIR/FAMILY and writes
+    DIR/report.md and R's results block (restricted here to one fast family)."""
     from ldp_beam.pipelines import cli
 
+    from ldp_beam.evaluation.report import README_BEGIN_LINE, README_END
+
     monkeypatch.setattr(cli, "FAMILIES", ("uldp",))
+    readme = tmp_path / "README.md"
+    readme.write_text(f"{README_BEGIN_LINE}\n{README_END}\n")
     code, _, se = run_cli("reproduce", "all", "--quick", "--seed", "3", "--out", str(tmp_path),
                           "--data-dir", str(tmp_path / "none"), "--json",
-                          str(tmp_path / "r.json"))
+                          str(tmp_path / "r.json"), "--readme", str(readme))
     assert code == 0, se
+    assert "| uldp | quick run, seed 3, " in readme.read_text()
     report = (tmp_path / "report.md").read_text()
     assert "| [uldp](#uldp) | 11 |" in report
     assert "## JuRR / CPRR" in report and "| claim | verdict | evidence |" in report
     assert "](uldp/fig3_" in report
     assert (tmp_path / "uldp" / "uldp_claims.json").exists()
+
+
+def test_reproduce_report_rewrites_report_and_readme(tmp_path):
+    """`reproduce report --out DIR --readme README` runs no experiment: it rewrites DIR/report.md
+    and the README's block from the outputs already in DIR/FAMILY/."""
+    from ldp_beam.evaluation.report import README_BEGIN_LINE, README_END
+
+    out = tmp_path / "figures"
+    (out / "uldp").mkdir(parents=True)
+    (out / "uldp" / "uldp_claims.json").write_text(json.dumps(
+        [{"claim": "JuRR wins", "verdict": "differs", "evidence": "40 of 40"}]))
+    (out / "uldp" / "uldp.json").write_text(json.dumps([{"seed": 9, "quick": True}]))
+    (out / "uldp" / "fig3_nursery-parents.png").write_bytes(b"\x89PNG\r\n\x1a\n")
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# x\n\n{README_BEGIN_LINE}\nold\n{README_END}\n\n## after\n")
+    code, so, se = run_cli("reproduce", "report", "--out", str(out), "--readme", str(readme))
+    assert code == 0, se
+    assert "report written to" in se and "rewritten" in se and so == ""
+    report = (out / "report.md").read_text()
+    assert "- uldp: quick run, seed 9, 1 records" in report and "- bisample: no records file" \
+        in report
+    text = readme.read_text()
+    assert "old" not in text and text.endswith(f"{README_END}\n\n## after\n")
+    assert "| JuRR wins | **differs** | 40 of 40 |" in text
+    assert "](figures/uldp/fig3_nursery-parents.png)" in text
+    assert "the claims file `figures/bisample/bisample_claims.json` is missing" in text
+    code, _, se = run_cli("reproduce", "report", "--out", str(out), "--readme", str(readme))
+    assert code == 0 and "already up to date" in se
+    readme.write_text("# no markers\n")
+    code, _, se = run_cli("reproduce", "report", "--out", str(out), "--readme", str(readme))
+    assert code == 2 and "README.md: expected one line starting with '<!-- results:begin'" in se
+
+
+@pytest.mark.parametrize("args", [("reproduce", "report", "--readme", "R.md"),
+                                  ("reproduce", "all", "--quick", "--readme", "R.md"),
+                                  ("reproduce", "uldp", "--out", "D", "--readme", "R.md"),
+                                  ("reproduce", "report")])
+def test_reproduce_readme_usage_errors(args, capsys):
+    from ldp_beam.pipelines.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(list(args))
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert ("--readme" in err) if "--readme" in args else ("--out DIR is required" in err)

@@ -1,4 +1,5 @@
-"""The README's promises: its Python tour runs as written, and its first two commands exist."""
+"""The README's promises: its Python tour runs as written, its first two commands exist, and its
+results block is generated from the committed recipe outputs."""
 import re
 import subprocess
 import sys
@@ -27,3 +28,16 @@ def test_readme_opens_with_the_two_commands():
                     'python -m pip install -e ".[test]" && pytest']
     ci = (README.parent / ".ci" / "run").read_text()
     assert cmds[1] in ci
+
+
+def test_readme_results_block_is_generated_from_the_committed_outputs():
+    """The README's results block is exactly what `ldp-beam reproduce report --out docs/figures
+    --readme README.md` writes from the committed recipe outputs (rerun it after changing them)."""
+    from ldp_beam.evaluation.report import readme_block, results_section
+    from ldp_beam.pipelines.cli import FAMILIES
+
+    root = README.parent
+    expected = results_section(str(root / "docs" / "figures"), FAMILIES, "docs/figures")
+    assert readme_block(str(README)) == expected.strip("\n"), (
+        "README.md's results block is stale: run `ldp-beam reproduce report --out docs/figures "
+        "--readme README.md`")
