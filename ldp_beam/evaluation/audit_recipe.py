@@ -13,9 +13,11 @@ For each LDP mechanism two numbers are set beside the claimed epsilon:
   of the mechanism (through ``perturb``) on the worst-case input pair, with the event chosen on
   one half of the samples and evaluated on the other (:func:`ldp_beam.audit.audit_samples`).
 
-Central algorithms get the Monte Carlo audit only: repeated releases on two neighbouring inputs
-(one record added to one bucket, one user added, one sensitive record replaced), threshold or
-singleton events on the released statistic.
+Central algorithms get the Monte Carlo audit: repeated releases on neighbouring inputs (the sound
+histogram releases on two pairs: one record added to a busy bucket and to an empty one; one user
+added; one sensitive record replaced), threshold or singleton events on the released statistic.
+LPA also gets an exact epsilon: its noise is the exact discrete Laplace, whose worst-case ratio
+is 1/t for the rational scale t the sampler uses.
 
 Confidence: each audit's bound holds with probability >= 1 - 0.05/(number of audits), so all of
 one run's bounds hold together with probability >= 0.95 (Bonferroni; ``family_confidence``).
@@ -33,6 +35,7 @@ from typing import Any, Callable
 import numpy as np
 
 from .. import audit as A
+from ..noise import discrete_laplace_scale, realized_epsilon
 from ..registry import build_mechanism, get_registry
 from .records import make_record
 
@@ -242,7 +245,12 @@ def _central_hist(m: Any, reps: int, gen, bucket: int = 0) -> tuple:
     res = _thresholds(s1, s2)
     note = (f"Monte Carlo: {reps} releases on counts {base.tolist()} and with one record added "
             f"to bucket {bucket}; threshold events on that bucket's published value")
-    return None, res, note
+    exact = None
+    if m.name == "laplace-histogram":  # exact: the sampler's pmf ratio is at most exp(1/t)
+        exact = realized_epsilon(1, discrete_laplace_scale(1, m.epsilon))
+        note += ("; exact: the exact discrete Laplace's worst-case ratio 1/t, t the rational "
+                 "scale the sampler uses")
+    return exact, res, note
 
 
 def _central_ospdprr(m: Any, reps: int, gen) -> tuple:
@@ -288,16 +296,22 @@ def _plan(quick: bool) -> list[tuple[str, str, Callable]]:
     plan.append(("rvns", "delta=0.1<=d=0.2", lambda g: _audit_rvns(n, g, 0.1)))
     plan.append(("rvns", "delta=0.3>d=0.2", lambda g: _audit_rvns(n, g, 0.3)))
 
-    def hist(name, **kw):
+    def hist(name, bucket=0, **kw):
         def f(g):
             m = build_mechanism(name, epsilon=EPS, **kw)
-            return m, _central_hist(m, reps, g)
+            return m, _central_hist(m, reps, g, bucket)
         return f
-    plan.append(("laplace-histogram", "central", hist("laplace-histogram")))
-    plan.append(("dphr", "central variant=sound", hist("dphr", variant="sound")))
+    # two neighbouring pairs for the sound releases: a record added to a busy bucket (0) and to
+    # the empty one (2), where grouping algorithms smear zeros together
+    for b in (0, 2):
+        plan.append(("laplace-histogram", f"central +1 in bucket {b}",
+                     hist("laplace-histogram", b)))
+        plan.append(("dphr", f"central variant=sound +1 in bucket {b}",
+                     hist("dphr", b, variant="sound")))
+        plan.append(("ahp", f"central +1 in bucket {b}", hist("ahp", b)))
+        plan.append(("structure-first", f"central F=40 +1 in bucket {b}",
+                     hist("structure-first", b, k=3, F=40.0)))
     plan.append(("dphr", "central variant=paper", hist("dphr", variant="paper")))
-    plan.append(("ahp", "central", hist("ahp")))
-    plan.append(("structure-first", "central F=40", hist("structure-first", k=3, F=40.0)))
     plan.append(("structure-first", "central F=None", hist("structure-first", k=3)))
 
     def osp(g):
