@@ -12,7 +12,7 @@ def test_bench_core_records_have_the_documented_fields(monkeypatch):
                                             if k in ("bisample-md", "pm")})
     recs = bench.run(quick=True, progress=bench.Progress("bench", enabled=False))
     stages = {r["stage"] for r in recs}
-    assert stages == {"reference", "perturb", "accumulate", "estimate"}
+    assert stages == {"reference", "perturb", "accumulate", "estimate", "noise"}
     for r in recs:
         for key in ("experiment", "dataset", "method", "epsilon", "metric", "value", "stage",
                     "rows", "seconds", "rows_per_second"):

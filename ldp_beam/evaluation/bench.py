@@ -216,6 +216,31 @@ def bench_histograms(quick: bool, repeats: int) -> list[dict]:
             t, _ = _best(lambda: mech.publish(counts, gen), 1)
             out.append(_rec("dphr", "estimate", "release seconds", n, t, 1.0, per_second=False,
                             estimator=f"publish ({variant})", buckets=n))
+    return out + bench_noise(quick, repeats)
+
+
+def bench_noise(quick: bool, repeats: int) -> list[dict]:
+    """The exact discrete Laplace sampler behind every central release (docs/floating_point.md)
+    against numpy's floating-point Laplace, in one large batch and in the small batches of a
+    single release (8 buckets, as in the audit; 4096, a DPBench histogram)."""
+    from ..noise import discrete_laplace, discrete_laplace_scale
+
+    gen = np.random.default_rng()
+    t_scale = discrete_laplace_scale(1, 1.0)
+    out = []
+    big = 200_000 if quick else 1_000_000
+    t, _ = _best(lambda: discrete_laplace(gen, t_scale, big), repeats)
+    out.append(_rec("discrete-laplace", "noise", "draws/s", big, t, 1.0,
+                    estimator="exact (integer arithmetic)"))
+    t, _ = _best(lambda: gen.laplace(0.0, 1.0, big), repeats)
+    out.append(_rec("numpy laplace", "noise", "draws/s", big, t, 1.0,
+                    estimator="floating point (reference only)"))
+    for size in (8, 4096):
+        calls = max(1, 20_000 // size)
+        t, _ = _best(lambda: [discrete_laplace(gen, t_scale, size) for _ in range(calls)],
+                     repeats)
+        out.append(_rec("discrete-laplace", "noise", "release seconds", size, t / calls, 1.0,
+                        per_second=False, estimator=f"one release of {size} draws"))
     return out
 
 

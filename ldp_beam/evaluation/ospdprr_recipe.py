@@ -42,9 +42,9 @@ floored at ``mean_floor`` = 1e-9 (spec §6: max(L, 1e-9)).
 Metric (§8.3): RMSE over ``reps`` mechanism runs on each of ``data_seeds`` populations (pooled:
 sqrt of the mean squared error over populations and runs), against the query on the full clipped
 data. Records carry ``se`` (its standard error), ``bias``, ``rel_RMSE`` and, for count and sum,
-the exact expectation ``theory_RMSE`` (bias^2 + sampling variance + Laplace variance; for the
-paper rule, the expected Laplace variance over the distribution of m) with ``theory_MSE`` and
-``theory_MSE_se`` (the exact standard error of the simulated MSE, from the first four cumulants of
+the exact expectation ``theory_RMSE`` (bias^2 + sampling variance + noise variance; for the
+paper rule, conditioned on the first sampled user, who sets m) with ``theory_MSE`` and
+``theory_MSE_se`` (the exact standard error of the simulated MSE, from the first four moments of
 the error). ``RMSE ratio`` records divide an OSPDPRR method's RMSE by OsdpRR's (``baseline``
 names which estimator; ``theory_value`` is the exact ratio where both have one). ``headline``
 records average over the rho grid (ratio of the mean RMSEs), beside the paper's 0.7728.
@@ -74,7 +74,7 @@ from ..central.ospdprr import (comprehensive_weight, exact_answer, importance_ti
                                noisy_statistics, osdp_epsilon_for_threshold,
                                osdp_keep_probability, personal_budgets, query_answer,
                                sampling_probabilities, statistic_lattice, statistic_units)
-from ..noise import discrete_laplace_cumulants, discrete_laplace_scale, discrete_laplace_variance
+from ..noise import discrete_laplace_cumulants, discrete_laplace_scale
 from .records import (finish_recipe, make_record, pyplot, recipe_main, save_figure, select,
                       start_recipe)
 
@@ -271,16 +271,38 @@ def _masked_sums(mask: np.ndarray, table: np.ndarray) -> np.ndarray:
     return np.stack([(mask * table[:, j]).sum(axis=1) for j in range(table.shape[1])], axis=1)
 
 
-def paper_noise_variance(pi_sorted: np.ndarray, m_sorted: np.ndarray, sensitivity: int,
-                         grid: float = 1.0) -> float:
-    """E[Var(noise | m)] of the paper rule: discrete Laplace of scale sensitivity / e^m lattice
-    units (``grid`` data units each), m the smallest score among sampled users (users sorted by
-    score): P(first sampled = j) = pi_j prod_{i<j} (1 - pi_i); an empty sample uses the smallest
-    score. (The scale's rounding up to a rational, a relative 2^-20 / t, is ignored.)"""
-    survive = np.concatenate([[1.0], np.cumprod(1.0 - pi_sorted)])
-    first = pi_sorted * survive[:-1]
-    var = grid * grid * discrete_laplace_variance(sensitivity * np.exp(-m_sorted))
-    return float(_dot(first, var) + survive[-1] * var[0])
+def paper_error_moments(pi_sorted: np.ndarray, a_sorted: np.ndarray, m_sorted: np.ndarray,
+                        sensitivity: int, grid: float, target: float, factor: float = 1.0
+                        ) -> tuple[float, float]:
+    """Exact (E[e^2], Var(e^2)) under the paper rule: e = factor (sum_j B_j a_j + L) - target,
+    users sorted by score, L discrete Laplace of scale sensitivity / e^m lattice units (``grid``
+    data units each), m the score of the first sampled user (the smallest sampled score; the
+    smallest overall for an empty sample). Conditioning on the first sampled user j, the users
+    after j are independent Bernoullis (suffix sums of their cumulants) and L depends on j only.
+    (The scale's rounding up to a rational, a relative 2^-20 / t, is ignored.)"""
+    p = np.ascontiguousarray(pi_sorted, dtype=np.float64)
+    a = np.ascontiguousarray(a_sorted, dtype=np.float64)
+    pq = p * (1.0 - p)
+    per_user = np.stack([p * a, pq * a * a, pq * (1.0 - 2.0 * p) * a ** 3,
+                         pq * (1.0 - 6.0 * pq) * a ** 4])
+    after = np.cumsum(per_user[:, ::-1], axis=1)[:, ::-1]  # sums over users >= j
+    after = np.concatenate([after[:, 1:], np.zeros((4, 1))], axis=1)  # users > j
+    f = factor
+    mu = f * (a + after[0]) - target
+    k2, k3, k4 = f ** 2 * after[1], f ** 3 * after[2], f ** 4 * after[3]
+    c2 = mu * mu + k2
+    c4 = mu ** 4 + 6 * mu * mu * k2 + 4 * mu * k3 + k4 + 3 * k2 * k2
+    n2, n4 = discrete_laplace_cumulants(sensitivity * np.exp(-m_sorted))
+    n2, n4 = f ** 2 * grid ** 2 * n2, f ** 4 * grid ** 4 * n4
+    survive = np.concatenate([[1.0], np.cumprod(1.0 - p)])
+    first = p * survive[:-1]  # P(the first sampled user is j)
+    e2 = c2 + n2
+    e4 = c4 + 6 * c2 * n2 + n4 + 3 * n2 * n2
+    empty2 = target ** 2 + n2[0]  # nobody sampled: e = f L - target, m = the smallest score
+    empty4 = target ** 4 + 6 * target ** 2 * n2[0] + n4[0] + 3 * n2[0] ** 2
+    m2 = _dot(first, e2) + survive[-1] * empty2
+    m4 = _dot(first, e4) + survive[-1] * empty4
+    return float(m2), float(m4 - m2 * m2)
 
 
 # --------------------------------------------------------------------------- one population
@@ -377,11 +399,11 @@ def simulate(pop: Population, levels: np.ndarray, importance: np.ndarray,
                                    ("sound-self-raw", pi_self, table[:, col], 1.0)):
                 c = out[(t, query, key)]
                 c.theory_mse, c.theory_var = error_moments(p, a, cum, truth, fac)
-            grid, sens = lattice[stat]
-            noise = paper_noise_variance(pi_pub, m_sorted, sens, grid)  # one statistic: eps = e^m
+            grid, sens = lattice[stat]  # one statistic: all of eps = e^m on it
             for key, fac in (("paper-raw", 1.0), ("paper-ratio", factor)):
-                mse, _ = error_moments(pi_pub, table_sorted[:, col], (0.0, 0.0), truth, fac)
-                out[(t, query, key)].theory_mse = mse + fac * fac * noise
+                c = out[(t, query, key)]
+                c.theory_mse, c.theory_var = paper_error_moments(
+                    pi_pub, table_sorted[:, col], m_sorted, sens, grid, truth, fac)
             rec_a = np.ones(v_ns.size) if col == 0 else v_ns
             for matching, q in keep.items():
                 if matching != "epsilon" and query != "sum":
