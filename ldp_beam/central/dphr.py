@@ -11,7 +11,7 @@ Two variants:
   are computed from exact counts and released without any budget. Its guarantee is reported as
   kind ``none``, with the claim beside it. For reproducing the paper's numbers only.
 * ``variant="sound"`` (default) — spend eps1 on a private view of the counts (Laplace(1/eps1) per
-  bucket), sort the view and group it with the same dynamic programme (post-processing of the
+  bucket, as exact discrete Laplace on the integer counts: :mod:`ldp_beam.noise`), sort the view and group it with the same dynamic programme (post-processing of the
   view), then publish group means of the *true* counts with Laplace(1/(eps2 |G|)). The grouping
   depends on the data only through the view, so the release is (eps1 + eps2)-DP. (Subtracting the
   view's noise, (|G| - 1) 2/eps1^2, from each group's SSE would be unbiased for a grouping chosen
@@ -167,7 +167,9 @@ class DPHR(TwoPartBudget, HistogramRelease):
             CENTRAL, self.epsilon,
             notes=f"eps1 = {e1:g} on a Laplace view of the counts (sort and grouping are its "
                   f"post-processing) + eps2 = {e2:g} on the group means of the true counts "
-                  "(disjoint groups, sensitivity 1/|G|); add/remove-one-record neighbours",
+                  "(disjoint groups, sensitivity 1/|G|); add/remove-one-record neighbours; all "
+                  "noise is exact discrete Laplace on integer counts and group sums "
+                  "(docs/floating_point.md)",
             params={"epsilon1": e1, "epsilon2": e2, "variant": "sound"})
 
     def publish(self, counts: Any, rng: RngLike = None) -> dict[str, Any]:

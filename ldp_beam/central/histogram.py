@@ -12,6 +12,10 @@ counts (int64; mergeable by summation, so any Beam runner can build it), and ``f
 the one release. Neighbouring datasets differ by adding or removing one record, which changes one
 bucket count by 1.
 
+Noise: every Laplace draw of a histogram release is the exact discrete Laplace added to an integer
+(a bucket count or a group sum; :func:`laplace_counts`, :mod:`ldp_beam.noise`), never a
+floating-point Laplace variate, whose low-order bits can reveal the input (docs/floating_point.md).
+
 The bucket domain is either numeric (``bins`` equal-width buckets on ``[lower, upper]``; the last
 bucket includes ``upper``) or categorical (``categories``). Counts that are already aggregated
 (e.g. the DPBench histograms) go straight to ``publish``.

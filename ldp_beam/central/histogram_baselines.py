@@ -8,6 +8,9 @@
   Differential Privacy", SDM 2014. Laplace-noised counts, thresholding of small noisy counts,
   sorting, greedy clustering of the sorted view, group means of the true counts plus Laplace.
 
+All Laplace noise here is the exact discrete Laplace on integer counts and group sums
+(:mod:`ldp_beam.noise`, docs/floating_point.md).
+
 IHP (Li, Cui, Meng, Ma, "IHP: improving the utility in differential private histogram
 publication", Distributed and Parallel Databases 37, 2019) is not implemented: only its abstract
 ("Iterative Histogram Partition": an exponential-mechanism partitioning with a budget split
@@ -357,7 +360,8 @@ class AHP(TwoPartBudget, HistogramRelease):
             notes=f"eps1 = {e1:g} on a Laplace(1/eps1) view of the counts (thresholding, "
                   f"sorting and greedy clustering are its post-processing) + eps2 = {e2:g} on "
                   "the group means of the true counts (disjoint groups, sensitivity 1/|G|); "
-                  "add/remove-one-record neighbours",
+                  "add/remove-one-record neighbours; all noise is exact discrete Laplace on "
+                  "integer counts and group sums (docs/floating_point.md)",
             params={"epsilon1": e1, "epsilon2": e2, "eta": self.eta})
 
     def publish(self, counts: Any, rng: RngLike = None) -> dict[str, Any]:
