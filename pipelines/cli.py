@@ -158,6 +158,8 @@ def build_parser() -> argparse.ArgumentParser:
     au.add_argument("--quick", action="store_true", help="fewer samples, under a minute")
     au.add_argument("--json", help="write the records here (default: stdout)")
     au.add_argument("--seed", type=int, help="sampling seed (default: OS entropy, recorded)")
+    au.add_argument("--only", action="append", metavar="NAME",
+                    help="audit only this mechanism (repeatable; default: all)")
     return ap
 
 
@@ -380,7 +382,8 @@ def cmd_audit(a: argparse.Namespace) -> int:
     from ldp_beam.evaluation import audit_recipe
     from ldp_beam.evaluation.records import Progress
 
-    records = audit_recipe.run(quick=a.quick, progress=Progress("audit"), seed=a.seed)
+    records = audit_recipe.run(quick=a.quick, progress=Progress("audit"), seed=a.seed,
+                               only=a.only)
 
     def num(v: Any, inf: bool = False) -> str:
         return "inf" if inf else ("-" if v is None else f"{v:.4g}")

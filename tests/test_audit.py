@@ -135,13 +135,19 @@ def test_epsilon_lower_bound_basics():
 
 
 def test_cli_audit_writes_records_and_exits_zero(tmp_path):
+    """The whole quick run is the ``records`` fixture; the command line is checked on a subset."""
     out = tmp_path / "audit.json"
-    code, so, se = run_cli("audit", "--quick", "--json", str(out), "--seed", "5")
+    code, so, se = run_cli("audit", "--quick", "--json", str(out), "--seed", "5",
+                           "--only", "grr", "--only", "laplace-histogram")
     assert code == 0, se
     recs = json.loads(out.read_text())
-    assert len(recs) >= 24
+    assert {r["method"] for r in recs} == {"grr", "laplace-histogram"}
+    assert len(recs) == 3  # grr's transition matrix; LPA on two neighbouring pairs
+    assert recs[0]["family_confidence"] == pytest.approx(0.95)
     for r in recs:
         for key in ("claimed_epsilon", "exact_epsilon", "empirical_epsilon_lower", "confidence",
                     "experiment", "method", "epsilon", "metric", "value"):
             assert key in r
     assert "verdict" in se and "grr" in se
+    code, _, se = run_cli("audit", "--quick", "--only", "no-such-mechanism")
+    assert code != 0 and "only" in se and "no-such-mechanism" in se
