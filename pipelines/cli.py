@@ -400,12 +400,12 @@ def cmd_audit(a: argparse.Namespace) -> int:
     return 1 if any(r["verdict"] == "violates claim" for r in records) else 0
 
 
-def _write_reproduction(out: str, families: list[str], readme: str | None,
-                        run_info: dict | None = None) -> None:
-    """Write ``out/report.md`` and, with ``readme``, that README's results block."""
+def _write_reproduction(out: str, families: list[str], readme: str | None) -> None:
+    """Write ``out/report.md`` and, with ``readme``, that README's results block, both from the
+    outputs in ``out/FAMILY/`` (each family's run, quick or full and its seed, from its records)."""
     from ldp_beam.evaluation.report import results_section, update_readme, write_report
 
-    path = write_report(out, families, run_info)
+    path = write_report(out, families)
     print(f"ldp-beam reproduce: report written to {path}", file=sys.stderr)
     if readme:
         root = os.path.dirname(os.path.abspath(readme))
@@ -434,11 +434,8 @@ def cmd_reproduce(a: argparse.Namespace) -> int:
         recipe = import_module(f"ldp_beam.evaluation.{fam}_recipe")
         out = os.path.join(a.out, fam) if a.out and a.family == "all" else a.out
         records += recipe.run(quick=a.quick, data_dir=a.data_dir, out_dir=out, seed=a.seed)
-    if a.family == "all" and a.out:
-        _write_reproduction(a.out, families, a.readme, {
-            "run": "quick (reduced sizes)" if a.quick else "full", "data": a.data_dir or
-            "synthetic fallbacks", "seed": a.seed if a.seed is not None else
-            "drawn from OS entropy per family (recorded in every record)"})
+    if a.family == "all" and a.out:  # each family's run (quick/full, seed) read from its records
+        _write_reproduction(a.out, families, a.readme)
     _emit_records(records, a.json)
     return 0
 

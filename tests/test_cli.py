@@ -262,6 +262,7 @@ def test_reproduce_all_writes_one_report(tmp_path, monkeypatch):
     assert code == 0, se
     assert "| uldp | quick run, seed 3, " in readme.read_text()
     report = (tmp_path / "report.md").read_text()
+    assert "- uldp: quick run, seed 3, " in report
     assert "| [uldp](#uldp) | 11 |" in report
     assert "## JuRR / CPRR" in report and "| claim | verdict | evidence |" in report
     assert "](uldp/fig3_" in report
