@@ -125,6 +125,33 @@ def valid_columns(mech, n, g):
     return out
 
 
+def run_quick_recipe(recipe, tmp_path_factory, family: str, seed: int) -> tuple[list, object, list]:
+    """One ``--quick`` run of a family's recipe on the synthetic fallbacks (no data directory),
+    writing into a fresh folder: (records, the folder, the progress lines)."""
+    out = tmp_path_factory.mktemp(f"{family}_quick")
+    lines: list[str] = []
+    records = recipe.run(quick=True, data_dir=str(out / "no-such-data-dir"), out_dir=str(out),
+                         seed=seed, progress=lines.append)
+    return records, out, lines
+
+
+def check_records(records, out, family: str, seed: int) -> None:
+    """What every recipe's records promise: at least one; the common keys (``REQUIRED_KEYS``);
+    the run's seed and quick flag; strict JSON (no NaN); and FAMILY.json holds exactly them."""
+    import json
+
+    from ldp_beam.evaluation.records import REQUIRED_KEYS
+
+    assert records
+    for r in records:
+        for k in REQUIRED_KEYS:
+            assert k in r, (k, r)
+        assert r["seed"] == seed and r["quick"] is True, r
+        json.dumps(r, allow_nan=False)
+    with open(os.path.join(out, f"{family}.json")) as fh:
+        assert json.load(fh) == records
+
+
 def recipe_outputs(out, family: str, figures) -> tuple[list, str]:
     """A recipe's written outputs: every expected figure is a PNG file; returns the claims
     records and the summary text for the family's own checks."""

@@ -14,13 +14,13 @@ import re
 
 import numpy as np
 import pytest
-from ldp_beam_test_helpers import recipe_outputs
+from ldp_beam_test_helpers import check_records, recipe_outputs, run_quick_recipe
 from scipy.stats import binom, norm
 
 from ldp_beam.evaluation import bisample_recipe as recipe
 from ldp_beam.evaluation import datasets as ds
 from ldp_beam.evaluation import metrics
-from ldp_beam.evaluation.records import (REQUIRED_KEYS, Progress, make_record, select,
+from ldp_beam.evaluation.records import (Progress, make_record, select,
                                          write_records)
 
 SHARED_DATA = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data")
@@ -38,25 +38,15 @@ EXPECTED_FIGURES = {"fig4_EXP.png", "fig4_GAUSS.png", "fig4_UNIFORM.png", "fig4_
 
 @pytest.fixture(scope="module")
 def quick_run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("bisample_quick")
-    lines: list[str] = []
-    records = recipe.run(quick=True, data_dir=str(out / "no-such-data-dir"), out_dir=str(out),
-                         seed=SEED, progress=lines.append)
-    return records, out, lines
+    return run_quick_recipe(recipe, tmp_path_factory, "bisample", SEED)
 
 
 def test_record_schema(quick_run):
     records, out, _ = quick_run
-    assert records
+    check_records(records, out, "bisample", SEED)
     for r in records:
-        for k in REQUIRED_KEYS:
-            assert k in r, (k, r)
         assert r["metric"] in METRICS, r
         assert r["epsilon"] is None or isinstance(r["epsilon"], float)
-        assert r["seed"] == SEED and r["quick"] is True
-        json.dumps(r, allow_nan=False)
-    on_disk = json.load(open(out / "bisample.json"))
-    assert on_disk == records
     experiments = {r["experiment"] for r in records}
     assert experiments == {"datasets", "fig4", "fig5", "fig6", "variance"}
     for r in select(records, experiment="datasets"):

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from ldp_beam.evaluation import rvns_recipe as recipe
-from ldp_beam.evaluation.records import REQUIRED_KEYS, make_record, select
+from ldp_beam.evaluation.records import make_record, select
+from ldp_beam_test_helpers import check_records, run_quick_recipe
 
 SHARED_DATA = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data")
 if not os.path.isdir(SHARED_DATA):
@@ -29,28 +30,19 @@ Z = 5.0  # tolerance in standard errors (about 30 cells are checked)
 
 @pytest.fixture(scope="module")
 def quick_run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("rvns_quick")
-    lines: list[str] = []
-    records = recipe.run(quick=True, data_dir=str(out / "no-such-data-dir"), out_dir=str(out),
-                         seed=SEED, progress=lines.append)
-    return records, out, lines
+    return run_quick_recipe(recipe, tmp_path_factory, "rvns", SEED)
 
 
 def test_record_schema(quick_run):
     records, out, lines = quick_run
-    assert records
+    check_records(records, out, "rvns", SEED)
     for r in records:
-        for k in REQUIRED_KEYS:
-            assert k in r, (k, r)
         assert r["experiment"] == recipe.EXPERIMENT
         assert r["metric"] in recipe.METRICS, r
         assert r["method"] in recipe.METHODS, r
-        assert r["seed"] == SEED and r["quick"] is True
         for k in ("setting", "reps", "n", "m", "lower", "upper", "source", "se"):
             assert k in r, (k, r)
         assert r["value"] is not None and r["value"] >= 0, r
-        json.dumps(r, allow_nan=False)
-    assert json.load(open(out / "rvns.json")) == records
     assert any("[rvns]" in line for line in lines)
     # one record per (dataset, method, setting, metric)
     keys = [(r["dataset"], r["method"], r["setting"], r["metric"]) for r in records]

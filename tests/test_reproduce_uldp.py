@@ -10,18 +10,17 @@ tuned to the seed.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
 import re
 
 import numpy as np
 import pytest
-from ldp_beam_test_helpers import recipe_outputs
+from ldp_beam_test_helpers import check_records, recipe_outputs, run_quick_recipe
 from scipy.stats import chi2
 
 from ldp_beam.evaluation import uldp_recipe as recipe
-from ldp_beam.evaluation.records import REQUIRED_KEYS, select
+from ldp_beam.evaluation.records import select
 from ldp_beam.mechanisms.joint import jurr_min_epsilon, jurr_valid
 
 SHARED_DATA = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data")
@@ -41,25 +40,16 @@ EXPECTED_FIGURES = ({f"{exp}_{name}.png" for exp, names in PANEL_NAMES.items() f
 
 @pytest.fixture(scope="module")
 def quick_run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("uldp_quick")
-    lines: list[str] = []
-    records = recipe.run(quick=True, data_dir=str(out / "no-such-data-dir"), out_dir=str(out),
-                         seed=SEED, progress=lines.append)
-    return records, out, lines
+    return run_quick_recipe(recipe, tmp_path_factory, "uldp", SEED)
 
 
 def test_record_schema(quick_run):
     records, out, _ = quick_run
-    assert records
+    check_records(records, out, "uldp", SEED)
     for r in records:
-        for k in REQUIRED_KEYS:
-            assert k in r, (k, r)
         assert r["metric"] in METRICS, r
         assert r["epsilon"] is None or isinstance(r["epsilon"], float)
-        assert r["seed"] == SEED and r["quick"] is True
         assert r["source"].startswith("synthetic"), r
-        json.dumps(r, allow_nan=False)
-    assert json.load(open(out / "uldp.json")) == records
     assert {r["experiment"] for r in records} == {"datasets", "fig3", "fig4", "fig5", "fig6",
                                                   "fig7"}
     # the panels the paper shows, with their shapes and sensitive-set sizes
