@@ -31,7 +31,8 @@ import numpy as np
 from ..core import (CountEstimator, Estimate, Mechanism, Reasons, Reports, Role, Statistic,
                     check_epsilon, check_labels, coerce_numeric, encode_categories)
 from ..errors import EmptyAccumulatorError, ParameterError
-from ..noise import discrete_laplace_scale, discrete_laplace_variance, lattice_laplace
+from ..noise import (discrete_laplace_scale, discrete_laplace_variance, lattice_laplace,
+                     realized_epsilon)
 from ..privacy import CENTRAL, PrivacyGuarantee
 from ..rng import RandomSource, RngLike
 
@@ -214,6 +215,12 @@ class IdentityLaplace(HistogramRelease):
                                 notes="discrete Laplace mechanism on the integer counts, sampled "
                                       "exactly (no floating-point noise), L1 sensitivity 1 "
                                       "(add/remove a record)")
+
+    @property
+    def realized_epsilon(self) -> float:
+        """The exact worst-case privacy loss of the release as sampled: 1/t for the rational
+        scale t >= 1/epsilon the exact sampler uses (at most epsilon, within 2^-20 of it)."""
+        return realized_epsilon(1, discrete_laplace_scale(1, self.epsilon))
 
     def publish(self, counts: Any, rng: RngLike = None) -> dict[str, Any]:
         h = check_counts(counts)

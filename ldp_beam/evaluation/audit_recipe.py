@@ -35,7 +35,6 @@ from typing import Any, Callable
 import numpy as np
 
 from .. import audit as A
-from ..noise import discrete_laplace_scale, realized_epsilon
 from ..registry import build_mechanism, get_registry
 from .records import make_record
 
@@ -245,11 +244,9 @@ def _central_hist(m: Any, reps: int, gen, bucket: int = 0) -> tuple:
     res = _thresholds(s1, s2)
     note = (f"Monte Carlo: {reps} releases on counts {base.tolist()} and with one record added "
             f"to bucket {bucket}; threshold events on that bucket's published value")
-    exact = None
-    if m.name == "laplace-histogram":  # exact: the sampler's pmf ratio is at most exp(1/t)
-        exact = realized_epsilon(1, discrete_laplace_scale(1, m.epsilon))
-        note += ("; exact: the exact discrete Laplace's worst-case ratio 1/t, t the rational "
-                 "scale the sampler uses")
+    exact = getattr(m, "realized_epsilon", None)  # releases whose worst case is known exactly
+    if exact is not None:
+        note += "; exact: the release's worst-case privacy loss as sampled (realized_epsilon)"
     return exact, res, note
 
 
