@@ -90,3 +90,30 @@ def compose(guarantees: Iterable[PrivacyGuarantee]) -> PrivacyGuarantee:
         notes += f" of kinds {', '.join(sorted(kinds))}; stated as the weakest, {kind}"
     return PrivacyGuarantee(kind, sum(g.epsilon for g in gs),
                             min(1.0, sum(g.delta for g in gs)), notes=notes)
+
+
+#: What every output of a seeded run says (reports' metadata, the CLI's privacy line, estimates).
+SEEDED_TEXT = ("seeded run: reproducible, not private - whoever knows or guesses the seed can "
+               "recompute the noise and remove it (a small integer seed is found by trying "
+               "candidates against the reports in well under a second)")
+
+
+def run_guarantee(g: PrivacyGuarantee, *, seeded: bool = False, public: Iterable[str] = ()
+                  ) -> dict:
+    """A guarantee as a run states it (``to_dict`` plus what the run changed about it).
+
+    A seeded run promises nothing: its summary says "seeded" and "not private", and ``kind`` keeps
+    the mechanism's kind only under ``unseeded_kind`` so that no reader mistakes it for a
+    guarantee. Public columns copied beside the reports are named (they are not protected).
+    """
+    d = g.to_dict()
+    d["seeded"] = bool(seeded)
+    public = list(public)
+    if public:
+        d["public_columns"] = public
+        d["summary"] += (f"; the reports also carry the column(s) {', '.join(public)} unprotected "
+                         "(declared public)")
+    if seeded:
+        d["unseeded_summary"] = d["summary"]
+        d["summary"] = f"{SEEDED_TEXT}; unseeded it would be: {d['summary']}"
+    return d

@@ -7,6 +7,12 @@
   machine (both ~50-400M uniforms/s depending on batch size) and is kept by numpy's random-module
   author, so we take it rather than write our own.
 * **No fixed default seed.** ``RandomSource()`` keys AES from operating-system entropy.
+* **Retry-proof by default in pipelines.** ``RandomSource(key=RunKey.new().key)`` keys AES from a
+  per-run secret (32 bytes of OS entropy drawn once on the trusted side, never written to any
+  output). Its draws are addressed like a seeded source's, by (stream, offset), so a re-executed
+  bundle, stage or release reproduces its noise exactly: a runner's retry or speculative copy of
+  a step sends the same reports, and a person's budget is not spent twice. Unlike a seed, the key
+  is unguessable, so the run stays private. See :class:`RunKey`.
 * **Deterministic per record on request.** ``RandomSource(seed)`` derives the AES key from the seed
   (SHA-256), and the uniforms of record ``offset`` in stream ``stream`` come from counter block
   ``stream * 2**64 + offset * blocks_per_record``. A record's noise therefore depends only on the
@@ -16,6 +22,10 @@
 from __future__ import annotations
 
 import hashlib
+import os
+import secrets
+import time
+from dataclasses import dataclass, field
 from typing import Union
 
 import numpy as np
@@ -40,8 +50,47 @@ def stream_id(name: object) -> int:
     return int.from_bytes(hashlib.blake2b(str(name).encode(), digest_size=8).digest(), "big")
 
 
+@dataclass(frozen=True)
+class RunKey:
+    """A run's identity and its secret noise key.
+
+    ``run_id`` names the run in manifests, ledgers and logs. ``key`` (32 bytes) addresses every
+    random draw of the run: fresh OS entropy unless the run is ``seeded``, in which case the key
+    is derived from the seed and the run is reproducible but **not private** (whoever knows or
+    guesses the seed can recompute and remove the noise). The key never appears in ``repr`` and
+    is never written to an output; it travels only inside the pipeline's own (trusted) steps.
+    """
+
+    run_id: str
+    key: bytes = field(repr=False)
+    seed: str | None = None
+
+    @classmethod
+    def new(cls, seed: int | str | bytes | None = None) -> "RunKey":
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        run_id = f"{stamp}-{secrets.token_hex(4)}"
+        if seed is None:
+            return cls(run_id, os.urandom(32))
+        _key_from_seed(seed)  # type check
+        text = seed.hex() if isinstance(seed, bytes) else str(
+            int(seed) if isinstance(seed, np.integer) else seed)
+        return cls(run_id, hashlib.sha256(b"ldp-beam/run-key/" + text.encode()).digest(), text)
+
+    @property
+    def seeded(self) -> bool:
+        return self.seed is not None
+
+    def source(self) -> "RandomSource":
+        return RandomSource(key=self.key)
+
+    def derive(self, purpose: str) -> bytes:
+        """A sub-key for one use of the run (e.g. ``"release"``), independent of the others."""
+        return hashlib.sha256(b"ldp-beam/derive/" + purpose.encode() + b"/" + self.key).digest()
+
+
 class RandomSource:
-    """Uniform draws for mechanisms: OS-entropy by default, per-record deterministic with a seed.
+    """Uniform draws for mechanisms: OS-entropy by default, per-record deterministic with a seed
+    or a run key (see :class:`RunKey`).
 
     ``uniforms(n, draws, stream=s, offset=o)`` returns an ``(n, draws)`` float64 array in [0, 1)
     whose row ``i`` is the noise of record ``o + i`` of stream ``s``. Without a seed, ``stream``
@@ -49,19 +98,31 @@ class RandomSource:
     offset, draws continue after the last block used (deterministic for sequential calls).
     """
 
-    def __init__(self, seed: int | str | bytes | None = None) -> None:
+    def __init__(self, seed: int | str | bytes | None = None, *, key: bytes | None = None
+                 ) -> None:
+        if seed is not None and key is not None:
+            raise ValueError("RandomSource: give a seed or a key, not both")
+        if key is not None and (not isinstance(key, bytes) or len(key) < 16):
+            raise ValueError("RandomSource: key must be at least 16 bytes (RunKey.new().key)")
         self.seed = seed
-        if seed is None:
+        self._run_key = key
+        if seed is None and key is None:
             self._key = None
             self._gen = np.random.Generator(AESCounter())  # OS entropy
         else:
-            self._key = _key_from_seed(seed)
+            self._key = _key_from_seed(seed) if key is None else _key_from_seed(key, b"run-key")
             self._gen = None
         self._next_block = 0
         self._next_generator = 0
 
     @property
     def seeded(self) -> bool:
+        """Drawn from a caller's seed: reproducible and therefore not private."""
+        return self.seed is not None
+
+    @property
+    def deterministic(self) -> bool:
+        """Record ``(stream, offset)`` always gets the same draws (a seed or a run key)."""
         return self._key is not None
 
     def uniforms(self, n: int, draws: int, *, stream: int | None = None,
@@ -90,7 +151,7 @@ class RandomSource:
         if self._key is None:
             return self._gen
         # A key of its own (never the mechanisms' key), one 2^64-block stream per call.
-        key = _key_from_seed(self.seed, b"generator")
+        key = _key_from_seed(self.seed if self._run_key is None else self._run_key, b"generator")
         g = np.random.Generator(AESCounter(key=key, counter=self._next_generator << 64))
         self._next_generator += 1
         return g

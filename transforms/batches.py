@@ -89,14 +89,24 @@ def take(table: Any, idx: np.ndarray) -> Any:
     return {k: np.asarray(v)[idx] for k, v in table.items()}
 
 
-def report_schema(mechanism: Mechanism, passthrough: pa.Schema | None = None) -> pa.Schema:
-    """The Arrow schema of report batches, with the mechanism and its parameters in metadata."""
+def report_schema(mechanism: Mechanism, passthrough: pa.Schema | None = None,
+                  seeded: bool = False) -> pa.Schema:
+    """The Arrow schema of report batches, with the mechanism and its parameters in metadata.
+
+    ``seeded``: the reports were drawn from a caller's seed; the metadata then says so
+    (``"seeded": true`` and a guarantee summary saying the reports are not private). Passthrough
+    columns are listed as ``public_columns``: copied unprotected, declared public by the caller.
+    """
+    from ldp_beam.privacy import run_guarantee
+
     fields = [pa.field(name, pa.from_numpy_dtype(np.dtype(dt)), nullable=False)
               for name, dt in mechanism.report_fields]
     if passthrough is not None:
         fields += [f for f in passthrough]
+    public = [f.name for f in passthrough] if passthrough is not None else []
     meta = {"mechanism": mechanism.name, "params": mechanism.params(),
-            "guarantee": mechanism.guarantee.to_dict(), "ldp_beam_version": __version__}
+            "guarantee": run_guarantee(mechanism.guarantee, seeded=seeded, public=public),
+            "seeded": bool(seeded), "public_columns": public, "ldp_beam_version": __version__}
     return pa.schema(fields, metadata={SCHEMA_KEY: json.dumps(meta, default=list).encode()})
 
 
