@@ -76,11 +76,15 @@ def get_column(table: Any, name: str) -> np.ndarray:
     return np.asarray(table[name])
 
 
-def row_dict(table: Any, i: int) -> dict:
-    """Row ``i`` as a JSON-friendly dict (used only for dead-letter records)."""
+def row_dict(table: Any, i: int, columns: list[str] | None = None) -> dict:
+    """Row ``i`` (only ``columns`` when given) as a JSON-friendly dict (for dead letters)."""
     if isinstance(table, (pa.RecordBatch, pa.Table)):
+        if columns is not None:
+            table = table.select(columns)
         return table.slice(i, 1).to_pylist()[0]
-    return {k: (v[i].item() if hasattr(v[i], "item") else v[i]) for k, v in table.items()}
+    names = list(table) if columns is None else columns
+    return {k: (table[k][i].item() if hasattr(table[k][i], "item") else table[k][i])
+            for k in names}
 
 
 def take(table: Any, idx: np.ndarray) -> Any:
