@@ -216,7 +216,7 @@ def test_buffered_records_keep_their_windows():
         timed = (p | beam.Create(recs)
                  | beam.Map(lambda rt: window.TimestampedValue(rt[0], rt[1]))
                  | beam.WindowInto(window.FixedWindows(25)))
-        out = timed | Perturb(mech, columns={"value": "x"}, keep=("id",))
+        out = timed | Perturb(mech, columns={"value": "x"}, keep=("id",), key_column="id")
         counts = out.reports | EstimateGlobally(est, windowed=True) | beam.Map(
             lambda e: e.n_reports)
         assert_that(counts, equal_to([25, 25, 25, 25]))

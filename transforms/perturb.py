@@ -1,12 +1,25 @@
 """The generic perturbation DoFn: any registered mechanism, element or batch at a time.
 
 Valid rows are perturbed with one vectorized call per batch; invalid rows go to the
-``dead_letter`` output as ``{"reason", "record", "source", "row"}``. Beam counters in namespace
-``ldp_beam`` (``records_in``, ``records_valid``, ``records_invalid``) always satisfy
-in = valid + invalid.
+``dead_letter`` output as ``{"reason", "record", "source", "row"}``, where ``record`` holds only
+the columns the mechanism reads (``dead_letter_columns="all"`` keeps the whole row). Beam
+counters in namespace ``ldp_beam`` (``records_in``, ``records_valid``, ``records_invalid``)
+always satisfy in = valid + invalid.
+
+**Retry-proof noise.** Every draw is a function of the run's secret key (:class:`RunKey`, fresh
+OS entropy unless seeded) and the record's stable identity, so a runner that re-executes a bundle
+or a stage (all of them do, on failure or speculatively) reproduces the same reports:
+
+* ``KeyedBatch`` (from ``ReadTable``): record ``offset + i`` of the stream named after its file;
+* a bare Arrow batch or dict of arrays: the batch's content digest and the row's position in it
+  (a re-executed bundle re-reads the same batch); refused for seeded runs, whose promise of
+  runner-independent output needs keys that do not depend on batching;
+* a single record (dict): the value of ``key_column``, a stable record id; a mechanism that draws
+  noise refuses single records without one, since nothing else identifies a retried record.
 """
 from __future__ import annotations
 
+import hashlib
 from typing import Any, Mapping
 
 import apache_beam as beam
@@ -16,7 +29,7 @@ from apache_beam.metrics import Metrics
 from apache_beam.utils.windowed_value import WindowedValue
 
 from ldp_beam.core import Mechanism
-from ldp_beam.rng import RandomSource, stream_id
+from ldp_beam.rng import RunKey, stream_id
 
 from .batches import (KeyedBatch, column_names, get_column, is_batch, report_schema,
                       reports_batch, row_dict)
@@ -68,17 +81,37 @@ def split_dead_letters(pcoll: Any, main_name: str) -> Outputs:
                    pcoll | "DeadLetters" >> beam.FlatMap(_dead_part))
 
 
+def content_stream(table: Any, columns: list[str]) -> int:
+    """A 64-bit stream number from the content of ``columns`` of a bare batch: the identity of a
+    batch that arrives without one, stable when a runner re-executes the bundle."""
+    h = hashlib.blake2b(digest_size=8, person=b"ldp-beam-batch")
+    for c in columns:
+        h.update(c.encode() + b"\x00")
+        if isinstance(table, (pa.RecordBatch, pa.Table)):
+            col = table.column(c)
+            if isinstance(col, pa.ChunkedArray):
+                col = col.combine_chunks()
+            h.update(pa.RecordBatch.from_arrays([col], ["c"]).serialize())  # offsets respected
+        else:
+            arr = np.asarray(table[c])
+            h.update(arr.tobytes() if arr.dtype.kind in "biuf" else
+                     "\x1f".join(map(repr, arr.tolist())).encode())
+    return int.from_bytes(h.digest(), "big")
+
+
 class PerturbFn(beam.DoFn):
     """Perturb elements with ``mechanism``; ``columns`` maps each role to an input column name
     (default: role 'value' -> column 'value'); ``keep`` lists columns copied to the reports
-    (e.g. a grouping key). ``seed``: None draws from OS entropy in ``setup()``; a seed makes
-    every record's noise a function of (seed, stream, offset) or, for single records, of
-    (seed, ``key_column`` value) — so a record re-sent with the same key gets the same noise
-    and repeats cannot be averaged to strip it."""
+    unprotected (e.g. a public grouping key: never an input column of the mechanism).
+
+    Noise: ``run_key`` (a :class:`RunKey`; default a fresh one, or one derived from ``seed``)
+    addresses every record's draws by its identity (see the module docstring), so re-executions
+    reproduce them. ``seed`` makes the run reproducible and says so: not private."""
 
     def __init__(self, mechanism: Mechanism, columns: Mapping[str, str] | None = None,
                  keep: tuple[str, ...] = (), seed: Any = None, key_column: str | None = None,
-                 passthrough_schema: pa.Schema | None = None) -> None:
+                 passthrough_schema: pa.Schema | None = None, run_key: RunKey | None = None,
+                 dead_letter_columns: str = "mapped") -> None:
         self.mechanism = mechanism
         self.columns = dict(columns or {r.name: r.name for r in mechanism.roles if r.required})
         roles = {r.name for r in mechanism.roles}
@@ -90,17 +123,35 @@ class PerturbFn(beam.DoFn):
             if r.required and r.name not in self.columns:
                 raise ValueError(f"columns must map the required role {r.name!r}")
         self.keep = tuple(keep)
-        self.seed = seed
+        inputs = {c: r for r, c in self.columns.items()}
+        for c in self.keep:
+            if c in inputs:
+                raise ValueError(f"keep: column {c!r} is the input of {mechanism.name}'s role "
+                                 f"{inputs[c]!r}; kept columns are copied into the reports "
+                                 "unprotected, so a mechanism's input can never be kept")
+        if dead_letter_columns not in ("mapped", "all"):
+            raise ValueError(f"dead_letter_columns={dead_letter_columns!r}: one of 'mapped' "
+                             "(the mechanism's input columns) or 'all' (whole rows)")
+        if run_key is not None and seed is not None:
+            raise ValueError("give a seed or a run_key, not both")
+        self.run_key = run_key or RunKey.new(seed)
+        self.seed = self.run_key.seed
         self.key_column = key_column
+        self.dead_letter_columns = dead_letter_columns
+        self._shown = None if dead_letter_columns == "all" else \
+            list(dict.fromkeys(self.columns.values()))
         self.passthrough_schema = passthrough_schema
-        self.schema = report_schema(mechanism, passthrough_schema) if passthrough_schema or \
-            not self.keep else None  # else: taken from the first batch's kept columns
+        self.schema = report_schema(mechanism, passthrough_schema, seeded=self.run_key.seeded) \
+            if passthrough_schema or not self.keep else None  # else: from the first batch
         self.n_in = Metrics.counter("ldp_beam", "records_in")
         self.n_valid = Metrics.counter("ldp_beam", "records_valid")
         self.n_invalid = Metrics.counter("ldp_beam", "records_invalid")
 
     def setup(self) -> None:
-        self.source = RandomSource(self.seed)  # OS entropy unless a seed was asked for
+        self.source = self.run_key.source()
+
+    def _row(self, table: Any, i: int) -> dict:
+        return row_dict(table, i, self._shown)
 
     # -- batch path
     def _perturb_batch(self, table: Any, stream: int | None, offset: int | None, source: str):
@@ -112,19 +163,22 @@ class PerturbFn(beam.DoFn):
         if absent:
             for i in range(n):
                 yield dead_letter(
-                    f"input has no column {absent[0]!r}", row_dict(table, i), source,
-                    None if offset is None else offset + i)
+                    f"input has no column {absent[0]!r}",
+                    row_dict(table, i, [c for c in self._shown or names if c in names]),
+                    source, None if offset is None else offset + i)
             self.n_invalid.inc(n)
             return
         raw = {role: get_column(table, col) for role, col in self.columns.items()}
         cols, reasons = self.mechanism.check(raw)
+        if stream is None and self.mechanism.draws:  # a bare batch: its content is its identity
+            stream, offset = content_stream(table, list(self.columns.values())), 0
         u = self.source.uniforms(n, self.mechanism.draws, stream=stream, offset=offset)
         bad = reasons.bad
         if bad.any():
             msgs = reasons.as_dict()
             for i in np.flatnonzero(bad).tolist():
                 yield dead_letter(
-                    msgs[i], row_dict(table, i), source, None if offset is None else offset + i)
+                    msgs[i], self._row(table, i), source, None if offset is None else offset + i)
             ok = np.flatnonzero(~bad)
             cols = {k: v[ok] for k, v in cols.items()}
             u = u[ok]
@@ -137,6 +191,7 @@ class PerturbFn(beam.DoFn):
         if n - bad.sum() == 0:
             return
         reports = self.mechanism.randomize(cols, u)
+        del u
         yield reports_batch(reports, self._schema_for(table), kept if self.keep else None)
 
     def _schema_for(self, table: Any) -> pa.Schema:
@@ -147,7 +202,7 @@ class PerturbFn(beam.DoFn):
                 kept = pa.schema([(c, pa.array(np.asarray(table[c])).type) for c in self.keep])
             kept = pa.schema([pa.field(f.name, f.type.value_type)
                               if pa.types.is_dictionary(f.type) else f for f in kept])
-            self.schema = report_schema(self.mechanism, kept)
+            self.schema = report_schema(self.mechanism, kept, seeded=self.run_key.seeded)
         return self.schema
 
     # -- element path: single records are buffered per bundle and perturbed together
@@ -172,17 +227,21 @@ class PerturbFn(beam.DoFn):
         msgs = reasons.as_dict()
         for i in np.flatnonzero(bad).tolist():
             _, ts, win = buf[i]
-            yield _tagged(dead_letter(msgs[i], dict(records[i])), ts, win)
+            shown = None if self._shown is None else (
+                [self.key_column] if self.key_column else []) + self._shown  # id: its row
+            rec = dict(records[i]) if shown is None else \
+                {c: records[i][c] for c in shown if c in records[i]}
+            yield _tagged(dead_letter(msgs[i], rec), ts, win)
         self.n_invalid.inc(int(bad.sum()))
         self.n_valid.inc(int(ok.size))
         if ok.size == 0:
             return
-        if self.source.seeded:
+        if self.mechanism.draws:
             u = np.vstack([self.source.uniforms(1, self.mechanism.draws,
                                                 stream=stream_id(records[i][self.key_column]),
                                                 offset=0) for i in ok.tolist()])
-        else:
-            u = self.source.uniforms(int(ok.size), self.mechanism.draws)
+        else:  # a mechanism that draws no noise (central-DP inputs are only checked here)
+            u = np.empty((int(ok.size), 0))
         rep = self.mechanism.randomize({k: v[ok] for k, v in cols.items()}, np.asfortranarray(u))
         lists = {k: v.tolist() for k, v in rep.items()}
         for j, i in enumerate(ok.tolist()):
@@ -198,14 +257,21 @@ class PerturbFn(beam.DoFn):
             yield from self._perturb_batch(element.table, element.stream, element.offset,
                                            element.source)
         elif is_batch(element):
-            if self.source.seeded:
+            if self.run_key.seeded:
                 raise ValueError("seeded perturbation needs keyed batches (KeyedBatch, as "
-                                 "emitted by ReadTable): a bare batch has no stable record keys")
+                                 "emitted by ReadTable): a bare batch's identity depends on how "
+                                 "the runner batched it, so a seeded run would not be "
+                                 "reproducible across runners")
             yield from self._perturb_batch(element, None, None, "")
         elif isinstance(element, Mapping):
-            if self.source.seeded and (self.key_column is None or self.key_column not in element):
-                raise ValueError("seeded perturbation of single records needs key_column naming "
-                                 "a stable record key present in every record")
+            if self.mechanism.draws and (self.key_column is None
+                                         or self.key_column not in element):
+                raise ValueError(
+                    f"{self.mechanism.name} perturbs single records only with key_column naming "
+                    "a stable record id present in every record (missing here): the noise of a "
+                    "record is addressed by it, so that a runner's retry of the bundle sends "
+                    "the same report instead of spending the person's budget again; batches "
+                    "from ReadTable carry their own identity")
             self._buffer.append((element, timestamp, window))
             if len(self._buffer) >= ELEMENT_BUFFER:
                 yield from self._flush()
@@ -236,9 +302,15 @@ class Perturb(beam.PTransform):
 
     def __init__(self, mechanism: Mechanism, columns: Mapping[str, str] | None = None,
                  keep: tuple[str, ...] = (), seed: Any = None, key_column: str | None = None,
-                 passthrough_schema: pa.Schema | None = None) -> None:
+                 passthrough_schema: pa.Schema | None = None, run_key: RunKey | None = None,
+                 dead_letter_columns: str = "mapped") -> None:
         super().__init__()
-        self.fn = PerturbFn(mechanism, columns, keep, seed, key_column, passthrough_schema)
+        self.fn = PerturbFn(mechanism, columns, keep, seed, key_column, passthrough_schema,
+                            run_key, dead_letter_columns)
+
+    @property
+    def run_key(self) -> RunKey:
+        return self.fn.run_key
 
     def expand(self, pcoll):
         return split_dead_letters(pcoll | "Perturb" >> beam.ParDo(self.fn), REPORTS)
