@@ -81,7 +81,9 @@ class RunKey:
         return self.seed is not None
 
     def source(self) -> "RandomSource":
-        return RandomSource(key=self.key)
+        """The run's draws: keyed by the secret key, or by the seed exactly as
+        ``RandomSource(seed)`` (so a seeded pipeline matches the core API record for record)."""
+        return RandomSource(key=self.key) if self.seed is None else RandomSource(self.seed)
 
     def derive(self, purpose: str) -> bytes:
         """A sub-key for one use of the run (e.g. ``"release"``), independent of the others."""

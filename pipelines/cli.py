@@ -15,6 +15,8 @@ from typing import Any
 
 from ldp_beam.errors import LdpBeamError
 
+from .outputs import RunFailed
+
 FAMILIES = ("bisample", "rvns", "uldp", "dphr", "ospdprr")
 PENDING: dict[str, str] = {}  # subcommand or family -> where it is tracked
 
@@ -39,6 +41,18 @@ def _mechanism_args(sp: argparse.ArgumentParser, required: bool) -> None:
     sp.add_argument("--param", "-p", action="append", metavar="NAME=VALUE",
                     help="a mechanism parameter, repeatable (e.g. -p lower=0 -p upper=100)")
     sp.add_argument("--epsilon", type=float, help="shorthand for -p epsilon=VALUE")
+
+
+def _run_args(sp: argparse.ArgumentParser) -> None:
+    """Options of every batch run that commits outputs."""
+    sp.add_argument("--force", action="store_true",
+                    help="replace existing outputs (only once the new run has succeeded)")
+    sp.add_argument("--allow-unreadable", action="store_true",
+                    help="commit even if part of the input cannot be read (those rows are "
+                         "counted as unreadable in the manifest); default: fail, commit nothing")
+    sp.add_argument("--null-values", action="append", metavar="TEXT",
+                    help="CSV input: a cell text that means a missing value, repeatable "
+                         "(default: only the empty cell; \"NA\" stays text)")
 
 
 def _params(a: argparse.Namespace) -> dict[str, Any]:
@@ -71,12 +85,21 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--role", action="append", metavar="ROLE=COLUMN",
                    help="map another role to a column, e.g. --role preference=eps_u")
     c.add_argument("--keep", action="append", default=[],
-                   help="copy this column to the reports (e.g. a grouping key); repeatable")
+                   help="copy this column to the reports unprotected (e.g. a grouping key); "
+                        "it must be declared with --public, and can never be an input column")
+    c.add_argument("--public", action="append", default=[], metavar="COLUMN",
+                   help="declare a column public (not about a person, not an identifier), so "
+                        "that --keep may copy it; listed in the manifest and the guarantee")
     c.add_argument("--output", "-o", required=True, help="reports Parquet file")
     c.add_argument("--dead-letter", help="default: OUTPUT.deadletter.jsonl")
-    c.add_argument("--seed", help="deterministic noise from this seed (default: OS entropy)")
+    c.add_argument("--dead-letter-all-columns", action="store_true",
+                   help="dead letters hold whole rows (default: only the mechanism's input "
+                        "columns, with the file and row)")
+    c.add_argument("--seed", help="reproducible noise from this seed: NOT PRIVATE (whoever "
+                   "knows the seed removes the noise); default: a secret key of OS entropy")
     c.add_argument("--batch-rows", type=int, default=1 << 16)
     _mechanism_args(c, required=True)
+    _run_args(c)
 
     e = sub.add_parser("estimate", help="estimate statistics from a reports table")
     e.add_argument("--input", "-i", required=True)
@@ -90,7 +113,10 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--option", action="append", metavar="NAME=VALUE",
                    help="an estimator option, repeatable (e.g. --option m=1000 --option "
                         "method=paper for RVNS)")
+    e.add_argument("--seed", help="central releases: reproducible noise from this seed, NOT "
+                   "PRIVATE (default: a secret key of OS entropy)")
     _mechanism_args(e, required=False)
+    _run_args(e)
 
     s = sub.add_parser("stream", help="windowed streaming estimation of telemetry (spool "
                        "directory or Pub/Sub)")
@@ -228,11 +254,15 @@ def cmd_collect(a: argparse.Namespace, beam_args: list[str]) -> int:
     mech = build(a.mechanism, _params(a))
     columns = role_columns(mech, a.column, a.role)
     man = run_collect(a.input, a.output, mech, columns, keep=a.keep, seed=a.seed,
-                      dead_letter=a.dead_letter, batch_rows=a.batch_rows, beam_args=beam_args)
+                      dead_letter=a.dead_letter, batch_rows=a.batch_rows, beam_args=beam_args,
+                      public=a.public, force=a.force, allow_unreadable=a.allow_unreadable,
+                      null_values=a.null_values,
+                      dead_letter_columns="all" if a.dead_letter_all_columns else "mapped")
     from .common import records_line
 
-    print(f"collected {man['records']['reported']:,} reports ({mech.guarantee.describe()}) into "
-          f"{a.output}: " + records_line(man, f"dead letters in {man['dead_letter']}"))
+    print(f"collected {man['records']['reported']:,} reports into {a.output} (run "
+          f"{man['run_id']}): " + records_line(man, f"dead letters in {man['dead_letter']}"))
+    print(f"privacy: {man['guarantee']['summary']}")
     return 0 if man["records"]["reconciles"] else 1
 
 
@@ -249,13 +279,15 @@ def cmd_estimate(a: argparse.Namespace, beam_args: list[str]) -> int:
                              "--mechanism); LDP estimates read the reports' own fields")
         columns = role_columns(mech, a.column, a.role)
     out = run_estimate(a.input, a.output, mech, by=a.by, options=_kv(a.option, "--option"),
-                       beam_args=beam_args, columns=columns)
+                       beam_args=beam_args, columns=columns, seed=a.seed, force=a.force,
+                       allow_unreadable=a.allow_unreadable, null_values=a.null_values)
     if "curator" in out:
         return _print_release(out, a.output)
     ests = out["estimates"].values() if a.by else [out["estimate"]]
     errors = [e["error"] for e in ests if "error" in e]
     if a.by:
-        print(f"{len(out['estimates'])} estimates by {a.by!r} written to {a.output}")
+        print(f"{len(out['estimates'])} estimates by {a.by!r} written to {a.output}; "
+              f"privacy: {out['guarantee']['summary']}")
     elif not errors:
         parts = [_stat_text(k, st) for k, st in out["estimate"]["statistics"].items()]
         print(f"{out['estimate']['n_reports']:,} reports -> " + ", ".join(parts))
@@ -455,6 +487,10 @@ def main(argv: list[str] | None = None) -> int:
             ap.error("--readme: needs --out DIR and the family `all` or `report`")
         if a.family == "report" and not a.out:
             ap.error("reproduce report: --out DIR is required (the folder with FAMILY/ outputs)")
+    if a.command in ("collect", "estimate"):  # SIGTERM unwinds like Ctrl-C: staging removed
+        import signal
+
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     logging.basicConfig(level=logging.INFO if a.verbose else logging.ERROR)
     if not a.verbose:
         logging.getLogger().setLevel(logging.ERROR)
@@ -479,6 +515,9 @@ def main(argv: list[str] | None = None) -> int:
         if a.command == "audit":
             return cmd_audit(a)
         return _not_yet(a.command)
+    except RunFailed as exc:
+        print(f"ldp-beam {a.command}: run failed: {exc}", file=sys.stderr)
+        return 1
     except (LdpBeamError, UsageError, ValueError, FileNotFoundError, KeyError) as exc:
         print(f"ldp-beam {a.command}: error: {exc}", file=sys.stderr)
         return 2

@@ -2,9 +2,11 @@
 
 Runs on the trusted side (the ingestion edge): the input holds true values, the output holds only
 reports. Writes ``OUTPUT`` (Parquet; the mechanism and its parameters in the Arrow schema
-metadata), ``OUTPUT.deadletter.jsonl`` (records that could not be perturbed, with the reason; they
-hold raw values and must stay on the trusted side) and ``OUTPUT.manifest.json`` (counts that
-reconcile: input = reported + dead-lettered; the guarantee each report carries).
+metadata), ``OUTPUT.deadletter.jsonl`` (records that could not be perturbed, with the reason, the
+file and the row; they hold the input columns' raw values and must stay on the trusted side) and,
+last, ``OUTPUT.manifest.json`` (the run id, the files it covers, counts that reconcile: input =
+reported + dead-lettered [+ unreadable]; the guarantee each report carries). All three are
+committed together or not at all (:mod:`.outputs`).
 """
 from __future__ import annotations
 
@@ -16,11 +18,15 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ldp_beam.core import Mechanism
+from ldp_beam.privacy import run_guarantee
 from ldp_beam.registry import get_registry
+from ldp_beam.rng import RunKey
 from ldp_beam.transforms import (Perturb, ReadTable, WriteJsonLines, WriteParquetFile,
                                  report_schema)
 
-from .common import counters, reconcile, run_pipeline, write_json
+from .common import (Tally, check_readable, check_reconciles, count_lines, read_tally, reconcile,
+                     run_pipeline)
+from .outputs import RunOutputs
 
 
 def resolve_columns(mech: Mechanism, schema: pa.Schema, columns: Mapping[str, str],
@@ -43,52 +49,90 @@ def resolve_columns(mech: Mechanism, schema: pa.Schema, columns: Mapping[str, st
 
 def run_collect(input: str, output: str, mechanism: Mechanism, columns: Mapping[str, str],
                 keep: Iterable[str] = (), seed: Any = None, dead_letter: str | None = None,
-                batch_rows: int = 1 << 16, beam_args: Iterable[str] = ()) -> dict:
+                batch_rows: int = 1 << 16, beam_args: Iterable[str] = (), *,
+                public: Iterable[str] = (), force: bool = False, allow_unreadable: bool = False,
+                null_values: Iterable[str] | None = None, dead_letter_columns: str = "mapped",
+                run_key: RunKey | None = None) -> dict:
+    """Perturb ``input`` into ``output``; returns the committed manifest.
+
+    ``keep`` columns are copied into the reports unprotected, so each must also be declared in
+    ``public`` (and none may be an input of the mechanism). The run commits all of its outputs
+    (reports, dead letters, then the manifest) or none: see :mod:`.outputs`. It fails with
+    :class:`RunFailed`, committing nothing, when part of the input cannot be read (unless
+    ``allow_unreadable``) or its counts do not add up.
+    """
     keep = tuple(keep)
+    public = tuple(public)
     if getattr(mechanism, "central", False):
         raise ValueError(f"{mechanism.name} is a central-DP release: there is no client-side "
                          "report to collect; run `ldp-beam estimate -i TABLE -c COLUMN -m "
                          f"{mechanism.name} ...` on the trusted curator, which adds the noise once")
-    read = ReadTable(input, batch_rows=batch_rows)
+    undeclared = [c for c in keep if c not in public]
+    if undeclared:
+        raise ValueError(f"--keep {undeclared[0]}: kept columns are copied into the reports "
+                         "unprotected; declare the column public with --public "
+                         f"{undeclared[0]} if it is neither about a person nor an identifier "
+                         "(a grouping key such as a region or a release date)")
+    run = run_key or RunKey.new(seed)
+    read = ReadTable(input, batch_rows=batch_rows, **_read_options(null_values))
     in_schema = read.schema
     cols = resolve_columns(mechanism, in_schema, columns, keep)
+    for c in keep:
+        if c in cols.values():
+            role = next(r for r, col in cols.items() if col == c)
+            raise ValueError(f"--keep {c}: {c!r} is the input of {mechanism.name}'s role "
+                             f"{role!r}; it can never be copied into the reports")
     passthrough = pa.schema([in_schema.field(c) for c in keep]) if keep else None
     if passthrough is not None:  # dictionary columns are written as their values
         passthrough = pa.schema([pa.field(f.name, f.type.value_type)
                                  if pa.types.is_dictionary(f.type) else f for f in passthrough])
-    schema = report_schema(mechanism, passthrough)
+    schema = report_schema(mechanism, passthrough, seeded=run.seeded)
     dead_letter = dead_letter or output + ".deadletter.jsonl"
-    os.makedirs(os.path.dirname(os.path.abspath(output)) or ".", exist_ok=True)
-    for path in (output, dead_letter):
-        if os.path.exists(path):
-            os.remove(path)
-    def build(p):
-        rd = p | "ReadTable" >> read
-        out = rd.batches | "Perturb" >> Perturb(mechanism, columns=cols, keep=keep, seed=seed,
-                                                passthrough_schema=passthrough)
-        return [out.reports | "WriteReports" >> WriteParquetFile(output, schema),
-                (rd.dead_letter, out.dead_letter) | "AllDeadLetters" >> beam.Flatten()
-                | "WriteDeadLetters" >> WriteJsonLines(dead_letter)]
+    with RunOutputs({"reports": output, "dead_letter": dead_letter},
+                    output + ".manifest.json", run.run_id, inputs=[input], force=force) as outs:
+        staged, staged_dead = outs.staged("reports"), outs.staged("dead_letter")
+        tally_path = outs.scratch("tally.jsonl")
 
-    result = run_pipeline(build, beam_args)
-    if not os.path.exists(output):  # no valid record at all: still leave a readable, empty table
-        pq.write_table(schema.empty_table(), output)
-    reported = pq.ParquetFile(output).metadata.num_rows
-    rec = reconcile(counters(result), read.files, dead_letter, reported)
-    manifest = {
-        "input": os.path.abspath(input) if os.path.exists(input) else input,
-        "output": os.path.abspath(output),
-        "dead_letter": os.path.abspath(dead_letter),
-        "mechanism": mechanism.name, "params": mechanism.params(),
-        "columns": cols, "keep": list(keep), "seeded": seed is not None,
-        "guarantee": mechanism.guarantee.to_dict(),
-        "records": {"input": rec["input"], "reported": reported,
-                    "dead_lettered": rec["dead_lettered"],
-                    "unreadable_files": rec["unreadable_files"],
-                    "reconciles": rec["reconciles"], "counted_from": rec["counted_from"]},
-    }
-    write_json(output + ".manifest.json", manifest)
-    return manifest
+        def build(p):
+            rd = p | "ReadTable" >> read
+            out = rd.batches | "Perturb" >> Perturb(
+                mechanism, columns=cols, keep=keep, run_key=run, passthrough_schema=passthrough,
+                dead_letter_columns=dead_letter_columns)
+            return [out.reports | "WriteReports" >> WriteParquetFile(staged, schema),
+                    (rd.dead_letter, out.dead_letter) | "AllDeadLetters" >> beam.Flatten()
+                    | "WriteDeadLetters" >> WriteJsonLines(staged_dead),
+                    (rd.batches, rd.dead_letter, out.reports, out.dead_letter)
+                    | "Tally" >> Tally(tally_path)]
+
+        run_pipeline(build, beam_args)
+        if not os.path.exists(staged):  # no valid record at all: still a readable, empty table
+            pq.write_table(schema.empty_table(), staged)
+        reported = pq.ParquetFile(staged).metadata.num_rows
+        rec = reconcile(read_tally(tally_path), count_lines(staged_dead), reported)
+        check_reconciles(rec)
+        check_readable(rec, staged_dead, allow_unreadable)
+        manifest = {
+            "command": "collect",
+            "input": os.path.abspath(input) if os.path.exists(input) else input,
+            "output": os.path.abspath(output),
+            "dead_letter": os.path.abspath(dead_letter),
+            "mechanism": mechanism.name, "params": mechanism.params(),
+            "columns": cols, "keep": list(keep), "public_columns": list(keep),
+            "seeded": run.seeded,
+            "guarantee": run_guarantee(mechanism.guarantee, seeded=run.seeded, public=keep),
+            "records": {"input": rec["input"], "reported": reported,
+                        "dead_lettered": rec["dead_lettered"],
+                        "unreadable_rows": rec["unreadable_rows"],
+                        "unreadable_parts": rec["unreadable_parts"],
+                        "unreadable_rows_unknown": rec["unreadable_rows_unknown"],
+                        "reconciles": rec["reconciles"], "counted_from": rec["counted_from"]},
+        }
+        return outs.commit(manifest)
+
+
+def _read_options(null_values: Iterable[str] | None) -> dict:
+    """ReadTable keyword arguments for options the user set (``None``: the reader's default)."""
+    return {} if null_values is None else {"null_values": tuple(null_values)}
 
 
 def build(name: str, params: Mapping[str, Any]) -> Mechanism:

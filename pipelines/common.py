@@ -13,6 +13,8 @@ import apache_beam as beam
 from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import PipelineOptions
 
+from .outputs import RunFailed
+
 DASK_RUNNER = "apache_beam.runners.dask.dask_runner.DaskRunner"
 RUNNER_ALIASES = {"dask": DASK_RUNNER, "daskrunner": DASK_RUNNER, "direct": "DirectRunner",
                   "directrunner": "DirectRunner"}
@@ -145,61 +147,109 @@ def _rows(element: Any) -> int:
     return num_rows(element)
 
 
-def count_rows_to(pcoll: Any, path: str) -> Any:
-    """Write the number of records in a PCollection of batches/records to ``path`` (one JSON
-    line): a count taken from the data itself, for runners without metrics."""
-    from ldp_beam.transforms import WriteJsonLines
-
-    return (pcoll | "CountRows" >> beam.Map(_rows)
-            | "SumRows" >> beam.CombineGlobally(sum)
-            | "WriteCount" >> WriteJsonLines(path))
+UNREADABLE_PREFIX = "unreadable input"
 
 
-def read_count(path: str) -> int | None:
-    if not os.path.exists(path):
-        return None
+def _reader_part(d: dict) -> dict:
+    """A reader's dead letter as tally fields: an unreadable part stands for ``rows`` input rows
+    (None: unknown), anything else (a malformed row) for one row, or ``rows`` if it says."""
+    rows = d.get("rows", 1 if d.get("record") is not None else None)
+    if str(d.get("reason", "")).startswith(UNREADABLE_PREFIX):
+        return {"unreadable_parts": 1, "unreadable_rows": rows or 0,
+                "unreadable_unknown": int(rows is None), "dead_letter_lines": 1}
+    return {"malformed": 1 if rows is None else rows, "dead_letter_lines": 1}
+
+
+def _sum_counts(items: Iterable[dict]) -> dict:
+    out: dict[str, int] = {}
+    for d in items:
+        for k, v in d.items():
+            out[k] = out.get(k, 0) + int(v)
+    return out
+
+
+class Tally(beam.PTransform):
+    """Counts of a run taken from the data itself, the same on every runner and under retries
+    (Beam commits each bundle's outputs once; attempted metrics would count a retried bundle
+    twice): ``read`` rows arrived in batches, ``malformed`` and ``unreadable_*`` rows were
+    dead-lettered by the reader, ``accepted`` rows passed validation and ``invalid`` ones were
+    dead-lettered by it. Written as one JSON line to ``path``; see :func:`reconcile`."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__()
+        self.path = path
+
+    def expand(self, parts):
+        batches, reader_dead, accepted, invalid = parts
+        from ldp_beam.transforms import WriteJsonLines
+
+        return ((batches | "TallyRead" >> beam.Map(lambda b: {"read": _rows(b)}),
+                 reader_dead | "TallySource" >> beam.Map(_reader_part),
+                 accepted | "TallyAccepted" >> beam.Map(lambda b: {"accepted": _rows(b)}),
+                 invalid | "TallyInvalid" >> beam.Map(
+                     lambda d: {"invalid": 1, "dead_letter_lines": 1}))
+                | "TallyAll" >> beam.Flatten()
+                | "TallySum" >> beam.CombineGlobally(_sum_counts)
+                | "TallyWrite" >> WriteJsonLines(self.path))
+
+
+def read_tally(path: str) -> dict:
     with open(path) as fh:
         vals = [json.loads(line) for line in fh if line.strip()]
-    return int(vals[0]) if vals else None
+    return vals[0] if vals else {}
 
 
-def reconcile(c: dict, files: Sequence[str], dead_letter: str, accepted: int | None,
-              accepted_counter: str = "records_valid") -> dict:
-    """Do the counts add up? Every input record is accepted (reported / used) or dead-lettered,
-    and the dead-letter file holds exactly those records plus one line per unreadable file.
+def count_lines(path: str) -> int:
+    if not os.path.exists(path):
+        return 0
+    with open(path, "rb") as fh:
+        return sum(1 for line in fh if line.strip())
 
-    From Beam's counters when the runner has metrics; otherwise (the Dask runner) from the
-    outputs themselves: the input files' row counts (Parquet metadata, CSV records) against the
-    accepted count and the dead-letter file."""
-    lines = 0
-    unreadable: set[str] = set()
-    if os.path.exists(dead_letter):
-        with open(dead_letter) as fh:
-            for line in fh:
-                if not line.strip():
-                    continue
-                lines += 1
-                d = json.loads(line)
-                if d.get("record") is None and str(d.get("reason", "")).startswith(
-                        "unreadable input"):
-                    unreadable.add(d.get("source"))
-    bad_records = lines - len(unreadable)
-    rin, bad = c.get("records_in"), c.get("records_invalid")
-    if rin is not None and bad is not None:
-        acc = accepted if accepted is not None else c.get(accepted_counter)
-        n_unreadable = c.get("files_unreadable", 0)
-        ok = acc is not None and rin == acc + bad and lines == bad + n_unreadable
-        source = "metrics"
-    else:
-        from ldp_beam.transforms.io import count_rows
 
-        rin = sum(count_rows(f) for f in files if f not in unreadable)
-        bad, n_unreadable = bad_records, len(unreadable)
-        acc = accepted
-        ok = acc is not None and rin == acc + bad
-        source = "outputs"
-    return {"input": rin, "accepted": acc, "dead_lettered": bad,
-            "unreadable_files": n_unreadable, "reconciles": bool(ok), "counted_from": source}
+def reconcile(t: dict, dead_letter_lines: int, accepted: int | None = None) -> dict:
+    """Do the counts add up? input = read + malformed + unreadable; read = accepted + invalid;
+    the dead-letter file holds one line per invalid or malformed record and per unreadable
+    part; ``accepted`` (counted from the written output, when given) equals the tally's."""
+    g = {k: int(t.get(k, 0)) for k in ("read", "malformed", "unreadable_rows",
+                                        "unreadable_parts", "unreadable_unknown", "accepted",
+                                        "invalid", "dead_letter_lines")}
+    unknown = g["unreadable_unknown"] > 0
+    ok = (g["read"] == g["accepted"] + g["invalid"]
+          and dead_letter_lines == g["dead_letter_lines"]
+          and (accepted is None or accepted == g["accepted"]))
+    return {"input": None if unknown else g["read"] + g["malformed"] + g["unreadable_rows"],
+            "read": g["read"], "accepted": g["accepted"],
+            "dead_lettered": g["invalid"] + g["malformed"], "invalid": g["invalid"],
+            "malformed": g["malformed"], "unreadable_rows": g["unreadable_rows"],
+            "unreadable_parts": g["unreadable_parts"], "unreadable_rows_unknown": unknown,
+            "reconciles": bool(ok), "counted_from": "data"}
+
+
+def check_readable(rec: dict, dead_letter_path: str, allow_unreadable: bool) -> None:
+    """Refuse to commit a run that could not read part of its input, unless allowed."""
+    if not rec["unreadable_parts"] or allow_unreadable:
+        return
+    reasons = []
+    with open(dead_letter_path) as fh:
+        for line in fh:
+            d = json.loads(line)
+            if str(d.get("reason", "")).startswith(UNREADABLE_PREFIX):
+                where = d.get("source", "")
+                reasons.append(f"{where}: {d['reason']}"
+                               + (f" ({d['rows']:,} rows)" if d.get("rows") else ""))
+            if len(reasons) == 3:
+                break
+    rows = ("an unknown number of" if rec["unreadable_rows_unknown"]
+            else f"{rec['unreadable_rows']:,}")
+    raise RunFailed(f"{rows} input rows in {rec['unreadable_parts']} part(s) could not be read "
+                    f"(first: {'; '.join(reasons)}); nothing was committed. Pass "
+                    "--allow-unreadable (allow_unreadable=True) to commit the rest, with the "
+                    "unreadable parts counted in the manifest")
+
+
+def check_reconciles(rec: dict) -> None:
+    if not rec["reconciles"]:
+        raise RunFailed(f"the run's counts do not reconcile ({rec}); nothing was committed")
 
 
 def count_text(n: int | None) -> str:
@@ -208,11 +258,15 @@ def count_text(n: int | None) -> str:
 
 
 def records_line(manifest: dict, dead_letter_hint: str) -> str:
-    """The one-line reconciliation of a collect run: read = reported + dead-lettered."""
+    """The one-line reconciliation of a collect run: input = reported + dead-lettered
+    (+ unreadable rows, when the run was allowed to commit without them)."""
     r = manifest["records"]
-    files = f" + {r['unreadable_files']} unreadable file(s)" if r.get("unreadable_files") else ""
-    return (f"{count_text(r['input'])} read = {count_text(r['reported'])} reported + "
-            f"{count_text(r['dead_lettered'])} dead-lettered{files} ({dead_letter_hint})"
+    unread = ""
+    if r.get("unreadable_parts"):
+        n = "?" if r.get("unreadable_rows_unknown") else f"{r['unreadable_rows']:,}"
+        unread = f" + {n} unreadable ({r['unreadable_parts']} part(s))"
+    return (f"{count_text(r['input'])} input rows = {count_text(r['reported'])} reported + "
+            f"{count_text(r['dead_lettered'])} dead-lettered{unread} ({dead_letter_hint})"
             + ("" if r["reconciles"] else "  ** DOES NOT RECONCILE **"))
 
 

@@ -115,19 +115,20 @@ def bisample_section(data: str, out_dir: str, epsilon: float, seed: Any,
     md = build_mechanism("bisample-md", epsilon=epsilon, lower=LOWER, upper=UPPER)
     say(f"[demo] bisample 1/4 collect: BiSample-MD (epsilon={epsilon}) over {data}")
     reports = os.path.join(out_dir, "reports_bisample_md.parquet")
-    man = run_collect(data, reports, md, cols, keep=("region",), seed=seed, beam_args=beam_args)
+    man = run_collect(data, reports, md, cols, keep=("region",), public=("region",),
+                      seed=seed, beam_args=beam_args, force=True)
     say("[demo] bisample 2/4 estimate: overall")
-    est = run_estimate(reports, os.path.join(out_dir, "estimate.json"), beam_args=beam_args)
+    est = run_estimate(reports, os.path.join(out_dir, "estimate.json"), beam_args=beam_args, force=True)
     say("[demo] bisample 3/4 estimate: per region")
     per = run_estimate(reports, os.path.join(out_dir, "estimate_by_region.json"), by="region",
-                       beam_args=beam_args)
+                       beam_args=beam_args, force=True)
     say("[demo] bisample 4/4 contrast: Harmony with random fake answers")
     hm = build_mechanism("harmony", epsilon=epsilon, lower=LOWER, upper=UPPER, fake="rnd",
                          allow_missing=True)
     h_reports = os.path.join(out_dir, "reports_harmony.parquet")
-    run_collect(data, h_reports, hm, cols, seed=seed, beam_args=beam_args)
+    run_collect(data, h_reports, hm, cols, seed=seed, beam_args=beam_args, force=True)
     h_est = run_estimate(h_reports, os.path.join(out_dir, "estimate_harmony.json"),
-                         beam_args=beam_args)
+                         beam_args=beam_args, force=True)
     truth = _truth(data, epsilon)
     figure = _plot(os.path.join(out_dir, "mean_age_by_region.png"), truth, per["estimates"])
 
@@ -188,10 +189,11 @@ def rvns_section(data: str, out_dir: str, epsilon: float, seed: Any,
     mech = build_mechanism("rvns", lower=lo, upper=hi, d=25.0, k=1, delta=50.0)
     say("[demo] rvns 1/2 collect: RVNS (d=25, k=1) over income")
     reports = os.path.join(out_dir, "reports_rvns.parquet")
-    man = run_collect(data, reports, mech, {"value": "income"}, seed=seed, beam_args=beam_args)
+    man = run_collect(data, reports, mech, {"value": "income"}, seed=seed, beam_args=beam_args,
+                      force=True)
     say("[demo] rvns 2/2 estimate: density on 100 cells")
     est = run_estimate(reports, os.path.join(out_dir, "estimate_rvns.json"),
-                       options={"m": 100}, beam_args=beam_args)["estimate"]
+                       options={"m": 100}, beam_args=beam_args, force=True)["estimate"]
     income = pq.read_table(data, columns=["income"])["income"].to_numpy().astype(float)
     x = income[(income >= lo) & (income <= hi)]
     from ldp_beam.estimators.density import DensityGrid, indicators, wasserstein_grid
@@ -264,9 +266,9 @@ def uldp_section(data: str, out_dir: str, epsilon: float, seed: Any,
         say(f"[demo] uldp {step}/2 collect and estimate: {mech.name} (epsilon={epsilon}) over "
             "(employment, health)")
         reports = os.path.join(out_dir, f"reports_{mech.name}.parquet")
-        man = run_collect(data, reports, mech, cols, seed=seed, beam_args=beam_args)
+        man = run_collect(data, reports, mech, cols, seed=seed, beam_args=beam_args, force=True)
         est = run_estimate(reports, os.path.join(out_dir, f"estimate_{mech.name}.json"),
-                           beam_args=beam_args)["estimate"]
+                           beam_args=beam_args, force=True)["estimate"]
         results[mech.name] = {"manifest": man, "estimate": est}
     df = pq.read_table(data, columns=["employment", "health"]).to_pandas()
     ok = df["employment"].isin(EMPLOYMENT) & df["health"].isin(HEALTH)
@@ -348,7 +350,7 @@ def dphr_section(data: str, out_dir: str, epsilon: float, seed: Any,
             "histogram, on the curator")
         mech = build_mechanism(name, **params)
         out[name] = run_estimate(data, os.path.join(out_dir, f"release_{name}.json"), mech,
-                                 options=options, beam_args=beam_args,
+                                 options=options, beam_args=beam_args, force=True,
                                  columns={"value": "income"})
     income = pq.read_table(data, columns=["income"])["income"].to_numpy().astype(float)
     ok = income[(income >= lo) & (income <= hi)]
@@ -399,7 +401,7 @@ def ospdprr_section(data: str, out_dir: str, epsilon: float, seed: Any,
     for step, (name, mech) in enumerate(mechs.items(), 1):
         say(f"[demo] ospdprr {step}/2 release: {name} mean income, on the curator")
         out[name] = run_estimate(data, os.path.join(out_dir, f"release_{name}.json"), mech,
-                                 options=options, beam_args=beam_args, columns=roles)
+                                 options=options, beam_args=beam_args, force=True, columns=roles)
     t = pq.read_table(data, columns=["income", "income_sensitivity"])
     income = t["income"].to_numpy().astype(float)
     level = t["income_sensitivity"].to_numpy().astype(float)

@@ -9,21 +9,27 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from typing import Any, Iterable, Mapping
 
 import apache_beam as beam
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ldp_beam.core import Mechanism
 from ldp_beam.estimators import estimator_for
+from ldp_beam.limits import check_groups
+from ldp_beam.privacy import run_guarantee
 from ldp_beam.registry import get_registry
+from ldp_beam.rng import RunKey
 from ldp_beam.transforms import (EstimatorCombineFn, ReadTable, SplitByKey, ValidateReports,
                                  WriteJsonLines, mechanism_metadata)
 from ldp_beam.transforms.combine import EstimateFailure
 from ldp_beam.transforms.io import match_files, table_format
 
-from .common import counters, count_rows_to, read_count, reconcile, run_pipeline, write_json
+from .collect import _read_options
+from .common import (Tally, check_readable, check_reconciles, count_lines, read_tally, reconcile,
+                     run_pipeline, write_json)
+from .outputs import RunOutputs
 
 
 def mechanism_from_reports(input: str, name: str | None = None,
@@ -64,73 +70,138 @@ def _result(est: Any) -> dict:
     return est.to_dict()
 
 
+def distinct_keys(files: list[str], column: str) -> int:
+    """Distinct values of one column over the input files (read alone, column-wise)."""
+    import pyarrow.compute as pc
+    import pyarrow.csv as pacsv
+
+    seen = None
+    for f in files:
+        try:
+            if table_format(f) == "parquet":
+                col = pq.read_table(f, columns=[column]).column(0)
+            else:
+                col = pacsv.read_csv(f, convert_options=pacsv.ConvertOptions(
+                    include_columns=[column], column_types={column: "string"})).column(0)
+        except Exception:  # an unreadable file or no such column: the pipeline reports it
+            continue
+        u = pc.unique(col.cast("string"))
+        seen = u if seen is None else pc.unique(pa.concat_arrays([seen, u]))
+    return 0 if seen is None else len(seen)
+
+
+def _reports_seeded(input: str) -> bool | None:
+    """Whether the reports say they were drawn from a seed (None: no metadata, e.g. CSV)."""
+    files = match_files(input)
+    if table_format(files[0]) != "parquet":
+        return None
+    meta = mechanism_metadata(pq.read_schema(files[0]))
+    return None if meta is None else bool(meta.get("seeded", False))
+
+
 def run_estimate(input: str, output: str, mechanism: Mechanism | None = None,
                  by: str | None = None, options: Mapping[str, Any] | None = None,
-                 beam_args: Iterable[str] = (), columns: Mapping[str, str] | None = None
+                 beam_args: Iterable[str] = (), columns: Mapping[str, str] | None = None, *,
+                 seed: Any = None, force: bool = False, allow_unreadable: bool = False,
+                 null_values: Iterable[str] | None = None, run_key: RunKey | None = None
                  ) -> dict:
+    """Estimate from a reports table (LDP) or release from raw rows (central DP, see
+    :func:`run_release`). Writes ``OUTPUT`` (the estimate), ``OUTPUT.deadletter.jsonl`` and, last,
+    ``OUTPUT.manifest.json``, committed together or not at all; returns the estimate."""
     mech = mechanism or mechanism_from_reports(input)
+    options = dict(options or {})
     if getattr(mech, "central", False):
-        return run_release(input, output, mech, columns or {}, by, options, beam_args)
+        return run_release(input, output, mech, columns or {}, by, options, beam_args,
+                           seed=seed, force=force, allow_unreadable=allow_unreadable,
+                           null_values=null_values, run_key=run_key)
     if columns:
         raise ValueError(f"{mech.name} estimates from reports; --column maps raw columns only "
                          "for central-DP releases")
-    est = estimator_for(mech, **dict(options or {}))
+    run = run_key or RunKey.new(seed)
+    est = estimator_for(mech, **options)
     dead_letter = output + ".deadletter.jsonl"
-    tmpdir = tempfile.mkdtemp(prefix="ldp-beam-estimate-")
-    parts = os.path.join(tmpdir, "estimates.jsonl")
-    read = ReadTable(input)
-    count_path = os.path.join(tmpdir, "accepted.jsonl")
+    read = ReadTable(input, **_read_options(null_values))
+    seeded_reports = _reports_seeded(input)
+    if by:  # one accumulator per key: check their number before any is built
+        check_groups(distinct_keys(read.files, by), est.create().size, "--by")
 
-    def build(p):
-        rd = p | "ReadReports" >> read
-        valid = rd.batches | "Validate" >> ValidateReports(est)
-        combine_fn = EstimatorCombineFn(est, on_empty="report")
+    with RunOutputs({"estimate": output, "dead_letter": dead_letter}, output + ".manifest.json",
+                    run.run_id, inputs=[input], force=force) as outs:
+        parts, tally_path = outs.scratch("estimates.jsonl"), outs.scratch("tally.jsonl")
+        staged_dead = outs.staged("dead_letter")
+
+        def build(p):
+            rd = p | "ReadReports" >> read
+            valid = rd.batches | "Validate" >> ValidateReports(est)
+            combine_fn = EstimatorCombineFn(est, on_empty="report")
+            if by:
+                results = (valid.reports | "SplitByKey" >> beam.ParDo(SplitByKey(by))
+                           | "EstimatePerKey" >> beam.CombinePerKey(combine_fn)
+                           | "ToJson" >> beam.Map(_keyed_json))
+            else:
+                results = (valid.reports | "Estimate" >> beam.CombineGlobally(combine_fn)
+                           | "ToJson" >> beam.Map(_result))
+            return [results | "WriteEstimates" >> WriteJsonLines(parts),
+                    (rd.dead_letter, valid.dead_letter) | "AllDeadLetters" >> beam.Flatten()
+                    | "WriteDeadLetters" >> WriteJsonLines(staged_dead),
+                    (rd.batches, rd.dead_letter, valid.reports, valid.dead_letter)
+                    | "Tally" >> Tally(tally_path)]
+
+        run_pipeline(build, beam_args)
+        with open(parts) as fh:
+            rows = [json.loads(line) for line in fh if line.strip()]
+        rec = reconcile(read_tally(tally_path), count_lines(staged_dead))
+        check_reconciles(rec)
+        check_readable(rec, staged_dead, allow_unreadable)
+        guarantee = run_guarantee(mech.guarantee, seeded=bool(seeded_reports))
+        out: dict[str, Any] = {
+            "input": input, "mechanism": mech.name, "params": mech.params(),
+            "estimator_options": options, "guarantee": guarantee,
+            "seeded": seeded_reports,
+            "reports": {"read": rec["read"], "valid": rec["accepted"],
+                        "invalid": rec["dead_lettered"],
+                        "unreadable_rows": rec["unreadable_rows"],
+                        "unreadable_parts": rec["unreadable_parts"],
+                        "reconciles": rec["reconciles"], "counted_from": rec["counted_from"],
+                        "dead_letter": os.path.abspath(dead_letter)},
+        }
         if by:
-            results = (valid.reports | "SplitByKey" >> beam.ParDo(SplitByKey(by))
-                       | "EstimatePerKey" >> beam.CombinePerKey(combine_fn)
-                       | "ToJson" >> beam.Map(_keyed_json))
+            out["by"] = by
+            out["estimates"] = {str(r.pop("key")): _mark(r, guarantee)
+                                for r in sorted(rows, key=lambda r: str(r["key"]))}
         else:
-            results = (valid.reports | "Estimate" >> beam.CombineGlobally(combine_fn)
-                       | "ToJson" >> beam.Map(_result))
-        return [results | "WriteEstimates" >> WriteJsonLines(parts),
-                count_rows_to(valid.reports, count_path),
-                (rd.dead_letter, valid.dead_letter) | "AllDeadLetters" >> beam.Flatten()
-                | "WriteDeadLetters" >> WriteJsonLines(dead_letter)]
-
-    result = run_pipeline(build, beam_args)
-    with open(parts) as fh:
-        rows = [json.loads(line) for line in fh if line.strip()]
-    c = counters(result)
-    c = {"records_in": c.get("reports_in"), "records_invalid": c.get("reports_invalid"),
-         "files_unreadable": c.get("files_unreadable", 0)} if "reports_in" in c else {}
-    rec = reconcile(c, read.files, dead_letter, read_count(count_path))
-    out: dict[str, Any] = {
-        "input": input, "mechanism": mech.name, "params": mech.params(),
-        "estimator_options": dict(options or {}),
-        "guarantee": mech.guarantee.to_dict(),
-        "reports": {"read": rec["input"], "valid": rec["accepted"],
-                    "invalid": rec["dead_lettered"], "unreadable_files": rec["unreadable_files"],
-                    "reconciles": rec["reconciles"], "counted_from": rec["counted_from"],
-                    "dead_letter": os.path.abspath(dead_letter)},
-    }
-    if by:
-        out["by"] = by
-        out["estimates"] = {str(r.pop("key")): r for r in sorted(rows, key=lambda r: str(r["key"]))}
-    else:
-        out["estimate"] = rows[0] if rows else {"error": "no reports", "n_reports": 0}
-    write_json(output, out)
+            out["estimate"] = _mark(rows[0], guarantee) if rows else \
+                {"error": "no reports", "n_reports": 0}
+        write_json(outs.staged("estimate"), out)
+        outs.commit({"command": "estimate", "input": input, "mechanism": mech.name,
+                     "seeded": seeded_reports, "guarantee": guarantee,
+                     "reports": out["reports"]})
     return out
+
+
+def _mark(est: dict, guarantee: dict) -> dict:
+    """Every estimate carries its run's guarantee (a seeded one says it is not private)."""
+    if "guarantee" in est:
+        est["guarantee"] = guarantee
+    return est
 
 
 def run_release(input: str, output: str, mech: Mechanism, columns: Mapping[str, str],
                 by: str | None = None, options: Mapping[str, Any] | None = None,
-                beam_args: Iterable[str] = ()) -> dict:
+                beam_args: Iterable[str] = (), *, seed: Any = None, force: bool = False,
+                allow_unreadable: bool = False, null_values: Iterable[str] | None = None,
+                run_key: RunKey | None = None) -> dict:
     """A central-DP release on the trusted curator: raw records are validated and bucketed (bad
     ones dead-lettered with the reason), accumulated, and released once with noise.
 
+    The noise is a function of the run's secret key and the accumulator: a runner that
+    re-executes the release step (Dask does) publishes the same numbers, never a second draw.
+    ``seed`` (or an estimator option ``seed``) makes it reproducible and not private.
+
     ``OUTPUT`` is the release (what may be published): the statistics and the guarantee, no exact
     counts. ``OUTPUT.curator.json`` holds the curator's bookkeeping (records read, accepted and
-    dead-lettered, which reconcile); like the dead-letter file it is not to be published.
+    dead-lettered, which reconcile); like the dead-letter file it is not to be published. The
+    manifest ``OUTPUT.manifest.json`` is written last and names the three.
     """
     from ldp_beam.transforms import Perturb
 
@@ -140,44 +211,62 @@ def run_release(input: str, output: str, mech: Mechanism, columns: Mapping[str, 
         raise ValueError(f"{mech.name} is a central-DP release: per-key releases (--by) would "
                          "disclose which keys occur and how many there are; release one "
                          "histogram per declared key with separate runs instead")
-    read = ReadTable(input)
+    options = dict(options or {})
+    if "seed" in options:
+        if seed is not None and str(seed) != str(options["seed"]):
+            raise ValueError("give the seed once: --seed or --option seed")
+        seed = options.pop("seed")
+    run = run_key or RunKey.new(seed)
+    read = ReadTable(input, **_read_options(null_values))
     cols = resolve_columns(mech, read.schema, columns or {r.name: r.name for r in mech.roles
                                                           if r.required}, ())
-    est = estimator_for(mech, **dict(options or {}))
+    # the release's noise: the seed as the core uses it, else a key derived from the run's secret
+    est = estimator_for(mech, seed=run.seed if run.seeded else run.derive("release").hex(),
+                        **options)
     dead_letter = output + ".deadletter.jsonl"
-    tmpdir = tempfile.mkdtemp(prefix="ldp-beam-release-")
-    parts = os.path.join(tmpdir, "release.jsonl")
-    count_path = os.path.join(tmpdir, "accepted.jsonl")
+    curator_path = output + ".curator.json"
+    with RunOutputs({"release": output, "curator": curator_path, "dead_letter": dead_letter},
+                    output + ".manifest.json", run.run_id, inputs=[input], force=force) as outs:
+        parts, tally_path = outs.scratch("release.jsonl"), outs.scratch("tally.jsonl")
+        staged_dead = outs.staged("dead_letter")
 
-    def build(p):
-        rd = p | "ReadTable" >> read
-        rec = rd.batches | "Validate" >> Perturb(mech, columns=cols)
-        return [rec.reports
-                | "Release" >> beam.CombineGlobally(EstimatorCombineFn(est, on_empty="report"))
-                | "ToJson" >> beam.Map(_result) | "WriteRelease" >> WriteJsonLines(parts),
-                count_rows_to(rec.reports, count_path),
-                (rd.dead_letter, rec.dead_letter) | "AllDeadLetters" >> beam.Flatten()
-                | "WriteDeadLetters" >> WriteJsonLines(dead_letter)]
+        def build(p):
+            rd = p | "ReadTable" >> read
+            rec = rd.batches | "Validate" >> Perturb(mech, columns=cols, run_key=run)
+            return [rec.reports
+                    | "Release" >> beam.CombineGlobally(EstimatorCombineFn(est, on_empty="report"))
+                    | "ToJson" >> beam.Map(_result) | "WriteRelease" >> WriteJsonLines(parts),
+                    (rd.dead_letter, rec.dead_letter) | "AllDeadLetters" >> beam.Flatten()
+                    | "WriteDeadLetters" >> WriteJsonLines(staged_dead),
+                    (rd.batches, rd.dead_letter, rec.reports, rec.dead_letter)
+                    | "Tally" >> Tally(tally_path)]
 
-    result = run_pipeline(build, beam_args)
-    with open(parts) as fh:
-        rows = [json.loads(line) for line in fh if line.strip()]
-    release = rows[0] if rows else {"error": "no records"}
-    if "error" in release:
-        release.pop("n_reports", None)  # the exact count stays with the curator
-    opts = {k: v for k, v in dict(options or {}).items() if k != "seed"}
-    out: dict[str, Any] = {"mechanism": mech.name, "params": mech.params(),
-                           "estimator_options": opts, "guarantee": mech.guarantee.to_dict(),
-                           "seeded": "seed" in dict(options or {}), "estimate": release}
-    write_json(output, out)
-    rec = reconcile(counters(result), read.files, dead_letter, read_count(count_path))
-    curator = {"input": input, "release": os.path.abspath(output), "columns": cols,
-               "records": {"input": rec["input"], "released_from": rec["accepted"],
-                           "dead_lettered": rec["dead_lettered"],
-                           "unreadable_files": rec["unreadable_files"],
-                           "dead_letter": os.path.abspath(dead_letter),
-                           "reconciles": rec["reconciles"],
-                           "counted_from": rec["counted_from"]}}
-    write_json(output + ".curator.json", curator)
+        run_pipeline(build, beam_args)
+        with open(parts) as fh:
+            rows = [json.loads(line) for line in fh if line.strip()]
+        tally = reconcile(read_tally(tally_path), count_lines(staged_dead))
+        check_reconciles(tally)
+        check_readable(tally, staged_dead, allow_unreadable)
+        release = rows[0] if rows else {"error": "no records"}
+        if "error" in release:
+            release.pop("n_reports", None)  # the exact count stays with the curator
+        guarantee = run_guarantee(mech.guarantee, seeded=run.seeded)
+        release = _mark(release, guarantee)
+        out: dict[str, Any] = {"mechanism": mech.name, "params": mech.params(),
+                               "estimator_options": options, "guarantee": guarantee,
+                               "seeded": run.seeded, "estimate": release}
+        write_json(outs.staged("release"), out)
+        curator = {"input": input, "release": os.path.abspath(output), "columns": cols,
+                   "run_id": run.run_id,
+                   "records": {"input": tally["input"], "released_from": tally["accepted"],
+                               "dead_lettered": tally["dead_lettered"],
+                               "unreadable_rows": tally["unreadable_rows"],
+                               "unreadable_parts": tally["unreadable_parts"],
+                               "dead_letter": os.path.abspath(dead_letter),
+                               "reconciles": tally["reconciles"],
+                               "counted_from": tally["counted_from"]}}
+        write_json(outs.staged("curator"), curator)
+        outs.commit({"command": "release", "mechanism": mech.name, "seeded": run.seeded,
+                     "guarantee": guarantee})
     out["curator"] = curator
     return out

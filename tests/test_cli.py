@@ -15,12 +15,14 @@ def test_collect_estimate_parquet_roundtrip(survey_table, tmp_path):
     out = tmp_path / "r.parquet"
     code, so, se = run_cli("collect", "-i", str(path), "-c", "age", "--role", "preference=pref",
                            "-m", "bisample-md", "--epsilon", "2", "-p", "lower=0",
-                           "-p", "upper=100", "--keep", "g", "--seed", "4", "-o", str(out))
+                           "-p", "upper=100", "--keep", "g", "--public", "g", "--seed", "4",
+                           "-o", str(out))
     assert code == 0, se
     man = json.loads((tmp_path / "r.parquet.manifest.json").read_text())
     rec = man["records"]
-    assert rec == {"input": 3000, "reported": 2997, "dead_lettered": 3, "unreadable_files": 0,
-                   "reconciles": True, "counted_from": "metrics"}
+    assert rec == {"input": 3000, "reported": 2997, "dead_lettered": 3, "unreadable_rows": 0,
+                   "unreadable_parts": 0, "unreadable_rows_unknown": False,
+                   "reconciles": True, "counted_from": "data"}
     assert man["guarantee"]["kind"] == "LDP" and man["guarantee"]["epsilon"] == 2.0
     schema = pq.read_schema(out)
     assert schema.names == ["s", "b", "g"]
@@ -81,6 +83,9 @@ def test_estimate_from_csv_reports_needs_and_uses_the_mechanism(survey_table, tm
     code, _, _ = run_cli("estimate", "-i", str(out), "-o", str(tmp_path / "p.json"))
     from_csv = json.loads((tmp_path / "c.json").read_text())["estimate"]
     from_parquet = json.loads((tmp_path / "p.json").read_text())["estimate"]
+    # the Parquet reports say they are seeded (not private); a CSV carries no such metadata
+    assert "not private" in from_parquet.pop("guarantee")["summary"]
+    assert "seeded" not in from_csv.pop("guarantee")["summary"]
     assert from_csv == from_parquet  # same reports, same counts, same estimate
 
 
@@ -164,7 +169,7 @@ def test_list_shows_registry_with_parameters_and_guarantee():
 def test_demo_runs_and_reconciles(tmp_path):
     code, so, se = run_cli("demo", "--out", str(tmp_path), "--seed", "1")
     assert code == 0, se
-    assert "50,000 read = 49,994 reported + 6 dead-lettered" in so
+    assert "50,000 input rows = 49,994 reported + 6 dead-lettered" in so
     assert "DOES NOT RECONCILE" not in so
     assert "LDP with epsilon=3" in so
     assert (tmp_path / "mean_age_by_region.png").stat().st_size > 1000
@@ -172,14 +177,14 @@ def test_demo_runs_and_reconciles(tmp_path):
     assert all(math.isfinite(est[k]["value"]) for k in ("missing_rate", "mean", "sum"))
     # the RVNS section: a density from negative reports, its honest guarantee, reconciled counts
     assert "== RVNS" in so and "neighbourhood-LDP with epsilon=0.693147" in so
-    assert "50,000 read = 49,974 reported + 26 dead-lettered" in so
+    assert "50,000 input rows = 49,974 reported + 26 dead-lettered" in so
     rv = json.loads((tmp_path / "estimate_rvns.json").read_text())["estimate"]
     dens = np.asarray(rv["statistics"]["density"]["value"])
     assert dens.size == 100 and (dens >= 0).all()
     assert abs(dens.sum() * 2.5 - 1) < 1e-9  # integrates to one on [0, 250]
     assert (tmp_path / "income_density_rvns.png").stat().st_size > 1000
     # the joint section: CPRR's table beside the truth, bad labels dead-lettered, a figure
-    assert "== CPRR" in so and "50,000 read = 49,995 reported + 5 dead-lettered" in so
+    assert "== CPRR" in so and "50,000 input rows = 49,995 reported + 5 dead-lettered" in so
     joint = json.loads((tmp_path / "estimate_cprr.json").read_text())["estimate"]
     table = np.asarray(joint["statistics"]["joint"]["clipped"])
     assert table.shape == (4, 4) and abs(table.sum() - 1) < 1e-12
@@ -234,16 +239,24 @@ def test_corrupt_parquet_file_goes_to_the_dead_letter(tmp_path):
     pq.write_table(pa.table({"x": np.linspace(0, 1, 100)}), d / "good.parquet")
     (d / "broken.parquet").write_bytes(b"PAR1 this is not a parquet file")
     out = tmp_path / "r.parquet"
-    code, so, se = run_cli("collect", "-i", str(d), "-c", "x", "-m", "harmony", "--epsilon", "1",
-                           "-p", "lower=0", "-p", "upper=1", "-o", str(out))
+    args = ("collect", "-i", str(d), "-c", "x", "-m", "harmony", "--epsilon", "1",
+            "-p", "lower=0", "-p", "upper=1", "-o", str(out))
+    code, so, se = run_cli(*args)
+    # an unreadable input fails the run and commits nothing, unless allowed
+    assert code == 1 and "could not be read" in se and "--allow-unreadable" in se
+    assert "broken.parquet" in se and sorted(p.name for p in tmp_path.iterdir()) == ["in"]
+    code, so, se = run_cli(*args, "--allow-unreadable")
     assert code == 0, se
     dead = read_jsonl(tmp_path / "r.parquet.deadletter.jsonl")
     assert len(dead) == 1
     assert dead[0]["source"].endswith("broken.parquet")
     assert dead[0]["reason"].startswith("unreadable input:")
     man = json.loads((tmp_path / "r.parquet.manifest.json").read_text())
-    assert man["records"] == {"input": 100, "reported": 100, "dead_lettered": 0,
-                              "unreadable_files": 1, "reconciles": True, "counted_from": "metrics"}
+    # the broken file's footer is unreadable: how many rows it held cannot be known
+    assert man["records"] == {"input": None, "reported": 100, "dead_lettered": 0,
+                              "unreadable_rows": 0, "unreadable_parts": 1,
+                              "unreadable_rows_unknown": True, "reconciles": True,
+                              "counted_from": "data"}
 
 
 def test_reproduce_all_writes_one_report(tmp_path, monkeypatch):
