@@ -69,8 +69,12 @@ class Role:
 def coerce_numeric(raw: Any) -> tuple[np.ndarray, np.ndarray]:
     """Column -> (float64 values with NaN for missing, mask of non-numeric entries).
 
-    Numeric dtypes convert directly; strings or objects are parsed; ``None``/NaN become NaN and are
-    *missing*, not non-numeric. Booleans are not numbers here.
+    Numeric dtypes convert directly; strings or objects are parsed; ``None``/NaN and the empty
+    string become NaN and are *missing*, not non-numeric (an empty CSV cell, an empty Parquet
+    string and ``""`` in a Python array are the same missing answer). Any other text that is not
+    a number is non-numeric, ``"NaN"``, ``"n/a"`` and ``"None"`` included: text is never a
+    missing value here (a reader may map chosen tokens to null before, see ``null_values`` of
+    :class:`~ldp_beam.transforms.ReadTable`). Booleans are not numbers here.
     """
     arr = np.asarray(raw)
     if arr.ndim != 1:
@@ -80,17 +84,26 @@ def coerce_numeric(raw: Any) -> tuple[np.ndarray, np.ndarray]:
     import pandas as pd  # a core dependency; imported lazily to keep client import time small
 
     ser = pd.Series(arr, dtype=object)
-    isbool = ser.map(lambda x: isinstance(x, (bool, np.bool_))).to_numpy(dtype=bool)
-    vals = pd.to_numeric(ser.where(~isbool, None), errors="coerce").to_numpy(dtype=np.float64)
-    present = ser.notna().to_numpy(dtype=bool)
+    kind = ser.map(_value_kind).to_numpy(dtype=np.int8)  # one pass: 1 boolean, 2 empty text
+    isbool, empty = kind == 1, kind == 2
+    vals = pd.to_numeric(ser.where(~(isbool | empty), None), errors="coerce"
+                         ).to_numpy(dtype=np.float64)
+    present = ser.notna().to_numpy(dtype=bool) & ~empty
     return vals, (present & np.isnan(vals)) | isbool
 
 
+def _value_kind(x: Any) -> int:
+    if isinstance(x, (bool, np.bool_)):
+        return 1
+    return 2 if isinstance(x, str) and x == "" else 0
+
+
 def category_text(value: Any) -> str | None:
-    """The canonical text of a category label (None for a missing value): labels are compared as
-    text, so ``3``, ``3.0``, ``np.int8(3)`` and ``"3"`` are the same category; booleans stay
-    ``"True"``/``"False"``."""
-    if value is None:
+    """The canonical text of a category label (None for a missing value: None, NaN or the empty
+    string, as an empty CSV cell is): labels are compared as text, so ``3``, ``3.0``,
+    ``np.int8(3)`` and ``"3"`` are the same category; booleans stay ``"True"``/``"False"``; any
+    other text, ``"NA"`` included, is a label."""
+    if value is None or (isinstance(value, str) and value == ""):
         return None
     if isinstance(value, (bool, np.bool_)):
         return str(bool(value))
