@@ -2,11 +2,61 @@
 
 ``ReadTable(pattern)`` lists the matching Parquet or CSV files when the pipeline is built, splits
 Parquet files by row group (CSV files by file), reshuffles the units across workers and reads each
-with pyarrow into :class:`KeyedBatch` elements: row ``i`` of a batch is record ``offset + i`` of a
-stream named after the file, which is what makes seeded runs batch- and runner-independent.
-CSV columns are read as text and parsed by the mechanism, so a stray word in a numeric column
-dead-letters that one row instead of failing the file. An unreadable file goes to the dead-letter
-output with its name and the reason.
+with pyarrow into :class:`KeyedBatch` elements: row ``i`` of a batch is data row ``offset + i`` of
+the file (0-based, header excluded), in a stream named after the file, which is what makes seeded
+runs batch- and runner-independent.
+
+Counts never lie: the reader's contract
+---------------------------------------
+Every input row is either *read* (it is in exactly one emitted batch) or stands in a dead letter
+that the reader itself emits (``.dead_letter``). Every reader dead letter is a dict
+``{"reason", "record", "source", "row", "rows"}`` where ``rows`` is how many input rows it stands
+for (an ``int``, or ``None`` when that cannot be known). There are two kinds:
+
+* **unreadable input** (``reason`` starts with ``"unreadable input: "``, then the error):
+  ``source`` is the file, ``row`` the first data row not read (``None`` when no row position is
+  known), ``record`` is ``None`` and ``rows`` the number of rows that could not be read: for
+  Parquet, the row group's ``num_rows`` from the footer minus the rows already emitted from it
+  (a group that fails half-way counts only its remainder); for CSV, a tolerant record count of
+  the file (Python's ``csv`` module with the field size limit lifted, header excluded) minus the
+  rows already emitted or dead-lettered; ``None`` when even that is impossible (a Parquet file
+  whose footer is corrupt, or a CSV file the tolerant count cannot get through).
+* **malformed CSV row** (``reason`` starts with ``"malformed CSV row: "``): a ragged row (``"...:
+  expected 3 fields, found 5"``) or a row with a cell that is not valid UTF-8; ``record`` is the
+  row's text as read (at most :data:`RECORD_TEXT_CHARS` characters, the reason saying when it was
+  cut), ``row`` the row's 0-based data row index in the file (the same numbering as batch
+  offsets; pyarrow numbers the rows it parses, quoted newlines and blank lines included), and
+  ``rows`` is 1.
+
+So for a run: input rows = rows of the emitted batches + the sum of ``rows`` over the reader's
+dead letters, and the unreadable rows are that sum over the "unreadable input" ones;
+:func:`reader_tally` adds them up from a dead-letter file. Downstream steps' dead letters
+(perturbation, report validation) carry no ``rows`` key: each stands for one row of a batch.
+Beam counters (namespace ``ldp_beam``): ``input_rows_read``, ``input_rows_malformed``,
+``input_rows_unreadable``, ``input_parts_unreadable`` (unreadable dead letters; also counted as
+``files_unreadable``, the older name) and ``input_parts_uncounted`` (those whose ``rows`` is
+``None``). Counts taken from the data are the same on every runner.
+
+Text
+----
+CSV cells are text until the mechanism parses them: no type inference, no locale. A cell whose
+text is one of ``null_values`` (default: only the empty cell, ``("",)``; quoted or not, the same
+text gets the same treatment) is read as null, i.e. a missing value; ``"NA"``, ``"n/a"``,
+``"NaN"``, ``"None"`` and ``"null"`` are text unless listed. The same tokens other than ``""`` are
+turned into nulls in Parquet string columns too; the empty string needs no rewriting, because
+the core (:func:`ldp_beam.core.coerce_numeric`, :func:`ldp_beam.core.category_text`) treats
+``""`` as missing whatever the source: CSV, Parquet or a Python array. Dead letters therefore show
+the text as read (``"n/a"``, not null).
+
+A blank line in a CSV file is a row whose cells are all empty (pyarrow reads it so, and Python's
+``csv`` module counts it as a record): a missing answer in a one-column file, as pandas writes
+them; in a wider file the mechanism sees every cell missing.
+
+Long CSV records are read: pyarrow parses a file in blocks of ``block_size`` bytes (4 MiB), and a
+record longer than that makes the reader start again where it stopped with blocks of
+``max_record_bytes`` (64 MiB), which reads any record up to that size. A record that does not fit
+even then makes the rest of that file unreadable, counted as above. Parquet pages are checked
+against their CRC where the writer stored one.
 """
 from __future__ import annotations
 
@@ -15,21 +65,30 @@ import glob
 import json
 import math
 import os
-from dataclasses import dataclass
-from typing import Any
+import sys
+from dataclasses import dataclass, fields as dc_fields
+from typing import Any, Iterable, Mapping, Sequence
 
 import apache_beam as beam
 from apache_beam.metrics import Metrics
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
+from ldp_beam.errors import ParameterError
 from ldp_beam.rng import stream_id
 
 from .batches import KeyedBatch
 from .perturb import dead_letter, split_dead_letters
 
 DEFAULT_BATCH_ROWS = 1 << 16
+CSV_BLOCK_BYTES = 1 << 22          # pyarrow's parse block for CSV: 4 MiB
+MAX_CSV_RECORD_BYTES = 64 << 20    # the largest CSV record read for sure: 64 MiB
+RECORD_TEXT_CHARS = 2000           # a malformed row's text in its dead letter, at most
+UNREADABLE = "unreadable input: "
+MALFORMED = "malformed CSV row: "
+DEFAULT_NULL_VALUES = ("",)
 
 
 def table_format(path: str) -> str:
@@ -59,39 +118,198 @@ def match_files(pattern: str) -> list[str]:
     return files
 
 
-def csv_header(path: str) -> list[str]:
-    with open(path, newline="", encoding="utf-8-sig") as fh:
-        return next(csv.reader(fh), [])
+# --------------------------------------------------------------------------- CSV settings
+@dataclass(frozen=True)
+class CsvOptions:
+    """How CSV files are parsed (``ReadTable(csv_options={...})`` takes these keys).
+
+    ``delimiter``/``quote_char``/``escape_char``/``double_quote``: the dialect (``quote_char`` or
+    ``escape_char`` ``False`` for none); ``encoding``: the file's text encoding (UTF-8 files may
+    start with a byte-order mark); ``block_size``: pyarrow's first parse block in bytes;
+    ``max_record_bytes``: the largest record read for sure (see the module docstring)."""
+
+    delimiter: str = ","
+    quote_char: str | bool = '"'
+    escape_char: str | bool = False
+    double_quote: bool = True
+    encoding: str = "utf-8"
+    block_size: int = CSV_BLOCK_BYTES
+    max_record_bytes: int = MAX_CSV_RECORD_BYTES
+
+    def __post_init__(self) -> None:
+        for name in ("delimiter", "quote_char", "escape_char"):
+            v = getattr(self, name)
+            if name != "delimiter" and v is False:
+                continue
+            if not isinstance(v, str) or len(v) != 1 or v in "\r\n":
+                allowed = "one character other than a newline" + (
+                    "" if name == "delimiter" else ", or False for none")
+                raise ParameterError(f"csv_options[{name!r}]", v, allowed)
+        if not isinstance(self.double_quote, bool):
+            raise ParameterError("csv_options['double_quote']", self.double_quote, "True or False")
+        try:
+            import codecs
+
+            codecs.lookup(self.encoding)
+        except (LookupError, TypeError):
+            raise ParameterError("csv_options['encoding']", self.encoding,
+                                 "a Python text encoding, e.g. 'utf-8' or 'latin-1'") from None
+        for name, low in (("block_size", 1 << 10), ("max_record_bytes", 1 << 10)):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or not low <= v <= 1 << 31:
+                raise ParameterError(f"csv_options[{name!r}]", v,
+                                     f"a whole number of bytes in [{low}, 2**31]")
+        if self.block_size > self.max_record_bytes:
+            raise ParameterError("csv_options['block_size']", self.block_size,
+                                 f"at most max_record_bytes = {self.max_record_bytes}")
+
+    @property
+    def utf8(self) -> bool:
+        import codecs
+
+        return codecs.lookup(self.encoding).name == "utf-8"
+
+    def python_dialect(self) -> dict:
+        return {"delimiter": self.delimiter,
+                "quotechar": self.quote_char or None,
+                "quoting": csv.QUOTE_MINIMAL if self.quote_char else csv.QUOTE_NONE,
+                "escapechar": self.escape_char or None,
+                "doublequote": self.double_quote}
+
+    def open_text(self, path: str):
+        enc = "utf-8-sig" if self.utf8 else self.encoding
+        return open(path, newline="", encoding=enc, errors="replace")
 
 
-def input_schema(files: list[str]) -> pa.Schema:
+def csv_settings(options: Mapping[str, Any] | CsvOptions | None) -> CsvOptions:
+    """``csv_options`` as given to :class:`ReadTable` -> validated :class:`CsvOptions`."""
+    if options is None:
+        return CsvOptions()
+    if isinstance(options, CsvOptions):
+        return options
+    if not isinstance(options, Mapping):
+        raise ParameterError("csv_options", options, "a dict of CSV settings or None")
+    known = {f.name for f in dc_fields(CsvOptions)}
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise ParameterError("csv_options", dict(options),
+                             f"keys among {sorted(known)} (unknown: {unknown})")
+    return CsvOptions(**dict(options))
+
+
+def check_null_values(null_values: Any) -> tuple[str, ...]:
+    if isinstance(null_values, (str, bytes)) or not isinstance(null_values, Iterable):
+        raise ParameterError("null_values", null_values,
+                             "a sequence of texts that mean a missing value, e.g. ('', 'NA')")
+    out = tuple(null_values)
+    bad = [v for v in out if not isinstance(v, str)]
+    if bad:
+        raise ParameterError("null_values", null_values, f"texts only (not {bad[:3]!r})")
+    return tuple(dict.fromkeys(out))
+
+
+class _CsvFieldLimit:
+    """Lift the ``csv`` module's field size limit (a process-wide setting) for a ``with`` block."""
+
+    def __enter__(self):
+        self.old = csv.field_size_limit(sys.maxsize)
+
+    def __exit__(self, *exc):
+        csv.field_size_limit(self.old)
+
+
+def csv_header(path: str, options: CsvOptions | None = None) -> list[str]:
+    opts = options or CsvOptions()
+    with _CsvFieldLimit(), opts.open_text(path) as fh:
+        return next(csv.reader(fh, **opts.python_dialect()), [])
+
+
+def tolerant_count(path: str, options: CsvOptions | None = None) -> int:
+    """CSV records of a file minus the header: Python's ``csv`` module, quoted newlines
+    respected, no field size limit, undecodable bytes replaced (they cannot move a record
+    boundary). Blank lines are records, as pyarrow reads them. Raises if the file cannot be
+    parsed at all."""
+    opts = options or CsvOptions()
+    with _CsvFieldLimit(), opts.open_text(path) as fh:
+        return max(sum(1 for _ in csv.reader(fh, **opts.python_dialect())) - 1, 0)
+
+
+def input_schema(files: list[str], csv_options: Mapping[str, Any] | CsvOptions | None = None
+                 ) -> pa.Schema:
     """The schema rows will have (CSV: every column as text), from the first readable file
     (unreadable ones are dead-lettered by the reader); an error if none can be read."""
+    opts = csv_settings(csv_options)
     errors = []
     for f in files:
         try:
             if table_format(f) == "parquet":
                 return pq.read_schema(f).remove_metadata()
-            return pa.schema([pa.field(c, pa.string()) for c in csv_header(f)])
+            return pa.schema([pa.field(c, pa.string()) for c in csv_header(f, opts)])
         except (OSError, ValueError, pa.ArrowException, UnicodeDecodeError) as exc:
             errors.append(f"{f}: {exc}")
     raise ValueError("no input file is readable: " + "; ".join(errors[:3]))
 
 
-def count_rows(path: str) -> int:
+def count_rows(path: str, csv_options: Mapping[str, Any] | CsvOptions | None = None) -> int:
     """Rows of a table file without reading its data: Parquet metadata, or CSV records (quoted
-    newlines respected) minus the header. Raises for an unreadable file."""
+    newlines respected, see :func:`tolerant_count`) minus the header. Raises for an unreadable
+    file."""
     if table_format(path) == "parquet":
         return pq.ParquetFile(path).metadata.num_rows
-    with open(path, newline="", encoding="utf-8-sig") as fh:
-        return max(sum(1 for _ in csv.reader(fh)) - 1, 0)
+    return tolerant_count(path, csv_settings(csv_options))
 
 
+# --------------------------------------------------------------------------- the tally
+def reader_rows(dead: Mapping[str, Any]) -> tuple[str, int | None] | None:
+    """``(kind, rows)`` of a reader dead letter (kind ``"unreadable"`` or ``"malformed"``), or
+    None for any other dead letter."""
+    if "rows" not in dead:
+        return None
+    reason = str(dead.get("reason", ""))
+    if reason.startswith(UNREADABLE):
+        kind = "unreadable"
+    elif reason.startswith(MALFORMED):
+        kind = "malformed"
+    else:
+        return None
+    rows = dead["rows"]
+    return kind, (None if rows is None else int(rows))
+
+
+def reader_tally(dead_letters: Iterable[Mapping[str, Any]]) -> dict:
+    """Add up what the reader's dead letters stand for (other dead letters are skipped).
+
+    Returns ``{"malformed_rows", "unreadable_parts", "unreadable_rows", "uncounted_parts",
+    "rows", "complete"}``: ``rows`` = malformed rows + unreadable rows (the known ones), the
+    input rows not in any emitted batch; ``complete`` is False when some unreadable part could
+    not be counted (``uncounted_parts`` of them), in which case the input's size is unknown.
+    """
+    malformed = unreadable_rows = parts = uncounted = 0
+    for d in dead_letters:
+        got = reader_rows(d)
+        if got is None:
+            continue
+        kind, rows = got
+        if kind == "malformed":
+            malformed += 1 if rows is None else rows
+            continue
+        parts += 1
+        if rows is None:
+            uncounted += 1
+        else:
+            unreadable_rows += rows
+    return {"malformed_rows": malformed, "unreadable_parts": parts,
+            "unreadable_rows": unreadable_rows, "uncounted_parts": uncounted,
+            "rows": malformed + unreadable_rows, "complete": uncounted == 0}
+
+
+# --------------------------------------------------------------------------- planning
 @dataclass(frozen=True)
 class ReadUnit:
     path: str
     row_group: int | None  # None: the whole file
-    offset: int
+    offset: int            # data row index of the unit's first row in the file
+    rows: int | None = None  # the unit's rows from Parquet metadata when planned
 
 
 def plan_units(files: list[str]) -> list[ReadUnit]:
@@ -100,71 +318,362 @@ def plan_units(files: list[str]) -> list[ReadUnit]:
         if table_format(f) == "parquet":
             try:
                 meta = pq.ParquetFile(f).metadata
-            except Exception:  # unreadable: let the reader dead-letter it
+            except Exception:  # unreadable: the reader tries again and dead-letters it
                 units.append(ReadUnit(f, None, 0))
                 continue
             off = 0
             for rg in range(meta.num_row_groups):
-                units.append(ReadUnit(f, rg, off))
-                off += meta.row_group(rg).num_rows
+                n = meta.row_group(rg).num_rows
+                units.append(ReadUnit(f, rg, off, n))
+                off += n
         else:
             units.append(ReadUnit(f, None, 0))
     return units
 
 
+def _error_text(exc: BaseException | str) -> str:
+    if isinstance(exc, str):
+        return exc
+    msg = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {msg}" if msg else type(exc).__name__
+
+
+def clip_text(text: str, limit: int = RECORD_TEXT_CHARS) -> tuple[str, int | None]:
+    """``(text cut to limit characters, its full length when it was cut, else None)``."""
+    return (text, None) if len(text) <= limit else (text[:limit], len(text))
+
+
+class _Malformed:
+    """One row pyarrow's parser rejected (collected by the invalid-row handler)."""
+
+    __slots__ = ("index", "expected", "actual", "text")
+
+    def __init__(self, row: Any) -> None:
+        number = getattr(row, "number", None)
+        # pyarrow numbers parsed rows from 1, the header included: data row = number - 2
+        self.index = None if number is None or number < 0 else int(number) - 2
+        self.expected, self.actual = row.expected_columns, row.actual_columns
+        try:
+            self.text = str(row.text)
+        except Exception:  # noqa: BLE001 - the text itself could not be decoded
+            self.text = ""
+
+
 class ReadUnitFn(beam.DoFn):
-    def __init__(self, batch_rows: int = DEFAULT_BATCH_ROWS) -> None:
+    """A :class:`ReadUnit` -> :class:`KeyedBatch` elements and the reader's dead letters (see
+    the module docstring for what they carry)."""
+
+    def __init__(self, batch_rows: int = DEFAULT_BATCH_ROWS,
+                 null_values: Sequence[str] = DEFAULT_NULL_VALUES,
+                 csv_options: Mapping[str, Any] | CsvOptions | None = None) -> None:
+        if isinstance(batch_rows, bool) or not isinstance(batch_rows, int) or batch_rows < 1:
+            raise ParameterError("batch_rows", batch_rows, "a whole number >= 1")
         self.batch_rows = batch_rows
-        self.n_unreadable = Metrics.counter("ldp_beam", "files_unreadable")
+        self.null_values = check_null_values(null_values)
+        self.csv = csv_settings(csv_options)
+        self._setup_metrics()
+
+    def _setup_metrics(self) -> None:
+        self.n_read = Metrics.counter("ldp_beam", "input_rows_read")
+        self.n_malformed = Metrics.counter("ldp_beam", "input_rows_malformed")
+        self.n_unreadable_rows = Metrics.counter("ldp_beam", "input_rows_unreadable")
+        self.n_unreadable = Metrics.counter("ldp_beam", "input_parts_unreadable")
+        self.n_files_unreadable = Metrics.counter("ldp_beam", "files_unreadable")
+        self.n_uncounted = Metrics.counter("ldp_beam", "input_parts_uncounted")
 
     def process(self, unit: ReadUnit):
-        stream = stream_id(os.path.basename(unit.path))
+        if table_format(unit.path) == "parquet":
+            yield from self._parquet(unit)
+        else:
+            yield from self._csv(unit)
+
+    # -- what every path emits
+    def _batch(self, stream: int, offset: int, table: Any, source: str) -> KeyedBatch:
+        self.n_read.inc(table.num_rows)
+        return KeyedBatch(stream, offset, table, source)
+
+    def _unreadable(self, source: str, error: BaseException | str, row: int | None,
+                    rows: int | None, why_uncounted: str = "") -> dict:
+        self.n_unreadable.inc()
+        self.n_files_unreadable.inc()
+        reason = UNREADABLE + _error_text(error)
+        if rows is None:
+            self.n_uncounted.inc()
+            reason += f" [rows not counted: {why_uncounted or 'unknown'}]"
+        else:
+            self.n_unreadable_rows.inc(rows)
+        d = dead_letter(reason, None, source, row)
+        d["rows"] = rows
+        return d
+
+    def _malformed(self, source: str, row: int | None, what: str, record: Any) -> dict:
+        """``record``: the row's text, or a dict of its cells' texts; long texts are cut to
+        :data:`RECORD_TEXT_CHARS` characters and the reason says so."""
+        self.n_malformed.inc()
+        cut = []
+        if isinstance(record, dict):
+            for k, v in record.items():
+                if isinstance(v, str):
+                    record[k], full = clip_text(v)
+                    if full is not None:
+                        cut.append(f"column {k!r} shows the first {RECORD_TEXT_CHARS:,} of "
+                                   f"{full:,} characters")
+        else:
+            record, full = clip_text(record)
+            if full is not None:
+                cut.append(f"the record shows the first {RECORD_TEXT_CHARS:,} of {full:,} "
+                           "characters")
+        note = f" ({'; '.join(cut)})" if cut else ""
+        d = dead_letter(MALFORMED + what + note, record, source, row)
+        d["rows"] = 1
+        return d
+
+    def _null_tokens(self, table: pa.RecordBatch) -> pa.RecordBatch:
+        """Parquet string cells equal to a null token other than "" become null."""
+        tokens = [t for t in self.null_values if t != ""]
+        if table.schema.metadata:
+            table = table.replace_schema_metadata(None)
+        if not tokens:
+            return table
+        cols, changed = [], False
+        for col in table.columns:
+            if pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
+                hit = pc.is_in(col, value_set=pa.array(tokens, type=col.type))
+                if pc.any(hit).as_py():
+                    col = pc.if_else(hit, pa.scalar(None, type=col.type), col)
+                    changed = True
+            cols.append(col)
+        return pa.RecordBatch.from_arrays(cols, schema=table.schema) if changed else table
+
+    # -- Parquet: one row group (or a whole file whose footer was unreadable when planned)
+    def _parquet(self, unit: ReadUnit):
+        path = unit.path
+        stream = stream_id(os.path.basename(path))
         try:
-            if table_format(unit.path) == "parquet":
-                pf = pq.ParquetFile(unit.path)
-                groups = None if unit.row_group is None else [unit.row_group]
-                batches = pf.iter_batches(batch_size=self.batch_rows, row_groups=groups)
+            pf = pq.ParquetFile(path, page_checksum_verification=True)
+            meta = pf.metadata
+        except Exception as exc:  # noqa: BLE001 - every failure is reported, none is fatal
+            if unit.row_group is None:
+                yield self._unreadable(path, exc, None, None, "the file's footer (its row counts) "
+                                       "cannot be read")
             else:
-                names = csv_header(unit.path)
-                reader = pacsv.open_csv(
-                    unit.path,
-                    read_options=pacsv.ReadOptions(block_size=1 << 22, encoding="utf-8",
-                                                     column_names=names, skip_rows=1),
-                    convert_options=pacsv.ConvertOptions(
-                        column_types={c: pa.string() for c in names}, strings_can_be_null=True))
-                batches = (b for b in reader)
-            off = unit.offset
-            for b in batches:
-                if b.schema.metadata:
-                    b = b.replace_schema_metadata(None)
-                yield KeyedBatch(stream, off, b, unit.path)
-                off += b.num_rows
-        except Exception as exc:
-            self.n_unreadable.inc()
-            yield dead_letter(
-                f"unreadable input: {type(exc).__name__}: {exc}", None, unit.path,
-                None if unit.row_group is None else unit.offset)
+                yield self._unreadable(path, f"row group {unit.row_group}: {_error_text(exc)}",
+                                       unit.offset, unit.rows)
+            return
+        if unit.row_group is None:
+            groups, offset = list(range(meta.num_row_groups)), 0
+        else:
+            groups, offset = [unit.row_group], unit.offset
+        for rg in groups:
+            try:
+                expected = meta.row_group(rg).num_rows
+            except Exception as exc:  # noqa: BLE001
+                yield self._unreadable(path, f"row group {rg}: {_error_text(exc)}", offset,
+                                       unit.rows if unit.row_group is not None else None,
+                                       "the row group's metadata cannot be read")
+                return  # the offsets of later groups are unknown
+            emitted = 0
+            try:
+                for b in pf.iter_batches(batch_size=self.batch_rows, row_groups=[rg]):
+                    if emitted + b.num_rows > expected:
+                        raise ValueError(f"it yields more rows than the {expected:,} its "
+                                         "metadata records")
+                    yield self._batch(stream, offset + emitted, self._null_tokens(b), path)
+                    emitted += b.num_rows
+                if emitted != expected:
+                    raise ValueError(f"it yielded {emitted:,} rows; its metadata records "
+                                     f"{expected:,}")
+            except Exception as exc:  # noqa: BLE001
+                yield self._unreadable(path, f"row group {rg}: {_error_text(exc)}",
+                                       offset + emitted, expected - emitted)
+            offset += expected
+
+    # -- CSV: a whole file, streamed
+    def _open_csv(self, path: str, names: list[str], block: int, skip: int, sink: list):
+        opts = self.csv
+
+        def on_invalid(row):
+            sink.append(_Malformed(row))
+            return "skip"
+
+        return pacsv.open_csv(
+            path,
+            read_options=pacsv.ReadOptions(
+                use_threads=False,  # serial: rows are numbered, so malformed rows have a place
+                block_size=block, encoding="utf8" if opts.utf8 else opts.encoding,
+                column_names=names, skip_rows=1, skip_rows_after_names=skip),
+            parse_options=pacsv.ParseOptions(
+                delimiter=opts.delimiter, quote_char=opts.quote_char,
+                escape_char=opts.escape_char, double_quote=opts.double_quote,
+                newlines_in_values=True, ignore_empty_lines=False,
+                invalid_row_handler=on_invalid),
+            convert_options=pacsv.ConvertOptions(
+                # bytes first: a cell that is not UTF-8 then costs its row, not the file
+                column_types={c: pa.binary() for c in names},
+                null_values=list(self.null_values), strings_can_be_null=True,
+                quoted_strings_can_be_null=True))
+
+    def _csv_count(self, path: str, consumed: int) -> tuple[int | None, str]:
+        try:
+            total = tolerant_count(path, self.csv)
+        except Exception as exc:  # noqa: BLE001
+            return None, f"the file cannot be counted either ({_error_text(exc)})"
+        if total < consumed:
+            return None, (f"the tolerant count ({total:,} rows) is below the {consumed:,} rows "
+                          "already read")
+        return total - consumed, ""
+
+    def _csv(self, unit: ReadUnit):
+        path = unit.path
+        stream = stream_id(os.path.basename(path))
+        try:
+            names = csv_header(path, self.csv)
+        except Exception as exc:  # noqa: BLE001
+            rows, why = self._csv_count(path, 0)
+            yield self._unreadable(path, f"header: {_error_text(exc)}", 0 if rows else None,
+                                   rows, why)
+            return
+        if not names:
+            rows, why = self._csv_count(path, 0)
+            if rows != 0:  # an empty file has no rows to account for
+                yield self._unreadable(path, "the file has no header line", 0, rows, why)
+            return
+        consumed = 0  # data rows accounted for: emitted in batches or dead-lettered as malformed
+        block = self.csv.block_size
+        while True:
+            pending: list[_Malformed] = []
+            try:
+                reader = self._open_csv(path, names, block, consumed, pending)
+                for b in reader:
+                    out, consumed = self._place(b, consumed, pending, stream, path, names)
+                    yield from out
+                out, consumed = self._place(None, consumed, pending, stream, path, names)
+                yield from out
+                return
+            except Exception as exc:  # noqa: BLE001
+                if (isinstance(exc, pa.ArrowInvalid) and "straddl" in str(exc)
+                        and block < self.csv.max_record_bytes):
+                    block = self.csv.max_record_bytes  # a long record: again, larger blocks
+                    continue
+                if "straddl" in str(exc):
+                    exc = (f"a record longer than max_record_bytes = "
+                           f"{self.csv.max_record_bytes:,} bytes ({_error_text(exc)})")
+                rows, why = self._csv_count(path, consumed)
+                yield self._unreadable(path, exc, consumed, rows, why)
+                return
+
+    def _place(self, b: pa.RecordBatch | None, cur: int, pending: list, stream: int, path: str,
+               names: list[str]) -> tuple[list, int]:
+        """Give the rows of parsed batch ``b`` their data row indices, starting at ``cur``: the
+        malformed rows the parser skipped sit between them (their indices are known), so the
+        batch is cut into runs of consecutive rows. ``b=None`` at the end of the file places the
+        malformed rows that remain. Returns (elements to emit, next data row index)."""
+        out: list = []
+        n = 0 if b is None else b.num_rows
+        pos = 0
+        pending.sort(key=lambda m: -1 if m.index is None else m.index)
+        while True:
+            while pending and (pending[0].index is None or pending[0].index <= cur):
+                m = pending.pop(0)
+                out.append(self._malformed(
+                    path, m.index,
+                    f"expected {m.expected} fields, found {m.actual}", m.text))
+                if m.index is not None and m.index == cur:
+                    cur += 1
+            if pos >= n:
+                if b is None and pending:  # past the last batch: only malformed rows remain
+                    cur = pending[0].index
+                    continue
+                break
+            take = n - pos if not pending else min(n - pos, pending[0].index - cur)
+            out.extend(self._runs(b.slice(pos, take), cur, stream, path, names))
+            pos += take
+            cur += take
+        return out, cur
+
+    def _runs(self, seg: pa.RecordBatch, first: int, stream: int, path: str,
+              names: list[str]) -> list:
+        """Consecutive rows as text: batches of at most ``batch_rows``, rows whose cells are not
+        valid UTF-8 dead-lettered in between."""
+        out: list = []
+        cols, bad = [], None
+        for col in seg.columns:
+            try:
+                cols.append(col.cast(pa.string()))
+            except pa.ArrowInvalid:
+                vals = col.to_pylist()
+                ok = []
+                for i, v in enumerate(vals):
+                    try:
+                        ok.append(None if v is None else v.decode("utf-8"))
+                    except UnicodeDecodeError:
+                        ok.append(None)
+                        bad = set() if bad is None else bad
+                        bad.add(i)
+                cols.append(pa.array(ok, type=pa.string()))
+        table = pa.RecordBatch.from_arrays(cols, names=names)
+        if bad:
+            raw = seg.to_pylist()
+            start = 0
+            for i in sorted(bad) + [table.num_rows]:
+                if i > start:
+                    out.extend(self._chunks(table.slice(start, i - start), first + start,
+                                            stream, path))
+                if i < table.num_rows:
+                    cells = {k: (None if v is None else v.decode("utf-8", "backslashreplace"))
+                             for k, v in raw[i].items()}
+                    which = [k for k, v in raw[i].items() if v is not None and not _utf8(v)]
+                    out.append(self._malformed(
+                        path, first + i, f"column {which[0]!r} is not valid UTF-8 (its bytes "
+                        "shown as \\xNN)", cells))
+                start = i + 1
+            return out
+        return self._chunks(table, first, stream, path)
+
+    def _chunks(self, table: pa.RecordBatch, first: int, stream: int, path: str) -> list:
+        return [self._batch(stream, first + s, table.slice(s, self.batch_rows), path)
+                for s in range(0, table.num_rows, self.batch_rows)]
+
+
+def _utf8(b: bytes) -> bool:
+    try:
+        b.decode("utf-8")
+        return True
+    except UnicodeDecodeError:
+        return False
 
 
 class ReadTable(beam.PTransform):
-    """Parquet/CSV files -> KeyedBatch elements (main) and unreadable files (``dead_letter``)."""
+    """Parquet/CSV files -> :class:`KeyedBatch` elements (``.batches``) and the reader's dead
+    letters (``.dead_letter``): unreadable parts and malformed CSV rows, each saying how many
+    input rows it stands for (see the module docstring for the contract).
 
-    def __init__(self, pattern: str, batch_rows: int = DEFAULT_BATCH_ROWS) -> None:
+    ``batch_rows``: rows per batch at most. ``null_values``: the texts that mean a missing value
+    in a CSV cell (default only the empty cell; also applied to Parquet string columns).
+    ``csv_options``: a dict of :class:`CsvOptions` settings (delimiter, quote_char,
+    escape_char, double_quote, encoding, block_size, max_record_bytes).
+    """
+
+    def __init__(self, pattern: str, batch_rows: int = DEFAULT_BATCH_ROWS,
+                 null_values: Sequence[str] = DEFAULT_NULL_VALUES,
+                 csv_options: Mapping[str, Any] | None = None) -> None:
         super().__init__()
+        self.fn = ReadUnitFn(batch_rows, null_values, csv_options)  # validates the options
         self.files = match_files(pattern)
         self.units = plan_units(self.files)
         self.batch_rows = batch_rows
+        self.null_values = self.fn.null_values
+        self.csv_options = self.fn.csv
 
     @property
     def schema(self) -> pa.Schema:
-        return input_schema(self.files)
+        return input_schema(self.files, self.csv_options)
 
     def expand(self, pbegin):
         units = pbegin | "Units" >> beam.Create(self.units)
         if len(self.units) > 1:
             units = units | "Spread" >> beam.Reshuffle()
-        return split_dead_letters(units | "Read" >> beam.ParDo(ReadUnitFn(self.batch_rows)),
-                                  "batches")
+        return split_dead_letters(units | "Read" >> beam.ParDo(self.fn), "batches")
 
 
 def _to_table(batch: Any) -> pa.Table:
