@@ -21,6 +21,30 @@ class ParameterError(LdpBeamError, ValueError):
         super().__init__(msg)
 
 
+class LimitError(ParameterError):
+    """A size parameter exceeds one of the caps of :mod:`ldp_beam.limits` (raised before anything
+    of that size is allocated). The message names the parameter, its value, the cap and the
+    environment variable that raises it.
+
+    Attributes: ``name``/``value`` (the parameter, as :class:`ParameterError`), ``cap`` (the cap's
+    name), ``limit`` (its value in force) and ``env_var``.
+    """
+
+    def __init__(self, name: str, value: int, cap: str, limit: int, env_var: str,
+                 what: str) -> None:
+        self.name, self.value, self.cap, self.limit, self.env_var, self.what = \
+            name, value, cap, limit, env_var, what
+        self.valid = f"at most {limit:,} (the {cap!r} cap)"
+        msg = (f"parameter {name!r} = {value:,} exceeds the size cap {cap!r} = {limit:,} "
+               f"({what}); nothing was allocated. Reduce it, or raise the cap with the "
+               f"environment variable {env_var}={value} if the machine can afford it")
+        LdpBeamError.__init__(self, msg)
+
+    def __reduce__(self):  # picklable (Beam ships errors between processes)
+        return (type(self), (self.name, self.value, self.cap, self.limit, self.env_var,
+                             self.what))
+
+
 class InvalidRecordsError(LdpBeamError, ValueError):
     """Some input records cannot be perturbed (core API; the Beam layer dead-letters them)."""
 
