@@ -11,41 +11,39 @@ variable that raises it. What is checked is the size that will be allocated: for
 report bins times m.
 
 The defaults keep every allowed configuration within a few GiB on a 24 GiB machine, with room for
-two Beam workers and the other processes on it:
+two Beam workers and the other processes on it. Each cap, its environment variable and default:
 
-=================== ============= ===============================================================
-cap (env variable)  default       what it bounds, and why this default
-=================== ============= ===============================================================
-cells               16,777,216    Cells of any table, matrix or grid built from a parameter:
-``LDP_BEAM_MAX_       (2^24)      histogram buckets or categories; a joint table |X| x |Y|
-CELLS``                           (CPRR, JD-GRR, JuRR, TDRR) and the per-cell lookup tables its
-                                  perturbation builds; a dense transition matrix (the square of
-                                  its domain); the density estimators' fine ``bins``; RVNS's
-                                  reconstruction matrix (report bins x m for EM, m x m for the
-                                  paper's method); the square-wave EMS matrix (d x output bins);
-                                  StructureFirst's v-optimal table (k x buckets); the
-                                  accumulators of all the groups of a per-key estimation
-                                  together. One float64 table of 2^24 cells is 128 MiB; the
-                                  heaviest paths hold 10 to 40 arrays of that size at once
-                                  (CPRR's perturbation about 40 bytes a cell, a joint estimate
-                                  about 100), so a configuration at the cap stays below 5 GiB.
-grouping_buckets    65,536        Buckets of the histogram releases whose grouping takes time
-``LDP_BEAM_MAX_       (2^16)      quadratic in the number of buckets (dphr, structure-first,
-GROUPING_BUCKETS``                ahp). Memory is linear; time is not: 16,384 buckets take 1.3 s
-                                  (dphr's optimal grouping) and 2.6 s (the paper's approximate
-                                  sort) here, so the cap is about a minute and 10^6 buckets would
-                                  take hours.
-groups              100,000       Groups (distinct keys) of a per-key estimation (``--by``): one
-``LDP_BEAM_MAX_                   accumulator and one released estimate per group. The groups'
-GROUPS``                          accumulators together are also held to ``cells`` (see
-                                  :func:`check_groups`).
-items               256           Items per user ``k`` of OSPDPRR and OsdpRR: the curator keeps
-``LDP_BEAM_MAX_                   one row of up to 2k doubles per user (4 KiB at the cap, i.e.
-ITEMS``                           4 GiB per million users) and maps 3k input roles.
-reports_per_user    1,000         Reports per user ``k`` of RVNS: a batch of 65,536 records draws
-``LDP_BEAM_MAX_                   65,536 x (k + 1) uniforms and emits k report columns (about
-REPORTS_PER_USER``                1 GiB per batch at the cap).
-=================== ============= ===============================================================
+``cells`` -- ``LDP_BEAM_MAX_CELLS``, default 16,777,216 (2^24)
+    Cells of any table, matrix or grid built from a parameter: histogram buckets or categories; a
+    joint table |X| x |Y| (CPRR, JD-GRR, JuRR, TDRR) and the per-cell lookup tables its
+    perturbation builds; a dense transition matrix (the square of its domain); the density
+    estimators' fine ``bins`` and their kernel matrices (m x bins); RVNS's reconstruction matrix
+    (report bins x m for EM, m x m for the paper's method); the square-wave EMS matrix
+    (d x output bins); StructureFirst's v-optimal table (k x buckets); the accumulators of all
+    the groups of a per-key estimation together. One float64 table of 2^24 cells is 128 MiB; the
+    heaviest paths hold several such arrays at once. Measured peaks at the cap (one process):
+    CPRR on 4096 x 4096 labels, perturbing 65,536 records and releasing the joint table,
+    1.3 GiB; square-wave EMS with d = output bins = 4096, 0.9 GiB; RVNS EM with m = 4096,
+    0.5 GiB.
+
+``grouping_buckets`` -- ``LDP_BEAM_MAX_GROUPING_BUCKETS``, default 65,536 (2^16)
+    Buckets of the histogram releases whose grouping takes time quadratic in the number of
+    buckets (dphr, structure-first, ahp). Memory is linear; time is not: 16,384 buckets take
+    1.3 s (dphr's optimal grouping) and 2.6 s (the paper's approximate sort) here, so the cap is
+    about a minute, and 10^6 buckets would take hours.
+
+``groups`` -- ``LDP_BEAM_MAX_GROUPS``, default 100,000
+    Groups (distinct keys) of a per-key estimation (``--by``): one accumulator and one released
+    estimate per group. The groups' accumulators together are also held to ``cells`` (see
+    :func:`check_groups`).
+
+``items`` -- ``LDP_BEAM_MAX_ITEMS``, default 256
+    Items per user ``k`` of OSPDPRR and OsdpRR: the curator keeps one row of up to 2k doubles per
+    user (4 KiB at the cap, i.e. 4 GiB per million users) and maps 3k input roles.
+
+``reports_per_user`` -- ``LDP_BEAM_MAX_REPORTS_PER_USER``, default 1,000
+    Reports per user ``k`` of RVNS: a batch of 65,536 records draws 65,536 x (k + 1) uniforms and
+    emits k report columns (about 1 GiB per batch at the cap).
 
 Raise a cap by setting its environment variable to a larger integer (``1_000_000`` and ``1e6``
 are accepted), e.g. ``LDP_BEAM_MAX_CELLS=100000000 ldp-beam collect ...``; it is read at every

@@ -22,13 +22,17 @@ from scipy import special
 
 from ..core import Reasons, Statistic, coerce_numeric
 from ..errors import EmptyAccumulatorError, ParameterError
+from ..limits import check_cap, product
 from .density import (BinnedDensity, BinnedEstimator, DensityGrid, density_statistics,
                       kde_on_grid, normalize_density)
 
 
-def _check_int(value: Any, name: str, lo: int, hi: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not lo <= value <= hi:
-        raise ParameterError(name, value, f"an integer in [{lo}, {hi}]")
+def _check_int(value: Any, name: str, lo: int, hi: int | None = None) -> int:
+    """An integer in [lo, hi] (sizes have no hi here: a size cap is checked by the caller)."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not lo <= value \
+            or (hi is not None and value > hi):
+        raise ParameterError(name, value, f"an integer >= {lo}" if hi is None
+                             else f"an integer in [{lo}, {hi}]")
     return int(value)
 
 
@@ -79,8 +83,11 @@ class NoiseKDEEstimator(BinnedEstimator):
                 raise ParameterError("mechanism", mechanism.name,
                                      f"an additive-noise mechanism (no attribute {attr!r})")
         self.grid = DensityGrid(float(mechanism.lower), float(mechanism.upper),
-                                _check_int(m, "m", 2, 100_000))
-        self.bins = _check_int(bins, "bins", 16, 1 << 22)
+                                _check_int(m, "m", 2))
+        self.bins = check_cap("cells", _check_int(bins, "bins", 16), "bins")
+        # the KDE's kernel matrix (m points x up to bins non-empty bins; computed in blocks)
+        check_cap("cells", product(self.grid.m, self.bins),
+                  f"m x bins (the KDE's kernel matrix, {self.grid.m:,} x {self.bins:,})")
         self.bandwidth = _check_positive(bandwidth, "bandwidth", allow_none=True)
         self.tail_sds = _check_positive(tail_sds, "tail_sds")
         lower, upper = self.grid.lower, self.grid.upper
@@ -263,10 +270,13 @@ class SquareWaveEMSEstimator(BinnedEstimator):
                 raise ParameterError("mechanism", mechanism.name,
                                      f"a square-wave mechanism (no attribute {attr!r})")
         self.grid = DensityGrid(float(mechanism.lower), float(mechanism.upper),
-                                _check_int(m, "m", 2, 100_000))
-        self.d = _check_int(self.grid.m if d is None else d, "d", 2, 10_000)
+                                _check_int(m, "m", 2))
+        self.d = _check_int(self.grid.m if d is None else d, "d", 2)
         self.output_bins = _check_int(self.d if output_bins is None else output_bins,
-                                      "output_bins", 2, 10_000)
+                                      "output_bins", 2)
+        # the EMS matrix (output_bins x d), before it is built
+        check_cap("cells", product(self.output_bins, self.d),
+                  f"d x output_bins (the EMS matrix, {self.d:,} x {self.output_bins:,})")
         self.tolerance = _check_positive(1e-3 if tolerance is None else tolerance,
                                          "tolerance")
         self.max_iterations = _check_int(max_iterations, "max_iterations", 1, 10_000_000)

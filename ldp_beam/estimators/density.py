@@ -19,7 +19,11 @@ import numpy as np
 
 from ..core import Estimator, Statistic
 from ..errors import ParameterError
+from ..limits import check_cap
 
+#: Entries of one block of a kernel matrix (points x non-empty bins): 32 MiB of float64, so the
+#: few temporaries of a block stay small whatever the grid and the bins.
+KERNEL_BLOCK = 1 << 22
 QUANTILES = (0.01, 0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99)
 _TAIL = 5  # below, above, n, sum, sumsq
 
@@ -37,9 +41,9 @@ class BinnedDensity:
     def __post_init__(self) -> None:
         if not (math.isfinite(self.lo) and math.isfinite(self.hi) and self.lo < self.hi):
             raise ParameterError("lo", self.lo, f"a finite number < hi = {self.hi!r}")
-        if isinstance(self.bins, bool) or not isinstance(self.bins, int) \
-                or not 2 <= self.bins <= 1 << 22:
-            raise ParameterError("bins", self.bins, "an integer in [2, 4194304]")
+        if isinstance(self.bins, bool) or not isinstance(self.bins, int) or self.bins < 2:
+            raise ParameterError("bins", self.bins, "an integer >= 2")
+        check_cap("cells", self.bins, "bins")
 
     @property
     def width(self) -> float:
@@ -127,11 +131,14 @@ def kde_on_grid(binned: BinnedDensity, acc: np.ndarray, z: np.ndarray, bandwidth
     norm = 1.0 / (n * bandwidth * math.sqrt(2 * math.pi))
     out = np.zeros(z.shape, dtype=float)
     sources = [c] if reflect is None else [c, 2 * reflect[0] - c, 2 * reflect[1] - c]
+    # bounded memory: at most 512 points of z at a time, and fewer when there are many non-empty
+    # bins, so that a block of the kernel matrix has at most KERNEL_BLOCK entries
+    step = max(1, min(512, KERNEL_BLOCK // max(c.size, 1)))
     for src in sources:
-        for start in range(0, z.size, 512):  # bounded memory: 512 x (#non-empty bins)
-            zz = z[start:start + 512]
+        for start in range(0, z.size, step):
+            zz = z[start:start + step]
             u = (zz[:, None] - src[None, :]) / bandwidth
-            out[start:start + 512] += np.exp(-0.5 * u * u) @ w
+            out[start:start + step] += np.exp(-0.5 * u * u) @ w
     return out * norm
 
 
@@ -144,8 +151,9 @@ class DensityGrid:
     m: int = 100
 
     def __post_init__(self) -> None:
-        if isinstance(self.m, bool) or not isinstance(self.m, int) or not 2 <= self.m <= 100_000:
-            raise ParameterError("m", self.m, "an integer in [2, 100000]")
+        if isinstance(self.m, bool) or not isinstance(self.m, int) or self.m < 2:
+            raise ParameterError("m", self.m, "an integer >= 2")
+        check_cap("cells", self.m, "m")
 
     @property
     def width(self) -> float:

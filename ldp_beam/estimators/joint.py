@@ -29,6 +29,10 @@ from ..mechanisms.joint import CPRR, JDGRR, JointMechanism, JuRR
 from .consistency import project_simplex
 
 
+#: Cells of one block of stacked weight tables (the generic marginal route): 32 MiB of float64
+_STACK_BLOCK = 1 << 22
+
+
 # --------------------------------------------------------------------------- uRR along an axis
 def urr_inverse(p: np.ndarray, axis: int, sens: np.ndarray, epsilon: float,
                 power: int = 1) -> np.ndarray:
@@ -200,13 +204,18 @@ class JointEstimator(LinearFrequencyEstimator):
         n = int(acc.sum())
         p = self.table(acc) / n
         m = f.sum(axis=1 - axis)
-        if plan is None:
+        if plan is None:  # one indicator table per line, a block of lines at a time (the
+            # whole stack would be k x |X||Y| cells, cubic in the domain)
             k = self.shape[axis]
-            w = np.zeros((k,) + self.shape)
-            idx = (np.arange(k), np.arange(k), slice(None)) if axis == 0 else \
-                (np.arange(k), slice(None), np.arange(k))
-            w[idx] = 1.0
-            return self.functional_stderr(w, acc, f)
+            step = max(1, _STACK_BLOCK // self.n_cells)
+            out = np.empty(k)
+            for start in range(0, k, step):
+                lines = np.arange(start, min(k, start + step))
+                w = np.zeros((lines.size,) + self.shape)
+                rows = np.arange(lines.size)
+                w[(rows, lines, slice(None)) if axis == 0 else (rows, slice(None), lines)] = 1.0
+                out[lines] = self.functional_stderr(w, acc, f)
+            return out
         line_cls, cross_cls = self._classes(axis)
         pl = p if axis == 0 else p.T
         line_mass = {cc: pl[:, cross_cls == cc].sum(axis=1) for cc in (True, False)}

@@ -42,6 +42,7 @@ import numpy as np
 
 from ..core import Reasons, Statistic, coerce_numeric
 from ..errors import EmptyAccumulatorError, ParameterError
+from ..limits import check_cap, product
 from ..mechanisms.rvns import RVNS, rvns_density
 from .density import (BinnedDensity, BinnedEstimator, DensityGrid, density_statistics,
                       kde_on_grid)
@@ -60,6 +61,10 @@ PAPER_REG_SMOOTH_POWER = 0.6
 PAPER_BANDWIDTH = 0.005  # default KDE bandwidth, as a fraction of upper - lower (m=100: w / 2)
 PAPER_TOL = 1e-10  # SLSQP ftol
 PAPER_MAX_ITER = 500
+
+
+#: Entries of one block of report CDFs when the EM matrix is built (see transition_matrix)
+_CDF_BLOCK = 1 << 22
 
 
 # --------------------------------------------------------------------------- the transition model
@@ -102,11 +107,14 @@ def transition_matrix(report_edges: np.ndarray, cell_edges: np.ndarray, a: float
     sub = (np.arange(quad) + 0.5) / quad
     xs = (cell_edges[:-1, None] + sub[None, :] * np.diff(cell_edges)[:, None]).ravel()
     out = np.empty((len(report_edges) - 1, m))
-    for start in range(0, m, 256):  # bounded memory: (R + 1) x 256 quad x-points at a time
-        cols = slice(start * quad, min(m, start + 256) * quad)
+    # bounded memory: (R + 1) x (step quad) x-points at a time, at most 256 cells and about
+    # _CDF_BLOCK entries per block (report_cdf makes a few temporaries of a block's size)
+    step = max(1, min(256, _CDF_BLOCK // (len(report_edges) * quad)))
+    for start in range(0, m, step):
+        cols = slice(start * quad, min(m, start + step) * quad)
         cdf = report_cdf(xs[None, cols], np.asarray(report_edges, float)[:, None], a, b, d)
-        out[:, start:start + 256] = np.diff(cdf, axis=0).reshape(len(report_edges) - 1, -1,
-                                                                  quad).mean(axis=2)
+        out[:, start:start + step] = np.diff(cdf, axis=0).reshape(len(report_edges) - 1, -1,
+                                                                   quad).mean(axis=2)
     return out
 
 
@@ -331,10 +339,9 @@ class RVNSEstimator(BinnedEstimator):
             raise ParameterError("method", method, f"one of {METHODS}")
         self.method = method
         self.grid = DensityGrid(mechanism.lower, mechanism.upper,
-                                _number("m", m, 2, lo_open=False, integer=True, hi=100_000))
+                                _number("m", m, 2, lo_open=False, integer=True))
         self.binned = BinnedDensity(mechanism.lower, mechanism.upper,
-                                    _number("bins", bins, 2, lo_open=False, integer=True,
-                                            hi=1 << 22))
+                                    _number("bins", bins, 2, lo_open=False, integer=True))
         em_only = {"smoothing": smoothing, "report_bins": report_bins}
         paper_only = {"bandwidth": bandwidth, "boundary": boundary, "reg_l1": reg_l1,
                       "reg_l2": reg_l2, "reg_smooth": reg_smooth}
@@ -350,6 +357,17 @@ class RVNSEstimator(BinnedEstimator):
         self.report_bins = (min(self.binned.bins, max(self.grid.m, 200)) if report_bins is None
                             else _number("report_bins", report_bins, 2, lo_open=False,
                                          integer=True, hi=self.binned.bins))
+        # the reconstruction matrix, before it is ever built: report bins x m for EM, m x m for
+        # the paper's method (P(Z), and SLSQP's dense m x m working matrices)
+        gm = self.grid.m
+        if method == "em":
+            check_cap("cells", product(self.report_bins, gm),
+                      f"m x report_bins (EM's transition matrix, {gm:,} x {self.report_bins:,})")
+        else:
+            check_cap("cells", product(gm, gm), f"m (the paper method's m x m matrices, "
+                      f"{gm:,} x {gm:,})")
+            check_cap("cells", product(gm, self.binned.bins),
+                      f"m x bins (the KDE's kernel matrix, {gm:,} x {self.binned.bins:,})")
         self.reg_l1 = 0.0 if reg_l1 is None else _number("reg_l1", reg_l1, 0, lo_open=False)
         self.reg_l2 = 0.0 if reg_l2 is None else _number("reg_l2", reg_l2, 0, lo_open=False)
         self.reg_smooth = (None if reg_smooth is None else

@@ -23,13 +23,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 
 from ..core import (Mechanism, Reasons, Reports, Role, check_epsilon, check_labels,
                     check_subset)
 from ..errors import ParameterError
+from ..limits import check_cap, product
 from ..privacy import LDP, ULDP, PrivacyGuarantee
 
 MAX_LABELS = 65535  # codes travel as uint16
@@ -96,6 +97,33 @@ def check_domain_size(labels: tuple[str, ...], name: str) -> None:
         raise ParameterError(name, f"{len(labels)} labels", f"at most {MAX_LABELS} labels")
 
 
+def count_labels(labels: Any) -> int | None:
+    """How many labels a declared domain holds, cheaply and before it is validated (so that size
+    limits are checked before the O(labels) work of :func:`~ldp_beam.core.check_labels`); None
+    when that cannot be told without iterating (a generator: then it is checked after)."""
+    if isinstance(labels, str):
+        return sum(1 for x in labels.split(",") if x.strip())
+    if isinstance(labels, np.ndarray):
+        return int(labels.size)
+    try:
+        return len(labels)
+    except TypeError:
+        return None
+
+
+def precheck_domain(labels: Any, name: str) -> None:
+    """The wire limit (uint16 codes) on a declared domain, checked before it is validated."""
+    n = count_labels(labels)
+    if n is not None and n > MAX_LABELS:
+        raise ParameterError(name, f"{n} labels", f"at most {MAX_LABELS} labels (codes travel "
+                             "as uint16)")
+
+
+def check_matrix_size(k: int, param: str) -> None:
+    """A dense k x k transition matrix is about to be built: k^2 cells within the cells cap."""
+    check_cap("cells", product(k, k), f"transition matrix of {param} ({k:,} x {k:,})")
+
+
 # --------------------------------------------------------------------------- the mechanisms
 @dataclass(frozen=True)
 class GRR(Mechanism):
@@ -112,6 +140,7 @@ class GRR(Mechanism):
 
     def __post_init__(self) -> None:
         check_epsilon(self.epsilon)
+        precheck_domain(self.domain, "domain")
         object.__setattr__(self, "domain", check_labels(self.domain, "domain", min_size=2))
         check_domain_size(self.domain, "domain")
 
@@ -143,7 +172,9 @@ class GRR(Mechanism):
         return {"v": v.astype(np.uint16)}
 
     def transition_matrix(self) -> np.ndarray:
-        """Q[output code, input code]; every column sums to one."""
+        """Q[output code, input code]; every column sums to one. Dense |domain|^2: for audits
+        and tests (checked against the cells cap)."""
+        check_matrix_size(len(self.domain), "domain")
         return urr_matrix(len(self.domain), self.sensitive_codes, self.epsilon)
 
 

@@ -32,8 +32,10 @@ from ..core import (Mechanism, Reasons, Reports, Role, check_epsilon, check_labe
                     check_subset)
 from ..errors import ParameterError
 from ..privacy import LDP, ULDP, PrivacyGuarantee
-from .categorical import (CODE, check_domain_size, sensitive_positions, urr_matrix,
-                          urr_probabilities, urr_sample, urr_tables)
+from ..limits import check_cap, product
+from .categorical import (CODE, check_domain_size, check_matrix_size, count_labels,
+                          precheck_domain, sensitive_positions, urr_matrix, urr_probabilities,
+                          urr_sample, urr_tables)
 
 ROLES = (Role("x", kind="category", help="the first attribute, a label of x_domain"),
          Role("y", kind="category", help="the second attribute, a label of y_domain"))
@@ -60,12 +62,24 @@ class JointMechanism(Mechanism):
     def __post_init__(self) -> None:
         check_epsilon(self.epsilon)
         for name in ("x_domain", "y_domain"):
+            precheck_domain(getattr(self, name), name)
+        nx, ny = count_labels(self.x_domain), count_labels(self.y_domain)
+        if nx is not None and ny is not None:  # the product domain, before any label is read
+            self._check_cells(nx, ny)
+        for name in ("x_domain", "y_domain"):
             labels = check_labels(getattr(self, name), name, min_size=1)
             check_domain_size(labels, name)
             object.__setattr__(self, name, labels)
         if self.nx * self.ny < 2:
             raise ParameterError("x_domain", self.x_domain,
                                  "domains whose product has at least 2 cells")
+        self._check_cells(self.nx, self.ny)
+
+    @staticmethod
+    def _check_cells(nx: int, ny: int) -> None:
+        """The product domain is the size of every table: the joint counts, the per-cell lookup
+        tables of the perturbation (CPRR, JD-GRR) and the estimates."""
+        check_cap("cells", product(nx, ny), f"x_domain x y_domain ({nx:,} x {ny:,} labels)")
 
     # -- the domain
     @property
@@ -92,8 +106,12 @@ class JointMechanism(Mechanism):
 
     def transition_matrix(self) -> np.ndarray:
         """Q[output cell, input cell] over product codes i * |Y| + j; columns sum to one.
-        Dense (|X||Y|)^2: meant for audits and tests, not for estimation."""
+        Dense (|X||Y|)^2: meant for audits and tests, not for estimation (the subclasses check
+        its size against the cells cap first, :meth:`check_matrix`)."""
         raise NotImplementedError
+
+    def check_matrix(self) -> None:
+        check_matrix_size(self.nx * self.ny, "x_domain x y_domain")
 
     def _report(self, ox: np.ndarray, oy: np.ndarray) -> Reports:
         return {"x": ox.astype(np.uint16), "y": oy.astype(np.uint16)}
@@ -139,7 +157,10 @@ def _product_urr(mech: JointMechanism, cells_s: np.ndarray, epsilon: float,
     k = mech.nx * mech.ny
     c = cols["x"] * mech.ny + cols["y"]
     out = urr_sample(c, urr_tables(k, cells_s, epsilon), cells_s, u[:, 0], u[:, 1])
-    cell_x, cell_y = np.divmod(np.arange(k, dtype=np.uint16), np.uint16(mech.ny))
+    # cell codes go past 65535 on domains of more than 2^16 cells: divide in int64, then narrow
+    # (each label code fits uint16)
+    cell_x, cell_y = np.divmod(np.arange(k, dtype=np.int64), mech.ny)
+    cell_x, cell_y = cell_x.astype(np.uint16), cell_y.astype(np.uint16)
     return {"x": cell_x[out], "y": cell_y[out]}  # table lookups, not a division per record
 
 
@@ -175,6 +196,7 @@ class CPRR(SensitiveJoint):
         return _product_urr(self, self.sensitive_cells(), self.epsilon, cols, u)
 
     def transition_matrix(self) -> np.ndarray:
+        self.check_matrix()
         return urr_matrix(self.nx * self.ny, self.sensitive_cells(), self.epsilon)
 
 
@@ -204,6 +226,7 @@ class JDGRR(JointMechanism):
         return _product_urr(self, self.all_cells(), self.epsilon, cols, u)
 
     def transition_matrix(self) -> np.ndarray:
+        self.check_matrix()
         return urr_matrix(self.nx * self.ny, self.all_cells(), self.epsilon)
 
 
@@ -237,6 +260,7 @@ class TDRR(SensitiveJoint):
         return self._report(ox, oy)
 
     def transition_matrix(self) -> np.ndarray:
+        self.check_matrix()
         xs, ys = self.sensitive_codes()
         return np.kron(urr_matrix(self.nx, xs, self.epsilon / 2),
                        urr_matrix(self.ny, ys, self.epsilon / 2))
@@ -354,6 +378,7 @@ class JuRR(SensitiveJoint):
         return {"x": ox, "y": oy}
 
     def transition_matrix(self) -> np.ndarray:
+        self.check_matrix()
         pr = self.probabilities()
         xs, ys = self.sensitive_masks()
         nx, ny = self.nx, self.ny
