@@ -15,7 +15,9 @@ Arrow schema, see :func:`report_schema`) plus any passthrough columns.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any, Mapping
 
 import numpy as np
@@ -135,23 +137,292 @@ def reports_batch(reports: Mapping[str, np.ndarray], schema: pa.Schema,
     return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
 
-def report_columns(element: Any, fields: tuple) -> dict[str, np.ndarray]:
-    """Report fields of a report batch / single report as numpy columns of the declared dtypes
-    (reports read from CSV or JSON arrive as text; they are parsed here, after validation)."""
+# --------------------------------------------------------------------------- report fields
+# Reports from CSV or JSON arrive as text; from Parquet or the Python API as numbers of any dtype.
+# Each value is validated against the declared dtype of its report field *before* any cast:
+# nothing is cast that would change it ("x" -> 0, "1.5" -> 1, "65536" -> 0 for uint16).
+_NUMBER_TEXT = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+_NON_FINITE_TEXT = re.compile(r"[+-]?(?:nan|inf|infinity)", re.IGNORECASE)
+_PLAIN_INT = r"^-?[0-9]+$"  # what the vectorized path hands to pyarrow's integer parser
+_PLAIN_NUMBER = r"^[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?$"
+
+
+@dataclass
+class FieldCheck:
+    """A report field checked against its declared dtype: ``values`` (that dtype; 0 where
+    ``bad``), ``bad`` (rows that cannot be that dtype) and ``reasons`` (row -> why)."""
+
+    values: np.ndarray
+    bad: np.ndarray
+    reasons: dict[int, str]
+
+
+def _shown(v: Any) -> str:
+    if isinstance(v, np.generic):
+        v = v.item()
+    r = repr(v)
+    return r if len(r) <= 80 else r[:77] + "..."
+
+
+def _dtype_range(dt: np.dtype) -> str:
+    if dt.kind in "iu":
+        info = np.iinfo(dt)
+        return f"{dt.name} [{info.min}, {info.max}]"
+    info = np.finfo(dt)
+    return f"{dt.name} (finite, magnitude at most {float(info.max):.4g})"
+
+
+def report_value(v: Any, dt: np.dtype) -> tuple[Any, str | None]:
+    """One report value -> ``(value of dtype dt, None)`` or ``(None, why it is not one)``.
+
+    The reference semantics of report validation (the vectorized paths agree with it, and the
+    tests check that): None, NaN and the empty text are a missing value; booleans are not
+    numbers; text is a decimal number (surrounding spaces allowed) or invalid. An integer field
+    takes an integral value within its dtype's range (``"3"``, ``"3.0"`` and ``"3e0"`` are 3;
+    ``"1.5"``, ``"x"``, ``"inf"`` and ``"65536"`` for uint16 are invalid); a float field takes a
+    finite number whose conversion to its dtype is finite.
+    """
+    integer = dt.kind in "iu"
+    what = "an integer" if integer else "a number"
+    if isinstance(v, bytes):
+        try:
+            v = v.decode("utf-8")
+        except UnicodeDecodeError:
+            return None, f"{_shown(v)} is not {what} (bytes that are not UTF-8 text)"
+    if v is None or (isinstance(v, str) and v == ""):
+        return None, "missing value"
+    if isinstance(v, (bool, np.bool_)):
+        return None, f"{_shown(v)} is a boolean, not {what}"
+    if isinstance(v, str):
+        s = v.strip()
+        if _NUMBER_TEXT.fullmatch(s):
+            if integer:
+                d = Decimal(s)
+                if d != d.to_integral_value():
+                    return None, f"{_shown(v)} is not an integer"
+                info = np.iinfo(dt)
+                if not info.min <= d <= info.max:
+                    return None, f"{_shown(v)} is out of range for {_dtype_range(dt)}"
+                return int(d), None
+            x = float(s)
+            if not np.isfinite(x):  # e.g. "1e400": a number, but beyond any float
+                return None, f"{_shown(v)} is out of range for {_dtype_range(dt)}"
+        elif _NON_FINITE_TEXT.fullmatch(s):
+            return None, f"{_shown(v)} is not {'an integer' if integer else 'a finite number'}"
+        else:
+            return None, f"{_shown(v)} is not {what}"
+    elif isinstance(v, (int, np.integer)):
+        if integer:
+            info = np.iinfo(dt)
+            if not info.min <= int(v) <= info.max:
+                return None, f"{_shown(v)} is out of range for {_dtype_range(dt)}"
+            return int(v), None
+        try:
+            x = float(v)
+        except OverflowError:
+            return None, f"{_shown(v)} is out of range for {_dtype_range(dt)}"
+    elif isinstance(v, (float, np.floating)):
+        x = float(v)
+        if np.isnan(x):
+            return None, "missing value"
+        if integer:
+            if not np.isfinite(x) or not x.is_integer():
+                return None, f"{_shown(v)} is not an integer"
+            info = np.iinfo(dt)
+            if not info.min <= int(x) <= info.max:
+                return None, f"{_shown(v)} is out of range for {_dtype_range(dt)}"
+            return int(x), None
+    else:
+        return None, f"{_shown(v)} ({type(v).__name__}) is not {what}"
+    if not np.isfinite(x):
+        return None, f"{_shown(v)} is not a finite number"
+    with np.errstate(over="ignore"):
+        y = dt.type(x)
+    if not np.isfinite(y):
+        return None, f"{_shown(v)} is out of range for {_dtype_range(dt)}"
+    return y, None
+
+
+def _check_objects(values: Any, name: str, dt: np.dtype) -> FieldCheck:
+    """The reference path: every distinct value through :func:`report_value` once."""
+    vals = list(values)
+    out = np.zeros(len(vals), dtype=dt)
+    bad = np.zeros(len(vals), dtype=bool)
+    reasons: dict[int, str] = {}
+    memo: dict = {}
+    for i, v in enumerate(vals):
+        try:
+            key = (type(v), v)
+            hit = memo.get(key)
+        except TypeError:  # unhashable
+            key, hit = None, None
+        if hit is None:
+            hit = report_value(v, dt)
+            if key is not None and not (isinstance(v, float) and v != v):
+                memo[key] = hit
+        val, why = hit
+        if why is None:
+            out[i] = val
+        else:
+            bad[i] = True
+            reasons[i] = f"report field {name!r}: {why}"
+    return FieldCheck(out, bad, reasons)
+
+
+def _check_numeric(arr: np.ndarray, missing: np.ndarray | None, name: str,
+                   dt: np.dtype) -> FieldCheck:
+    """Vectorized for numeric arrays; the reasons come from :func:`report_value`."""
+    n = arr.shape[0]
+    if arr.dtype.kind in "iu":
+        ok = np.ones(n, dtype=bool)
+        if dt.kind in "iu":
+            src, dst = np.iinfo(arr.dtype), np.iinfo(dt)
+            lo, hi = max(src.min, dst.min), min(src.max, dst.max)
+            if lo > src.min:
+                ok &= arr >= np.asarray(lo, dtype=arr.dtype)
+            if hi < src.max:
+                ok &= arr <= np.asarray(hi, dtype=arr.dtype)
+        else:
+            with np.errstate(over="ignore"):
+                ok &= np.isfinite(arr.astype(dt))
+    else:  # floating
+        with np.errstate(invalid="ignore", over="ignore"):
+            if dt.kind in "iu":
+                info = np.iinfo(dt)
+                # bounds as exact floats: min and max + 1 are powers of two (or 0)
+                ok = (np.isfinite(arr) & (arr >= float(info.min)) & (arr < float(info.max + 1))
+                      & (np.floor(arr) == arr))
+            else:
+                ok = np.isfinite(arr.astype(dt))
+    if missing is not None:
+        ok &= ~missing
+    if ok.all():  # the common case: one cast (none when the dtype is already the declared one)
+        return FieldCheck(arr.astype(dt, copy=False), np.zeros(n, dtype=bool), {})
+    bad = ~ok
+    out = np.zeros(n, dtype=dt)
+    with np.errstate(invalid="ignore", over="ignore"):
+        out[ok] = arr[ok].astype(dt)
+    reasons: dict[int, str] = {}
+    for i in np.flatnonzero(bad).tolist():
+        v = None if missing is not None and missing[i] else arr[i]
+        reasons[i] = f"report field {name!r}: {report_value(v, dt)[1]}"
+    return FieldCheck(out, bad, reasons)
+
+
+def _check_arrow(col: Any, name: str, dt: np.dtype) -> FieldCheck:
+    import pyarrow.compute as pc
+
+    if isinstance(col, pa.ChunkedArray):
+        col = col.combine_chunks()
+    if pa.types.is_dictionary(col.type):
+        col = col.dictionary_decode()
+    t = col.type
+    if pa.types.is_integer(t) or pa.types.is_floating(t):
+        missing = col.is_null().to_numpy(zero_copy_only=False) if col.null_count else None
+        arr = (col.fill_null(0) if col.null_count else col).to_numpy(zero_copy_only=False)
+        return _check_numeric(arr, missing, name, dt)
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        return _check_text(col, name, dt)
+    return _check_objects(col.to_pylist(), name, dt)
+
+
+def _check_text(col: pa.Array, name: str, dt: np.dtype) -> FieldCheck:
+    """Text: well-formed numbers go through pyarrow's parsers at once (exact for integers,
+    correctly rounded for floats, as Python's are), everything else through the reference
+    :func:`report_value`, once per distinct text."""
+    import pyarrow.compute as pc
+
+    n = len(col)
+    values = np.zeros(n, dtype=dt)
+    handled = np.zeros(n, dtype=bool)
+    integer = dt.kind in "iu"
+    plain = pc.match_substring_regex(col, _PLAIN_INT if integer else _PLAIN_NUMBER)
+    plain = plain.fill_null(False).to_numpy(zero_copy_only=False)
+    if plain.any():
+        idx = np.flatnonzero(plain)
+        sub = col.take(pa.array(idx)) if idx.size < n else col
+        try:
+            if integer:
+                values[idx] = sub.cast(pa.from_numpy_dtype(dt)).to_numpy(zero_copy_only=False)
+                handled[idx] = True
+            else:
+                with np.errstate(over="ignore"):
+                    y = sub.cast(pa.float64()).to_numpy(zero_copy_only=False).astype(dt)
+                fin = np.isfinite(y)
+                values[idx[fin]] = y[fin]
+                handled[idx[fin]] = True
+        except pa.ArrowInvalid:  # e.g. an integer out of range: the reference path says so
+            pass
+    bad = np.zeros(n, dtype=bool)
+    reasons: dict[int, str] = {}
+    if handled.all():
+        return FieldCheck(values, bad, reasons)
+    rest = np.flatnonzero(~handled)
+    enc = col.take(pa.array(rest)).dictionary_encode()
+    uniq = _check_objects(enc.dictionary.to_pylist(), name, dt)
+    missing = enc.indices.is_null().to_numpy(zero_copy_only=False)
+    codes = enc.indices.fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+    for j, i in enumerate(rest.tolist()):
+        if missing[j]:
+            bad[i], reasons[i] = True, f"report field {name!r}: missing value"
+        elif uniq.bad[codes[j]]:
+            bad[i], reasons[i] = True, uniq.reasons[int(codes[j])]
+        else:
+            values[i] = uniq.values[codes[j]]
+    return FieldCheck(values, bad, reasons)
+
+
+def check_report_field(raw: Any, name: str, dtype: Any) -> FieldCheck:
+    """Validate one report field against its declared dtype before any cast (see
+    :func:`report_value` for what is valid). ``raw``: an Arrow array, a numpy array or a
+    sequence of Python values."""
+    dt = np.dtype(dtype)
+    if isinstance(raw, (pa.Array, pa.ChunkedArray)):
+        return _check_arrow(raw, name, dt)
+    arr = np.asarray(raw) if not isinstance(raw, np.ndarray) else raw
+    if arr.ndim != 1:
+        arr = arr.reshape(-1)
+    if arr.dtype.kind in "iu" or arr.dtype.kind == "f":
+        missing = np.isnan(arr) if arr.dtype.kind == "f" else None
+        return _check_numeric(arr, missing, name, dt)
+    return _check_objects(arr.tolist() if arr.dtype.kind != "O" else arr, name, dt)
+
+
+def report_field_columns(element: Any, fields: tuple) -> tuple[dict[str, Any], int]:
+    """The raw report-field columns of a report batch or single report (only the fields it
+    has) and its number of reports."""
     if isinstance(element, KeyedBatch):
         element = element.table
     if isinstance(element, (pa.RecordBatch, pa.Table)):
-        cols = {name: get_column(element, name) for name, _ in fields
-                if name in element.schema.names}
-    elif isinstance(element, Mapping):
+        return ({name: element.column(name) for name, _ in fields
+                 if name in element.schema.names}, element.num_rows)
+    if isinstance(element, Mapping):
         if is_batch(element):
-            cols = {name: np.asarray(element[name]) for name, _ in fields if name in element}
-        else:
-            cols = {name: np.asarray([element[name]]) for name, _ in fields if name in element}
-    else:
-        raise TypeError(f"cannot read reports from a {type(element).__name__}")
+            return ({name: element[name] for name, _ in fields if name in element},
+                    num_rows(element))
+        return {name: [element[name]] for name, _ in fields if name in element}, 1
+    raise TypeError(f"cannot read reports from a {type(element).__name__}")
+
+
+def report_columns(element: Any, fields: tuple) -> dict[str, np.ndarray]:
+    """Report fields of a report batch / single report as numpy columns of the declared dtypes.
+
+    Reports read from CSV or JSON arrive as text, others as numbers of any dtype: each value is
+    checked against its field's dtype first (:func:`check_report_field`) and cast only when the
+    cast keeps it. Raises :class:`~ldp_beam.errors.InvalidRecordsError` naming the rows that
+    cannot be cast (dead-letter them first with
+    :class:`~ldp_beam.transforms.ValidateReports`): nothing is cast that would change it."""
+    from ldp_beam.errors import InvalidRecordsError
+
+    raw, n = report_field_columns(element, fields)
     dtypes = dict(fields)
-    for name, col in cols.items():
-        if col.dtype.kind not in "iuf":
-            cols[name] = coerce_numeric(col)[0].astype(dtypes[name])
+    cols: dict[str, np.ndarray] = {}
+    reasons: dict[int, str] = {}
+    for name, col in raw.items():
+        chk = check_report_field(col, name, dtypes[name])
+        for i, why in chk.reasons.items():
+            reasons.setdefault(i, why)
+        cols[name] = chk.values
+    if reasons:
+        raise InvalidRecordsError(dict(sorted(reasons.items())), n)
     return cols

@@ -7,17 +7,18 @@ untrusted clients) to a dead-letter output before they reach the accumulator.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Mapping
 
 import apache_beam as beam
 import numpy as np
 import pyarrow as pa
 from apache_beam.metrics import Metrics
 
-from ldp_beam.core import Estimator
+from ldp_beam.core import Estimator, Reasons
 from ldp_beam.errors import EmptyAccumulatorError
 
-from .batches import KeyedBatch, get_column, is_batch, num_rows, report_columns, row_dict, take
+from .batches import (KeyedBatch, check_report_field, get_column, is_batch, num_rows,
+                      report_columns, report_field_columns, row_dict, take)
 from .perturb import dead_letter, split_dead_letters
 
 
@@ -130,45 +131,126 @@ class SplitByKey(beam.DoFn):
             yield key, take(table, order[bounds[j]:bounds[j + 1]])
 
 
+RECORD_TEXT_CHARS = 2000  # a text cell of a dead-lettered report, at most (the reason says so)
+
+
+def _clipped(record: dict) -> tuple[dict, str]:
+    """A dead-lettered record with long texts cut, and a note for the reason ("" if none)."""
+    cut = []
+    out = {}
+    for k, v in record.items():
+        if isinstance(v, (str, bytes)) and len(v) > RECORD_TEXT_CHARS:
+            out[k] = v[:RECORD_TEXT_CHARS]
+            cut.append(f"field {k!r} shows the first {RECORD_TEXT_CHARS:,} of {len(v):,} "
+                       f"{'characters' if isinstance(v, str) else 'bytes'}")
+        else:
+            out[k] = v
+    return out, (f" ({'; '.join(cut)})" if cut else "")
+
+
 class ValidateReportsFn(beam.DoFn):
-    """Pass well-formed reports; dead-letter the rest with the estimator's reason."""
+    """Pass well-formed reports; dead-letter the rest with the reason.
+
+    Two checks, in this order, before anything is cast: each report field's value must be a
+    value of the field's declared dtype (:func:`~ldp_beam.transforms.batches.check_report_field`:
+    text from CSV or JSON is parsed, never coerced, so ``"x"`` and ``"1.5"`` are not integers and
+    ``"65536"`` is out of range for uint16; numbers of another dtype must fit); then the
+    estimator's own check (:meth:`~ldp_beam.core.Estimator.check_reports`, e.g. codes within the
+    domain) on the typed values. A row keeps its first reason.
+
+    Emits, for a batch, the valid rows as a pyarrow RecordBatch (or dict of columns) whose report
+    fields have their declared dtypes (other columns as they were); for a single report, the dict
+    with typed report fields. Dead letters hold the row as read (text stays text; texts over
+    2,000 characters are cut, saying so), with ``source``/``row`` when the batch is keyed.
+    """
 
     def __init__(self, estimator: Estimator) -> None:
         self.estimator = estimator
-        self.fields = estimator.mechanism.report_fields
+        self.fields = tuple(estimator.mechanism.report_fields)
         self.n_in = Metrics.counter("ldp_beam", "reports_in")
         self.n_bad = Metrics.counter("ldp_beam", "reports_invalid")
 
+    def check(self, element: Any) -> tuple[Reasons, dict[str, np.ndarray], int]:
+        """``(reasons, typed report-field columns, number of reports)`` of a batch or report."""
+        raw, n = report_field_columns(element, self.fields)
+        reasons = Reasons(n)
+        typed: dict[str, np.ndarray] = {}
+        for name, dtype in self.fields:
+            if name not in raw:
+                continue
+            chk = check_report_field(raw[name], name, dtype)
+            reasons.flag(chk.bad, chk.reasons.__getitem__)
+            typed[name] = chk.values
+        est = self.estimator.check_reports(typed, n)
+        new = est.bad & ~reasons.bad
+        if new.any():
+            msgs = est.as_dict()
+            # worded again on plain Python values (3, not np.uint16(3)): the checks are per row
+            idx = np.flatnonzero(new)
+            again = self.estimator.check_reports(
+                {k: v[idx].astype(object) for k, v in typed.items()}, idx.size).as_dict()
+            for j, i in enumerate(idx.tolist()):
+                msgs[i] = again.get(j, msgs[i])
+            reasons.flag(new, msgs.__getitem__)
+        return reasons, typed, n
+
     def process(self, element: Any):
+        keyed = element if isinstance(element, KeyedBatch) else None
+        table = element.table if keyed is not None else element
         batch = is_batch(element)
-        table = element.table if isinstance(element, KeyedBatch) else element
-        if batch:
-            cols = report_columns(table, self.fields)
-        elif isinstance(element, dict):
-            cols = {name: np.asarray([element[name]], dtype=object) for name, _ in self.fields
-                    if name in element}
-        else:
+        if not batch and not isinstance(element, Mapping):
             self.n_in.inc()
             self.n_bad.inc()
             yield dead_letter(
                 f"unsupported report type {type(element).__name__}", repr(element)[:200])
             return
-        n = num_rows(table) if batch else 1
-        reasons = self.estimator.check_reports(cols, n)
+        reasons, typed, n = self.check(table)
         self.n_in.inc(n)
         bad = reasons.bad
-        if not bad.any():
-            yield element if not isinstance(element, KeyedBatch) else table
-            return
-        self.n_bad.inc(int(bad.sum()))
-        msgs = reasons.as_dict()
-        for i in np.flatnonzero(bad).tolist():
-            rec = row_dict(table, i) if batch else dict(element)
-            yield dead_letter(msgs[i], rec)
-        if batch:
-            ok = np.flatnonzero(~bad)
+        if bad.any():
+            self.n_bad.inc(int(bad.sum()))
+            msgs = reasons.as_dict()
+            for i in np.flatnonzero(bad).tolist():
+                rec, note = _clipped(row_dict(table, i) if batch else dict(element))
+                if keyed is not None:
+                    yield dead_letter(msgs[i] + note, rec, keyed.source, keyed.offset + i)
+                else:
+                    yield dead_letter(msgs[i] + note, rec)
+        ok = np.flatnonzero(~bad)
+        if not batch:
             if ok.size:
-                yield take(table, ok)
+                yield {**element, **{k: v[0].item() for k, v in typed.items()}}
+            return
+        if ok.size:
+            yield _typed_rows(table, typed, ok, self.fields)
+
+
+def _typed_rows(table: Any, typed: dict[str, np.ndarray], ok: np.ndarray, fields: tuple) -> Any:
+    """Rows ``ok`` of a report batch with its report fields replaced by their typed values."""
+    whole = ok.size == num_rows(table)
+    if isinstance(table, (pa.RecordBatch, pa.Table)):
+        if isinstance(table, pa.Table):
+            table = table.combine_chunks().to_batches()[0] if table.num_rows else \
+                pa.RecordBatch.from_pylist([], schema=table.schema)
+        dtypes = dict(fields)
+        idx = None if whole else pa.array(ok)
+        arrays, out_fields = [], []
+        for f in table.schema:
+            if f.name in typed:
+                vals = typed[f.name] if whole else typed[f.name][ok]
+                arr = pa.array(vals, type=pa.from_numpy_dtype(np.dtype(dtypes[f.name])))
+                arrays.append(arr)
+                out_fields.append(pa.field(f.name, arr.type, nullable=False))
+            else:
+                col = table.column(f.name)
+                arrays.append(col if whole else col.take(idx))
+                out_fields.append(f)
+        return pa.RecordBatch.from_arrays(arrays, schema=pa.schema(out_fields,
+                                                                   metadata=table.schema.metadata))
+    out = {k: (np.asarray(v) if whole else np.asarray(v)[ok]) for k, v in table.items()}
+    for k, v in typed.items():
+        out[k] = v if whole else v[ok]
+    return out
 
 
 class ValidateReports(beam.PTransform):
