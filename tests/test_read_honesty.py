@@ -173,6 +173,25 @@ def test_a_cell_that_is_not_utf8_costs_its_row_not_the_file(tmp_path):
     assert d["record"] == {"uid": "1", "name": "b\\xe9a"} and (d["row"], d["rows"]) == (1, 1)
 
 
+def test_compressed_and_latin1_csv_files(tmp_path):
+    """A .csv.gz file is read (header and tolerant count decompress it too); a file in another
+    encoding is read as that encoding when csv_options says so."""
+    import gzip
+
+    gz = tmp_path / "t.csv.gz"
+    with gzip.open(gz, "wt") as fh:
+        fh.write("uid,x\n0,0.5\n1,0.5,extra\n2,0.25\n")
+    batches, dead = read_all(gz)
+    assert rows_by_file(batches)[str(gz)] == {0: {"uid": "0", "x": "0.5"},
+                                              2: {"uid": "2", "x": "0.25"}}
+    assert [(d["row"], d["record"]) for d in dead] == [(1, "1,0.5,extra")]
+    assert count_rows(str(gz)) == 3
+    lat = tmp_path / "l.csv"
+    lat.write_bytes("uid,name\n0,béa\n".encode("latin-1"))
+    batches, dead = read_all(lat, csv_options={"encoding": "latin-1"})
+    assert dead == [] and rows_by_file(batches)[str(lat)] == {0: {"uid": "0", "name": "béa"}}
+
+
 def test_a_20mb_field_is_read(tmp_path):
     """A 20 MB cell (free text, a JSON blob) is a legitimate value: it is read like any other
     (the reader retries with blocks of max_record_bytes = 64 MiB), and no row vanishes."""

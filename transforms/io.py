@@ -177,7 +177,13 @@ class CsvOptions:
                 "doublequote": self.double_quote}
 
     def open_text(self, path: str):
+        """The file as text for Python's ``csv`` module (gzip-compressed ``.gz`` files too, which
+        pyarrow decompresses by their extension)."""
         enc = "utf-8-sig" if self.utf8 else self.encoding
+        if path.lower().endswith(".gz"):
+            import gzip
+
+            return gzip.open(path, "rt", newline="", encoding=enc, errors="replace")
         return open(path, newline="", encoding=enc, errors="replace")
 
 
