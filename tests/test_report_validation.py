@@ -204,6 +204,8 @@ def test_single_reports_are_validated_and_typed():
     assert d["reason"] == BAD["65536"] and d["record"] == {"v": "65536", "device": "d2"}
     (d,) = list(fn.process({"v": 1.5}))
     assert d["reason"] == "report field 'v': 1.5 is not an integer"
+    (d,) = list(fn.process({"v": [1, 2], "device": "d3"}))  # one record, a list where a code is
+    assert d["reason"] == "report field 'v': [1, 2] (list) is not an integer"
 
 
 def test_a_long_text_in_a_bad_report_is_cut_and_the_reason_says_so():

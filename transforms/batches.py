@@ -379,7 +379,9 @@ def check_report_field(raw: Any, name: str, dtype: Any) -> FieldCheck:
     dt = np.dtype(dtype)
     if isinstance(raw, (pa.Array, pa.ChunkedArray)):
         return _check_arrow(raw, name, dt)
-    arr = np.asarray(raw) if not isinstance(raw, np.ndarray) else raw
+    if isinstance(raw, (list, tuple)):  # values as they are (one may be a list or an array)
+        return _check_objects(raw, name, dt)
+    arr = np.asarray(raw)
     if arr.ndim != 1:
         arr = arr.reshape(-1)
     if arr.dtype.kind in "iu" or arr.dtype.kind == "f":
