@@ -45,9 +45,9 @@ class PrivacyGuarantee:
 
     def describe(self) -> str:
         if self.kind == NONE:
-            return "no privacy guarantee (replication only)"
+            return "no finite guarantee: no privacy guarantee (replication only)"
         if math.isinf(self.epsilon):
-            return f"no finite epsilon ({self.kind}; see the notes)"
+            return f"no finite guarantee: no finite epsilon ({self.kind}; see the notes)"
         if self.delta:
             return f"{self.kind} with epsilon={self.epsilon:g}, delta={self.delta:g}"
         return f"{self.kind} with epsilon={self.epsilon:g}"

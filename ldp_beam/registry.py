@@ -18,6 +18,7 @@ from typing import Any, Callable
 
 from .core import Estimator, Mechanism, type_hints
 from .errors import ParameterError, UnknownPluginError
+from .privacy import NONE
 
 ENTRY_POINT_GROUP = "ldp_beam.plugins"
 
@@ -63,9 +64,18 @@ class Registry:
                 return p
         raise UnknownPluginError(f"mechanism class {type(mechanism).__name__} is not registered")
 
-    def build(self, name: str, params: dict[str, Any]) -> Mechanism:
+    def build(self, name: str, params: dict[str, Any], *,
+              allow_no_guarantee: bool = False) -> Mechanism:
         """Build mechanism ``name``; string values (from a command line) are converted by the
-        dataclass field types."""
+        dataclass field types.
+
+        A configuration whose guarantee has no finite epsilon (kind ``none``, or an infinite
+        epsilon: e.g. RVNS with delta <= d, DPHR's ``variant='paper'``, StructureFirst without a
+        public ``F``, OSPDPRR's ``mode='paper'``) is refused with a :class:`ParameterError`
+        naming the parameters responsible, unless ``allow_no_guarantee=True`` (the command
+        line's ``--allow-no-guarantee``): such configurations exist to replicate papers, and
+        their guarantee's ``describe()`` says "no finite guarantee" in every output.
+        """
         cls = self.get(name).mechanism
         hints = type_hints(cls)
         fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
@@ -77,8 +87,25 @@ class Registry:
         missing = [f for f, fd in fields.items() if fd.default is dataclasses.MISSING
                    and fd.default_factory is dataclasses.MISSING and f not in kwargs]
         if missing:
-            raise ParameterError(missing[0], None, f"a value (required by {name})")
-        return cls(**kwargs)
+            raise ParameterError(missing[0], None, f"a value: {name} requires "
+                                 f"{', '.join(missing)} (no default)", _required_hint(missing))
+        if not isinstance(allow_no_guarantee, bool):
+            raise ParameterError("allow_no_guarantee", allow_no_guarantee, "True or False")
+        mech = cls(**kwargs)
+        if not allow_no_guarantee:
+            check_finite_guarantee(mech)
+        return mech
+
+    def example_params(self, name: str) -> dict[str, Any]:
+        """Values for the required parameters of ``name`` that build it, for showing its
+        guarantee (``ldp-beam list``): ``lower=0``/``upper=1`` for bounds, 1.0 otherwise."""
+        cls = self.get(name).mechanism
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(cls):
+            if f.init and f.default is dataclasses.MISSING \
+                    and f.default_factory is dataclasses.MISSING:
+                out[f.name] = _EXAMPLE_VALUES.get(f.name, 1.0)
+        return out
 
     def estimator_for(self, mechanism: Mechanism, **options: Any) -> Estimator:
         """The registered estimator for ``mechanism``; string option values (from a command
@@ -109,12 +136,16 @@ class Registry:
             p = self._plugins[name]
             hints = type_hints(p.mechanism)
             params = []
+            notes = getattr(p.mechanism, "DEFAULT_NOTES", {})
             for f in dataclasses.fields(p.mechanism):
                 default = None if f.default is dataclasses.MISSING else f.default
-                params.append({"name": f.name, "type": _type_name(hints[f.name]),
-                               "required": f.default is dataclasses.MISSING
-                               and f.default_factory is dataclasses.MISSING,
-                               "default": default})
+                row = {"name": f.name, "type": _type_name(hints[f.name]),
+                       "required": f.default is dataclasses.MISSING
+                       and f.default_factory is dataclasses.MISSING,
+                       "default": default}
+                if f.name in notes:  # a default resolved from other parameters when built
+                    row["default_note"] = notes[f.name]
+                params.append(row)
             entry = {"name": name, "family": p.mechanism.family, "summary": p.summary,
                      "source": p.source, "parameters": params,
                      "roles": [{"name": r.name, "required": r.required, "kind": r.kind}
@@ -122,6 +153,51 @@ class Registry:
                      "report_fields": _report_fields(p.mechanism)}
             out.append(entry)
         return out
+
+
+#: what a user should know about a parameter that has no default
+_REQUIRED_HINTS = {
+    "lower": "declare the domain [lower, upper] of the data: no default domain fits arbitrary "
+             "data, values outside it are dead-lettered and the estimates and noise are "
+             "calibrated to it",
+}
+_REQUIRED_HINTS["upper"] = _REQUIRED_HINTS["lower"]
+_EXAMPLE_VALUES = {"lower": 0.0, "upper": 1.0}
+
+
+def _required_hint(missing: list[str]) -> str:
+    return "; ".join(dict.fromkeys(_REQUIRED_HINTS[m] for m in missing if m in _REQUIRED_HINTS))
+
+
+def has_finite_guarantee(mechanism: Mechanism) -> bool:
+    """Whether ``mechanism``'s guarantee has a finite epsilon (and is not of kind ``none``)."""
+    g = mechanism.guarantee
+    return g.kind != NONE and math.isfinite(g.epsilon)
+
+
+def check_finite_guarantee(mechanism: Mechanism) -> None:
+    """Raise :class:`ParameterError` if ``mechanism`` has no finite guarantee, naming the
+    parameters responsible (from the mechanism's ``no_guarantee_reason()`` where it has one)."""
+    if has_finite_guarantee(mechanism):
+        return
+    g = mechanism.guarantee
+    explain = getattr(mechanism, "no_guarantee_reason", None)
+    names: tuple[str, ...] = ()
+    why = ""
+    if callable(explain):
+        names, why = explain()
+    if not why:
+        why = g.notes.split(". ")[0] if g.notes else g.describe()
+    params = mechanism.params()
+    names = tuple(n for n in names if n in params)
+    name = names[0] if names else "allow_no_guarantee"
+    value = params[name] if names else False
+    also = "".join(f", with {n} = {params[n]!r}" for n in names[1:])
+    raise ParameterError(
+        name, value, f"a configuration with a finite privacy guarantee{also}: {mechanism.name} "
+        f"with these parameters has {g.describe()}: {why}",
+        "to run it anyway, e.g. to replicate a paper: allow_no_guarantee=True, on the command "
+        "line --allow-no-guarantee; every output then says 'no finite guarantee'")
 
 
 def _report_fields(cls: type[Mechanism]) -> list | str:
@@ -247,5 +323,6 @@ def get_registry() -> Registry:
     return reg
 
 
-def build_mechanism(name: str, **params: Any) -> Mechanism:
-    return get_registry().build(name, params)
+def build_mechanism(name: str, *, allow_no_guarantee: bool = False, **params: Any) -> Mechanism:
+    """Build a registered mechanism from keyword parameters (see :meth:`Registry.build`)."""
+    return get_registry().build(name, params, allow_no_guarantee=allow_no_guarantee)

@@ -150,7 +150,7 @@ def test_per_key_estimates(survey_table):
 
 def test_windowed_estimates():
     """One estimate per fixed window, with per-window report counts."""
-    mech = build_mechanism("harmony", epsilon=1.0)
+    mech = build_mechanism("harmony", epsilon=1.0, lower=-1.0, upper=1.0)
     est = estimator_for(mech)
     reports = [({"y": 1 if i % 3 else -1}, float(i)) for i in range(90)]
     with TestPipeline() as p:

@@ -36,6 +36,7 @@ N_MD = 5000  # users per repetition for BiSample-MD: its ratio estimator's O(1/n
 L, U = 20.0, 80.0  # a domain with L != 0 and L != -U, so that sign slips in [L, U] show up
 HALF, MID = (U - L) / 2, (U + L) / 2
 EPS = 1.0
+UNIT = dict(lower=-1.0, upper=1.0)  # the paper's normalized domain (the bounds are required)
 
 CHI_LO = stats.chi2.ppf(P_MIN / 2, R - 1) / (R - 1)
 CHI_HI = stats.chi2.ppf(1 - P_MIN / 2, R - 1) / (R - 1)
@@ -284,7 +285,7 @@ def test_pm_outputs_match_the_piecewise_density(eps, fake):
 
 def test_pm_density_is_the_papers():
     for eps in (0.3, 1.0, 4.0):
-        mech = PiecewiseMechanism(epsilon=eps)
+        mech = PiecewiseMechanism(epsilon=eps, **UNIT)
         C = mech.C
         edges = np.linspace(-C, C, 2001)
         mids = (edges[:-1] + edges[1:]) / 2
@@ -327,7 +328,7 @@ def test_privacy_audit_tight(name, eps):
 @pytest.mark.parametrize("key_fraction", [0.1, 0.5, 0.8])
 @pytest.mark.parametrize("eps", [0.05, 0.5, 1.0, 2.5, 6.0])
 def test_privacy_audit_privkvm(eps, key_fraction):
-    mech = PrivKVM(epsilon=eps, key_fraction=key_fraction)
+    mech = PrivKVM(epsilon=eps, key_fraction=key_fraction, **UNIT)
     ratio = worst_ratio(mech.output_probabilities(audit_grid("privkvm")))
     bound = math.exp(mech.guarantee.epsilon)
     # the exact worst case: key output e^eps1; value output e^eps2 between present values and
@@ -342,7 +343,7 @@ def test_privacy_audit_privkvm(eps, key_fraction):
 
 @pytest.mark.parametrize("eps", [0.05, 0.5, 1.0, 2.5, 6.0])
 def test_privacy_audit_pm(eps):
-    mech = PiecewiseMechanism(epsilon=eps)
+    mech = PiecewiseMechanism(epsilon=eps, **UNIT)
     C = mech.C
     y = np.linspace(-C, C, 1201)
     t = np.linspace(-1, 1, 801)
@@ -356,7 +357,7 @@ def test_privacy_audit_pm(eps):
 
 def test_audit_catches_a_leaky_mechanism():
     """Power check: a BiSample whose Bernoulli uses the wrong p (eps + 0.1) fails the audit."""
-    leaky = BiSample(epsilon=1.1)
+    leaky = BiSample(epsilon=1.1, **UNIT)
     P = leaky.output_probabilities(GRID)
     assert worst_ratio(P) > math.exp(1.0) * (1 + 1e-12)
 
@@ -460,7 +461,7 @@ def test_bisample_md_missing_values_are_nan_or_preference():
 
 
 def test_bisample_md_mean_undefined_when_nobody_answers():
-    mech = BiSampleMD(epsilon=EPS)
+    mech = BiSampleMD(epsilon=EPS, **UNIT)
     est = estimator_for(mech)
     acc = np.array([50, 0, 50, 0], dtype=np.int64)  # every b = 0: f_POS = f_NEG = 0
     e = est.finalize(acc)
@@ -613,9 +614,13 @@ def test_non_numeric_and_boolean_values(name):
     with pytest.raises(InvalidRecordsError) as ei:
         mech.perturb(v, rng=SEED)
     reasons = ei.value.reasons
-    assert sorted(reasons) == [1, 3, 4, 5]  # "45.5" parses; booleans are not numbers
+    # "45.5" parses; booleans are not numbers; "" is a missing value (an empty CSV cell), so it
+    # is invalid only where missing values are not allowed
+    assert sorted(reasons) == [1, 3, 4] + ([] if mech.allow_missing else [5])
     assert "non-numeric" in reasons[1] and "'abc'" in reasons[1]
     assert "non-numeric" in reasons[3] and "True" in reasons[3]
+    if not mech.allow_missing:
+        assert "missing" in reasons[5] and "allow_missing=False" in reasons[5]
     # an all-boolean column is rejected too
     _expect_invalid(mech, np.array([True, False]), [0, 1], "non-numeric")
     # the valid rows alone perturb fine
@@ -665,7 +670,7 @@ def _bad_rows(est, reports, n=None):
 
 
 def test_check_reports_bisample():
-    for mech in (BiSample(epsilon=EPS), BiSampleMD(epsilon=EPS)):
+    for mech in (BiSample(epsilon=EPS, **UNIT), BiSampleMD(epsilon=EPS, **UNIT)):
         est = estimator_for(mech)
         rep = {"s": np.array([0, 1, 2, 1, 0, 1]), "b": np.array([1, 0, 1, -1, 0, 1])}
         rows, reasons = _bad_rows(est, rep)
@@ -688,10 +693,10 @@ def test_check_reports_bisample():
 
 
 def test_check_reports_harmony_pm_privkvm():
-    est = estimator_for(Harmony(epsilon=EPS))
+    est = estimator_for(Harmony(epsilon=EPS, **UNIT))
     rows, _ = _bad_rows(est, {"y": np.array([1, -1, 0, 2, 1])})
     assert rows == [2, 3]
-    pm = PiecewiseMechanism(epsilon=EPS)
+    pm = PiecewiseMechanism(epsilon=EPS, **UNIT)
     est = estimator_for(pm)
     C = pm.C
     rows, reasons = _bad_rows(est, {"y": np.array([0.0, C, -C, C * (1 + 1e-9), -C - 1, np.nan,
@@ -699,7 +704,7 @@ def test_check_reports_harmony_pm_privkvm():
     assert rows == [3, 4, 5, 6] and "'y'" in reasons[3]
     rows, reasons = _bad_rows(est, {"z": np.array([0.0])})
     assert rows == [0] and "'y' is missing" in reasons[0]
-    est = estimator_for(PrivKVM(epsilon=EPS))
+    est = estimator_for(PrivKVM(epsilon=EPS, **UNIT))
     rows, _ = _bad_rows(est, {"k": np.array([0, 1, 1, 2, 1]), "v": np.array([0, 1, -1, 1, 3])})
     assert rows == [3, 4]
 
@@ -707,7 +712,7 @@ def test_check_reports_harmony_pm_privkvm():
 def test_check_reports_privkvm_inconsistent_key_value():
     """The wire form says v is +-1 when k = 1 and 0 when k = 0; anything else is malformed (a
     report <1, 0> would otherwise be counted as <1, -1>)."""
-    est = estimator_for(PrivKVM(epsilon=EPS))
+    est = estimator_for(PrivKVM(epsilon=EPS, **UNIT))
     rows, reasons = _bad_rows(est, {"k": np.array([1, 0, 1, 0]), "v": np.array([0, 1, 1, 0])})
     assert rows == [0, 1], reasons
 
@@ -723,7 +728,7 @@ def test_finalize_empty_accumulator(name):
         est.estimate(ALL_MECHS[name]().empty_reports())
 
 
-@pytest.mark.parametrize("mech", [BiSample(epsilon=EPS), BiSampleMD(epsilon=EPS)])
+@pytest.mark.parametrize("mech", [BiSample(epsilon=EPS, **UNIT), BiSampleMD(epsilon=EPS, **UNIT)])
 def test_bisample_needs_both_directions(mech):
     est = estimator_for(mech)
     for s in (0, 1):
@@ -734,7 +739,7 @@ def test_bisample_needs_both_directions(mech):
 
 def test_privkvm_all_keys_zero():
     """No key-1 report: the missing rate is still estimable, the mean is released as undefined."""
-    mech = PrivKVM(epsilon=EPS)
+    mech = PrivKVM(epsilon=EPS, **UNIT)
     e = estimator_for(mech).estimate({"k": np.zeros(10, np.uint8), "v": np.zeros(10, np.int8)})
     f1 = 1 / 12  # Agresti-Coull share of key-1 reports: (0 + 1)/(10 + 2)
     assert e["missing_rate"].value == pytest.approx(1 - (mech.p1 - 1) / (2 * mech.p1 - 1))

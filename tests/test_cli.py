@@ -95,7 +95,7 @@ def test_estimate_refuses_mismatched_mechanism(survey_table, tmp_path):
     assert run_cli("collect", "-i", str(path), "-c", "age", "-m", "bisample-md", "--epsilon", "1",
                    "-p", "lower=0", "-p", "upper=100", "-o", str(out))[0] == 0
     code, _, se = run_cli("estimate", "-i", str(out), "-o", str(tmp_path / "e.json"),
-                          "-m", "harmony", "--epsilon", "1")
+                          "-m", "harmony", "--epsilon", "1", "-p", "lower=0", "-p", "upper=100")
     assert code == 2 and "made by 'bisample-md', not 'harmony'" in se
     code, _, se = run_cli("estimate", "-i", str(out), "-o", str(tmp_path / "e.json"),
                           "-m", "bisample-md", "--epsilon", "3", "-p", "lower=0", "-p", "upper=100")
@@ -114,7 +114,8 @@ def test_estimate_refuses_mismatched_mechanism(survey_table, tmp_path):
 ])
 def test_bad_parameters_exit_2_naming_the_parameter(survey_table, tmp_path, args, message):
     path, _ = survey_table
-    code, _, se = run_cli("collect", "-i", str(path), "-c", "age", "-m", "bisample", *args,
+    code, _, se = run_cli("collect", "-i", str(path), "-c", "age", "-m", "bisample",
+                          "-p", "lower=0", "-p", "upper=100", *args,  # args may override them
                           "-o", str(tmp_path / "r.parquet"))
     assert code == 2
     assert message in se
@@ -123,10 +124,12 @@ def test_bad_parameters_exit_2_naming_the_parameter(survey_table, tmp_path, args
 def test_usage_errors(survey_table, tmp_path):
     path, _ = survey_table
     code, _, se = run_cli("collect", "-i", str(path), "-c", "nope", "-m", "bisample",
-                          "--epsilon", "1", "-o", str(tmp_path / "r.parquet"))
+                          "--epsilon", "1", "-p", "lower=0", "-p", "upper=100",
+                          "-o", str(tmp_path / "r.parquet"))
     assert code == 2 and "input has no column 'nope'; columns: uid, age, pref, g" in se
     code, _, se = run_cli("collect", "-i", str(tmp_path / "missing*.parquet"), "-c", "age",
-                          "-m", "bisample", "--epsilon", "1", "-o", str(tmp_path / "r.parquet"))
+                          "-m", "bisample", "--epsilon", "1", "-p", "lower=0", "-p", "upper=100",
+                          "-o", str(tmp_path / "r.parquet"))
     assert code == 2 and "no input file matches" in se
     code, _, se = run_cli("collect", "-i", str(path), "-c", "age", "-m", "nosuch",
                           "--epsilon", "1", "-o", str(tmp_path / "r.parquet"))
@@ -140,7 +143,7 @@ def test_empty_reports_give_a_clear_error(tmp_path):
     pq.write_table(pa.table({"x": [5.0, 7.0]}), src)
     out = tmp_path / "r.parquet"
     code, _, _ = run_cli("collect", "-i", str(src), "-c", "x", "-m", "bisample", "--epsilon", "1",
-                         "-o", str(out))
+                         "-p", "lower=-1", "-p", "upper=1", "-o", str(out))  # every value outside
     assert code == 0 and pq.ParquetFile(out).metadata.num_rows == 0
     code, _, se = run_cli("estimate", "-i", str(out), "-o", str(tmp_path / "e.json"))
     assert code == 1 and "no reports were accumulated" in se
@@ -163,7 +166,7 @@ def test_list_shows_registry_with_parameters_and_guarantee():
                                                                            "upper"]
     assert rows["bisample-md"]["guarantee"].startswith("LDP")
     code, so, _ = run_cli("list")
-    assert "bisample-md" in so and "parameters: epsilon, lower=-1.0" in so
+    assert "bisample-md" in so and "parameters: epsilon, lower, upper, preference=None" in so
 
 
 def test_demo_runs_and_reconciles(tmp_path):

@@ -74,7 +74,7 @@ def test_inverse_cdf_is_exact_symmetric_and_finite_at_the_grid_ends():
 # --------------------------------------------------------------------------- square wave
 def test_square_wave_b_and_privacy_ratio():
     for eps in (1e-4, 0.01, 0.0999, 0.1, 0.5, 1.0, 5.0, 20.0):
-        m = SquareWave(eps)
+        m = SquareWave(eps, 0.0, 1.0)
         assert m.p / m.q == pytest.approx(math.exp(eps), rel=1e-13)
         assert 2 * m.b * m.p + m.q * 1.0 == pytest.approx(1.0, rel=1e-13)  # total mass
     # closed forms: eps = 1 gives b = 1/(2e(e - 2)); b -> 1/2 as eps -> 0 (b = 1/2 - eps/3 + ...)
@@ -109,7 +109,7 @@ def test_square_wave_output_matches_p_q_form(v):
 
 
 def test_sw_transition_matrix_is_stochastic_and_matches_simulation():
-    m = SquareWave(1.0)
+    m = SquareWave(1.0, 0.0, 1.0)
     for d, d_out in ((100, 100), (50, 137), (7, 3)):
         M = sw_transition_matrix(m.b, m.p, m.q, d, d_out)
         assert M.shape == (d_out, d) and M.min() > 0
@@ -193,7 +193,7 @@ def test_gg_guarantees_stated_honestly():
     given = GeneralizedGaussianNoise(1.0, 0.0, 1.0, delta=None, sigma=2.0)
     assert given.guarantee.delta == pytest.approx(gg_delta(1.0, 1.0, 2.0, 2.0))
     # pDP calibration keeps Liu's statement as the claim
-    pdp = GeneralizedGaussianNoise(1.0, calibration="pdp")
+    pdp = GeneralizedGaussianNoise(1.0, 0.0, 1.0, calibration="pdp")
     assert "probabilistic DP" in pdp.guarantee.claim
     assert pdp.guarantee.params["pdp_delta"] <= 1e-5
 
@@ -210,7 +210,7 @@ def test_noise_kde_wasserstein_decreases_with_epsilon():
                       (GeneralizedGaussianNoise, (0.5, 8.0, 64.0))):
         ws, bounds = [], []
         for k, eps in enumerate(epss):
-            mech = cls(eps)
+            mech = cls(eps, 0.0, 1.0)
             est = NoiseKDEEstimator(mech).estimate(mech.perturb(x, rng=20 + k))
             ws.append(w1(grid, est))
             n_in = N - est["reports_outside"].value
@@ -263,7 +263,7 @@ def test_ems_recovers_beta_at_large_epsilon():
     sqrt(2/pi) sqrt(G(1-G)/n)/(1 - q(1 + 2b)); integrated over the report range it bounds E[W1]
     (in units of [0, 1]; here the data range)."""
     grid = DensityGrid(0.0, 1.0, 100)
-    mech = SquareWave(8.0)
+    mech = SquareWave(8.0, 0.0, 1.0)
     est_ = SquareWaveEMSEstimator(mech)
     est = est_.estimate(mech.perturb(beta_data(), rng=31))
     assert est["iterations"].note == "converged"
@@ -279,7 +279,7 @@ def test_ems_recovers_beta_at_large_epsilon():
     assert w <= bias + 3 * sampling, (w, bias, sampling)
     assert bias < grid.width  # smoothing bias below one cell at this epsilon
     # and much better than at a small epsilon
-    low = SquareWave(0.5)
+    low = SquareWave(0.5, 0.0, 1.0)
     assert w1(grid, SquareWaveEMSEstimator(low).estimate(low.perturb(beta_data(), rng=32))) > 5 * w
 
 
@@ -292,7 +292,7 @@ def test_ems_helpers():
     g8 = DensityGrid(2.0, 4.0, 8)  # finer grid: each bucket split evenly
     assert np.allclose(buckets_to_grid(t, g8), np.repeat(t, 2) / 2 / g8.width)
     # plain EM (no smoothing) on exact counts from a known theta recovers it
-    m = SquareWave(3.0)
+    m = SquareWave(3.0, 0.0, 1.0)
     M = sw_transition_matrix(m.b, m.p, m.q, 4, 12)
     th, it, conv, _ = ems(1e6 * (M @ t), M, 1e-12, 200_000, smoothing=False)
     assert np.allclose(th, t, atol=2e-3)
@@ -338,31 +338,33 @@ def test_seeded_perturbation_does_not_depend_on_batching():
 
 # --------------------------------------------------------------------------- bad input
 @pytest.mark.parametrize("build, name", [
-    (lambda: LaplaceNoise(0.0), "epsilon"),
-    (lambda: LaplaceNoise(float("nan")), "epsilon"),
+    (lambda: LaplaceNoise(0.0, 0.0, 1.0), "epsilon"),
+    (lambda: LaplaceNoise(float("nan"), 0.0, 1.0), "epsilon"),
     (lambda: LaplaceNoise(1.0, 2.0, 2.0), "lower"),
-    (lambda: SquareWave(-1.0), "epsilon"),
-    (lambda: GeneralizedGaussianNoise(1.0, p=0.5), "p"),
-    (lambda: GeneralizedGaussianNoise(1.0, p=True), "p"),
-    (lambda: GeneralizedGaussianNoise(1.0, sigma=-1.0), "sigma"),
-    (lambda: GeneralizedGaussianNoise(1.0, sigma=float("inf")), "sigma"),
-    (lambda: GeneralizedGaussianNoise(1.0, delta=1.5), "delta"),
-    (lambda: GeneralizedGaussianNoise(1.0, delta=0.0), "delta"),  # p = 2: no pure bound
-    (lambda: GeneralizedGaussianNoise(1.0, delta=None), "delta"),  # nothing to calibrate from
-    (lambda: GeneralizedGaussianNoise(1.0, sigma=0.1, delta=1e-5), "sigma"),  # too little noise
-    (lambda: GeneralizedGaussianNoise(1.0, calibration="bogus"), "calibration"),
-    (lambda: GeneralizedGaussianNoise(2.0, calibration="classical"), "epsilon"),
-    (lambda: GeneralizedGaussianNoise(0.5, p=3.0, calibration="classical"), "calibration"),
-    (lambda: NoiseKDEEstimator(LaplaceNoise(1.0), m=1), "m"),
-    (lambda: NoiseKDEEstimator(LaplaceNoise(1.0), bins=3), "bins"),
-    (lambda: NoiseKDEEstimator(LaplaceNoise(1.0), bandwidth=0.0), "bandwidth"),
-    (lambda: NoiseKDEEstimator(LaplaceNoise(1.0), tail_sds=-1), "tail_sds"),
-    (lambda: NoiseKDEEstimator(SquareWave(1.0)), "mechanism"),
-    (lambda: SquareWaveEMSEstimator(SquareWave(1.0), d=1), "d"),
-    (lambda: SquareWaveEMSEstimator(SquareWave(1.0), output_bins=True), "output_bins"),
-    (lambda: SquareWaveEMSEstimator(SquareWave(1.0), tolerance=-1.0), "tolerance"),
-    (lambda: SquareWaveEMSEstimator(SquareWave(1.0), smoothing="yes"), "smoothing"),
-    (lambda: SquareWaveEMSEstimator(LaplaceNoise(1.0)), "mechanism"),
+    (lambda: SquareWave(-1.0, 0.0, 1.0), "epsilon"),
+    (lambda: GeneralizedGaussianNoise(1.0, 0.0, 1.0, p=0.5), "p"),
+    (lambda: GeneralizedGaussianNoise(1.0, 0.0, 1.0, p=True), "p"),
+    (lambda: GeneralizedGaussianNoise(1.0, 0.0, 1.0, sigma=-1.0), "sigma"),
+    (lambda: GeneralizedGaussianNoise(1.0, 0.0, 1.0, sigma=float("inf")), "sigma"),
+    (lambda: GeneralizedGaussianNoise(1.0, 0.0, 1.0, delta=1.5), "delta"),
+    (lambda: GeneralizedGaussianNoise(1.0, 0.0, 1.0, delta=0.0), "delta"),  # p = 2: no pure bound
+    # nothing to calibrate from; too little noise
+    (lambda: GeneralizedGaussianNoise(1.0, 0.0, 1.0, delta=None), "delta"),
+    (lambda: GeneralizedGaussianNoise(1.0, 0.0, 1.0, sigma=0.1, delta=1e-5), "sigma"),
+    (lambda: GeneralizedGaussianNoise(1.0, 0.0, 1.0, calibration="bogus"), "calibration"),
+    (lambda: GeneralizedGaussianNoise(2.0, 0.0, 1.0, calibration="classical"), "epsilon"),
+    (lambda: GeneralizedGaussianNoise(0.5, 0.0, 1.0, p=3.0, calibration="classical"),
+     "calibration"),
+    (lambda: NoiseKDEEstimator(LaplaceNoise(1.0, 0.0, 1.0), m=1), "m"),
+    (lambda: NoiseKDEEstimator(LaplaceNoise(1.0, 0.0, 1.0), bins=3), "bins"),
+    (lambda: NoiseKDEEstimator(LaplaceNoise(1.0, 0.0, 1.0), bandwidth=0.0), "bandwidth"),
+    (lambda: NoiseKDEEstimator(LaplaceNoise(1.0, 0.0, 1.0), tail_sds=-1), "tail_sds"),
+    (lambda: NoiseKDEEstimator(SquareWave(1.0, 0.0, 1.0)), "mechanism"),
+    (lambda: SquareWaveEMSEstimator(SquareWave(1.0, 0.0, 1.0), d=1), "d"),
+    (lambda: SquareWaveEMSEstimator(SquareWave(1.0, 0.0, 1.0), output_bins=True), "output_bins"),
+    (lambda: SquareWaveEMSEstimator(SquareWave(1.0, 0.0, 1.0), tolerance=-1.0), "tolerance"),
+    (lambda: SquareWaveEMSEstimator(SquareWave(1.0, 0.0, 1.0), smoothing="yes"), "smoothing"),
+    (lambda: SquareWaveEMSEstimator(LaplaceNoise(1.0, 0.0, 1.0)), "mechanism"),
 ])
 def test_bad_parameters_raise(build, name):
     with pytest.raises(ParameterError) as info:
@@ -384,13 +386,13 @@ def test_bad_values_are_flagged(mech):
 
 
 def test_bad_reports_are_flagged():
-    lap = NoiseKDEEstimator(LaplaceNoise(1.0))
+    lap = NoiseKDEEstimator(LaplaceNoise(1.0, 0.0, 1.0))
     # -1e6 is ~7e5 noise standard deviations (sd = sqrt 2) below the domain [0, 1]: no honest
     # report is that far (probability e^-1e6), so it is flagged too; -1000 (~707 sds) is not
     r = lap.check_reports({"y": np.array([0.5, np.inf, np.nan, -1e6, "x", -1000.0],
                                          dtype=object)})
     assert r.bad.tolist() == [False, True, True, True, True, False]
-    sw = SquareWave(1.0)
+    sw = SquareWave(1.0, 0.0, 1.0)
     est = SquareWaveEMSEstimator(sw)
     r = est.check_reports({"y": np.array([-sw.b, 1 + sw.b, -sw.b - 1e-9, 2.0, np.nan])})
     assert r.bad.tolist() == [False, False, True, True, True]
@@ -404,7 +406,7 @@ def test_square_wave_refuses_epsilon_beyond_float_precision():
     from ldp_beam.errors import ParameterError as _PE
     from ldp_beam.mechanisms.continuous_baselines import SquareWave as _SW
 
-    assert _SW(epsilon=32.0).b < 1e-12
+    assert _SW(epsilon=32.0, lower=0.0, upper=1.0).b < 1e-12
     with _pytest.raises(_PE, match=r"parameter 'epsilon' = 33.0 is invalid: expected a number in "
                                    r"\(0, 32\]"):
-        _SW(epsilon=33.0)
+        _SW(epsilon=33.0, lower=0.0, upper=1.0)

@@ -23,6 +23,7 @@ from ldp_beam.privacy import CENTRAL, LDP, NONE, ULDP
 from ldp_beam.registry import Registry, convert
 
 SEED = 7
+BOUNDS = dict(lower=-1.0, upper=1.0)  # the papers' normalized domain (lower/upper are required)
 PKG = Path(ldp_beam.__file__).resolve().parent
 
 ALL = [
@@ -73,7 +74,7 @@ def test_perturb_returns_documented_wire_columns(name, cls):
 
 
 def test_perturb_rejects_unknown_or_missing_columns():
-    mech = BiSample(epsilon=1.0)
+    mech = BiSample(epsilon=1.0, **BOUNDS)
     with pytest.raises(ParameterError, match="columns"):
         mech.perturb({"value": [0.1], "colour": [1]})
     with pytest.raises(ParameterError, match="role 'value'"):
@@ -159,7 +160,7 @@ def test_compose_adds_budgets():
     with pytest.raises(ValueError):
         compose([])
     # the composed budget of a pipeline releasing several estimates
-    mech = BiSampleMD(epsilon=0.8)
+    mech = BiSampleMD(epsilon=0.8, **BOUNDS)
     assert compose([mech.guarantee] * 3).epsilon == pytest.approx(2.4)
 
 
@@ -188,7 +189,7 @@ def _assert_param_error(exc_info, name, value, valid_fragment):
 @pytest.mark.parametrize("eps", [0, 0.0, -1.0, math.nan, math.inf, -math.inf, "1", True, None])
 def test_bad_epsilon(cls, eps):
     with pytest.raises(ParameterError) as ei:
-        cls(epsilon=eps)
+        cls(epsilon=eps, **BOUNDS)
     _assert_param_error(ei, "epsilon", eps, "a finite number > 0")
 
 
@@ -212,7 +213,7 @@ def test_bad_interval(cls, lower, upper, bad_name, bad_value, valid):
 @pytest.mark.parametrize("fake", ["TOP", "random", "", None, 1])
 def test_bad_fake(cls, fake):
     with pytest.raises(ParameterError) as ei:
-        cls(epsilon=1.0, fake=fake)
+        cls(epsilon=1.0, fake=fake, **BOUNDS)
     _assert_param_error(ei, "fake", fake, "one of ('top', 'rnd')")
 
 
@@ -220,42 +221,42 @@ def test_bad_fake(cls, fake):
 @pytest.mark.parametrize("pref", [-1.0, -1e-300, -math.inf, math.nan, True, "5"])
 def test_bad_preference(cls, pref):
     with pytest.raises(ParameterError) as ei:
-        cls(epsilon=1.0, preference=pref)
+        cls(epsilon=1.0, preference=pref, **BOUNDS)
     _assert_param_error(ei, "preference", pref, "an epsilon in [0, inf]")
 
 
 @pytest.mark.parametrize("cls", [c for _, c in ALL], ids=[a[0] for a in ALL])
 @pytest.mark.parametrize("pref", [0, 0.0, 2.5, math.inf, None])
 def test_good_preference(cls, pref):
-    assert cls(epsilon=1.0, preference=pref).preference == pref
+    assert cls(epsilon=1.0, preference=pref, **BOUNDS).preference == pref
 
 
 @pytest.mark.parametrize("cls", [c for _, c in ALL], ids=[a[0] for a in ALL])
 def test_bad_allow_missing(cls):
     with pytest.raises(ParameterError) as ei:
-        cls(epsilon=1.0, allow_missing="yes")
+        cls(epsilon=1.0, allow_missing="yes", **BOUNDS)
     _assert_param_error(ei, "allow_missing", "yes", "True or False")
 
 
 @pytest.mark.parametrize("kf", [0, 0.0, 1, 1.0, -0.5, 1.5, math.nan, True])
 def test_bad_privkvm_key_fraction(kf):
     with pytest.raises(ParameterError) as ei:
-        PrivKVM(epsilon=1.0, key_fraction=kf)
+        PrivKVM(epsilon=1.0, key_fraction=kf, **BOUNDS)
     _assert_param_error(ei, "key_fraction", kf, "a number in (0, 1)")
 
 
 @pytest.mark.parametrize("vi", [-1, 1001, 2.0, True, "5", None])
 def test_bad_privkvm_virtual_iterations(vi):
     with pytest.raises(ParameterError) as ei:
-        PrivKVM(epsilon=1.0, virtual_iterations=vi)
+        PrivKVM(epsilon=1.0, virtual_iterations=vi, **BOUNDS)
     _assert_param_error(ei, "virtual_iterations", vi, "an integer in [0, 1000]")
 
 
 def test_good_parameters_are_accepted():
-    PrivKVM(epsilon=1.0, key_fraction=0.3, virtual_iterations=0)
-    PrivKVM(epsilon=1.0, virtual_iterations=1000)
+    PrivKVM(epsilon=1.0, key_fraction=0.3, virtual_iterations=0, **BOUNDS)
+    PrivKVM(epsilon=1.0, virtual_iterations=1000, **BOUNDS)
     Harmony(epsilon=np.float64(0.5), lower=np.int64(0), upper=np.float32(2.5), fake="top")
-    BiSampleMD(epsilon=1, preference=0.5, allow_missing=False)
+    BiSampleMD(epsilon=1, preference=0.5, allow_missing=False, **BOUNDS)
 
 
 # --------------------------------------------------------------------------- registry
@@ -272,13 +273,14 @@ def test_registry_builds_from_command_line_strings():
     assert m.epsilon == 0.5 and isinstance(m.epsilon, float)
     assert m.lower == 0.0 and isinstance(m.lower, float) and m.upper == 100.0
     assert m.allow_missing is False and m.preference is None
-    m = build_mechanism("harmony", epsilon="2", fake="top", preference="3.5")
+    m = build_mechanism("harmony", epsilon="2", fake="top", preference="3.5", lower="-1",
+                        upper="1")
     assert m.fake == "top" and m.preference == 3.5
     m = build_mechanism("privkvm", epsilon="1", key_fraction="0.25", virtual_iterations="7",
-                        allow_missing="yes")
+                        allow_missing="yes", lower="-1", upper="1")
     assert m.key_fraction == 0.25 and m.virtual_iterations == 7 and m.allow_missing is True
     # non-string values pass through unchanged
-    assert build_mechanism("pm", epsilon=1.25).epsilon == 1.25
+    assert build_mechanism("pm", epsilon=1.25, **BOUNDS).epsilon == 1.25
     # the CLI form and the Python form build equal mechanisms
     assert build_mechanism("bisample", epsilon="1", lower="-2", upper="2") == \
         BiSample(epsilon=1.0, lower=-2.0, upper=2.0)
@@ -287,12 +289,14 @@ def test_registry_builds_from_command_line_strings():
 @pytest.mark.parametrize("params,name,valid", [
     ({"epsilon": "abc"}, "epsilon", "a value of type float"),
     ({"epsilon": "nan"}, "epsilon", "a value of type float"),
-    ({"epsilon": "inf"}, "epsilon", "a finite number > 0"),  # parses, then fails validation
-    ({"epsilon": "-1"}, "epsilon", "a finite number > 0"),
+    ({"epsilon": "inf", "lower": "-1", "upper": "1"}, "epsilon",
+     "a finite number > 0"),  # parses, then fails validation
+    ({"epsilon": "-1", "lower": "-1", "upper": "1"}, "epsilon", "a finite number > 0"),
     ({"epsilon": "1", "allow_missing": "maybe"}, "allow_missing", "a value of type bool"),
     ({"epsilon": "1", "virtual_iterations": "2.5"}, "virtual_iterations", "a value of type int"),
     ({"epsilon": "1", "colour": "red"}, "colour", "a parameter of privkvm"),
-    ({}, "epsilon", "a value (required by privkvm)"),
+    ({}, "epsilon", "a value: privkvm requires epsilon, lower, upper (no default)"),
+    ({"epsilon": "1"}, "lower", "a value: privkvm requires lower, upper (no default)"),
 ])
 def test_registry_build_errors_name_the_parameter(params, name, valid):
     with pytest.raises(ParameterError) as ei:
@@ -327,7 +331,9 @@ def test_registry_describe():
         assert d["family"] == "bisample" and d["summary"]
         params = {p["name"]: p for p in d["parameters"]}
         assert params["epsilon"]["required"] is True
-        assert params["lower"]["required"] is False and params["lower"]["default"] == -1.0
+        # no default domain fits arbitrary data: the bounds are required
+        assert params["lower"]["required"] is True and params["lower"]["default"] is None
+        assert params["upper"]["required"] is True and params["upper"]["default"] is None
         assert params["epsilon"]["type"] == "float"
         assert [r["name"] for r in d["roles"]] == ["value", "preference"]
         assert d["report_fields"] == [list(f) for f in cls.report_fields]
@@ -338,7 +344,7 @@ def test_registry_describe():
 
 def test_registry_estimator_for_and_plugins():
     for name, cls in ALL:
-        mech = build_mechanism(name, epsilon=1.0)
+        mech = build_mechanism(name, epsilon=1.0, **BOUNDS)
         assert type(mech) is cls
         est = estimator_for(mech)
         assert est is not estimator_for(mech)  # a new estimator each time
@@ -350,12 +356,12 @@ def test_registry_estimator_for_and_plugins():
         NAME = "unregistered"
 
     with pytest.raises(UnknownPluginError, match="not registered"):
-        get_registry().plugin_of(Unregistered(epsilon=1.0))
+        get_registry().plugin_of(Unregistered(epsilon=1.0, **BOUNDS))
     from ldp_beam.estimators.bisample import BiSampleEstimator
 
     reg.register("my-bisample", Unregistered, BiSampleEstimator, source="a-plugin")
     assert reg.names() == ["my-bisample"]
-    m = reg.build("my-bisample", {"epsilon": "2"})
+    m = reg.build("my-bisample", {"epsilon": "2", "lower": "-1", "upper": "1"})
     assert isinstance(reg.estimator_for(m), BiSampleEstimator)
     with pytest.raises(ValueError, match="already registered"):
         reg.register("my-bisample", Unregistered, BiSampleEstimator)

@@ -323,8 +323,10 @@ def test_cli_release_from_raw_records(raw_table, tmp_path):
 def test_cli_refuses_collect_and_by_for_central(raw_table, tmp_path):
     path, _ = raw_table
     code, _, se = run_cli("collect", "-i", str(path), "-c", "income", "-m", "dphr",
-                          "--epsilon", "1", "-p", "bins=4", "-o", str(tmp_path / "r.parquet"))
+                          "--epsilon", "1", "-p", "bins=4", "-p", "lower=0", "-p", "upper=200",
+                          "-o", str(tmp_path / "r.parquet"))
     assert code == 2 and "central-DP release" in se
     code, _, se = run_cli("estimate", "-i", str(path), "-c", "income", "-m", "dphr", "--by", "x",
-                          "--epsilon", "1", "-p", "bins=4", "-o", str(tmp_path / "e.json"))
+                          "--epsilon", "1", "-p", "bins=4", "-p", "lower=0", "-p", "upper=200",
+                          "-o", str(tmp_path / "e.json"))
     assert code == 2 and "disclose which keys occur" in se

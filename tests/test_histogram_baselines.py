@@ -364,8 +364,10 @@ def test_ahp_on_a_flat_histogram_makes_few_groups():
 
 
 # =========================================================================== common contracts
-@pytest.mark.parametrize("mech", [StructureFirst(epsilon=0.7, k=3, F=100, bins=8),
-                                  AHP(epsilon=0.7, bins=8)], ids=["structure-first", "ahp"])
+@pytest.mark.parametrize("mech", [StructureFirst(epsilon=0.7, k=3, F=100, bins=8, lower=0.0,
+                                                 upper=1.0),
+                                  AHP(epsilon=0.7, bins=8, lower=0.0, upper=1.0)],
+                         ids=["structure-first", "ahp"])
 def test_frozen_picklable_and_estimator_finalize(mech):
     assert dataclasses.is_dataclass(mech)
     with pytest.raises(dataclasses.FrozenInstanceError):

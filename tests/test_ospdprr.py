@@ -29,6 +29,8 @@ from ldp_beam.privacy import CENTRAL, NONE, ULDP
 SEED = 20250827
 
 
+U = dict(lower=0.0, upper=1.0)  # the unit domain (lower/upper are required)
+
 def table(n, k, g, lower=0.0, upper=100.0, sensitive=0.4, importance=True):
     """A column table for the mechanisms: value1..k, level1..k, importance1..k."""
     data = {f"value{i}": g.uniform(lower, upper, n) for i in range(1, k + 1)}
@@ -355,7 +357,7 @@ def test_osdprr_exclusion_attack_bound_by_enumeration():
     is suppressed); outputs that release r' have probability 0 under D, so the other direction
     is unbounded (one-sided)."""
     eps = 0.8
-    q = OsdpRR(epsilon=eps).keep_probability
+    q = OsdpRR(epsilon=eps, **U).keep_probability
     assert q == pytest.approx(1 - math.exp(-eps)) == osdp_keep_probability(eps)
 
     def dist(sensitive):
@@ -401,17 +403,17 @@ def test_osdprr_release_never_releases_sensitive_records():
 
 # --------------------------------------------------------------------------- the guarantees
 def test_guarantees_per_mode():
-    g = OSPDPRR(t=0.8).guarantee
+    g = OSPDPRR(t=0.8, **U).guarantee
     assert g.kind == CENTRAL and g.epsilon == 0.8
     assert g.params["osdp_epsilon"] == pytest.approx(1.6) and g.params["assumption"] == "none"
     assert "min(M_u, t)" in g.notes and "(P, 1.6)-one-sided DP" in g.notes
-    g = OSPDPRR(t=0.8, mode="sound-public").guarantee
+    g = OSPDPRR(t=0.8, mode="sound-public", **U).guarantee
     assert g.kind == CENTRAL and g.notes.startswith("CONDITIONAL on the public-weights")
     assert "NO guarantee" in g.notes and g.params["assumption"] == "the weight matrix is public"
-    g = OSPDPRR(t=0.8, mode="paper").guarantee
+    g = OSPDPRR(t=0.8, mode="paper", **U).guarantee
     assert g.kind == NONE and math.isinf(g.epsilon) and "Replication only" in g.notes
     assert "e^m" in g.claim
-    g = OsdpRR(epsilon=0.7).guarantee
+    g = OsdpRR(epsilon=0.7, **U).guarantee
     assert g.kind == ULDP and g.epsilon == 0.7 and "NOT DP for non-sensitive" in g.notes
     assert "record level" in g.notes
     assert "t/3 each" in OSPDPRR(t=0.6, query="cv", lower=1, upper=2).guarantee.notes
@@ -420,8 +422,8 @@ def test_guarantees_per_mode():
 def test_budget_matching_of_section_7_2():
     assert osdp_epsilon_for_threshold(0.6) == 0.6
     assert osdp_epsilon_for_threshold(0.6, "keep-probability") == pytest.approx(-math.log(0.4))
-    assert OsdpRR.matched(0.7, "keep-probability").keep_probability == pytest.approx(0.7)
-    assert OsdpRR.matched(0.7).epsilon == 0.7
+    assert OsdpRR.matched(0.7, "keep-probability", **U).keep_probability == pytest.approx(0.7)
+    assert OsdpRR.matched(0.7, **U).epsilon == 0.7
     with pytest.raises(ParameterError, match="'t'"):
         osdp_epsilon_for_threshold(1.0, "keep-probability")
     with pytest.raises(ParameterError, match="'matching'"):
@@ -506,18 +508,18 @@ def test_seeded_release_does_not_depend_on_split_or_merge_order():
 
 
 def test_empty_dataset_is_a_clear_error():
-    for mech in (OSPDPRR(t=0.6, k=2), OsdpRR(epsilon=0.6, k=2)):
+    for mech in (OSPDPRR(t=0.6, k=2, **U), OsdpRR(epsilon=0.6, k=2, **U)):
         est = OSPDPRREstimator(mech) if isinstance(mech, OSPDPRR) else OsdpRREstimator(mech)
         acc = est.add(est.create(), mech.empty_reports())
         with pytest.raises(EmptyAccumulatorError, match="no reports"):
             est.finalize(acc)
     with pytest.raises(EmptyAccumulatorError, match="no reports"):
-        OSPDPRR(t=0.6).release(np.empty((0, 1)), np.empty((0, 1)))
+        OSPDPRR(t=0.6, **U).release(np.empty((0, 1)), np.empty((0, 1)))
 
 
 def test_one_user_releases():
     for mode in ("sound-self", "sound-public", "paper"):
-        mech = OSPDPRR(t=0.6, mode=mode, upper=10)
+        mech = OSPDPRR(t=0.6, mode=mode, lower=0, upper=10)
         e = OSPDPRREstimator(mech, seed=1).finalize(np.array([[5.0, 0.4]]))
         assert np.isfinite(e["sum"].value)
 
@@ -575,7 +577,7 @@ def doubled(importance, level):
 ])
 def test_bad_parameters_name_the_parameter_and_range(params, name, valid):
     with pytest.raises(ParameterError) as exc:
-        OSPDPRR(**params)
+        OSPDPRR(**{**U, **params})
     assert exc.value.name == name and valid in str(exc.value)
 
 
@@ -584,7 +586,7 @@ def test_bad_osdprr_parameters():
                          (dict(epsilon=1, query="mean", estimator="scaled"), "estimator"),
                          (dict(epsilon=1, query="cv"), "lower")):
         with pytest.raises(ParameterError) as exc:
-            OsdpRR(**params)
+            OsdpRR(**{**U, **params})
         assert exc.value.name == name
     # the cv is accepted once the mean is bounded away from 0
     assert OsdpRR(epsilon=1, query="cv", lower=-1, upper=1, mean_floor=0.1).query == "cv"
@@ -634,22 +636,22 @@ def test_check_reports_flags_malformed_reports():
     assert list(r) == [1, 2] and "not in [0, 10]" in r[1]
     r = est.check_reports({"value1": np.array([1.0])}).as_dict()
     assert r == {0: "report field 'weight1' is missing"}
-    base = OsdpRREstimator(OsdpRR(epsilon=1.0, upper=10))
+    base = OsdpRREstimator(OsdpRR(epsilon=1.0, lower=0, upper=10))
     r = base.check_reports({"value1": np.array([1.0, 2.0]),
                             "sensitive1": np.array([1, 3])}).as_dict()
     assert r == {1: "report field 'sensitive1': 3.0 is not 0 or 1"}
 
 
 def test_roles_follow_k_and_target():
-    mech = OSPDPRR(t=0.6, k=3, target=(2,))
+    mech = OSPDPRR(t=0.6, k=3, target=(2,), **U)
     names = [r.name for r in mech.roles]
     assert names == ["value2", "level1", "level2", "level3", "importance1", "importance2",
                      "importance3"]
     assert [r.required for r in mech.roles][-3:] == [False] * 3
     assert [f for f, _ in mech.report_fields] == ["value2", "weight1", "weight2", "weight3"]
     assert mech.k_target == 1 and mech.target == (2,)
-    assert OSPDPRR(t=0.6, k=2).target == (1, 2)
-    assert [r.name for r in OsdpRR(epsilon=1, k=2).roles] == ["value1", "value2", "level1",
-                                                             "level2"]
+    assert OSPDPRR(t=0.6, k=2, **U).target == (1, 2)
+    assert [r.name for r in OsdpRR(epsilon=1, k=2, **U).roles] == ["value1", "value2",
+                                                                  "level1", "level2"]
     assert OSPDPRR.roles[0].name == "value<i>"  # the class shows a template
     assert mech.draws == 0 and mech.central

@@ -41,7 +41,7 @@ def test_core_never_imports_beam(tmp_path):
     code = ("import sys, ldp_beam, ldp_beam.mechanisms, ldp_beam.estimators, ldp_beam.central, "
             "ldp_beam.evaluation\n"
             "from ldp_beam import build_mechanism, estimator_for\n"
-            "m = build_mechanism('bisample-md', epsilon=1.0)\n"
+            "m = build_mechanism('bisample-md', epsilon=1.0, lower=-1.0, upper=1.0)\n"
             "estimator_for(m).estimate(m.perturb([0.1, 0.2, -0.3, 0.9] * 100, rng=1))\n"
             "bad = sorted(x for x in sys.modules if x.startswith('apache_beam'))\n"
             "sys.exit('core imported ' + ', '.join(bad[:3]) if bad else 0)\n")

@@ -51,7 +51,7 @@ def test_unseeded_draws_shape_and_range():
 
 
 def test_no_rng_argument_means_fresh_entropy():
-    mech = build_mechanism("harmony", epsilon=1.0)
+    mech = build_mechanism("harmony", epsilon=1.0, lower=-1.0, upper=1.0)
     x = np.zeros(2000)
     # With eps=1 each report is +-1 with prob 1/2 at x=0: two unseeded runs agree on all 2000
     # reports with probability 2^-2000.

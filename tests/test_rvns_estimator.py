@@ -302,7 +302,7 @@ def test_not_an_rvns_mechanism():
     from ldp_beam.mechanisms import Harmony
 
     with pytest.raises(ParameterError) as exc:
-        RVNSEstimator(Harmony(epsilon=1.0))
+        RVNSEstimator(Harmony(epsilon=1.0, lower=-1.0, upper=1.0))
     assert exc.value.name == "mechanism"
 
 

@@ -298,7 +298,7 @@ def test_interior_inputs_one_report_finite_but_shared_window_breaks_k2():
 
 
 def test_guarantee_reports_the_analysis():
-    g = RVNS().guarantee  # [0, 1], d = 0.2, delta defaults to 0.01
+    g = RVNS(lower=0.0, upper=1.0, d=0.2, delta=0.01).guarantee  # the old defaults: delta <= d
     assert g.kind == NEIGHBOURHOOD_LDP and math.isinf(g.epsilon)
     assert "No finite epsilon" in g.notes and "delta > d" in g.notes
     assert g.params["delta"] == 0.01
@@ -432,7 +432,7 @@ def test_adversary_rejects_bad_input():
     (dict(upper=float("nan")), "upper")])
 def test_parameter_validation(kwargs, name):
     with pytest.raises(ParameterError) as e:
-        RVNS(**kwargs)
+        RVNS(**{"lower": 0.0, "upper": 1.0, **kwargs})
     assert e.value.name == name
     assert repr(name) in str(e.value)
 

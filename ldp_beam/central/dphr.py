@@ -141,6 +141,7 @@ class DPHR(TwoPartBudget, HistogramRelease):
     default, as in the paper)."""
 
     NAME: ClassVar[str] = "dphr"
+    BUCKET_CAP: ClassVar[str] = "grouping_buckets"  # the grouping (and the sort) are O(n^2)
 
     variant: str = "sound"
     epsilon1: float | None = None
@@ -150,6 +151,12 @@ class DPHR(TwoPartBudget, HistogramRelease):
         super().__post_init__()
         check_choice(self.variant, "variant", ("sound", "paper"))
         self.budget  # validates the split
+
+    def no_guarantee_reason(self) -> tuple[tuple[str, ...], str]:
+        """Why this configuration has no guarantee (for the registry's opt-in check)."""
+        return (("variant",), "variant='paper' is Algorithms 1-3 as published, whose (eps1 + "
+                "eps2)-DP claim is not established (the sort and the grouping read the exact "
+                "counts without budget); variant='sound' (the default) is DP")
 
     @property
     def guarantee(self) -> PrivacyGuarantee:
@@ -173,7 +180,7 @@ class DPHR(TwoPartBudget, HistogramRelease):
             params={"epsilon1": e1, "epsilon2": e2, "variant": "sound"})
 
     def publish(self, counts: Any, rng: RngLike = None) -> dict[str, Any]:
-        h = check_counts(counts)
+        h = check_counts(counts, cap=self.BUCKET_CAP)
         gen = as_generator(rng)
         e1, e2 = self.budget
         if self.variant == "paper":

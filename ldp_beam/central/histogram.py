@@ -31,6 +31,8 @@ import numpy as np
 from ..core import (CountEstimator, Estimate, Mechanism, Reasons, Reports, Role, Statistic,
                     check_epsilon, check_labels, coerce_numeric, encode_categories)
 from ..errors import EmptyAccumulatorError, ParameterError
+from ..limits import check_cap
+from ..mechanisms.categorical import count_labels
 from ..noise import (discrete_laplace_scale, discrete_laplace_variance, lattice_laplace,
                      realized_epsilon)
 from ..privacy import CENTRAL, PrivacyGuarantee
@@ -48,11 +50,13 @@ def as_generator(rng: RngLike) -> np.random.Generator:
     return RandomSource(rng).generator()
 
 
-def check_counts(counts: Any, name: str = "counts") -> np.ndarray:
-    """Validate a histogram of counts: a non-empty 1-D array of non-negative integers."""
+def check_counts(counts: Any, name: str = "counts", cap: str = "cells") -> np.ndarray:
+    """Validate a histogram of counts: a non-empty 1-D array of non-negative integers, with at
+    most the ``cap`` size cap of buckets (checked before the counts are converted)."""
     arr = np.asarray(counts)
     if arr.ndim != 1 or arr.size == 0:
         raise ParameterError(name, f"array of shape {arr.shape}", "a non-empty 1-D array of counts")
+    check_cap(cap, arr.size, f"{name} (buckets)")
     if arr.dtype.kind not in "iuf" or arr.dtype.kind == "b":
         raise ParameterError(name, f"dtype {arr.dtype}", "numeric counts")
     vals = arr.astype(np.float64)
@@ -110,10 +114,17 @@ class HistogramRelease(Mechanism):
         Role("value", help="a number in [lower, upper] (numeric bins) or a label of categories"),)
     report_fields: ClassVar[tuple] = BUCKET
 
+    #: the size cap on the number of buckets (:mod:`ldp_beam.limits`): ``cells`` for releases
+    #: linear in the buckets, ``grouping_buckets`` for those whose grouping is quadratic
+    BUCKET_CAP: ClassVar[str] = "cells"
+    #: shown by ``ldp-beam list``
+    DEFAULT_NOTES: ClassVar[dict[str, str]] = {"lower": "required with bins",
+                                               "upper": "required with bins"}
+
     epsilon: float
     bins: int = 0
-    lower: float = 0.0
-    upper: float = 1.0
+    lower: float | None = None
+    upper: float | None = None
     categories: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
@@ -121,7 +132,11 @@ class HistogramRelease(Mechanism):
         if isinstance(self.categories, np.ndarray):  # an array of labels: `if array:` is ambiguous
             object.__setattr__(self, "categories", tuple(self.categories.ravel().tolist()))
         if self.categories:
+            n = count_labels(self.categories)
+            if n is not None:  # before the labels are read
+                self.check_buckets(n, "categories")
             object.__setattr__(self, "categories", check_labels(self.categories, "categories"))
+            self.check_buckets(len(self.categories), "categories")
             if self.bins:
                 raise ParameterError("bins", self.bins,
                                      "0 when categories are given (one domain, not both)")
@@ -129,9 +144,22 @@ class HistogramRelease(Mechanism):
             if isinstance(self.bins, bool) or not isinstance(self.bins, (int, np.integer)) \
                     or self.bins < 1:
                 raise ParameterError("bins", self.bins, "an integer >= 1")
+            self.check_buckets(int(self.bins), "bins")
+            missing = [n for n in ("lower", "upper") if getattr(self, n) is None]
+            if missing:
+                raise ParameterError(
+                    missing[0], None, f"a finite number: numeric bins need the domain [lower, "
+                    f"upper] (missing: {', '.join(missing)})",
+                    "no default domain fits arbitrary data: values outside it are dead-lettered")
             from ..core import check_interval
 
             check_interval(self.lower, self.upper)
+
+    @classmethod
+    def check_buckets(cls, n: int, param: str) -> None:
+        """Check a number of buckets (declared, or of counts given to ``publish``) against the
+        release's size cap, before anything of that size is built."""
+        check_cap(cls.BUCKET_CAP, n, param)
 
     # -- the domain
     @property
@@ -223,7 +251,7 @@ class IdentityLaplace(HistogramRelease):
         return realized_epsilon(1, discrete_laplace_scale(1, self.epsilon))
 
     def publish(self, counts: Any, rng: RngLike = None) -> dict[str, Any]:
-        h = check_counts(counts)
+        h = check_counts(counts, cap=self.BUCKET_CAP)
         return {"histogram": laplace_counts(h, self.epsilon, as_generator(rng)).astype(float)}
 
     def noise_variance(self, release: Mapping[str, Any]) -> np.ndarray:

@@ -30,6 +30,7 @@ from typing import Any, Callable, ClassVar, Mapping
 import numpy as np
 
 from ..errors import ParameterError
+from ..limits import check_cap, product
 from ..privacy import CENTRAL, NONE, PrivacyGuarantee
 from ..rng import RngLike
 from .histogram import (HistogramRelease, TwoPartBudget, as_generator, check_counts,
@@ -99,6 +100,13 @@ def _check_int(value: Any, name: str, low: int) -> int:
 
 
 # --------------------------------------------------------------------------- StructureFirst
+def check_v_optimal_size(k: int, n: int) -> None:
+    """StructureFirst's v-optimal table (k rows for k - 1 boundaries, n + 1 columns) within the
+    cells cap, before it is allocated."""
+    check_cap("cells", product(k, n + 1), f"k x bins (StructureFirst's v-optimal table, "
+              f"k = {k:,} groups x {n + 1:,})")
+
+
 def v_optimal_table(values: np.ndarray, max_groups: int) -> np.ndarray:
     """The v-optimal dynamic programme over contiguous groups of ``values`` (in the given order):
     ``T[j, i]`` = the least total SSE of the first ``i`` values cut into exactly ``j`` non-empty
@@ -160,6 +168,7 @@ class StructureFirst(TwoPartBudget, HistogramRelease):
     """
 
     NAME: ClassVar[str] = "structure-first"
+    BUCKET_CAP: ClassVar[str] = "grouping_buckets"  # the v-optimal programme is O(k n^2)
 
     k: int | None = None
     epsilon1: float | None = None
@@ -172,12 +181,20 @@ class StructureFirst(TwoPartBudget, HistogramRelease):
             raise ParameterError("k", None, "an integer >= 1 (the number of groups; "
                                  "StructureFirst needs it)")
         _check_int(self.k, "k", 1)
+        if 1 < self.k < self.n_buckets:  # the v-optimal table: k x (buckets + 1) cells (k = 1
+            check_v_optimal_size(int(self.k), self.n_buckets)  # or k = n: no choice, no table)
         self.budget  # validates the split
         if self.F is not None and (isinstance(self.F, bool)
                                    or not isinstance(self.F, (int, float, np.integer,
                                                               np.floating))
                                    or not math.isfinite(self.F) or self.F <= 0):
             raise ParameterError("F", self.F, "None or a finite public bound > 0 on any count")
+
+    def no_guarantee_reason(self) -> tuple[tuple[str, ...], str]:
+        """Why this configuration has no guarantee (for the registry's opt-in check)."""
+        return (("F",), "F=None takes the boundary score's sensitivity from the data's maximum "
+                "count, which is not public; give a public bound F > 0 on any count for an "
+                "(eps1 + eps2)-DP release")
 
     @property
     def guarantee(self) -> PrivacyGuarantee:
@@ -207,12 +224,14 @@ class StructureFirst(TwoPartBudget, HistogramRelease):
             params=params)
 
     def publish(self, counts: Any, rng: RngLike = None) -> dict[str, Any]:
-        h = check_counts(counts)
+        h = check_counts(counts, cap=self.BUCKET_CAP)
         n = h.size
         k = int(self.k)
         if k > n:
             raise ParameterError("k", k, f"an integer in [1, n] = [1, {n}] (the number of "
                                  "buckets)")
+        if 1 < k < n:
+            check_v_optimal_size(k, n)
         gen = as_generator(rng)
         e1, e2 = self.budget
         F = float(h.max()) if self.F is None else float(self.F)
@@ -338,6 +357,7 @@ class AHP(TwoPartBudget, HistogramRelease):
     """
 
     NAME: ClassVar[str] = "ahp"
+    BUCKET_CAP: ClassVar[str] = "grouping_buckets"  # err* scans up to O(n^2) cluster ends
     DEFAULT_FRACTION: ClassVar[float] = 0.85
 
     epsilon1: float | None = None
@@ -365,7 +385,7 @@ class AHP(TwoPartBudget, HistogramRelease):
             params={"epsilon1": e1, "epsilon2": e2, "eta": self.eta})
 
     def publish(self, counts: Any, rng: RngLike = None) -> dict[str, Any]:
-        h = check_counts(counts)
+        h = check_counts(counts, cap=self.BUCKET_CAP)
         gen = as_generator(rng)
         e1, e2 = self.budget
         view = laplace_counts(h, e1, gen).astype(float)

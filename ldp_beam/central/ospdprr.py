@@ -69,6 +69,7 @@ import numpy as np
 from ..core import (Estimate, Estimator, Mechanism, Reasons, Reports, Role, Statistic,
                     check_choice, check_interval, coerce_numeric)
 from ..errors import EmptyAccumulatorError, ParameterError
+from ..limits import check_cap
 from ..noise import discrete_laplace_variance, lattice_laplace, to_units
 from ..privacy import CENTRAL, NONE, ULDP, PrivacyGuarantee
 from ..rng import RngLike
@@ -340,7 +341,7 @@ def _check_t(t: Any) -> float:
 def _check_items(k: Any, target: Any) -> tuple[int, tuple[int, ...]]:
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
         raise ParameterError("k", k, "an integer >= 1 (items per user)")
-    k = int(k)
+    k = check_cap("items", k, "k")
     if isinstance(target, (int, np.integer)) and not isinstance(target, bool):
         target = (target,)
     try:
@@ -454,8 +455,9 @@ class OSPDPRR(Mechanism):
     TOPSIS sensitivity scores, personalized sampling with threshold t, one Laplace release.
 
     Parameters: ``t`` in (0, 1]; ``query`` (count, sum, mean, variance, cv) on the target items
-    ``target`` (item numbers in 1..k, default all); values in ``[lower, upper]`` (outside: invalid,
-    or clipped with ``clip=True``); ``mode`` (``sound-self`` default, ``sound-public``, ``paper``);
+    ``target`` (item numbers in 1..k, default all); values in ``[lower, upper]`` (required, no
+    default: the noise is calibrated to them; outside: invalid, or clipped with ``clip=True``);
+    ``mode`` (``sound-self`` default, ``sound-public``, ``paper``);
     ``norm`` (``vector``/``minmax`` for the data-reference modes; None = vector; sound-self uses
     no normalization); ``estimator`` (``raw``/``ratio``; None = ratio where allowed in
     sound-public, else raw); ``sensitivity``: the sensitivity specification function, a name of
@@ -482,8 +484,8 @@ class OSPDPRR(Mechanism):
     query: str = "sum"
     k: int = 1
     target: tuple[int, ...] = ()
-    lower: float = 0.0
-    upper: float = 1.0
+    lower: float = field(kw_only=True)  # required: values outside are invalid (or clipped) and
+    upper: float = field(kw_only=True)  # the sensitivities (noise scales) are calibrated to them
     clip: bool = False
     mode: str = "sound-self"
     norm: Union[str, None] = None
@@ -566,6 +568,11 @@ class OSPDPRR(Mechanism):
         return 0  # the sampling and the noise happen once, in the release
 
     # -- the guarantee (spec §5)
+    def no_guarantee_reason(self) -> tuple[tuple[str, ...], str]:
+        """Why this configuration has no guarantee (for the registry's opt-in check)."""
+        return (("mode",), "mode='paper' is the literal rule eps = e^m, which carries no privacy "
+                "claim (replication only); mode='sound-self' (the default) is t-DP")
+
     @property
     def guarantee(self) -> PrivacyGuarantee:
         t = float(self.t)
@@ -900,8 +907,8 @@ class OsdpRR(Mechanism):
     query: str = "sum"
     k: int = 1
     target: tuple[int, ...] = ()
-    lower: float = 0.0
-    upper: float = 1.0
+    lower: float = field(kw_only=True)  # required: values outside are invalid (or clipped) and
+    upper: float = field(kw_only=True)  # the sensitivities (noise scales) are calibrated to them
     clip: bool = False
     estimator: Union[str, None] = None
     mean_floor: Union[float, None] = None

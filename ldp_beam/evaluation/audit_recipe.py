@@ -144,13 +144,13 @@ def _audit_discrete(name: str, n: int, gen) -> tuple:
         return m, _discrete(name, m, m.transition_matrix(), "uldp2d", _cells(m), code(m), n,
                             gen, (xs, ys))
     if name in ("bisample", "harmony"):
-        m = build_mechanism(name, epsilon=EPS)
+        m = build_mechanism(name, epsilon=EPS, lower=-1.0, upper=1.0)
         q = m.output_probabilities(grid).T
         code_of = ((lambda r: 2 * r["s"].astype(np.int64) + r["b"]) if name == "bisample"
                    else (lambda r: (r["y"] == 1).astype(np.int64)))
         return m, _discrete(name, m, q, "ldp", _numeric(grid), code_of, n, gen)
     if name in ("bisample-md", "privkvm"):
-        m = build_mechanism(name, epsilon=EPS)
+        m = build_mechanism(name, epsilon=EPS, lower=-1.0, upper=1.0)
         q = m.output_probabilities(with_null).T
         code_of = ((lambda r: 2 * r["s"].astype(np.int64) + r["b"]) if name == "bisample-md"
                    else (lambda r: r["k"].astype(np.int64) * (1 + (r["v"] == 1))))
@@ -173,14 +173,14 @@ def _thresholds(s1, s2, delta: float = 0.0, directions=(0, 1)) -> dict:
 
 def _audit_continuous(name: str, n: int, gen) -> tuple:
     if name == "pm":
-        m = build_mechanism(name, epsilon=EPS)
+        m = build_mechanism(name, epsilon=EPS, lower=-1.0, upper=1.0)
         C = m.C
         ys = np.unique(np.concatenate([np.linspace(-C, C, 4001), [-1.0, 1.0]]))
         exact = _density_epsilon(lambda y, t: m.density(y, t), np.linspace(-1, 1, 41), ys)
         res = _thresholds(*_sample_pair(m, 1.0, -1.0, n, gen))
         note = "density on a 41-input x 4001-output grid; sampled t = +1 vs -1, threshold events"
     elif name == "square-wave":
-        m = build_mechanism(name, epsilon=EPS)
+        m = build_mechanism(name, epsilon=EPS, lower=0.0, upper=1.0)
         b = m.b
         xs = np.linspace(0.0, 1.0, 41)
         ys = np.unique(np.concatenate([np.linspace(-b, 1 + b, 4001), xs - b, xs + b]))
@@ -188,7 +188,7 @@ def _audit_continuous(name: str, n: int, gen) -> tuple:
         res = _thresholds(*_sample_pair(m, 1.0, 0.0, n, gen))
         note = "density on a 41-input x 4000-output grid; sampled x = upper vs lower"
     elif name == "laplace-dp":
-        m = build_mechanism(name, epsilon=EPS)
+        m = build_mechanism(name, epsilon=EPS, lower=0.0, upper=1.0)
         ys = np.linspace(-30 * m.scale, 1 + 30 * m.scale, 6001)
         exact = _density_epsilon(m.density, np.linspace(0.0, 1.0, 41), ys)
         res = _thresholds(*_sample_pair(m, 1.0, 0.0, n, gen))
@@ -198,7 +198,7 @@ def _audit_continuous(name: str, n: int, gen) -> tuple:
 
         from ..mechanisms.continuous_baselines import gg_delta
 
-        m = build_mechanism(name, epsilon=EPS, delta=1e-5, p=2.0)
+        m = build_mechanism(name, epsilon=EPS, lower=0.0, upper=1.0, delta=1e-5, p=2.0)
         dl = m.guarantee.delta
 
         def excess(e: float) -> float:
@@ -215,7 +215,9 @@ def _audit_continuous(name: str, n: int, gen) -> tuple:
 def _audit_rvns(n: int, gen, delta: float) -> tuple:
     from ..mechanisms.rvns import rvns_paper_epsilon, rvns_worst_case
 
-    m = build_mechanism("rvns", d=0.2, k=1, delta=delta)
+    # delta <= d (no finite epsilon) is audited too: allowed explicitly
+    m = build_mechanism("rvns", lower=0.0, upper=1.0, d=0.2, k=1, delta=delta,
+                        allow_no_guarantee=True)
     a, b, d = m.lower, m.upper, m.d
     wc = rvns_worst_case(a, b, d, delta, 1)
     s1, s2 = _sample_pair(m, wc.x1, wc.x2, n, gen, field="y1")
@@ -294,8 +296,8 @@ def _plan(quick: bool) -> list[tuple[str, str, Callable]]:
     plan.append(("rvns", "delta=0.3>d=0.2", lambda g: _audit_rvns(n, g, 0.3)))
 
     def hist(name, bucket=0, **kw):
-        def f(g):
-            m = build_mechanism(name, epsilon=EPS, **kw)
+        def f(g):  # the published variants without a guarantee are audited too
+            m = build_mechanism(name, epsilon=EPS, allow_no_guarantee=True, **kw)
             return m, _central_hist(m, reps, g, bucket)
         return f
     # two neighbouring pairs for the sound releases: a record added to a busy bucket (0) and to
@@ -312,11 +314,11 @@ def _plan(quick: bool) -> list[tuple[str, str, Callable]]:
     plan.append(("structure-first", "central F=None", hist("structure-first", k=3)))
 
     def osp(g):
-        m = build_mechanism("ospdprr", t=EPS, query="sum")
+        m = build_mechanism("ospdprr", t=EPS, query="sum", lower=0.0, upper=1.0)
         return m, _central_ospdprr(m, reps, g)
 
     def osdp(g):
-        m = build_mechanism("osdp-rr", epsilon=EPS, query="count")
+        m = build_mechanism("osdp-rr", epsilon=EPS, query="count", lower=0.0, upper=1.0)
         return m, _central_osdp(m, reps, g)
     plan.append(("ospdprr", "central mode=sound-self", osp))
     plan.append(("osdp-rr", "central one-sided", osdp))

@@ -123,7 +123,7 @@ def simulate(method: str, epsilon: float, values: np.ndarray, prefs: np.ndarray 
     per repetition), accumulate, estimate. ``prefs``: eps_u per user (None: everyone answers).
     Estimates are on the [-1, 1] scale."""
     reg_name, params = methods[method]
-    mech = build_mechanism(reg_name, epsilon=float(epsilon), **params)
+    mech = build_mechanism(reg_name, epsilon=float(epsilon), lower=-1.0, upper=1.0, **params)
     est = estimator_for(mech)
     cols = {"value": values} if prefs is None else {"value": values, "preference": prefs}
     checked, reasons = mech.check(cols)  # validate once; repetitions reuse the coerced columns

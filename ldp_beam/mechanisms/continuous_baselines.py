@@ -188,11 +188,14 @@ def calibrate_gg_sigma(epsilon: float, delta: float, sensitivity: float, p: floa
 # --------------------------------------------------------------------------- the mechanisms
 @dataclass(frozen=True)
 class _BoundedValue(Mechanism):
-    """A value in [lower, upper]; NaN or out-of-domain values are invalid (dead-lettered)."""
+    """A value in [lower, upper]; NaN or out-of-domain values are invalid (dead-lettered).
+
+    ``lower`` and ``upper`` are required: they are the domain the noise is calibrated to (the
+    sensitivity upper - lower) and no default domain fits arbitrary data."""
 
     epsilon: float
-    lower: float = 0.0
-    upper: float = 1.0
+    lower: float
+    upper: float
 
     family: ClassVar[str] = "rvns"
     roles: ClassVar[tuple[Role, ...]] = (Role("value", help="the number, in [lower, upper]"),)

@@ -31,11 +31,15 @@ PREFERENCE = Role("preference", required=False,
 
 @dataclass(frozen=True)
 class NumericMechanism(Mechanism):
-    """Base: epsilon, the domain [lower, upper], preferences and missing-value handling."""
+    """Base: epsilon, the domain [lower, upper], preferences and missing-value handling.
+
+    ``lower`` and ``upper`` are required: a default domain (the papers' [-1, 1]) cannot fit
+    arbitrary data, and every value outside it would be dead-lettered; the estimates are mapped
+    back to [lower, upper]."""
 
     epsilon: float
-    lower: float = -1.0
-    upper: float = 1.0
+    lower: float  # required: no fixed domain fits arbitrary data (values outside are invalid)
+    upper: float
     preference: float | None = None
     allow_missing: bool = False
 

@@ -23,6 +23,7 @@ import numpy as np
 
 from ..core import Mechanism, Reasons, Reports, Role, check_interval
 from ..errors import ParameterError
+from ..limits import check_cap
 from ..privacy import NEIGHBOURHOOD_LDP, PrivacyGuarantee
 
 
@@ -51,37 +52,66 @@ def rvns_density(x: np.ndarray, y: np.ndarray, a: float, b: float, d: float) -> 
 class RVNS(Mechanism):
     """Real-valued negative survey: k reports of where the value is *not*.
 
-    ``delta`` is the neighbourhood size of the relaxed guarantee (outputs closer than delta count
-    as the same output); it changes nothing in the perturbation, only what the guarantee states.
+    ``lower`` and ``upper`` (the domain [a, b]) are required: no default domain fits arbitrary
+    data. ``d`` is the window width, by default ``D_FRACTION`` = 0.2 of the domain's width (the
+    spec's measured configuration, d = 2 on [0, 10]): an absolute default would be a different
+    mechanism on every domain (0.2 is 0.4% of [25, 70]). ``delta`` is the neighbourhood size of
+    the relaxed guarantee (outputs closer than delta count as the same output); it changes
+    nothing in the perturbation, only what the guarantee states. A finite epsilon exists only
+    for delta > d, so it defaults to ``DELTA_FACTOR`` = 2 times d (capped at b - a), where the
+    guarantee is k ln 2 for d <= (b - a)/3: a default that promises something. Both defaults are
+    resolved when the mechanism is built, so ``params()`` and the reports' metadata record the
+    values in use. An explicit delta <= d has no finite epsilon; the registry builds it only with
+    ``allow_no_guarantee=True``.
     """
 
     NAME: ClassVar[str] = "rvns"
     family: ClassVar[str] = "rvns"
     roles: ClassVar[tuple[Role, ...]] = (Role("value", help="the number, in [lower, upper]"),)
+    D_FRACTION: ClassVar[float] = 0.2
+    DELTA_FACTOR: ClassVar[float] = 2.0
+    #: how the None defaults are resolved (shown by ``ldp-beam list``)
+    DEFAULT_NOTES: ClassVar[dict[str, str]] = {
+        "d": "0.2 (upper - lower)", "delta": "2 d, at most upper - lower (finite epsilon)"}
 
-    lower: float = 0.0
-    upper: float = 1.0
-    d: float = 0.2
+    lower: float
+    upper: float
+    d: float | None = None
     k: int = 1
     delta: float | None = None
 
     def __post_init__(self) -> None:
         check_interval(self.lower, self.upper)
         span = self.upper - self.lower
-        if isinstance(self.d, bool) or not isinstance(self.d, (int, float)) \
+        if self.d is None:
+            object.__setattr__(self, "d", self.D_FRACTION * span)
+        if isinstance(self.d, bool) or not isinstance(self.d, (int, float, np.integer,
+                                                               np.floating)) \
                 or not 0 < self.d < span:
-            raise ParameterError("d", self.d, f"a window width in (0, upper - lower = {span:g})")
-        if isinstance(self.k, bool) or not isinstance(self.k, (int, np.integer)) \
-                or not 1 <= self.k <= 1000:
-            raise ParameterError("k", self.k, "an integer in [1, 1000]")
-        if self.delta is not None and (isinstance(self.delta, bool) or not 0 < self.delta <= span):
+            raise ParameterError("d", self.d, f"a window width in (0, upper - lower = {span:g}) "
+                                 f"(default: {self.D_FRACTION:g} (upper - lower))")
+        if isinstance(self.k, bool) or not isinstance(self.k, (int, np.integer)) or self.k < 1:
+            raise ParameterError("k", self.k, "an integer >= 1 (reports per user)")
+        check_cap("reports_per_user", self.k, "k")
+        if self.delta is None:
+            object.__setattr__(self, "delta", min(self.DELTA_FACTOR * self.d, span))
+        if isinstance(self.delta, bool) or not isinstance(self.delta, (int, float, np.integer,
+                                                                       np.floating)) \
+                or not 0 < self.delta <= span:
             raise ParameterError("delta", self.delta,
-                                 f"a neighbourhood size in (0, upper - lower = {span:g}] or None")
+                                 f"a neighbourhood size in (0, upper - lower = {span:g}] "
+                                 f"(default: {self.DELTA_FACTOR:g} d; finite epsilon only for "
+                                 "delta > d)")
 
     @property
     def neighbourhood(self) -> float:
-        """delta, defaulting to 1% of the domain."""
-        return self.delta if self.delta is not None else (self.upper - self.lower) / 100
+        """delta (resolved when built: by default 2 d)."""
+        return float(self.delta)
+
+    def no_guarantee_reason(self) -> tuple[tuple[str, ...], str]:
+        """Why this configuration has no finite epsilon (for the registry's opt-in check)."""
+        return (("delta", "d"), f"delta = {self.delta:g} <= d = {self.d:g}: RVNS has a finite "
+                "epsilon only for delta > d (the default delta is 2 d)")
 
     @property
     def report_fields(self) -> tuple[tuple[str, str], ...]:  # type: ignore[override]
@@ -311,6 +341,8 @@ def rvns_worst_case(a: float, b: float, d: float, delta: float, k: int = 1, *,
         offs = np.array([0.0, delta, -delta, d + delta, d - delta, -d + delta, -d - delta])
         ys = np.concatenate([ys, (xs[:, None] + offs).ravel()])
     ys = np.unique(np.clip(ys, c0, c1))
+    check_cap("cells", math.comb(ys.size + k - 1, k) * k,
+              f"boxes of rvns_worst_case (C(ny + k - 1, k) x k for {ys.size} centres, k = {k})")
     combos = np.array(list(itertools.combinations_with_replacement(range(ys.size), k)))
     best = WorstCase(0.0, float(xs[0]), float(xs[0]), (float(ys[0]),) * k)
     best_ratio = 1.0
