@@ -186,6 +186,12 @@ def _mark(est: dict, guarantee: dict) -> dict:
     return est
 
 
+def _release_seed(run: RunKey) -> int:
+    """The integer the central estimators key a release's noise with: the caller's seed text
+    hashed (seeded runs), else 256 bits derived from the run's secret key."""
+    return int.from_bytes(run.derive("release"), "big")
+
+
 def run_release(input: str, output: str, mech: Mechanism, columns: Mapping[str, str],
                 by: str | None = None, options: Mapping[str, Any] | None = None,
                 beam_args: Iterable[str] = (), *, seed: Any = None, force: bool = False,
@@ -221,8 +227,8 @@ def run_release(input: str, output: str, mech: Mechanism, columns: Mapping[str, 
     cols = resolve_columns(mech, read.schema, columns or {r.name: r.name for r in mech.roles
                                                           if r.required}, ())
     # the release's noise: the seed as the core uses it, else a key derived from the run's secret
-    est = estimator_for(mech, seed=run.seed if run.seeded else run.derive("release").hex(),
-                        **options)
+    est = estimator_for(mech, seed=int(run.seed) if run.seeded and run.seed.lstrip("-").isdigit()
+                        else _release_seed(run), **options)
     dead_letter = output + ".deadletter.jsonl"
     curator_path = output + ".curator.json"
     with RunOutputs({"release": output, "curator": curator_path, "dead_letter": dead_letter},
