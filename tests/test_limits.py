@@ -20,7 +20,7 @@ from ldp_beam.central.dphr import DPHR
 from ldp_beam.central.histogram import IdentityLaplace
 from ldp_beam.central.histogram_baselines import AHP, StructureFirst
 from ldp_beam.errors import LdpBeamError, LimitError, ParameterError
-from ldp_beam.estimators.density import BinnedDensity, DensityGrid
+from ldp_beam.estimators.density import BinnedDensity, DensityGrid, sample_density
 from ldp_beam.limits import check_cap, check_groups
 from ldp_beam.mechanisms.rvns import rvns_worst_case
 from ldp_beam_test_helpers import run_cli
@@ -237,6 +237,11 @@ def test_density_grids_and_bins():
         BinnedDensity(0.0, 1.0, CELLS + 1)
     assert_limit(ei, "bins", "cells", CELLS + 1)
     assert BinnedDensity(0.0, 1.0, CELLS).bins == CELLS  # nothing allocated until create()
+    grid = DensityGrid(0.0, 1.0, 4)
+    with pytest.raises(LimitError) as ei:
+        sample_density(grid, np.ones(4), CELLS + 1, np.random.default_rng(1))
+    assert_limit(ei, "n (synthetic sample size)", "cells", CELLS + 1)
+    assert sample_density(grid, np.ones(4), 10, np.random.default_rng(1)).size == 10
 
 
 def test_continuous_baseline_estimators():

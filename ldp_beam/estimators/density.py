@@ -230,6 +230,7 @@ def grid_of(stats: Mapping[str, Statistic]) -> tuple[DensityGrid, np.ndarray]:
 def sample_density(grid: DensityGrid, v: np.ndarray, n: int,
                    rng: np.random.Generator) -> np.ndarray:
     """Draw ``n`` values from the piecewise-uniform density (a synthetic sample of the data)."""
+    check_cap("cells", n, "n (synthetic sample size)")
     p = np.clip(v, 0, None) * grid.width
     p = p / p.sum()
     cell = rng.choice(grid.m, size=n, p=p)
