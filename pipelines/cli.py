@@ -41,6 +41,9 @@ def _mechanism_args(sp: argparse.ArgumentParser, required: bool) -> None:
     sp.add_argument("--param", "-p", action="append", metavar="NAME=VALUE",
                     help="a mechanism parameter, repeatable (e.g. -p lower=0 -p upper=100)")
     sp.add_argument("--epsilon", type=float, help="shorthand for -p epsilon=VALUE")
+    sp.add_argument("--allow-no-guarantee", action="store_true",
+                    help="run a configuration with no finite privacy guarantee (e.g. a paper's "
+                         "variant, for replication); every output then says so")
 
 
 def _run_args(sp: argparse.ArgumentParser) -> None:
@@ -251,7 +254,7 @@ def role_columns(mech: Any, columns: list[str] | None, roles: list[str] | None
 def cmd_collect(a: argparse.Namespace, beam_args: list[str]) -> int:
     from .collect import build, run_collect
 
-    mech = build(a.mechanism, _params(a))
+    mech = build(a.mechanism, _params(a), a.allow_no_guarantee)
     columns = role_columns(mech, a.column, a.role)
     man = run_collect(a.input, a.output, mech, columns, keep=a.keep, seed=a.seed,
                       dead_letter=a.dead_letter, batch_rows=a.batch_rows, beam_args=beam_args,
@@ -270,7 +273,8 @@ def cmd_estimate(a: argparse.Namespace, beam_args: list[str]) -> int:
     from .estimate import mechanism_from_reports, run_estimate
 
     params = _params(a)
-    mech = mechanism_from_reports(a.input, a.mechanism, params) if (a.mechanism or params) \
+    mech = mechanism_from_reports(a.input, a.mechanism, params,
+                                  a.allow_no_guarantee) if (a.mechanism or params) \
         else None
     columns = None
     if a.column or a.role:
@@ -364,9 +368,10 @@ def cmd_stream(a: argparse.Namespace, beam_args: list[str]) -> int:
 
     params = _params(a)
     if a.reports_schema:
-        mech = mechanism_from_reports(a.reports_schema, a.mechanism, params)
+        mech = mechanism_from_reports(a.reports_schema, a.mechanism, params,
+                                      a.allow_no_guarantee)
     elif a.mechanism:
-        mech = get_registry().build(a.mechanism, params)
+        mech = get_registry().build(a.mechanism, params, allow_no_guarantee=a.allow_no_guarantee)
     else:
         raise UsageError("name the mechanism: --mechanism NAME [-p NAME=VALUE ...], or "
                          "--reports-schema FILE")

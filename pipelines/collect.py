@@ -135,5 +135,5 @@ def _read_options(null_values: Iterable[str] | None) -> dict:
     return {} if null_values is None else {"null_values": tuple(null_values)}
 
 
-def build(name: str, params: Mapping[str, Any]) -> Mechanism:
-    return get_registry().build(name, dict(params))
+def build(name: str, params: Mapping[str, Any], allow_no_guarantee: bool = False) -> Mechanism:
+    return get_registry().build(name, dict(params), allow_no_guarantee=allow_no_guarantee)

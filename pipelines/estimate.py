@@ -33,7 +33,13 @@ from .outputs import RunOutputs
 
 
 def mechanism_from_reports(input: str, name: str | None = None,
-                           params: Mapping[str, Any] | None = None) -> Mechanism:
+                           params: Mapping[str, Any] | None = None,
+                           allow_no_guarantee: bool = False) -> Mechanism:
+    """The mechanism that made the reports in ``input`` (from their metadata), or the one named.
+
+    Reports already collected under a configuration without a finite guarantee (collected with
+    the opt-in) are estimated without a second opt-in: the estimate restates their guarantee. A
+    mechanism named here for a new release needs ``allow_no_guarantee`` like ``collect``."""
     reg = get_registry()
     files = match_files(input)
     meta = None
@@ -45,12 +51,13 @@ def mechanism_from_reports(input: str, name: str | None = None,
                              "parameters (-p NAME=VALUE)")
         merged = dict(meta["params"])
         merged.update(params or {})
-        return reg.build(meta["mechanism"], merged)
-    mech = reg.build(name, dict(params or {}))
+        return reg.build(meta["mechanism"], merged,
+                         allow_no_guarantee=allow_no_guarantee or not params)
+    mech = reg.build(name, dict(params or {}), allow_no_guarantee=allow_no_guarantee)
     if meta is not None:
         if meta["mechanism"] != name:
             raise ValueError(f"reports were made by {meta['mechanism']!r}, not {name!r}")
-        recorded = reg.build(meta["mechanism"], dict(meta["params"]))
+        recorded = reg.build(meta["mechanism"], dict(meta["params"]), allow_no_guarantee=True)
         if recorded.params() != mech.params():
             diff = {k: (recorded.params()[k], v) for k, v in mech.params().items()
                     if recorded.params().get(k) != v}

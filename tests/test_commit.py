@@ -289,3 +289,24 @@ def test_a_reexecuted_central_release_is_bit_identical(tmp_path):
     assert one["estimate"] == two["estimate"] and not one["seeded"]
     other = run_estimate(str(src), str(tmp_path / "3.json"), mech, columns={"value": "v"})
     assert other["estimate"] != one["estimate"]  # another run: fresh noise
+
+
+def test_no_finite_guarantee_needs_the_opt_in_and_says_so(tmp_path):
+    """RVNS with delta <= d has no finite epsilon: refused (exit 2, nothing written) unless
+    --allow-no-guarantee, and then the CLI, the manifest and the estimate all say so."""
+    pq.write_table(pa.table({"x": np.linspace(0, 100, 500)}), tmp_path / "t.parquet")
+    args = ("collect", "-i", str(tmp_path / "t.parquet"), "-c", "x", "-m", "rvns", "-p",
+            "lower=0", "-p", "upper=100", "-p", "d=20", "-p", "delta=10",
+            "-o", str(tmp_path / "r.parquet"))
+    code, _, se = run_cli(*args)
+    assert code == 2 and "--allow-no-guarantee" in se and "delta" in se
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.parquet"]
+    code, so, _ = run_cli(*args, "--allow-no-guarantee")
+    assert code == 0 and "no finite guarantee" in so
+    man = json.loads((tmp_path / "r.parquet.manifest.json").read_text())
+    assert man["guarantee"]["summary"].startswith("no finite guarantee")
+    code, so, _ = run_cli("estimate", "-i", str(tmp_path / "r.parquet"), "-o",
+                          str(tmp_path / "e.json"))
+    assert code == 0 and "no finite guarantee" in so
+    est = json.loads((tmp_path / "e.json").read_text())
+    assert est["estimate"]["guarantee"]["summary"].startswith("no finite guarantee")
