@@ -10,15 +10,15 @@ Apache Beam. Quick tour::
     est["mean"].value, est["mean"].ci()
 """
 from .core import Estimate, Estimator, Mechanism, Role, Statistic
-from .errors import (EmptyAccumulatorError, InvalidRecordsError, LdpBeamError, ParameterError,
-                     UnknownPluginError)
+from .errors import (EmptyAccumulatorError, InvalidRecordsError, LdpBeamError, LimitError,
+                     ParameterError, UnknownPluginError)
 from .estimators import estimator_for
 from .privacy import PrivacyGuarantee, compose
 from .registry import build_mechanism, get_registry
-from .rng import RandomSource
+from .rng import RandomSource, RunKey
 
 __version__ = "0.1.0"
 __all__ = ["Estimate", "Estimator", "Mechanism", "Role", "Statistic", "PrivacyGuarantee",
-           "compose", "RandomSource", "build_mechanism", "estimator_for", "get_registry",
-           "EmptyAccumulatorError", "InvalidRecordsError", "LdpBeamError", "ParameterError",
+           "compose", "RandomSource", "RunKey", "build_mechanism", "estimator_for", "get_registry",
+           "EmptyAccumulatorError", "InvalidRecordsError", "LdpBeamError", "LimitError", "ParameterError",
            "UnknownPluginError", "__version__"]

@@ -15,6 +15,7 @@ Nothing here imports Apache Beam: a device or an ingestion edge needs only this 
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import math
 import typing
@@ -132,7 +133,8 @@ def check_labels(labels: Any, name: str, min_size: int = 1) -> tuple[str, ...]:
         raise ParameterError(name, labels, "labels that are not null or empty")
     if len(out) < min_size:
         raise ParameterError(name, labels, f"at least {min_size} label(s)")
-    dup = sorted({v for v in out if out.count(v) > 1})
+    dup = [] if len(set(out)) == len(out) else \
+        sorted(v for v, c in collections.Counter(out).items() if c > 1)
     if dup:
         raise ParameterError(name, labels, f"distinct labels (repeated: {dup})")
     return out

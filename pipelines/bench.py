@@ -42,10 +42,10 @@ def main():
     else:
         table = pq.read_table(path).slice(0, rows)
         data = {c: table[c].to_pylist() for c in cols.values()}
-        records = [dict(zip(data, vals)) for vals in zip(*data.values())]
+        records = [dict(zip(data, vals), rid=i) for i, vals in enumerate(zip(*data.values()))]
 
-        def build(p):
-            r = p | beam.Create(records) | Perturb(mech, columns=cols)
+        def build(p):  # single records are keyed by a record id (retry-proof noise)
+            r = p | beam.Create(records) | Perturb(mech, columns=cols, key_column="rid")
             return [r.reports | EstimateGlobally(estimator_for(mech)) | beam.Map(lambda e: None)]
 
     t = time.perf_counter()

@@ -204,10 +204,9 @@ def cmd_list(a: argparse.Namespace) -> int:
     reg = get_registry()
     rows = reg.describe()
     for row in rows:
-        plugin = reg.get(row["name"])
         try:
-            required = {p["name"]: 1.0 for p in row["parameters"] if p["required"]}
-            g = plugin.mechanism(**required).guarantee
+            g = reg.build(row["name"], reg.example_params(row["name"]),
+                          allow_no_guarantee=True).guarantee
             row["guarantee"] = f"{g.kind} with the epsilon given" + \
                 (f"; {g.notes}" if g.notes else "")
         except Exception:

@@ -52,7 +52,9 @@ def test_cli_collect_and_estimate_two_columns(joint_table, tmp_path):
     assert code == 0, se
     man = json.load(open(str(rep) + ".manifest.json"))
     assert man["records"] == {"input": 20_000, "reported": 19_997, "dead_lettered": 3,
-                              "unreadable_files": 0, "reconciles": True, "counted_from": "metrics"}
+                              "unreadable_rows": 0, "unreadable_parts": 0,
+                              "unreadable_rows_unknown": False, "reconciles": True,
+                              "counted_from": "data"}
     assert man["columns"] == {"x": "parents", "y": "cls"}
     dead = read_jsonl(str(rep) + ".deadletter.jsonl")
     reasons = sorted(d["reason"] for d in dead)
@@ -139,11 +141,11 @@ def test_telemetry_records_element_path(tmp_path):
                            x_sensitive=XD[:1], y_sensitive=YD[:1])
     rng = np.random.default_rng(2)
     cells = rng.choice(TRUE.size, size=3000, p=TRUE.ravel())
-    records = [{"x": XD[c // 5], "y": YD[c % 5]} for c in cells]
-    records.append({"x": "usual", "y": 7})
+    records = [{"x": XD[c // 5], "y": YD[c % 5], "rid": i} for i, c in enumerate(cells)]
+    records.append({"x": "usual", "y": 7, "rid": -1})
     est_sink, dead_sink = Sink(tmp_path / "e"), Sink(tmp_path / "d")
     p = TestPipeline()
-    out = p | beam.Create(records) | Perturb(mech)
+    out = p | beam.Create(records) | Perturb(mech, key_column="rid")  # a record id keys the noise
     out.reports | EstimateGlobally(estimator_for(mech)) | beam.Map(est_sink)
     out.dead_letter | beam.Map(dead_sink)
     p.run().wait_until_finish()

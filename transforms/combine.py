@@ -19,7 +19,7 @@ from ldp_beam.errors import EmptyAccumulatorError
 
 from .batches import (KeyedBatch, check_report_field, get_column, is_batch, num_rows,
                       report_columns, report_field_columns, row_dict, take)
-from .perturb import dead_letter, split_dead_letters
+from .perturb import clipped_record as _clipped, dead_letter, split_dead_letters
 
 
 @dataclass(frozen=True)
@@ -129,23 +129,6 @@ class SplitByKey(beam.DoFn):
         bounds = np.searchsorted(inv[order], np.arange(len(uniq) + 1))
         for j, key in enumerate(uniq.tolist()):
             yield key, take(table, order[bounds[j]:bounds[j + 1]])
-
-
-RECORD_TEXT_CHARS = 2000  # a text cell of a dead-lettered report, at most (the reason says so)
-
-
-def _clipped(record: dict) -> tuple[dict, str]:
-    """A dead-lettered record with long texts cut, and a note for the reason ("" if none)."""
-    cut = []
-    out = {}
-    for k, v in record.items():
-        if isinstance(v, (str, bytes)) and len(v) > RECORD_TEXT_CHARS:
-            out[k] = v[:RECORD_TEXT_CHARS]
-            cut.append(f"field {k!r} shows the first {RECORD_TEXT_CHARS:,} of {len(v):,} "
-                       f"{'characters' if isinstance(v, str) else 'bytes'}")
-        else:
-            out[k] = v
-    return out, (f" ({'; '.join(cut)})" if cut else "")
 
 
 class ValidateReportsFn(beam.DoFn):

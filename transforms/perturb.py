@@ -44,7 +44,29 @@ class DeadLetterRecord(dict):
     separates it from the main elements."""
 
 
+RECORD_TEXT_CHARS = 2000  # a text cell of a dead-lettered record, at most (the reason says so)
+
+
+def clipped_record(record: dict) -> tuple[dict, str]:
+    """A dead-lettered record with long texts cut, and a note for the reason ("" if none)."""
+    cut = []
+    out = {}
+    for k, v in record.items():
+        if isinstance(v, (str, bytes)) and len(v) > RECORD_TEXT_CHARS:
+            out[k] = v[:RECORD_TEXT_CHARS]
+            cut.append(f"field {k!r} shows the first {RECORD_TEXT_CHARS:,} of {len(v):,} "
+                       f"{'characters' if isinstance(v, str) else 'bytes'}")
+        else:
+            out[k] = v
+    return out, (f" ({'; '.join(cut)})" if cut else "")
+
+
 def dead_letter(reason: str, record: Any, source: str = "", row: int | None = None) -> dict:
+    """A dead-letter entry; a record's text cells longer than ``RECORD_TEXT_CHARS`` are cut (a
+    20 MB cell does not become a 20 MB dead letter) and the reason says so."""
+    if isinstance(record, dict):
+        record, note = clipped_record(record)
+        reason += note
     return DeadLetterRecord(reason=reason, record=record, source=source, row=row)
 
 
