@@ -137,3 +137,16 @@ def test_seeded_run_key_matches_the_core_api():
     cols, _ = mech.check({"value": t.column("value").to_numpy(zero_copy_only=False)})
     u = RandomSource(11).uniforms(300, mech.draws, stream=3, offset=0)
     np.testing.assert_array_equal(mech.randomize(cols, u)["v"], beam_side)
+
+
+def test_a_subset_of_a_stream_keeps_each_records_noise():
+    """After rows are dropped (e.g. bounding a person's contribution), every kept record gets the
+    report it would have had in the full stream: identity travels with the row."""
+    t = _table(3000, seed=4)
+    fn = PerturbFn(_mech())
+    full, _ = _run(fn, [KeyedBatch(5, 100, t)])
+    full_batch = KeyedBatch(5, 100, t)
+    for idx in (np.arange(0, 3000, 3), np.array([0, 1, 2, 2000, 2999]), np.arange(10, 20)):
+        sub, _ = _run(fn, [full_batch.subset(idx)])
+        np.testing.assert_array_equal(sub, full[idx])
+        assert full_batch.subset(idx).record_ids().tolist() == (100 + idx).tolist()

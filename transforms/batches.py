@@ -29,16 +29,36 @@ from ldp_beam.core import Mechanism, coerce_numeric
 SCHEMA_KEY = b"ldp_beam"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class KeyedBatch:
+    """Rows of one stream with their identities: row ``i`` of ``table`` is record ``offset + i``
+    of ``stream``, or record ``rows[i]`` when ``rows`` (int64, increasing) is given — a subset
+    of a stream's records, e.g. after bounding each privacy unit's contribution."""
+
     stream: int
     offset: int
     table: Any  # pa.RecordBatch | pa.Table
     source: str = ""
+    rows: Any = None  # np.ndarray of record numbers, or None: offset + arange(num_rows)
 
     @property
     def num_rows(self) -> int:
         return self.table.num_rows
+
+    def record_ids(self) -> np.ndarray:
+        """The record number of every row."""
+        if self.rows is not None:
+            return np.asarray(self.rows, dtype=np.int64)
+        return self.offset + np.arange(self.table.num_rows, dtype=np.int64)
+
+    def row_id(self, i: int) -> int:
+        return int(self.rows[i]) if self.rows is not None else self.offset + i
+
+    def subset(self, idx: np.ndarray) -> "KeyedBatch":
+        """The rows at positions ``idx`` (increasing), keeping their identities."""
+        idx = np.asarray(idx, dtype=np.int64)
+        return KeyedBatch(self.stream, self.offset, self.table.take(pa.array(idx)), self.source,
+                          self.record_ids()[idx])
 
 
 def is_batch(element: Any) -> bool:

@@ -176,7 +176,25 @@ class PerturbFn(beam.DoFn):
         return row_dict(table, i, self._shown)
 
     # -- batch path
-    def _perturb_batch(self, table: Any, stream: int | None, offset: int | None, source: str):
+    def _uniforms(self, n: int, stream: int, offset: int, rows: np.ndarray | None) -> np.ndarray:
+        """The draws of records ``offset .. offset + n - 1`` of ``stream`` (or of the record
+        numbers ``rows``, a subset: drawn over their span and picked, so every record keeps the
+        noise it would have had in the full stream)."""
+        draws = self.mechanism.draws
+        if rows is None or n == 0:
+            return self.source.uniforms(n, draws, stream=stream, offset=offset)
+        lo, hi = int(rows[0]), int(rows[-1])
+        if hi - lo + 1 <= 4 * n:
+            u = self.source.uniforms(hi - lo + 1, draws, stream=stream, offset=lo)
+            return np.asfortranarray(u[rows - lo])
+        # sparse: draw runs of consecutive records only
+        breaks = np.flatnonzero(np.diff(rows) != 1) + 1
+        parts = [self.source.uniforms(len(r), draws, stream=stream, offset=int(r[0]))
+                 for r in np.split(rows, breaks)]
+        return np.asfortranarray(np.vstack(parts))
+
+    def _perturb_batch(self, table: Any, stream: int | None, offset: int | None, source: str,
+                       rows: np.ndarray | None = None):
         n = table.num_rows if isinstance(table, (pa.RecordBatch, pa.Table)) else \
             len(next(iter(table.values())))
         self.n_in.inc(n)
@@ -187,20 +205,20 @@ class PerturbFn(beam.DoFn):
                 yield dead_letter(
                     f"input has no column {absent[0]!r}",
                     row_dict(table, i, [c for c in self._shown or names if c in names]),
-                    source, None if offset is None else offset + i)
+                    source, _row_number(offset, rows, i))
             self.n_invalid.inc(n)
             return
         raw = {role: get_column(table, col) for role, col in self.columns.items()}
         cols, reasons = self.mechanism.check(raw)
         if stream is None and self.mechanism.draws:  # a bare batch: its content is its identity
             stream, offset = content_stream(table, list(self.columns.values())), 0
-        u = self.source.uniforms(n, self.mechanism.draws, stream=stream, offset=offset)
+        u = self._uniforms(n, stream, offset, rows)
         bad = reasons.bad
         if bad.any():
             msgs = reasons.as_dict()
             for i in np.flatnonzero(bad).tolist():
-                yield dead_letter(
-                    msgs[i], self._row(table, i), source, None if offset is None else offset + i)
+                yield dead_letter(msgs[i], self._row(table, i), source,
+                                  _row_number(offset, rows, i))
             ok = np.flatnonzero(~bad)
             cols = {k: v[ok] for k, v in cols.items()}
             u = u[ok]
@@ -276,8 +294,9 @@ class PerturbFn(beam.DoFn):
     def process(self, element: Any, timestamp=beam.DoFn.TimestampParam,
                 window=beam.DoFn.WindowParam):
         if isinstance(element, KeyedBatch):
+            rows = None if element.rows is None else element.record_ids()
             yield from self._perturb_batch(element.table, element.stream, element.offset,
-                                           element.source)
+                                           element.source, rows)
         elif is_batch(element):
             if self.run_key.seeded:
                 raise ValueError("seeded perturbation needs keyed batches (KeyedBatch, as "
@@ -305,6 +324,12 @@ class PerturbFn(beam.DoFn):
 
     def finish_bundle(self):
         yield from self._flush()
+
+
+def _row_number(offset: int | None, rows: np.ndarray | None, i: int) -> int | None:
+    if rows is not None:
+        return int(rows[i])
+    return None if offset is None else offset + i
 
 
 def _column(values: list) -> np.ndarray:
