@@ -1,18 +1,20 @@
 """``ldp-beam stream``: windowed streaming estimation of telemetry.
 
 Records with event times (from a spool directory, :mod:`ldp_beam.transforms.spool`, or Pub/Sub)
-are windowed into fixed event-time windows, validated and estimated per window: raw records of a
-central-DP family are first checked and bucketed by the mechanism (:class:`Perturb`, which adds
-no noise: the release does, once per firing); LDP reports are checked by the estimator's
-``check_reports`` (what :class:`ValidateReports` applies) on one column batch per window and
-bundle (:class:`BatchPerWindowFn`), so both are folded a batch at a time. Each firing of a window (a
-*pane*) is one line of ``OUT/estimates.jsonl`` with the window's bounds (ISO and epoch seconds),
-the pane's index and timing, the estimate (statistics, ``n_reports`` for LDP) and the guarantee.
+are windowed into fixed event-time windows, validated and estimated per window, on one column
+batch per window and bundle (:class:`BatchPerWindowFn`), so they are folded a batch at a time:
+raw records of a central-DP family are checked and bucketed by the mechanism (``check`` and
+``randomize``, as ``Perturb`` does, adding no noise: the release does, once per firing); LDP
+reports are checked by the estimator's ``check_reports`` (what :class:`ValidateReports`
+applies). Each firing of a window (a *pane*) is one line of ``OUT/estimates.jsonl`` with the
+window's bounds (ISO and epoch seconds), the pane's index and timing, the estimate (statistics,
+``n_reports`` for LDP) and the guarantee.
 
 **Triggers.** A window fires when the watermark passes its end (the on-time pane); with
 ``allowed_lateness`` > 0, every late record within the lateness fires it again (a late pane,
 accumulating: each pane is the estimate over everything the window has received); ``early``
-adds speculative panes every so many seconds of processing time. For LDP families a pane is
+adds speculative panes every so many seconds of processing time (a whole number: Beam's runner
+API carries the delay in whole seconds). For LDP families a pane is
 post-processing of the same reports: it costs no privacy, and the last pane of a window
 supersedes the earlier ones. For central-DP families every pane is a fresh noisy release over
 overlapping records, so a configuration that can fire a window more than once is refused unless
@@ -21,6 +23,37 @@ overlapping records, so a configuration that can fire a window more than once is
 dead-letter line says which). Without late or early firings a central window releases once.
 After a crash, the releases already in ``estimates.jsonl`` count against the budget of the
 windows the re-read files feed, so a window is not released again from the same records.
+
+**Release range (central-DP).** Whether a window is released must not depend on its records:
+if only windows with records were released, the existence of a release would reveal that someone
+reported in it. A central-DP stream therefore releases exactly the windows of its *release
+range* — every window in it, those without records as the noisy release of all-zero counts, made
+exactly as any other release (:func:`empty_release`) — and withholds every window outside it (a
+``release`` dead letter says so; its record count stays in the ledger). The range is fixed by the
+operator and the clock, not the data:
+
+* it starts at the window containing ``start`` (``--start``) when declared. Otherwise a live run
+  starts at the window containing the run's start (wall clock less the watermark lag): records
+  of a backlog older than that are withheld (declare ``--start`` to release their windows); a
+  ``--once`` run starts at the window of the earliest record read, which then reveals that
+  window has a record (so declare ``--start``);
+* it ends with the last window starting before ``end`` (``--end``) when declared, else, live,
+  before the run's last watermark (its stop): a window ahead of it, fed by event times ahead of
+  the watermark, is withheld; a ``--once`` run without ``--end`` ends with the window of the
+  latest record read (the same caveat as for its start);
+* a restarted live run does not mark windows already closed at the settled watermark of the
+  previous run (they were that run's to release); a range has at most ``MAX_RANGE_WINDOWS``
+  windows.
+
+The source marks every window of the range (a ``MARK`` item at its start, sent before the
+watermark passes it; :class:`WindowMark`), so each fires whether or not it has records, and
+:class:`PaneFn` releases only marked windows. What the range does not hide: with late or early
+firings (``--allowed-lateness``, ``--early``) the *number* of releases of a window (at most N)
+depends on when its records arrive — a late pane exists only because a late record did. Each
+release states the composition over N regardless; a stream whose release pattern must reveal
+nothing uses neither, and releases each window of its range exactly once. The Pub/Sub source
+cannot mark a range here, so central-DP streams read a spool; a family whose estimator has no
+release of an empty window (OSPDPRR's) is refused.
 
 **Accounting.** Nothing is dropped silently: every record is in a window's panes, dead-lettered
 (``OUT/deadletter.jsonl``, with the stage, the reason and, from a spool, the file and line), or
@@ -41,7 +74,7 @@ import threading
 import time
 from datetime import datetime, timezone
 from importlib import import_module
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, NamedTuple
 
 import apache_beam as beam
 import numpy as np
@@ -53,17 +86,18 @@ from apache_beam.transforms.window import FixedWindows, GlobalWindows, Timestamp
 from apache_beam.utils.timestamp import Duration, Timestamp
 from apache_beam.utils.windowed_value import WindowedValue
 
-from ldp_beam.core import Mechanism
+from ldp_beam.core import Estimate, Mechanism, Statistic
+from ldp_beam.errors import EmptyAccumulatorError
 from ldp_beam.estimators import estimator_for
 from ldp_beam.privacy import compose
-from ldp_beam.transforms import Perturb
 from ldp_beam.transforms.batches import num_rows
 from ldp_beam.transforms.perturb import dead_letter, split_dead_letters
 from ldp_beam.transforms.combine import EstimateFailure, EstimatorCombineFn
 from ldp_beam.transforms.io import to_json_line
-from ldp_beam.transforms.spool import (DEAD, HEARTBEAT, LEDGER, RECORD, ReadSpoolOnce,
-                                       SpoolDirectory, SpoolSource, WindowClock, file_line,
-                                       iso, parse_line, record_settled)
+from ldp_beam.transforms.spool import (DEAD, HEARTBEAT, LEDGER, MARK, RECORD, RECORDS,
+                                       ReadSpoolOnce,
+                                       SpoolDirectory, SpoolSource, WindowClock, event_micros,
+                                       file_line, iso, parse_line, record_settled)
 
 from .common import counters, run_pipeline, runner_args, runner_name, say, write_json
 
@@ -71,6 +105,7 @@ PANE = "pane"
 ESTIMATES, DEAD_LETTERS, LEDGER_FILE, SUMMARY = ("estimates.jsonl", "deadletter.jsonl",
                                                  "ledger.jsonl", "summary.json")
 TIMING = {0: "early", 1: "on_time", 2: "late", 3: "unknown"}
+MAX_RANGE_WINDOWS = 100_000  # windows in a central release range (each is a release)
 DIRECT_RUNNERS = ("DirectRunner", "BundleBasedDirectRunner", "SwitchingDirectRunner")
 
 
@@ -79,28 +114,94 @@ class StreamConfigError(ValueError):
 
 
 # --------------------------------------------------------------------------- per-window estimate
-class CountingCombineFn(beam.CombineFn):
-    """An :class:`EstimatorCombineFn` that also counts the records it folded: outputs
-    ``(estimate or EstimateFailure, count)``. The count is the curator's bookkeeping (a central
-    release does not publish it)."""
+class WindowMark:
+    """An element that puts its window into a central release's range: the window is released
+    (once its trigger fires), records or not; a window never marked is withheld. It carries no
+    rows. Sources mark every window of their range (:func:`mark_windows`)."""
 
-    def __init__(self, inner: EstimatorCombineFn) -> None:
-        self.inner = inner
+    __slots__ = ()
+
+    def __eq__(self, other: Any) -> bool:
+        return isinstance(other, WindowMark)
+
+    def __hash__(self) -> int:
+        return 0
+
+    def __reduce__(self):
+        return WindowMark, ()
+
+    def __repr__(self) -> str:
+        return "WINDOW_MARK"
+
+
+WINDOW_MARK = WindowMark()
+
+
+def empty_release(estimator: Any):
+    """The release of an empty window for ``estimator`` (a central-DP family's), or None when it
+    has none. A histogram release of no records is the noisy release of all-zero counts, made
+    exactly as ``HistogramReleaseEstimator.finalize`` makes any other (which refuses an empty
+    accumulator: standalone, an empty histogram is a mistake; in a stream it is a window like any
+    other, whose release must not differ in form — a test holds the two to the same shape)."""
+    from ldp_beam.central.histogram import HistogramReleaseEstimator, release_source
+
+    if not isinstance(estimator, HistogramReleaseEstimator):
+        return None
+
+    def release(acc: np.ndarray) -> Estimate:
+        mech = estimator.mechanism
+        rel = mech.publish(acc, release_source(estimator.seed, acc))
+        var = mech.noise_variance(rel)
+        stats = {"histogram": Statistic(
+            np.asarray(rel["histogram"]), None if var is None else np.sqrt(var),
+            note="the published counts in bucket order; stderr: the noise alone (grouping "
+                 "methods add a reconstruction bias it does not include)")}
+        if "groups" in rel:
+            stats["groups"] = Statistic(np.asarray(rel["groups"]),
+                                        note="group id of every bucket (part of the release)")
+        return Estimate(mech.name, None, stats, mech.guarantee, mech.params())
+
+    return release
+
+
+class CountingCombineFn(beam.CombineFn):
+    """An :class:`EstimatorCombineFn` that also counts the records it folded and whether its
+    window is marked (:class:`WindowMark`): outputs ``(estimate or EstimateFailure, count,
+    marked)``. The count is the curator's bookkeeping (a central release does not publish it).
+
+    ``central``: a central-DP release, made only for a marked window (an unmarked one outputs
+    ``None``: nothing is drawn for a window that is withheld), with ``release_empty`` making the
+    release of a marked window without records."""
+
+    def __init__(self, inner: EstimatorCombineFn, central: bool = False,
+                 release_empty: Any = None) -> None:
+        self.inner, self.central, self.release_empty = inner, central, release_empty
 
     def create_accumulator(self):
-        return [self.inner.create_accumulator(), 0]
+        return [self.inner.create_accumulator(), 0, False]
 
     def add_input(self, acc, element):
+        if isinstance(element, WindowMark):
+            acc[2] = True
+            return acc
         acc[0] = self.inner.add_input(acc[0], element)
         acc[1] += num_rows(element)
         return acc
 
     def merge_accumulators(self, accs):
         accs = list(accs)
-        return [self.inner.merge_accumulators([a[0] for a in accs]), sum(a[1] for a in accs)]
+        return [self.inner.merge_accumulators([a[0] for a in accs]), sum(a[1] for a in accs),
+                any(a[2] for a in accs)]
 
     def extract_output(self, acc):
-        return self.inner.extract_output(acc[0]), acc[1]
+        inner, count, marked = acc
+        if not self.central:
+            return self.inner.extract_output(inner), count, marked
+        if not marked:
+            return None, count, False
+        if count == 0 and self.release_empty is not None:
+            return self.release_empty(inner), count, True
+        return self.inner.extract_output(inner), count, True
 
 
 def window_fields(start_us: int, end_us: int) -> dict:
@@ -116,8 +217,9 @@ def result_dict(est: Any, central: bool) -> dict:
 
 
 class PaneFn(beam.DoFn):
-    """``(estimate, count)`` of one firing -> a pane element: the published row (or, for a
-    central release past the window's budget, the reason it is withheld) and the count."""
+    """``(estimate, count, marked)`` of one firing -> a pane element: the published row (or,
+    for a central release outside the range or past the window's budget, the reason it is
+    withheld) and the count."""
 
     def __init__(self, central: bool, releases: int, guarantee: dict,
                  prior_releases: Mapping[int, int] | None = None) -> None:
@@ -125,17 +227,27 @@ class PaneFn(beam.DoFn):
         self.prior = dict(prior_releases or {})
 
     def process(self, element, window=beam.DoFn.WindowParam, pane=beam.DoFn.PaneInfoParam):
-        est, count = element
+        est, count, marked = element
         start, end = window.start.micros, window.end.micros
         index, timing = int(pane.index), TIMING.get(int(pane.timing), "unknown")
         out = {"window_start_us": start, "window_end_us": end, "index": index,
                "timing": timing, "count": int(count), "row": None, "refused": None}
         row = {**window_fields(start, end), "pane": {"index": index, "timing": timing}}
         if self.central:
+            out["in_range"] = bool(marked)
+            span = f"[{iso(start)}, {iso(end)})"
+            if not marked:
+                out["refused"] = (
+                    f"release withheld: window {span} is outside the run's release range (see "
+                    "release_range in summary.json): a central-DP stream releases exactly the "
+                    "windows of its range, so that whether a window is released reveals "
+                    "nothing about its records (their count is in the ledger)")
+                yield out
+                return
             release = self.prior.get(start, 0) + index + 1
             if release > self.releases:
                 out["refused"] = (
-                    f"release refused: firing {index + 1} of window [{iso(start)}, {iso(end)}) "
+                    f"release refused: firing {index + 1} of window {span} "
                     f"would be release {release} of a budget of {self.releases} "
                     "(--releases-per-window)")
                 yield out
@@ -166,68 +278,127 @@ def _report_column(values: list) -> np.ndarray:
     return np.asarray(values, dtype=object)
 
 
+def _raw_column(values: list) -> np.ndarray:
+    """A raw-record column for a mechanism's ``check`` (as ``Perturb`` builds it): float64 when
+    every value is a (non-bool) number, otherwise object."""
+    if all(isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool)
+           for v in values):
+        return np.asarray(values, dtype=np.float64)
+    return np.asarray(values, dtype=object)
+
+
+class RecordRows(NamedTuple):
+    """Records of one source in one window, as one element: ``rows`` are ``(record, line)``."""
+
+    source: str
+    rows: list
+
+
+def _unpack(element: Any) -> list[tuple[Any, str, int | None]]:
+    """A record element -> its ``(record, source, line)``: one for ``(record, source, line)``
+    as the sources send a record, or a bare record (no provenance); one per row of a
+    :class:`RecordRows`."""
+    if isinstance(element, RecordRows):
+        return [(record, element.source, line) for record, line in element.rows]
+    if isinstance(element, tuple) and len(element) == 3 and isinstance(element[0], Mapping):
+        return [element]
+    return [(element, "", None)]
+
+
 class BatchPerWindowFn(beam.DoFn):
-    """Windowed single reports -> one column batch per window per bundle (at most ``max_rows``
+    """Windowed single records -> one column batch per window per bundle (at most ``max_rows``
     rows), so the estimator folds a batch with one vectorized call instead of one per record.
+    An element is a record (a mapping), ``(record, source, line)`` or :class:`RecordRows` (a
+    group of those): a dead letter of a record then names its file (or Pub/Sub subscription)
+    and line, like the source's. :class:`WindowMark` elements pass through.
 
-    With ``estimator`` (LDP report records from untrusted clients) the reports are validated
-    here, vectorized, by the estimator's own ``check_reports`` — the check
-    :class:`ValidateReports` applies, which on single records costs a call per record: a record
-    missing a report field, or with a malformed one, is dead-lettered whole, with the reason.
-    Counters ``reports_in`` / ``reports_invalid`` (namespace ``ldp_beam``)."""
+    LDP (``mechanism`` not central): report records from untrusted clients, validated here,
+    vectorized, by the estimator's own ``check_reports`` — the check :class:`ValidateReports`
+    applies: a record missing a report field, or with a malformed one, is dead-lettered whole,
+    with the reason. Central-DP: raw records, checked and bucketed by the mechanism (``check``
+    and ``randomize``, which draw no noise for a central family, as ``Perturb`` does), mapped by
+    ``columns`` (role -> field); a dead letter shows only the mapped fields. Counters
+    ``reports_in`` / ``reports_invalid`` (LDP) or ``records_in`` / ``records_invalid`` (central),
+    namespace ``ldp_beam``."""
 
-    def __init__(self, fields: tuple, estimator: Any = None, max_rows: int = 4096) -> None:
-        self.fields = tuple(name for name, _ in fields)
+    def __init__(self, mechanism: Mechanism, estimator: Any = None,
+                 columns: Mapping[str, str] | None = None, max_rows: int = 4096) -> None:
+        self.mechanism = mechanism
+        self.central = bool(getattr(mechanism, "central", False))
+        self.fields = tuple(name for name, _ in mechanism.report_fields)
         self.estimator = estimator
+        self.columns = dict(columns or {r.name: r.name for r in mechanism.roles if r.required})
+        self.shown = list(dict.fromkeys(self.columns.values()))
         self.max_rows = max_rows
-        self.n_in = Metrics.counter("ldp_beam", "reports_in")
-        self.n_bad = Metrics.counter("ldp_beam", "reports_invalid")
+        what = "records" if self.central else "reports"
+        self.n_in = Metrics.counter("ldp_beam", f"{what}_in")
+        self.n_bad = Metrics.counter("ldp_beam", f"{what}_invalid")
 
     def start_bundle(self) -> None:
         self._groups: dict[Any, list] = {}
 
     def process(self, element, timestamp=beam.DoFn.TimestampParam,
                 window=beam.DoFn.WindowParam):
-        if not isinstance(element, Mapping):
-            self.n_in.inc()
-            self.n_bad.inc()
-            yield WindowedValue(dead_letter(f"unsupported report type {type(element).__name__}",
-                                            repr(element)[:200]), timestamp, (window,))
+        if isinstance(element, WindowMark):
+            yield WindowedValue(element, timestamp, (window,))
             return
         group = self._groups.setdefault(window, [])
-        group.append((element, timestamp))
-        if len(group) >= self.max_rows:
-            yield from self._flush(window)
+        for record, source, line in _unpack(element):
+            if not isinstance(record, Mapping):
+                self.n_in.inc()
+                self.n_bad.inc()
+                yield WindowedValue(dead_letter(f"unsupported record type "
+                                                f"{type(record).__name__}", repr(record)[:200],
+                                                source, line), timestamp, (window,))
+                continue
+            group.append((record, timestamp, source, line))
+            if len(group) >= self.max_rows:
+                yield from self._flush(window)
+                group = self._groups.setdefault(window, [])
 
     def finish_bundle(self):
         for window in list(self._groups):
             yield from self._flush(window)
 
+    def _dead(self, reasons: Any, group: list, window: Any, shown: list | None):
+        msgs = reasons.as_dict()
+        for i in np.flatnonzero(reasons.bad).tolist():
+            record, ts, source, line = group[i]
+            rec = dict(record) if shown is None else {c: record[c] for c in shown if c in record}
+            yield WindowedValue(dead_letter(msgs[i], rec, source, line), ts, (window,))
+        self.n_bad.inc(int(reasons.bad.sum()))
+
     def _flush(self, window):
         group = self._groups.pop(window, [])
         if not group:
             return
-        records = [r for r, _ in group]
+        records = [g[0] for g in group]
         n = len(records)
+        self.n_in.inc(n)
+        if self.central:
+            absent = [next((c for c in self.shown if c not in r), None) for r in records]
+            raw = {role: _raw_column([r.get(col) for r in records])
+                   for role, col in self.columns.items()}
+            cols, reasons = self.mechanism.check(raw)
+            reasons.flag(np.array([a is not None for a in absent]),
+                         lambda i: f"record has no field {absent[i]!r}", replace=True)
+            yield from self._dead(reasons, group, window, self.shown)
+            ok = np.flatnonzero(~reasons.bad)
+            if ok.size:
+                batch = self.mechanism.randomize({k: v[ok] for k, v in cols.items()},
+                                                 np.empty((int(ok.size), 0)))
+                yield WindowedValue(batch, min(group[i][1] for i in ok.tolist()), (window,))
+            return
         absent = [next((f for f in self.fields if f not in r), None) for r in records]
         cols = {f: _report_column([r.get(f) for r in records]) for f in self.fields}
-        ok = np.ones(n, dtype=bool)
-        if self.estimator is not None:
-            self.n_in.inc(n)
-            reasons = self.estimator.check_reports(cols, n)
-            reasons.flag(np.array([a is not None for a in absent]),
-                         lambda i: f"report field {absent[i]!r} is missing", replace=True)
-            msgs = reasons.as_dict()
-            for i in np.flatnonzero(reasons.bad).tolist():
-                yield WindowedValue(dead_letter(msgs[i], dict(records[i])), group[i][1],
-                                    (window,))
-            self.n_bad.inc(int(reasons.bad.sum()))
-            ok = ~reasons.bad
-        if ok.any():
-            idx = np.flatnonzero(ok)
-            batch = {f: c[idx] for f, c in cols.items()}
-            first = min(group[i][1] for i in idx.tolist())
-            yield WindowedValue(batch, first, (window,))
+        reasons = self.estimator.check_reports(cols, n)
+        reasons.flag(np.array([a is not None for a in absent]),
+                     lambda i: f"report field {absent[i]!r} is missing", replace=True)
+        yield from self._dead(reasons, group, window, None)
+        ok = np.flatnonzero(~reasons.bad)
+        if ok.size:
+            batch = {f: c[ok] for f, c in cols.items()}
+            yield WindowedValue(batch, min(group[i][1] for i in ok.tolist()), (window,))
 
 
 class WindowedOutputs:
@@ -237,14 +408,19 @@ class WindowedOutputs:
 
 class WindowedEstimate(beam.PTransform):
     """Timestamped records -> ``.panes`` (one element per firing of each fixed window, see
-    :class:`PaneFn`) and ``.dead_letter`` (records that failed validation, with the reason).
+    :class:`PaneFn`) and ``.dead_letter`` (records that failed validation, with the reason and,
+    for ``(record, source, line)`` elements, the file and line).
 
     ``mechanism``: LDP families read report records (validated by the estimator); central-DP
-    families (``mechanism.central``) read raw records, mapped by ``columns`` (role -> field).
-    ``window_seconds``, ``allowed_lateness``, ``early_seconds``: the windowing and triggers (see
-    the module docstring); ``releases_per_window``: the release budget per window of a central
-    family (required when a window can fire more than once); ``prior_releases``: releases
-    already made per window start (µs), e.g. before a crash, that count against it.
+    families (``mechanism.central``) read raw records, mapped by ``columns`` (role -> field),
+    and release exactly the windows that are *marked* (a :class:`WindowMark` element in the
+    window, see :func:`mark_windows`), empty ones included; a window with records but no mark
+    is withheld (a dead letter says so) — the source decides the range, the data does not.
+    ``window_seconds``, ``allowed_lateness``, ``early_seconds`` (a whole number of seconds):
+    the windowing and triggers (see the module docstring); ``releases_per_window``: the release
+    budget per window of a central family (required when a window can fire more than once);
+    ``prior_releases``: releases already made per window start (µs), e.g. before a crash, that
+    count against it.
     """
 
     def __init__(self, mechanism: Mechanism, window_seconds: float,
@@ -255,8 +431,14 @@ class WindowedEstimate(beam.PTransform):
                  prior_releases: Mapping[int, int] | None = None) -> None:
         super().__init__()
         self.clock = WindowClock(window_seconds, allowed_lateness)
-        if early_seconds is not None and not (math.isfinite(early_seconds) and early_seconds > 0):
-            raise StreamConfigError(f"--early {early_seconds!r}: expected seconds > 0")
+        if early_seconds is not None:
+            ok = (isinstance(early_seconds, (int, float)) and not isinstance(early_seconds, bool)
+                  and math.isfinite(early_seconds) and early_seconds >= 1
+                  and float(early_seconds).is_integer())
+            if not ok:
+                raise StreamConfigError(
+                    f"--early {early_seconds!r}: expected a whole number of seconds >= 1 (Beam's "
+                    "processing-time trigger delay is carried in whole seconds)")
         if releases_per_window is not None and (isinstance(releases_per_window, bool) or
                                                 not isinstance(releases_per_window, int) or
                                                 releases_per_window < 1):
@@ -265,7 +447,7 @@ class WindowedEstimate(beam.PTransform):
         self.mechanism = mechanism
         self.central = bool(getattr(mechanism, "central", False))
         self.window_seconds, self.allowed_lateness = window_seconds, allowed_lateness
-        self.early_seconds = early_seconds
+        self.early_seconds = None if early_seconds is None else int(early_seconds)
         refirings = [o for o, on in (("--allowed-lateness", allowed_lateness > 0),
                                      ("--early", early_seconds is not None)) if on]
         if self.central and refirings and releases_per_window is None:
@@ -286,37 +468,61 @@ class WindowedEstimate(beam.PTransform):
         if columns is None:
             columns = {r.name: r.name for r in mechanism.roles if r.required}
         self.columns = dict(columns)
+        if self.central:
+            roles = {r.name for r in mechanism.roles}
+            unknown = sorted(set(self.columns) - roles)
+            missing = [r.name for r in mechanism.roles if r.required and r.name not in columns]
+            if unknown or missing:
+                raise StreamConfigError(
+                    f"columns: {mechanism.name} has roles {sorted(roles)}"
+                    + (f"; unknown {unknown}" if unknown else "")
+                    + (f"; the required {missing} are not mapped" if missing else ""))
+            if mechanism.draws:
+                raise StreamConfigError(f"{mechanism.name} draws noise per record; a central "
+                                        "stream only checks and buckets raw records")
         self.estimator = estimator_for(mechanism, **dict(options or {}))
+        self.release_empty = empty_release(self.estimator) if self.central else None
+        if self.central and self.release_empty is None:
+            raise StreamConfigError(
+                f"{mechanism.name} cannot be streamed: a central-DP stream releases every window "
+                "of its range, those without records too (so that whether a window is released "
+                "reveals nothing), and its estimator has no release of an empty window; stream "
+                "a histogram release (laplace-histogram, dphr, ahp, structure-first) or run "
+                "`ldp-beam estimate` on a fixed batch")
         self.prior = dict(prior_releases or {})
 
     @property
     def trigger(self):
         late = tr.AfterCount(1) if self.allowed_lateness > 0 else None
+        # Beam's runner API carries the delay in milliseconds and reads it back in whole
+        # seconds: the delay is an int (a float fails to translate)
         early = tr.AfterProcessingTime(self.early_seconds) if self.early_seconds else None
         if late is None and early is None:
             return tr.AfterWatermark()
         return tr.AfterWatermark(early=early, late=late)
 
     def expand(self, records):
-        dead = []
-        if self.central:  # raw records: checked and bucketed (no noise yet) by the mechanism
-            checked = records | "CheckRecords" >> Perturb(self.mechanism, columns=self.columns)
-            records, dead = checked.reports, [checked.dead_letter]
         windowed = records | "Window" >> beam.WindowInto(
             FixedWindows(self.window_seconds), trigger=self.trigger,
             accumulation_mode=tr.AccumulationMode.ACCUMULATING,
             allowed_lateness=Duration.of(self.allowed_lateness))
         batched = split_dead_letters(windowed | "Batch" >> beam.ParDo(BatchPerWindowFn(
-            self.mechanism.report_fields, None if self.central else self.estimator)), "batches")
-        combine = CountingCombineFn(EstimatorCombineFn(self.estimator, on_empty="report"))
+            self.mechanism, None if self.central else self.estimator, self.columns)), "batches")
+        combine = CountingCombineFn(EstimatorCombineFn(self.estimator, on_empty="report"),
+                                    self.central, self.release_empty)
         panes = (batched.batches
                  | "EstimatePerWindow" >> beam.CombineGlobally(combine).without_defaults()
                  | "Panes" >> beam.ParDo(PaneFn(self.central, self.releases,
                                                 self.guarantee.to_dict(), self.prior)))
-        dead.append(batched.dead_letter | "UnwindowDeadLetters" >> beam.WindowInto(
-            GlobalWindows()))
-        return WindowedOutputs(panes, dead[0] if len(dead) == 1 else
-                               tuple(dead) | "AllInvalid" >> beam.Flatten())
+        dead = batched.dead_letter | "UnwindowDeadLetters" >> beam.WindowInto(GlobalWindows())
+        return WindowedOutputs(panes, dead)
+
+
+def mark_windows(clock: WindowClock, start_us: int, end_us: int) -> list[int]:
+    """The starts of the windows of a release range: every window from the one containing
+    ``start_us`` to the last one starting before ``end_us``."""
+    first = clock.window(start_us)[0]
+    return list(range(first, end_us, clock.size_us))
 
 
 # --------------------------------------------------------------------------- the sink
@@ -366,6 +572,8 @@ class StreamSink(beam.DoFn):
                                                              p["window_end_us"]),
                       "pane": p["index"], "timing": p["timing"], "count": p["count"],
                       "released": p["row"] is not None}
+            if "in_range" in p:
+                ledger["in_range"] = p["in_range"]
             if p["row"] is not None:
                 _append(self._fd(ESTIMATES), {**run, **p["row"]})
             else:
@@ -395,7 +603,8 @@ class StreamSink(beam.DoFn):
         span = f"[{iso(p['window_start_us'])}, {iso(p['window_end_us'])})"
         what = f"pane {p['index']} ({p['timing'].replace('_', ' ')})"
         if p["row"] is None:
-            return f"window {span} {what}: release withheld (budget spent)"
+            return f"window {span} {what}: release withheld (" + (
+                "budget spent)" if p.get("in_range", True) else "outside the release range)")
         if "error" in p["row"]:
             return f"window {span} {what}: no estimate: {p['row']['error']}"
         if self.central:
@@ -426,7 +635,7 @@ class ParseMessagesFn(beam.DoFn):
                              "source": self.source, "row": i}
                 continue
             self.n_records.inc()
-            yield TimestampedValue((RECORD, record), Timestamp(micros=t_us))
+            yield TimestampedValue((RECORD, record, self.source, i), Timestamp(micros=t_us))
 
 
 def subscription_path(sub: str) -> str:
@@ -461,11 +670,18 @@ class ReadPubSubRecords(beam.PTransform):
 
 # --------------------------------------------------------------------------- the pipeline
 def _records(item):
-    return [item[1]] if item[0] == RECORD else []
+    """An item -> the element of the estimate: ``(record, source, line)`` (a bare record for an
+    item without provenance), or a window mark."""
+    kind = item[0]
+    if kind == RECORDS:
+        return [RecordRows(item[1], item[2])]
+    if kind == RECORD:
+        return [item[1] if len(item) == 2 else (item[1], item[2], item[3])]
+    return [WINDOW_MARK] if kind == MARK else []
 
 
 def _others(item):
-    return [] if item[0] == RECORD else [item]
+    return [] if item[0] in (RECORD, RECORDS, MARK) else [item]
 
 
 def _tag_invalid(d):
@@ -481,8 +697,9 @@ def _keyed(x):
 
 
 def estimate_stream(items: Any, estimate: WindowedEstimate, sink: StreamSink) -> Any:
-    """``(kind, payload)`` items (records at their event times, dead letters, ledger entries,
-    heartbeats) -> windowed estimates -> the sink. Returns the sink's (empty) output."""
+    """Items (records at their event times, with their file and line, window marks at their
+    window's start, dead letters, ledger entries, heartbeats) -> windowed estimates -> the sink.
+    Returns the sink's (empty) output."""
     records = items | "Records" >> beam.FlatMap(_records)
     others = items | "Bookkeeping" >> beam.FlatMap(_others)
     out = records | "Estimate" >> estimate
@@ -549,6 +766,13 @@ def summarize(out_dir: str, run_id: str, records_read: int | None = None,
                        "too_late": src["too_late"], "skipped_settled": src["skipped_settled"],
                        "invalid": invalid, "in_windows": in_windows,
                        "in_releases": released_from if n_withheld else in_windows}}
+    ranged = [p for p in last.values() if "in_range" in p]
+    if ranged:  # a central release: the windows of its range, and those withheld outside it
+        inside = [p for p in ranged if p["in_range"]]
+        out["release_range"] = {
+            "windows": len(inside), "windows_outside": len(ranged) - len(inside),
+            "first_window_start": min((p["window_start"] for p in inside), default=None),
+            "last_window_end": max((p["window_end"] for p in inside), default=None)}
     if records is not None:
         dropped = records - in_windows - invalid
         out["records"]["dropped_by_windowing"] = dropped
@@ -571,11 +795,14 @@ def run_stream(output_dir: str, mechanism: Mechanism, *, spool: str | None = Non
                poll_seconds: float = 1.0, watermark_lag: float = 0.0,
                duration: float | None = None, once: bool = False,
                beam_args: Iterable[str] = (), stop: threading.Event | None = None,
-               progress: bool = True) -> dict:
+               progress: bool = True, start: Any = None, end: Any = None) -> dict:
     """Run a streaming estimation (see the module docstring) until ``duration`` seconds have
     passed, ``stop`` is set, SIGINT/SIGTERM arrives (when run on the main thread) or, with
     ``once``, the spool's present files are read. Outputs go to ``output_dir`` (appended to, so a
-    restarted run continues them); returns the run's summary (also ``OUT/summary.json``)."""
+    restarted run continues them); returns the run's summary (also ``OUT/summary.json``).
+
+    ``start``, ``end`` (epoch seconds or ISO 8601 text): the release range of a central-DP
+    stream (see "Release range" in the module docstring)."""
     if (spool is None) == (subscription is None):
         raise StreamConfigError("give exactly one source: --spool DIR or --subscription "
                                 "PROJECT/SUB")
@@ -585,6 +812,18 @@ def run_stream(output_dir: str, mechanism: Mechanism, *, spool: str | None = Non
     if duration is not None and not (math.isfinite(duration) and duration > 0):
         raise StreamConfigError(f"--duration {duration!r}: expected seconds > 0")
     central = bool(getattr(mechanism, "central", False))
+    start_us, end_us = _range_bound(start, "--start"), _range_bound(end, "--end")
+    if not central and (start_us is not None or end_us is not None):
+        raise StreamConfigError(f"--start/--end set the release range of a central-DP stream; "
+                                f"{mechanism.name} is {mechanism.guarantee.kind}, whose windows "
+                                "are estimated from the reports they have")
+    if central and subscription is not None:
+        raise StreamConfigError(
+            f"{mechanism.name} is a central-DP release, which must release every window of its "
+            "range (so that whether a window is released reveals nothing); the Pub/Sub source "
+            "cannot mark that range here: stream central releases from --spool")
+    if start_us is not None and end_us is not None and end_us <= start_us:
+        raise StreamConfigError(f"--end {end!r} is not after --start {start!r}")
     os.makedirs(output_dir, exist_ok=True)
     out_dir = os.path.abspath(output_dir)
     run_id = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ") + f"-{os.getpid()}"
@@ -595,6 +834,25 @@ def run_stream(output_dir: str, mechanism: Mechanism, *, spool: str | None = Non
     if spool_dir is not None:
         spool_dir.open()
     try:
+        if central:  # the release range: declared, or (live) from the run's start
+            size = clock.size_us
+            if once:
+                range_start, range_end = start_us, end_us
+            else:
+                range_start = start_us if start_us is not None else \
+                    int(time.time() * 1_000_000) - Duration.of(watermark_lag).micros
+                range_end = end_us
+            if range_start is not None and (range_end is not None or not once):
+                horizon = range_end if range_end is not None else \
+                    int(time.time() * 1_000_000) + size
+                n = max(0, -(-(horizon - clock.window(range_start)[0]) // size))
+                if n > MAX_RANGE_WINDOWS:
+                    raise StreamConfigError(
+                        f"--start {start!r}: the release range would have {n:,} windows of "
+                        f"--window {window_seconds:g}s"
+                        + ("" if once else " before now") + f", more than {MAX_RANGE_WINDOWS:,} "
+                        "(each is a release): give a later --start"
+                        + (" or an earlier --end" if once else "") + " or a longer --window")
         recovered = spool_dir.leftovers() if spool_dir else []
         prior = prior_releases(os.path.join(out_dir, ESTIMATES)) if central and recovered \
             else {}
@@ -610,7 +868,9 @@ def run_stream(output_dir: str, mechanism: Mechanism, *, spool: str | None = Non
                 raise StreamConfigError(
                     f"--spool streams on the DirectRunner only (not {runner_name(args)}): use "
                     "--once for a bounded read on other runners, or --subscription")
-            source = SpoolSource(spool_dir, poll_seconds, duration, watermark_lag, stop, log)
+            source = SpoolSource(spool_dir, poll_seconds, duration, watermark_lag, stop, log,
+                                 mark_from_us=range_start if central else None,
+                                 mark_until_us=range_end if central else None)
             what = f"spool {spool_dir.path} every {poll_seconds:g}s"
         else:
             source = ReadPubSubRecords(subscription, timestamp_field)
@@ -633,8 +893,14 @@ def run_stream(output_dir: str, mechanism: Mechanism, *, spool: str | None = Non
             f"estimates -> {os.path.join(out_dir, ESTIMATES)}"
             + ("" if once or duration else "; Ctrl-C stops cleanly"))
 
+        if central:
+            log(_range_line(once, range_start, range_end, start_us is not None))
+
         def build(p):
             items = p | "Read" >> source
+            if central and once:
+                items = (items, items | "Marks" >> MarkRange(clock, range_start, range_end)) \
+                    | "WithMarks" >> beam.Flatten()
             return [estimate_stream(items, estimate, sink)]
 
         started = time.monotonic()
@@ -656,12 +922,108 @@ def run_stream(output_dir: str, mechanism: Mechanism, *, spool: str | None = Non
                         "outputs": {k: os.path.join(out_dir, v) for k, v in (
                             ("estimates", ESTIMATES), ("dead_letter", DEAD_LETTERS),
                             ("ledger", LEDGER_FILE))}})
+        if central:
+            rr = summary.setdefault("release_range", {"windows": 0, "windows_outside": 0})
+            rr.update({"start": iso(range_start) if range_start is not None else None,
+                       "end": iso(range_end) if range_end is not None else None,
+                       "declared": {"start": start_us is not None, "end": end_us is not None},
+                       "rule": _range_line(once, range_start, range_end,
+                                           start_us is not None)})
         write_json(os.path.join(out_dir, SUMMARY), summary)
         log(summary_line(summary))
         return summary
     finally:
         if spool_dir is not None:
             spool_dir.close()
+
+
+def _range_bound(value: Any, option: str) -> int | None:
+    if value is None:
+        return None
+    try:
+        return event_micros(value, option)
+    except ValueError:
+        raise StreamConfigError(f"{option} {value!r}: expected epoch seconds or ISO 8601 text "
+                                "(a time between the years 1 and 9999)") from None
+
+
+def _range_line(once: bool, start_us: int | None, end_us: int | None, declared: bool) -> str:
+    """The release range of a central-DP run, for people (logged, and in summary.json)."""
+    first = (f"the window containing {iso(start_us)}" + ("" if declared else
+                                                         " (the run's start)")
+             if start_us is not None else
+             "the window of the earliest record read (no --start: this end of the range "
+             "reveals that its window has a record)")
+    last = (f"the last window starting before {iso(end_us)}" if end_us is not None else
+            "the window of the latest record read (no --end: this end of the range reveals that "
+            "its window has a record)" if once else
+            "the last window starting before the run's last watermark (its stop)")
+    return (f"release range: every window from {first} to {last} is released, with or "
+            "without records; windows outside it are withheld")
+
+
+class MarkRange(beam.PTransform):
+    """Bounded items -> a :data:`MARK` item at the start of every window of the release range
+    ``[start_us, end_us)`` (:func:`mark_windows`); an undeclared end is taken from the records'
+    event times (the window of the earliest, the window of the latest, inclusive)."""
+
+    def __init__(self, clock: WindowClock, start_us: int | None, end_us: int | None) -> None:
+        super().__init__()
+        self.clock, self.start_us, self.end_us = clock, start_us, end_us
+
+    def expand(self, items):
+        if self.start_us is not None and self.end_us is not None:
+            bounds = items.pipeline | "Bounds" >> beam.Create([(self.start_us, self.end_us)])
+        else:
+            bounds = (items | "EventTimes" >> beam.FlatMap(_event_time)
+                      | "Span" >> beam.CombineGlobally(_Span()).without_defaults()
+                      | "Bounds" >> beam.Map(_declared_or_span, self.start_us, self.end_us))
+        return bounds | "Windows" >> beam.FlatMap(_marks_of, self.clock)
+
+
+def _event_time(item, ts=beam.DoFn.TimestampParam):
+    """A record's event time (of a group, its earliest: the same window)."""
+    return [ts.micros] if item[0] in (RECORD, RECORDS) else []
+
+
+class _Span(beam.CombineFn):
+    """The earliest and the latest of some times."""
+
+    def create_accumulator(self):
+        return None, None
+
+    def add_input(self, acc, t):
+        return self.merge_accumulators([acc, (t, t)])
+
+    def merge_accumulators(self, accs):
+        spans = [a for a in accs if a[0] is not None]
+        if not spans:
+            return None, None
+        return min(a[0] for a in spans), max(a[1] for a in spans)
+
+    def extract_output(self, acc):
+        return acc
+
+
+def _declared_or_span(span, start_us, end_us):
+    if span[0] is None:
+        return None, None
+    return (start_us if start_us is not None else span[0],
+            end_us if end_us is not None else span[1] + 1)
+
+
+def _marks_of(bounds, clock: WindowClock):
+    start, end = bounds
+    if start is None or end <= start:
+        return []
+    n = -(-(end - clock.window(start)[0]) // clock.size_us)
+    if n > MAX_RANGE_WINDOWS:
+        raise StreamConfigError(
+            f"the release range [{iso(start)}, {iso(end)}) has {n:,} windows of "
+            f"{clock.window_seconds:g}s, more than {MAX_RANGE_WINDOWS:,} (each is a release): "
+            "declare a narrower one (--start, --end) or a longer --window")
+    return [TimestampedValue((MARK, s), Timestamp(micros=s)) for s in mark_windows(clock, start,
+                                                                                   end)]
 
 
 def summary_line(s: dict) -> str:
@@ -681,7 +1043,9 @@ def summary_line(s: dict) -> str:
         if r["skipped_settled"]:
             line += f", {r['skipped_settled']:,} skipped as settled before the restart"
     if s["panes_withheld"]:
-        line += f"; {s['panes_withheld']} release(s) withheld (budget spent)"
+        outside = s.get("release_range", {}).get("windows_outside", 0)
+        line += f"; {s['panes_withheld']} release(s) withheld (budget spent" + (
+            f", or {outside} window(s) outside the release range)" if outside else ")")
     return (f"{s['windows']} window(s), {s['panes']} pane(s) from {s['files']} file(s); "
             + line + ("" if s["reconciles"] else "  ** DOES NOT RECONCILE **"))
 

@@ -20,7 +20,7 @@ from ldp_beam.estimators import estimator_for
 from ldp_beam.registry import build_mechanism
 from ldp_beam.pipelines.stream import (StreamConfigError, StreamSink, WindowedEstimate,
                                        estimate_stream, run_stream, summarize)
-from ldp_beam.transforms.spool import (CLAIMED, DONE, RECORD, SpoolDirectory, SpoolError,
+from ldp_beam.transforms.spool import (CLAIMED, DONE, MARK, RECORD, SpoolDirectory, SpoolError,
                                        WindowClock, event_micros, parse_line, record_settled)
 
 T0 = 1_700_000_000  # a multiple of the window lengths used below
@@ -47,6 +47,11 @@ def columns_of(records):
 
 def at(records, t):
     return [TimestampedValue((RECORD, r), t) for r in records]
+
+
+def mark(t):
+    """A central release's range mark for the window starting at t."""
+    return TimestampedValue((MARK, t * 1_000_000), t)
 
 
 def run_teststream(tmp_path, stream, estimate):
@@ -170,7 +175,8 @@ def test_central_release_refuses_refiring_triggers_unless_budgeted(histogram):
 def test_central_release_budget_composes_and_withholds_extra_firings(tmp_path, histogram):
     vals = [{"value": v} for v in np.random.default_rng(6).uniform(0, 1, 60)]
     stream = (TestStream()
-              .add_elements(at(vals[:40] + [{"value": 1.5}, {"other": 0.2}], T0 + 1))
+              .add_elements(at(vals[:40] + [{"value": 1.5}, {"other": 0.2}], T0 + 1)
+                            + [mark(T0)])  # the window is in the release range
               .advance_watermark_to(T0 + 11)  # release 1 (on time)
               .add_elements(at(vals[40:50], T0 + 2))  # late: release 2
               .advance_watermark_to(T0 + 12)
@@ -356,7 +362,8 @@ def test_live_spool_settles_files_while_running_and_restarts_cleanly(tmp_path, b
 # --------------------------------------------------------------------------- the command
 def test_cli_errors_name_the_option(tmp_path):
     code, _, se = run_cli("stream", "--spool", str(tmp_path), "-m", "laplace-histogram",
-                          "-p", "epsilon=1", "-p", "bins=4", "-c", "value",
+                          "-p", "epsilon=1", "-p", "bins=4", "-p", "lower=0", "-p", "upper=1",
+                          "-c", "value",
                           "--allowed-lateness", "5", "-o", str(tmp_path / "o"))
     assert code == 2 and "--releases-per-window" in se
     code, _, se = run_cli("stream", "--subscription", "proj/sub", "-m", "grr", "-p",

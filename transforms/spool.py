@@ -10,22 +10,40 @@ file is never read. The source keeps its bookkeeping next to the files::
     D/*.jsonl      new files, taken in name order
     D/.claimed/    files being read, or read and feeding windows that are still open
     D/.done/       files every record of which is in a window's final pane, or dead-lettered
-    D/.failed/     files that could not be opened or read (a dead letter says why)
+    D/.failed/     files that could not be opened or read, and entries that are not regular
+                   files (symbolic links, pipes, directories: never followed nor read); a dead
+                   letter and a ledger entry say why
     D/.watermark   the settled watermark (microseconds): every window that closed before it has
                    had all of its panes written by the sink
     D/.lock        held (flock) by the one process reading D
 
-**Protocol.** A poll claims each new file by an atomic ``os.rename`` into ``.claimed/`` (under the
-lock, so two readers never both read a file), reads all of its lines and emits one element per
-record with its event time, a dead letter per bad line (with file, line number and reason), and a
-ledger entry for the file. Then, after every watermark it emits, it sends a *heartbeat*; the sink
-(``ldp_beam.pipelines.stream``) sets an event-time timer on it, and when the timer fires every
-pane of every window closed before that watermark has been written, so the sink records it in
-``D/.watermark``. A claimed file moves to ``.done/`` once that settled watermark has passed the
+**Reading a file.** Only a regular file is read: it is opened with ``O_NOFOLLOW`` and checked
+with ``fstat`` on what was opened (:func:`open_regular`), so a symbolic link is never followed
+and nothing can be swapped in between a check and the open. Lines are read by
+:func:`read_lines`, which never holds more than ``MAX_LINE_BYTES`` + 2 bytes of a line: a longer
+line is skipped to its end unread and dead-lettered (its size, file, line number and first 1,000
+bytes), and reading resumes at the next line. Each record carries its file and line number
+through the pipeline, so a record dead-lettered later (by the estimator's or mechanism's
+validation) names them too.
+
+**Protocol.** A poll lists the new entries and claims them one at a time, in name order, by an
+atomic ``os.rename`` into ``.claimed/`` (under the lock, so two readers never both read a file),
+reading each whole before claiming the next: it emits its records grouped by window (one element
+per group, at the group's earliest event time), a dead letter per bad line (with file, line
+number and reason) and a ledger entry for the file. After at most ``CHUNK_ITEMS`` items (a
+*chunk*) it sends a *heartbeat* and a watermark; the sink (``ldp_beam.pipelines.stream``) sets
+an event-time timer on the heartbeat, and when the timer fires every pane of every window closed
+before that watermark has been written, so the sink records it in ``D/.watermark``. That is
+also the source's acknowledgment: it sends no chunk before the one two back is acknowledged, so
+a backlog streams in bounded steps instead of queueing whole in the runner. Within one listing
+the watermark moves one microsecond per chunk (so every file of a listing is judged late or on
+time against the watermark in force when it was listed); once the listing is read it moves to
+the wall clock. A claimed file moves to ``.done/`` once the settled watermark has passed the
 heartbeat that followed its read *and* the close (end + allowed lateness) of every window its
 records fell in: from then on nothing that file fed can change. A clean stop (``duration``
-elapsed, the stop event set, SIGINT/SIGTERM in the CLI) ends the stream, the runner fires every
-open window, and the remaining claimed files move to ``.done/`` after the pipeline has finished.
+elapsed, the stop event set, SIGINT/SIGTERM in the CLI) takes effect after the file being read:
+the stream ends, the runner fires every open window, the claimed files move to ``.done/`` after
+the pipeline has finished, and the entries not yet claimed stay in ``D`` for the next run.
 
 **Restarts and guarantees.** A file in ``.done/`` is never read again. A file still in
 ``.claimed/`` at start-up is a crash's leftover: it is re-read from its first line, before any
@@ -38,17 +56,18 @@ window open at the crash may have an earlier, incomplete pane in ``estimates.jso
 crashed run (rows carry the run id; the later row supersedes it). Dead letters and ledger lines
 of a re-read file are at-least-once (they may repeat). The DirectRunner keeps window state in
 memory; what makes the above hold is that no file leaves ``.claimed/`` before its windows are
-written. A window still open at a clean stop fires then, over what it has; records for it that a
-later run reads form that run's own estimate of the window (rows differ in ``run``), and records
-for windows closed before the stop are too late in the next run.
+written, and that a file is claimed only when it is about to be read. A window still open at a
+clean stop fires then, over what it has; records for it that a later run reads form that run's
+own estimate of the window (rows differ in ``run``), and records for windows closed before the
+stop are too late in the next run.
 
-**Late data.** The live source's watermark is the wall clock at each poll, less ``watermark_lag``
-(and never behind the settled watermark of an earlier run). A record whose window closed before
-the watermark in force when it is read (``watermark > window end + allowed lateness``, Beam's own
-rule for dropping) is dead-lettered as too late, with the window and the watermark; everything
-the source emits is therefore on time or within the allowed lateness, and Beam's windowing never
-drops a record silently. Records read before the first watermark of a run on a fresh spool (a
-backlog) are all on time.
+**Late data.** The live source's watermark is the wall clock once a poll's listing is read, less
+``watermark_lag`` (and never behind the settled watermark of an earlier run). A record whose
+window closed before the watermark in force when its file was listed (``watermark > window end
++ allowed lateness``, Beam's own rule for dropping) is dead-lettered as too late, with the window
+and the watermark; everything the source emits is therefore on time or within the allowed
+lateness, and Beam's windowing never drops a record silently. The files of a run's first listing
+on a fresh spool (a backlog) are all on time.
 
 The live source is Beam's ``TestStream`` fed, as it runs, through Beam's ``TestStreamService``
 (the channel Interactive Beam streams through): the only unbounded source on the Python
@@ -59,31 +78,47 @@ there once on any runner.
 """
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import math
 import os
+import stat
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
+from functools import cached_property
 from datetime import datetime, timezone
 from typing import Any, Iterator
 
 import apache_beam as beam
 from apache_beam import coders
 from apache_beam.transforms.window import TimestampedValue
-from apache_beam.utils.timestamp import Duration, Timestamp
+from apache_beam.utils.timestamp import MIN_TIMESTAMP, Duration, Timestamp
 
 CLAIMED, DONE, FAILED = ".claimed", ".done", ".failed"
 WATERMARK_FILE, LOCK_FILE = ".watermark", ".lock"
 SUFFIX = ".jsonl"
-MAX_LINE_BYTES = 1 << 20  # a longer line is dead-lettered, not parsed
-EVENT_BYTES = 1 << 20  # payload per TestStream event (gRPC's default message limit is 4 MiB)
+MAX_LINE_BYTES = 1 << 20  # a longer line is dead-lettered, not parsed (nor held whole)
+SKIP_BYTES = 1 << 16  # what the reader holds while skipping the rest of an over-long line
+EVENT_BYTES = 3 << 20  # payload per TestStream event, at most (gRPC's default limit: 4 MiB)
 EVENT_ELEMENTS = 5000
+CHUNK_ITEMS = 5_000  # items sent between two acknowledgment points of the live source
+ACK_SECONDS = 20.0  # the longest the live source waits for an acknowledgment (see _events)
 MAX_POLL_SECONDS = 10.0  # the DirectRunner stops a TestStream that is silent for 30 s
+MIN_WATERMARK_US = MIN_TIMESTAMP.micros  # a TestStream's watermark before its first advance
 
-# Kinds of the (kind, payload) items a spool source emits.
-RECORD, DEAD, LEDGER, HEARTBEAT = "record", "dead", "ledger", "heartbeat"
+GROUP_ROWS, GROUP_BYTES = 4096, 1 << 18  # the most records (and their bytes) in one RECORDS item
+
+# Kinds of the items a spool source emits: (RECORD, record, source, line) at the record's event
+# time; (RECORDS, source, [(record, line), ...]): records of one file in one window, at the
+# earliest of their event times (the live source sends records so, one Beam element per group
+# rather than per record); (DEAD, dead letter), (LEDGER, entry), (HEARTBEAT, µs) and (MARK,
+# window start µs): a window of a central release's range (:mod:`ldp_beam.pipelines.stream`),
+# at its start.
+RECORD, RECORDS, DEAD, LEDGER, HEARTBEAT, MARK = ("record", "records", "dead", "ledger",
+                                                  "heartbeat", "mark")
 
 # datetime's range, in seconds: what an event time may be.
 MIN_EVENT_SECONDS = datetime(1, 1, 2, tzinfo=timezone.utc).timestamp()
@@ -150,6 +185,86 @@ def _shown(raw: bytes) -> str:
     return raw[:1000].decode("utf-8", "replace")
 
 
+@dataclass(frozen=True)
+class Line:
+    """One line of a spool file as :func:`read_lines` yields it: ``raw`` without its end
+    (``\\n``, ``\\r\\n``), or, for a line longer than the limit, only its first 1,000 bytes
+    (``too_long``); ``size``: the line's length in bytes, without its end."""
+
+    number: int
+    raw: bytes
+    size: int
+    too_long: bool = False
+
+
+def read_lines(fh: Any, limit: int = MAX_LINE_BYTES) -> Iterator[Line]:
+    """The lines of a binary file object, holding at most ``limit + 2`` bytes of a line at a time
+    (a line of ``limit`` bytes and its ``\\r\\n``): a longer line is not read whole but skipped to
+    its end ``SKIP_BYTES`` at a time and yielded as ``too_long``, and reading resumes at the next
+    line. Every request to ``fh`` is a ``readline(n)`` with ``n <= limit + 2``."""
+    number = 0
+    while True:
+        chunk = fh.readline(limit + 2)
+        if not chunk:
+            return
+        number += 1
+        if chunk.endswith(b"\n") or len(chunk) < limit + 2:  # a whole line (the last may lack \n)
+            raw = chunk.rstrip(b"\r\n")
+            if len(raw) > limit:  # limit + 1 bytes and its \n
+                yield Line(number, raw[:1000], len(raw), True)
+            else:
+                yield Line(number, raw, len(raw))
+            continue
+        head, size, tail = chunk[:1000], len(chunk), chunk[-2:]
+        del chunk
+        while True:  # skip the rest of the over-long line
+            part = fh.readline(SKIP_BYTES)
+            if not part:
+                break
+            size += len(part)
+            tail = (tail + part)[-2:]
+            if part.endswith(b"\n"):
+                break
+        size -= 2 if tail == b"\r\n" else 1 if tail.endswith(b"\n") else 0
+        yield Line(number, head, size, True)
+
+
+def _kind(mode: int) -> str:
+    for test, what in ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISDIR, "a directory"),
+                       (stat.S_ISFIFO, "a named pipe"), (stat.S_ISSOCK, "a socket"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device")):
+        if test(mode):
+            return what
+    return "not a regular file"
+
+
+class NotRegularFile(OSError):
+    """A spool entry that is not a regular file (a symbolic link, a directory, a pipe...)."""
+
+
+def open_regular(path: str):
+    """Open ``path`` for reading as a binary file only if it is a regular file itself: a symbolic
+    link is not followed (``O_NOFOLLOW``), and a pipe, socket, device or directory is refused
+    after ``fstat`` of what was opened (``O_NONBLOCK``, so that opening a pipe does not wait for
+    a writer), so nothing can be swapped in between a check and the open. Raises
+    :class:`NotRegularFile` saying what it is."""
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise NotRegularFile(errno.ELOOP, "a symbolic link", path) from None
+        raise
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise NotRegularFile(errno.EINVAL, _kind(mode), path)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 def iso(micros: int) -> str:
     """UTC ISO 8601 text of a time in microseconds (``...Z``)."""
     dt = datetime.fromtimestamp(micros / 1e6, tz=timezone.utc)
@@ -176,11 +291,11 @@ class WindowClock:
         if Duration.of(self.window_seconds).micros <= 0:
             raise ValueError(f"window = {self.window_seconds!r}: shorter than a microsecond")
 
-    @property
+    @cached_property
     def size_us(self) -> int:
         return Duration.of(self.window_seconds).micros  # what beam.window.FixedWindows uses
 
-    @property
+    @cached_property
     def lateness_us(self) -> int:
         return Duration.of(self.allowed_lateness).micros
 
@@ -283,22 +398,27 @@ class SpoolDirectory:
                        if f.endswith(SUFFIX) and not f.startswith("."))
         return [FileState(self._sub(CLAIMED, n), n, True) for n in names]
 
+    def new_names(self) -> list[str]:
+        """The names of the new entries (``*.jsonl``, not dot-names), in name order. Whatever
+        they are: one that is not a regular file is claimed like a file and then set aside by
+        :meth:`read` (a symbolic link is never followed)."""
+        with os.scandir(self.path) as it:
+            return sorted(e.name for e in it if e.name.endswith(SUFFIX)
+                          and not e.name.startswith("."))
+
+    def claim(self, name: str) -> FileState | None:
+        """Claim one new entry by an atomic rename into ``.claimed/`` (a symbolic link is moved
+        as the link itself); None if another process took or removed it since the listing."""
+        dst = _free_name(self._sub(CLAIMED), name)
+        try:
+            os.rename(os.path.join(self.path, name), dst)
+        except FileNotFoundError:
+            return None
+        return FileState(dst, name, False)
+
     def claim_new(self) -> list[FileState]:
-        """Claim every new ``*.jsonl`` file, in name order, by an atomic rename."""
-        out = []
-        for name in sorted(os.listdir(self.path)):
-            if not name.endswith(SUFFIX) or name.startswith("."):
-                continue
-            src = os.path.join(self.path, name)
-            if not os.path.isfile(src):
-                continue
-            dst = _free_name(self._sub(CLAIMED), name)
-            try:
-                os.rename(src, dst)
-            except FileNotFoundError:  # taken (or removed) since the listing
-                continue
-            out.append(FileState(dst, name, False))
-        return out
+        """Claim every new entry, in name order (see :meth:`claim`)."""
+        return [s for s in map(self.claim, self.new_names()) if s is not None]
 
     def finish(self, state: FileState) -> None:
         """Move a claimed file to ``.done/`` (every record of it is settled)."""
@@ -307,38 +427,62 @@ class SpoolDirectory:
     def finish_existing(self, states: list) -> int:
         """Move every one of ``states`` still in ``.claimed/`` to ``.done/``; returns how many."""
         n = 0
-        for state in states:
-            if os.path.exists(state.path):
+        for state in states:  # not one set aside in .failed/
+            if os.path.dirname(state.path) == self._sub(CLAIMED) and \
+                    os.path.lexists(state.path):
                 self.finish(state)
                 n += 1
         return n
 
-    def fail(self, state: FileState) -> None:
+    def fail(self, state: FileState) -> str:
+        """Move a claimed entry to ``.failed/``; returns where it is now."""
         try:
-            os.rename(state.path, _free_name(self._sub(FAILED), os.path.basename(state.path)))
+            dst = _free_name(self._sub(FAILED), os.path.basename(state.path))
+            os.rename(state.path, dst)
+            return dst
         except OSError:
-            pass  # left in .claimed/: tried again at the next start
+            return state.path  # left in .claimed/: tried again at the next start
 
     # -- reading
     def read(self, state: FileState, watermark_us: int | None, settled_us: int | None
              ) -> Iterator[tuple]:
-        """The items of one claimed file: ``(RECORD, record, event µs)`` and ``(DEAD, dead
-        letter)`` per line, then ``(LEDGER, entry)``. ``watermark_us``: the watermark in force
+        """The items of one claimed file: ``(RECORD, record, event µs, line, bytes)`` and
+        ``(DEAD, dead letter)`` per line, then ``(LEDGER, entry)``. ``watermark_us``: the watermark in force
         (records whose window closed before it are too late); ``settled_us``: for a re-read
-        leftover, records whose window closed before it are skipped (counted in the ledger)."""
+        leftover, records whose window closed before it are skipped (counted in the ledger).
+
+        Only a regular file is read (:func:`open_regular`): anything else (a symbolic link, a
+        pipe, a directory) is moved to ``.failed/`` unread, with a dead letter and a ledger
+        entry saying what it is. Lines are read by :func:`read_lines`: a line longer than
+        ``MAX_LINE_BYTES`` is dead-lettered (with its size and first 1,000 bytes) without being
+        held in memory, and reading resumes at the next line."""
         tally = ReadTally()
         try:
-            fh = open(state.path, "rb")
+            fh = open_regular(state.path)
         except OSError as exc:
-            tally.error = f"unreadable file: {type(exc).__name__}: {exc}"
+            if isinstance(exc, NotRegularFile):
+                tally.error = (f"not a regular file ({exc.strerror}): not followed or read")
+            else:
+                tally.error = f"unreadable file: {type(exc).__name__}: {exc}"
+            where = self.fail(state)
+            if where != state.path:
+                tally.error += f"; moved to {os.path.join(FAILED, os.path.basename(where))}"
+            state.path = where
             yield DEAD, _dead(tally.error, None, state.name, None)
             yield LEDGER, self._ledger(state, tally)
-            self.fail(state)
             return
         with fh:
             try:
-                for lineno, raw in enumerate(fh, 1):
-                    raw = raw.rstrip(b"\r\n")
+                for line in read_lines(fh):
+                    if line.too_long:
+                        tally.lines += 1
+                        tally.dead_lettered += 1
+                        yield DEAD, _dead(
+                            f"line of {line.size:,} bytes is longer than the limit of "
+                            f"{MAX_LINE_BYTES:,}: not parsed (record: its first 1,000 bytes)",
+                            _shown(line.raw), state.name, line.number)
+                        continue
+                    raw = line.raw
                     if not raw.strip():
                         continue  # a blank line is not a record
                     tally.lines += 1
@@ -346,7 +490,7 @@ class SpoolDirectory:
                         record, t_us = parse_line(raw, self.timestamp_field)
                     except ValueError as exc:
                         tally.dead_lettered += 1
-                        yield DEAD, _dead(str(exc), _shown(raw), state.name, lineno)
+                        yield DEAD, _dead(str(exc), _shown(raw), state.name, line.number)
                         continue
                     close = self.clock.close(t_us)
                     if state.recovered and settled_us is not None and close < settled_us:
@@ -360,12 +504,12 @@ class SpoolDirectory:
                             f"too late: event time {iso(t_us)} is in window [{iso(start)}, "
                             f"{iso(end)}), closed at {iso(close)} (its end plus the allowed "
                             f"lateness); the watermark was {iso(watermark_us)}",
-                            record, state.name, lineno)
+                            record, state.name, line.number)
                         continue
                     tally.records += 1
                     state.max_close_us = close if state.max_close_us is None \
                         else max(state.max_close_us, close)
-                    yield RECORD, record, t_us
+                    yield RECORD, record, t_us, line.number, line.size
             except OSError as exc:  # an I/O error part-way: what was read stands
                 tally.error = f"read failed after {tally.lines} lines: {type(exc).__name__}: {exc}"
                 yield DEAD, _dead(tally.error, None, state.name, None)
@@ -379,6 +523,37 @@ class SpoolDirectory:
         if tally.error:
             out["error"] = tally.error
         return out
+
+
+def grouped(items: Iterator[tuple], source: str, window_us: int) -> Iterator[tuple]:
+    """The items of one file (:meth:`SpoolDirectory.read`) with its records grouped by window
+    (at most ``GROUP_ROWS`` records, ``GROUP_BYTES`` of lines, per group): yields ``(item, event
+    µs or None, items read)`` — ``(RECORDS, source, [(record, line), ...])`` at the earliest
+    event time of the group, other items as they are (None), each group before the file's
+    ledger entry."""
+    groups: dict[int, list] = {}  # window start -> [earliest µs, rows, bytes, items]
+    for item in items:
+        if item[0] == RECORD:
+            _, record, t_us, number, nbytes = item
+            w = t_us - t_us % window_us
+            g = groups.get(w)
+            if g is None:
+                g = groups[w] = [t_us, [], 0, 0]
+            g[0] = min(g[0], t_us)
+            g[1].append((record, number))
+            g[2] += nbytes
+            g[3] += 1
+            if len(g[1]) >= GROUP_ROWS or g[2] >= GROUP_BYTES:
+                del groups[w]
+                yield (RECORDS, source, g[1]), g[0], g[3]
+            continue
+        if item[0] == LEDGER:  # the file's last item
+            for g in groups.values():
+                yield (RECORDS, source, g[1]), g[0], g[3]
+            groups = {}
+        yield item, None, 1
+    for g in groups.values():
+        yield (RECORDS, source, g[1]), g[0], g[3]
 
 
 def _free_name(folder: str, name: str) -> str:
@@ -416,19 +591,33 @@ def record_settled(spool_path: str, watermark_us: int) -> None:
 
 # --------------------------------------------------------------------------- the live source
 class SpoolSource(beam.PTransform):
-    """The live spool source (DirectRunner, streaming): ``(kind, payload)`` items, each record at
+    """The live spool source (DirectRunner, streaming): ``(kind, ...)`` items, each record at
     its event time. Use it as a context manager around the pipeline run: entering starts the
-    local TestStreamService that feeds it, leaving stops it.
+    local TestStreamService that feeds it (and the ``duration`` clock), leaving stops it.
 
     ``poll_seconds``: how often new files are looked for (at most 10 s); ``duration``: stop
     cleanly after this many seconds (None: until ``stop`` is set); ``watermark_lag``: seconds the
     watermark trails the wall clock (how long a window waits for stragglers before its on-time
-    pane). ``stop``: a threading.Event that ends the stream cleanly.
+    pane). ``stop``: a threading.Event that ends the stream cleanly. ``mark_from_us``: for a
+    central-DP release, the start of its range: every window from the one containing it is
+    marked (a ``(MARK, window start)`` item) once the watermark reaches its start, up to the last
+    watermark of the run or ``mark_until_us`` (None: no marks).
+
+    **Chunks.** A poll lists the new files and claims and reads them one at a time, sending at
+    most ``CHUNK_ITEMS`` items (records, dead letters, ledger entries) before an acknowledgment
+    point: a heartbeat and a watermark one microsecond past the one in force, so that every file
+    of one listing is judged late or on time against the same watermark (the wall clock's comes
+    when the listing is done). The sink records the heartbeat's settled watermark once
+    everything before it is written; the source does not send a chunk before the one two back
+    is acknowledged (at most ``ACK_SECONDS``), so at most about two chunks are ever in flight: a
+    stop (``duration``, ``stop``) takes effect after the file being read, with little queued
+    behind it, and the files not yet claimed stay in the spool for the next run.
     """
 
     def __init__(self, spool: SpoolDirectory, poll_seconds: float = 1.0,
                  duration: float | None = None, watermark_lag: float = 0.0,
-                 stop: threading.Event | None = None, say: Any = None) -> None:
+                 stop: threading.Event | None = None, say: Any = None,
+                 mark_from_us: int | None = None, mark_until_us: int | None = None) -> None:
         super().__init__()
         if not (isinstance(poll_seconds, (int, float)) and 0 < poll_seconds <= MAX_POLL_SECONDS):
             raise ValueError(f"poll = {poll_seconds!r}: expected seconds in (0, "
@@ -445,15 +634,22 @@ class SpoolSource(beam.PTransform):
         self.stop = stop or threading.Event()
         self.say = say or (lambda msg: None)
         self.coder = coders.FastPrimitivesCoder()
-        self.claimed: list[FileState] = []  # every file this run read (settled or not)
+        self.claimed: list[FileState] = []  # the files read and not yet settled
+        self.read_files = 0  # every file this run read
         self.error: BaseException | None = None
         self.last_watermark_us: int | None = None
+        self.mark_from_us = None if mark_from_us is None else spool.clock.window(mark_from_us)[0]
+        self.mark_until_us = mark_until_us
+        self.marked: tuple[int, int] | None = None  # [first, end) of the windows marked
+        self.deadline: float | None = None
         self._controller = None
 
     # -- the TestStreamService
     def __enter__(self) -> "SpoolSource":
         from apache_beam.testing.test_stream_service import TestStreamServiceController
 
+        if self.duration is not None:
+            self.deadline = time.monotonic() + self.duration
         self._controller = TestStreamServiceController(self)
         self._controller.start()
         return self
@@ -478,60 +674,133 @@ class SpoolSource(beam.PTransform):
     def read_multiple(self, unused_tags: Any) -> Iterator[Any]:
         return self._events()
 
+    def _stopping(self) -> bool:
+        return self.stop.is_set() or (self.deadline is not None and
+                                      time.monotonic() >= self.deadline)
+
+    def _wait(self, seconds: float) -> None:
+        if self.deadline is not None:
+            seconds = min(seconds, max(0.0, self.deadline - time.monotonic()))
+        self.stop.wait(seconds)
+
+    def _await_ack(self, watermark_us: int | None) -> None:
+        """Wait until the sink has settled ``watermark_us`` (everything sent before it is
+        written), a stop, or ``ACK_SECONDS``."""
+        if watermark_us is None:
+            return
+        give_up = time.monotonic() + ACK_SECONDS
+        pause = 0.002
+        while not self._stopping() and time.monotonic() < give_up:
+            settled = self.spool.settled()
+            if settled is not None and settled >= watermark_us:
+                return
+            self.stop.wait(pause)
+            pause = min(pause * 2, 0.05)
+
+    def _marks(self, watermark_us: int | None, new_us: int) -> list[int]:
+        """The starts of the windows to mark before the watermark moves to ``new_us``: those of
+        the range that start before it and are not marked yet, less those already closed at
+        the watermark in force (an earlier run's)."""
+        if self.mark_from_us is None:
+            return []
+        if self.mark_until_us is not None:
+            new_us = min(new_us, self.mark_until_us)
+        size = self.spool.clock.size_us
+        first = self.mark_from_us if self.marked is None else self.marked[1]
+        starts = [s for s in range(first, new_us, size)
+                  if not self.spool.clock.too_late(s, watermark_us)]
+        if first < new_us:
+            end = first + -(-(new_us - first) // size) * size
+            self.marked = (self.mark_from_us if self.marked is None else self.marked[0], end)
+        return starts
+
     def _events(self) -> Iterator[Any]:
         from apache_beam.portability.api import beam_runner_api_pb2 as api
 
         ev = api.TestStreamPayload.Event
         settled0 = self.spool.settled()
         watermark = settled0  # in force for the too-late rule (a fresh spool: none yet)
-        deadline = None if self.duration is None else time.monotonic() + self.duration
         last_tick = time.monotonic()
+        clock_us = self.spool.clock.size_us
+        pending: deque = deque()  # leftovers (FileState) and new names of the current listing
         first = True
+        sent: list[int] = []  # the acknowledgment points sent (watermarks)
+
+        batch: list = []
+        size = 0
+
+        def add(value, t_us) -> list:
+            """Add an element to the batch; returns the events to send first (the batch, when
+            the element would take it past EVENT_BYTES or EVENT_ELEMENTS)."""
+            nonlocal batch, size
+            enc = self.coder.encode(value)
+            out = []
+            if batch and (size + len(enc) > EVENT_BYTES or len(batch) >= EVENT_ELEMENTS):
+                out = [ev(element_event=ev.AddElements(elements=batch, tag="None"))]
+                batch, size = [], 0
+            batch.append(api.TestStreamPayload.TimestampedElement(encoded_element=enc,
+                                                                  timestamp=t_us))
+            size += len(enc)
+            return out
+
+        def flush() -> list:
+            nonlocal batch, size
+            out = [ev(element_event=ev.AddElements(elements=batch, tag="None"))] if batch else []
+            batch, size = [], 0
+            return out
+
         try:
-            while not self.stop.is_set():
-                files = (self.spool.leftovers() if first else []) + self.spool.claim_new()
-                first = False
-                for state in files:
+            while True:
+                stopping = self._stopping()
+                if not pending and not stopping:
+                    if first:
+                        pending.extend(self.spool.leftovers())
+                        first = False
+                    pending.extend(self.spool.new_names())
+                stamp = watermark if watermark is not None else 0
+                n_items, files = 0, []
+                while pending and n_items < CHUNK_ITEMS and not stopping:
+                    entry = pending.popleft()
+                    state = entry if isinstance(entry, FileState) else self.spool.claim(entry)
+                    if state is None:
+                        continue
+                    files.append(state)
                     self.claimed.append(state)
-                    stamp = watermark if watermark is not None else 0
-                    batch, size = [], 0
-                    for item in self.spool.read(state, watermark, settled0):
-                        if item[0] == RECORD:
-                            value, t_us = (RECORD, item[1]), item[2]
-                        else:
-                            value, t_us = item, stamp
-                        enc = self.coder.encode(value)
-                        batch.append(api.TestStreamPayload.TimestampedElement(
-                            encoded_element=enc, timestamp=t_us))
-                        size += len(enc)
-                        if size >= EVENT_BYTES or len(batch) >= EVENT_ELEMENTS:
-                            yield ev(element_event=ev.AddElements(elements=batch, tag="None"))
-                            batch, size = [], 0
-                    if batch:
-                        yield ev(element_event=ev.AddElements(elements=batch, tag="None"))
-                # the watermark: wall clock less the lag, strictly increasing, never behind the
-                # settled watermark of an earlier run
-                now_us = int(time.time() * 1_000_000) - self.lag_us
-                floor = max(x for x in (watermark, self.last_watermark_us, -1) if x is not None)
-                new = max(now_us, floor + 1)
+                    self.read_files += 1
+                    for value, t_us, n_read in grouped(
+                            self.spool.read(state, watermark, settled0), state.name, clock_us):
+                        n_items += n_read
+                        yield from add(value, stamp if t_us is None else t_us)
+                    stopping = self._stopping()
+                # the watermark: within a listing, one microsecond on (an acknowledgment point);
+                # once it is read, the wall clock less the lag. Strictly increasing, never
+                # behind the settled watermark of an earlier run.
+                floor = max((x for x in (watermark, self.last_watermark_us) if x is not None),
+                            default=MIN_WATERMARK_US)
+                if pending and not stopping:
+                    new = floor + 1
+                else:
+                    new = max(int(time.time() * 1_000_000) - self.lag_us, floor + 1)
+                for s in self._marks(watermark, new):
+                    yield from add((MARK, s), s)
+                yield from add((HEARTBEAT, new), new)
+                yield from flush()
                 for state in files:
                     state.read_at_us = new
-                beat = self.coder.encode((HEARTBEAT, new))
-                yield ev(element_event=ev.AddElements(elements=[
-                    api.TestStreamPayload.TimestampedElement(encoded_element=beat,
-                                                             timestamp=new)], tag="None"))
                 tick = time.monotonic()
                 yield ev(processing_time_event=ev.AdvanceProcessingTime(
                     advance_duration=max(1, int((tick - last_tick) * 1_000_000))))
                 last_tick = tick
                 yield ev(watermark_event=ev.AdvanceWatermark(new_watermark=new, tag="None"))
                 watermark = self.last_watermark_us = new
+                sent.append(new)
                 self.settle()
-                if deadline is not None and time.monotonic() >= deadline:
+                if stopping or self._stopping():
                     break
-                wait = self.poll_seconds if deadline is None else \
-                    min(self.poll_seconds, max(0.0, deadline - time.monotonic()))
-                self.stop.wait(wait)
+                if pending:  # more of this listing: go on once the chunk two back is written
+                    self._await_ack(sent[-2] if len(sent) > 1 else None)
+                else:
+                    self._wait(self.poll_seconds)
         except GeneratorExit:  # the runner went away (a failed pipeline): stop quietly
             raise
         except BaseException as exc:  # reported by the driver once the pipeline has ended
@@ -544,14 +813,18 @@ class SpoolSource(beam.PTransform):
         moved = []
         if settled is None:
             return moved
+        keep = []
         for state in self.claimed:
-            if not os.path.exists(state.path) or state.read_at_us is None:
-                continue
-            if settled >= state.read_at_us and (state.max_close_us is None or
-                                                state.max_close_us < settled):
+            if not os.path.lexists(state.path) or not state.path.startswith(
+                    self.spool._sub(CLAIMED)):
+                continue  # set aside (.failed/) or gone
+            if state.read_at_us is not None and settled >= state.read_at_us and (
+                    state.max_close_us is None or state.max_close_us < settled):
                 self.spool.finish(state)
                 moved.append(state)
-        self.claimed = [s for s in self.claimed if s not in moved]
+            else:
+                keep.append(state)
+        self.claimed = keep
         return moved
 
     def finish_all(self) -> int:
@@ -577,8 +850,9 @@ def file_line(entry: dict) -> str:
 
 # --------------------------------------------------------------------------- the bounded source
 class ReadClaimedFn(beam.DoFn):
-    """A claimed file -> its items, each record timestamped with its event time. Nothing is too
-    late in a bounded read; re-read leftovers skip what was settled before the restart."""
+    """A claimed file -> its items, its records grouped by window (:func:`grouped`), each group
+    timestamped with its earliest event time. Nothing is too late in a bounded read; re-read
+    leftovers skip what was settled before the restart."""
 
     def __init__(self, spool: SpoolDirectory, settled_us: int | None) -> None:
         self.spool_path = spool.path
@@ -589,11 +863,9 @@ class ReadClaimedFn(beam.DoFn):
     def process(self, state: tuple):
         path, name, recovered = state
         spool = SpoolDirectory(self.spool_path, self.clock, self.timestamp_field)
-        for item in spool.read(FileState(path, name, recovered), None, self.settled_us):
-            if item[0] == RECORD:
-                yield TimestampedValue((RECORD, item[1]), Timestamp(micros=item[2]))
-            else:
-                yield item
+        items = spool.read(FileState(path, name, recovered), None, self.settled_us)
+        for value, t_us, _ in grouped(items, name, self.clock.size_us):
+            yield value if t_us is None else TimestampedValue(value, Timestamp(micros=t_us))
 
 
 class ReadSpoolOnce(beam.PTransform):
