@@ -401,6 +401,26 @@ class Estimate:
         except KeyError:
             raise KeyError(f"no statistic {name!r}; available: {sorted(self.statistics)}") from None
 
+    def with_design_effect(self, k: int, why: str) -> "Estimate":
+        """Standard errors widened by sqrt(k), for reports that come up to ``k`` at a time from
+        one privacy unit. Reports of one unit may be correlated in any way, and for a sum of k
+        terms Var(X_1 + ... + X_k) <= k (Var X_1 + ... + Var X_k) (Cauchy-Schwarz), so a linear
+        estimator's variance is at most k times the variance computed as if all reports were
+        independent (to first order, the delta method's linearization, for the others): a
+        conservative standard error, exact when k = 1."""
+        if k <= 1:
+            return self
+        f = math.sqrt(k)
+        stats = {}
+        for name, st in self.statistics.items():
+            se = None if st.stderr is None else np.asarray(st.stderr, dtype=float) * f
+            if se is not None and se.ndim == 0:
+                se = float(se)
+            note = (st.note + " " if st.note else "") + \
+                f"stderr x sqrt({k}): {why} (conservative)"
+            stats[name] = dataclasses.replace(st, stderr=se, note=note)
+        return dataclasses.replace(self, statistics=stats)
+
     def to_dict(self) -> dict:
         return {"mechanism": self.mechanism, "n_reports": self.n_reports,
                 "params": {k: (list(v) if isinstance(v, tuple) else v)
