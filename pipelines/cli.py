@@ -69,6 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="ldp-beam", description="Privacy-preserving collection and "
                                  "estimation on Apache Beam. Unknown --options go to Beam.")
     ap.add_argument("--verbose", "-v", action="store_true", help="show Beam's log")
+    ap.add_argument("--version", action="version", version=f"ldp-beam {_version()}")
     sub = ap.add_subparsers(dest="command", required=True)
 
     d = sub.add_parser("demo", help="the main job on bundled sample data (DirectRunner)")
@@ -190,6 +191,17 @@ def build_parser() -> argparse.ArgumentParser:
     au.add_argument("--only", action="append", metavar="NAME",
                     help="audit only this mechanism (repeatable; default: all)")
     return ap
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("ldp-beam")
+    except PackageNotFoundError:  # running from a source tree that is not installed
+        from ldp_beam import __version__
+
+        return __version__
 
 
 def _not_yet(what: str) -> int:
@@ -486,6 +498,16 @@ def main(argv: list[str] | None = None) -> int:
     stray = [x for x in rest if not x.startswith("--")]
     if stray:
         ap.error(f"unexpected arguments: {' '.join(stray)}")
+    if rest:  # only options Beam knows may pass through; a typo is an error naming the closest
+        from .common import check_beam_args
+
+        sub = ap._subparsers._group_actions[0].choices[a.command]  # the command's own options
+        ours = [o for act in sub._actions for o in act.option_strings if o.startswith("--")]
+        try:
+            check_beam_args(rest, ours)
+        except ValueError as exc:
+            print(f"ldp-beam {a.command}: error: {exc}", file=sys.stderr)
+            return 2
     if a.command == "reproduce":
         if a.readme and (not a.out or a.family not in ("all", "report")):
             ap.error("--readme: needs --out DIR and the family `all` or `report`")
@@ -527,5 +549,18 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
+def entry() -> int:
+    """The console script: ``main`` with output piped to a reader that stops early (``| head``)
+    ending quietly, as Unix tools do, instead of a BrokenPipeError traceback."""
+    try:
+        code = main()
+        sys.stdout.flush()
+        return code
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # Python flushes stdout again at exit
+        return 141  # 128 + SIGPIPE, as a shell reports it
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(entry())

@@ -21,6 +21,63 @@ RUNNER_ALIASES = {"dask": DASK_RUNNER, "daskrunner": DASK_RUNNER, "direct": "Dir
 DEFAULT_DASK_WORKERS = 2
 
 
+class LdpBeamRunnerOptions(PipelineOptions):
+    """Runner options ldp-beam adds to Beam's (read by :func:`runner_context`)."""
+
+    @classmethod
+    def _add_argparse_args(cls, parser):
+        parser.add_argument("--dask_workers", type=int, default=DEFAULT_DASK_WORKERS,
+                            help="worker processes of the local Dask cluster started for a run "
+                                 "with --runner dask and no --dask_client_address")
+
+
+def _subclasses(cls: type) -> Iterator[type]:
+    for sub in cls.__subclasses__():
+        yield sub
+        yield from _subclasses(sub)
+
+
+def beam_option_names() -> set[str]:
+    """Every ``--option`` a registered PipelineOptions subclass declares (Beam's own, the Dask
+    runner's when it is installed, and ours)."""
+    try:
+        import apache_beam.runners.dask.dask_runner  # noqa: F401  (registers DaskOptions)
+    except ImportError:
+        pass
+    import argparse
+
+    names: set[str] = set()
+    for cls in set(_subclasses(PipelineOptions)):
+        parser = argparse.ArgumentParser(add_help=False)
+        try:
+            cls._add_argparse_args(parser)
+        except Exception:  # a third-party options class that cannot register here: skip it
+            continue
+        for action in parser._actions:
+            names.update(o for o in action.option_strings if o.startswith("--"))
+    return names
+
+
+def check_beam_args(args: Iterable[str], ours: Iterable[str]) -> None:
+    """Refuse an option that neither the command nor any Beam PipelineOptions knows (a typo such
+    as ``--kep`` must not be passed on to Beam and silently ignored), naming the closest one."""
+    import difflib
+
+    known = None
+    for a in args:
+        if not a.startswith("--"):
+            continue
+        name = a.split("=", 1)[0]
+        known = known if known is not None else beam_option_names()
+        if name in known:
+            continue
+        pool = sorted(set(ours) | known)
+        close = difflib.get_close_matches(name, pool, n=1, cutoff=0.6)
+        hint = f"; did you mean {close[0]}?" if close else ""
+        raise ValueError(f"unknown option {name}{hint} (not an option of this command nor of "
+                         "Apache Beam's PipelineOptions)")
+
+
 def runner_args(beam_args: Iterable[str] = ()) -> list[str]:
     """The command line's leftover arguments for Beam: ``--runner`` defaults to DirectRunner and
     accepts the short names ``direct`` and ``dask``; ``--runner VALUE`` becomes
