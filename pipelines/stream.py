@@ -87,7 +87,6 @@ from apache_beam.utils.timestamp import Duration, Timestamp
 from apache_beam.utils.windowed_value import WindowedValue
 
 from ldp_beam.core import Estimate, Mechanism, Statistic
-from ldp_beam.errors import EmptyAccumulatorError
 from ldp_beam.estimators import estimator_for
 from ldp_beam.privacy import compose
 from ldp_beam.transforms.batches import num_rows

@@ -12,19 +12,20 @@ import textwrap
 import threading
 import time
 
+import apache_beam as beam
 import numpy as np
 import pytest
+from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.testing.test_stream import TestStream
-from apache_beam.transforms.window import TimestampedValue
 
 from ldp_beam_test_helpers import read_jsonl, run_cli
 from ldp_beam.central.histogram import HistogramReleaseEstimator, count_noise_variance
 from ldp_beam.noise import discrete_laplace_scale
-from ldp_beam.pipelines.stream import (StreamConfigError, StreamSink, WindowedEstimate,
-                                       empty_release, estimate_stream, run_stream)
+from ldp_beam.pipelines.stream import (ParseMessagesFn, StreamConfigError, StreamSink,
+                                       WindowedEstimate, empty_release, estimate_stream,
+                                       run_stream)
 from ldp_beam.registry import build_mechanism
-from ldp_beam.transforms.spool import (CLAIMED, DONE, FAILED, MAX_LINE_BYTES, RECORD,
-                                       SpoolDirectory, WindowClock, read_lines)
+from ldp_beam.transforms.spool import CLAIMED, DONE, FAILED, MAX_LINE_BYTES, read_lines
 
 T0 = 1_700_000_000  # a multiple of the window lengths used below
 EPS = 2.0
@@ -301,8 +302,6 @@ def test_validate_stage_dead_letters_name_their_file_and_line(tmp_path, bisample
 
 
 def test_pubsub_records_carry_their_message_line(tmp_path, bisample):
-    from ldp_beam.pipelines.stream import ParseMessagesFn
-
     msg = b'{"s": 1, "b": 0, "ts": 1700000001}\n\n{"s": 3, "b": 0, "ts": 1700000002}\n'
     items = list(ParseMessagesFn("ts", "pubsub:projects/p/subscriptions/s").process(msg))
     assert [i.value[2:] for i in items] == [("pubsub:projects/p/subscriptions/s", 1),
@@ -310,9 +309,6 @@ def test_pubsub_records_carry_their_message_line(tmp_path, bisample):
     stream = TestStream().add_elements(items).advance_watermark_to_infinity()
     out = tmp_path / "out"
     out.mkdir()
-    import apache_beam as beam
-    from apache_beam.options.pipeline_options import PipelineOptions
-
     with beam.Pipeline(options=PipelineOptions(["--streaming"])) as p:
         estimate_stream(p | stream, WindowedEstimate(bisample, 10),
                         StreamSink(str(out), "t", False, progress=False))

@@ -447,9 +447,10 @@ class SpoolDirectory:
     def read(self, state: FileState, watermark_us: int | None, settled_us: int | None
              ) -> Iterator[tuple]:
         """The items of one claimed file: ``(RECORD, record, event µs, line, bytes)`` and
-        ``(DEAD, dead letter)`` per line, then ``(LEDGER, entry)``. ``watermark_us``: the watermark in force
-        (records whose window closed before it are too late); ``settled_us``: for a re-read
-        leftover, records whose window closed before it are skipped (counted in the ledger).
+        ``(DEAD, dead letter)`` per line, then ``(LEDGER, entry)``. ``watermark_us``: the
+        watermark in force (records whose window closed before it are too late); ``settled_us``:
+        for a re-read leftover, records whose window closed before it are skipped (counted in
+        the ledger).
 
         Only a regular file is read (:func:`open_regular`): anything else (a symbolic link, a
         pipe, a directory) is moved to ``.failed/`` unread, with a dead letter and a ledger
@@ -511,7 +512,8 @@ class SpoolDirectory:
                         else max(state.max_close_us, close)
                     yield RECORD, record, t_us, line.number, line.size
             except OSError as exc:  # an I/O error part-way: what was read stands
-                tally.error = f"read failed after {tally.lines} lines: {type(exc).__name__}: {exc}"
+                tally.error = (f"read failed after {tally.lines} lines: "
+                               f"{type(exc).__name__}: {exc}")
                 yield DEAD, _dead(tally.error, None, state.name, None)
         yield LEDGER, self._ledger(state, tally)
 
