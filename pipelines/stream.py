@@ -38,16 +38,16 @@ operator and the clock, not the data:
   ``--once`` run starts at the window of the earliest record read, which then reveals that
   window has a record (so declare ``--start``);
 * it ends with the last window starting before ``end`` (``--end``) when declared, else, live,
-  before the run's last watermark (its stop): a window ahead of it, fed by event times ahead of
-  the watermark, is withheld; a ``--once`` run without ``--end`` ends with the window of the
-  latest record read (the same caveat as for its start);
+  before the wall clock at the run's last poll (its stop): a window after it, fed by event times
+  ahead of the clock, is withheld; a ``--once`` run without ``--end`` ends with the window of
+  the latest record read (the same caveat as for its start);
 * a restarted live run does not mark windows already closed at the settled watermark of the
   previous run (they were that run's to release); a range has at most ``MAX_RANGE_WINDOWS``
   windows.
 
-The source marks every window of the range (a ``MARK`` item at its start, sent before the
-watermark passes it; :class:`WindowMark`), so each fires whether or not it has records, and
-:class:`PaneFn` releases only marked windows. What the range does not hide: with late or early
+The source marks every window of the range (a ``MARK`` item at its start, sent once the wall
+clock reaches it, so before the watermark does; :class:`WindowMark`), so each fires whether or
+not it has records, and :class:`PaneFn` releases only marked windows. What the range does not hide: with late or early
 firings (``--allowed-lateness``, ``--early``) the *number* of releases of a window (at most N)
 depends on when its records arrive — a late pane exists only because a late record did. Each
 release states the composition over N regardless; a stream whose release pattern must reveal
@@ -237,10 +237,11 @@ class PaneFn(beam.DoFn):
             span = f"[{iso(start)}, {iso(end)})"
             if not marked:
                 out["refused"] = (
-                    f"release withheld: window {span} is outside the run's release range (see "
-                    "release_range in summary.json): a central-DP stream releases exactly the "
-                    "windows of its range, so that whether a window is released reveals "
-                    "nothing about its records (their count is in the ledger)")
+                    f"release withheld: window {span} is outside the run's release range (not "
+                    "marked as part of it when it fired; see release_range in summary.json): a "
+                    "central-DP stream releases exactly the windows of its range, so that "
+                    "whether a window is released reveals nothing about its records (their "
+                    "count is in the ledger)")
                 yield out
                 return
             release = self.prior.get(start, 0) + index + 1
@@ -956,7 +957,7 @@ def _range_line(once: bool, start_us: int | None, end_us: int | None, declared: 
     last = (f"the last window starting before {iso(end_us)}" if end_us is not None else
             "the window of the latest record read (no --end: this end of the range reveals that "
             "its window has a record)" if once else
-            "the last window starting before the run's last watermark (its stop)")
+            "the last window starting before the run's stop")
     return (f"release range: every window from {first} to {last} is released, with or "
             "without records; windows outside it are withheld")
 

@@ -468,3 +468,28 @@ def test_central_range_options_are_checked(tmp_path, histogram, bisample):
         mech = build_mechanism(name, k=1, lower=0.0, upper=10.0, **kw)
         with pytest.raises(StreamConfigError, match="no release of an empty window"):
             WindowedEstimate(mech, 10)
+
+
+def test_live_central_marks_by_the_clock_not_the_lagged_watermark(tmp_path, histogram):
+    """With a watermark lag, windows between the watermark and the clock get records on time:
+    they are in the range (marked by the wall clock) and released at the stop, not withheld."""
+    spool, out = tmp_path / "spool", tmp_path / "out"
+    spool.mkdir()
+    now = time.time()
+    write_file(spool, "a.jsonl", [{"value": 0.3, "ts": now}] * 2)
+    stop = threading.Event()
+    timer = threading.Timer(2.0, stop.set)
+    timer.start()
+    try:
+        s = run_stream(str(out), histogram, spool=str(spool), window_seconds=1,
+                       poll_seconds=0.2, watermark_lag=30, columns={"value": "value"},
+                       stop=stop, progress=False)
+    finally:
+        timer.cancel()
+    assert s["panes_withheld"] == 0 and s["release_range"]["windows_outside"] == 0
+    ledger = {x["window_start_epoch"]: x for x in run_rows(out, "ledger.jsonl", s["run"])
+              if x["kind"] == "pane"}
+    assert ledger[math.floor(now)]["count"] == 2 and ledger[math.floor(now)]["released"]
+    rel = sorted(int(w) for w in released(out, s["run"]))  # from the run's start less the lag
+    assert rel == list(range(rel[0], rel[0] + len(rel)))
+    assert rel[0] - math.floor(now - 30) in (0, 1) and rel[-1] >= math.floor(now)

@@ -602,8 +602,8 @@ class SpoolSource(beam.PTransform):
     watermark trails the wall clock (how long a window waits for stragglers before its on-time
     pane). ``stop``: a threading.Event that ends the stream cleanly. ``mark_from_us``: for a
     central-DP release, the start of its range: every window from the one containing it is
-    marked (a ``(MARK, window start)`` item) once the watermark reaches its start, up to the last
-    watermark of the run or ``mark_until_us`` (None: no marks).
+    marked (a ``(MARK, window start)`` item) once the wall clock reaches its start, up to the
+    run's last poll or ``mark_until_us`` (None: no marks).
 
     **Chunks.** A poll lists the new files and claims and reads them one at a time, sending at
     most ``CHUNK_ITEMS`` items (records, dead letters, ledger entries) before an acknowledgment
@@ -699,12 +699,15 @@ class SpoolSource(beam.PTransform):
             self.stop.wait(pause)
             pause = min(pause * 2, 0.05)
 
-    def _marks(self, watermark_us: int | None, new_us: int) -> list[int]:
-        """The starts of the windows to mark before the watermark moves to ``new_us``: those of
-        the range that start before it and are not marked yet, less those already closed at
-        the watermark in force (an earlier run's)."""
+    def _marks(self, watermark_us: int | None, now_us: int) -> list[int]:
+        """The starts of the windows to mark now (``now_us``: the wall clock, never behind the
+        watermark about to be sent): those of the range that start before it and are not marked
+        yet, less those already closed at the watermark in force (an earlier run's). Marks go
+        by the wall clock, not the lagged watermark, so a window is marked as soon as records
+        for it can be on time, before its first firing."""
         if self.mark_from_us is None:
             return []
+        new_us = now_us
         if self.mark_until_us is not None:
             new_us = min(new_us, self.mark_until_us)
         size = self.spool.clock.size_us
@@ -783,7 +786,7 @@ class SpoolSource(beam.PTransform):
                     new = floor + 1
                 else:
                     new = max(int(time.time() * 1_000_000) - self.lag_us, floor + 1)
-                for s in self._marks(watermark, new):
+                for s in self._marks(watermark, max(new, int(time.time() * 1_000_000))):
                     yield from add((MARK, s), s)
                 yield from add((HEARTBEAT, new), new)
                 yield from flush()
