@@ -148,7 +148,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "each fires a late pane (default 0: later records are dead-lettered)")
     s.add_argument("--early", type=float,
                    help="also fire speculative panes every this many seconds of processing "
-                        "time before the window's end")
+                        "time before the window's end (a whole number of seconds >= 1)")
+    s.add_argument("--start", help="central-DP families: the release range starts at the window "
+                   "containing this time (epoch seconds or ISO 8601; default: the run's start, "
+                   "or with --once the earliest record's window)")
+    s.add_argument("--end", help="central-DP families: the release range ends with the last "
+                   "window starting before this time (default: the run's stop, or with --once "
+                   "the latest record's window)")
     s.add_argument("--releases-per-window", type=int,
                    help="central-DP families: the releases a window may make (needed with "
                         "--allowed-lateness or --early; the guarantee is their composition)")
@@ -398,7 +404,7 @@ def cmd_stream(a: argparse.Namespace, beam_args: list[str]) -> int:
         releases_per_window=a.releases_per_window, columns=columns,
         options=_kv(a.option, "--option"), timestamp_field=a.timestamp_field,
         poll_seconds=a.poll, watermark_lag=a.watermark_lag, duration=a.duration, once=a.once,
-        beam_args=beam_args, progress=not a.quiet)
+        beam_args=beam_args, progress=not a.quiet, start=a.start, end=a.end)
     print(f"{summary['windows']} window(s), {summary['panes']} pane(s) written to "
           f"{summary['outputs']['estimates']} ({summary['guarantee']['summary']})")
     return 0 if summary["reconciles"] in (True, None) else 1
