@@ -19,7 +19,7 @@ def test_wheel_installs_only_the_ldp_beam_namespace(tmp_path):
     assert "ldp_beam/pipelines/cli.py" in names
     assert "ldp_beam/pipelines/data/survey_sample.parquet" in names
     entry = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("entry_points.txt")))
-    assert b"ldp-beam = ldp_beam.pipelines.cli:main" in entry
+    assert b"ldp-beam = ldp_beam.pipelines.cli:entry" in entry
 
 
 def test_generic_top_level_names_are_not_importable(tmp_path):
