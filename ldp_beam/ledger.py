@@ -155,9 +155,9 @@ def _now() -> str:
         "+00:00", "Z")
 
 
-def _dumps(x: Any) -> str | None:
-    return None if x is None else json.dumps(x, sort_keys=True, separators=(",", ":"),
-                                              default=_json_default, allow_nan=False)
+def _dumps(x: Any, sort_keys: bool = True) -> str | None:
+    return None if x is None else json.dumps(x, sort_keys=sort_keys, separators=(",", ":"),
+                                              default=_json_default)
 
 
 def _json_default(x: Any) -> Any:
@@ -909,7 +909,7 @@ class Ledger:
         after = compose(rows + [entry], b_delta)
         if after.epsilon <= b_eps * (1 + BUDGET_TOLERANCE) + 1e-12:
             return
-        runs = list(before.entries)
+        runs = [r for r in before.entries if r["epsilon"] or r["delta"]]  # not re-publications
         shown = "; ".join(
             f"{r['run_id']} {r['command']} {r['mechanism']} epsilon={r['epsilon']:g}"
             + (f" delta={r['delta']:g}" if r["delta"] else "")
@@ -964,7 +964,7 @@ class Ledger:
                                   "must not publish (an operator resolved it, or it ran twice)")
             tx.execute("UPDATE ldp_beam_entries SET status = 'committed', finished = ?, "
                        "outputs = ?, release = ? WHERE run_id = ? AND status = 'pending'",
-                       (_now(), _dumps(outputs), _dumps(release), run_id))
+                       (_now(), _dumps(outputs), _dumps(release, sort_keys=False), run_id))
 
     def abort(self, run_id: str, reason: str = "") -> bool:
         """Give back a pending reservation of a run that published nothing. Returns False if it
