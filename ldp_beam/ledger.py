@@ -495,6 +495,15 @@ class _Tx:
     def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
         self.cur.executemany(sql.replace("?", "%s") if self.pg else sql, list(rows))
 
+    def among(self, values: Sequence[str]) -> tuple[str, Any]:
+        """``(subquery, parameter)`` for ``column IN subquery`` over many values, as one
+        parameter (an array, a JSON list): one statement whatever the number, and a plan that
+        hashes them (a list of 500 placeholders was prepared by psycopg into a generic plan that
+        compared every row with every value: 165 ms a query at 10,000 units)."""
+        if self.pg:
+            return "(SELECT unnest(?::text[]))", list(values)
+        return "(SELECT value FROM json_each(?))", json.dumps(list(values))
+
     def one(self, sql: str, args: Sequence[Any] = ()) -> tuple | None:
         return self.execute(sql, args).fetchone()
 
@@ -1102,13 +1111,15 @@ class Ledger:
         window = str(window)
         admitted, refused, new = [], {}, []
         with self._locked(dataset) as tx:
-            spent = self._unit_spent(tx, dataset["fingerprint"], units)
-            already = set()
-            for chunk in _chunks(units, 500):
-                already |= {r[0] for r in tx.all(
-                    "SELECT unit_hash FROM ldp_beam_unit_spend WHERE fingerprint = ? AND "
-                    f"window_id = ? AND unit_hash IN ({', '.join('?' * len(chunk))})",
-                    [dataset["fingerprint"], window, *chunk])}
+            spent, already = {}, set()
+            among, arg = tx.among(units)
+            for u, total, here in tx.all(
+                    "SELECT unit_hash, SUM(epsilon), MAX(CASE WHEN window_id = ? THEN 1 ELSE 0 "
+                    "END) FROM ldp_beam_unit_spend WHERE fingerprint = ? AND unit_hash IN "
+                    f"{among} GROUP BY unit_hash", (window, dataset["fingerprint"], arg)):
+                spent[u] = float(total)
+                if here:
+                    already.add(u)
             for u in units:
                 if u in already:
                     admitted.append(u)
@@ -1133,17 +1144,9 @@ class Ledger:
         base = ("SELECT unit_hash, SUM(epsilon) FROM ldp_beam_unit_spend WHERE fingerprint = ?")
         if units is None:
             return {u: float(s) for u, s in tx.all(base + " GROUP BY unit_hash", (fingerprint,))}
-        out: dict[str, float] = {}
-        for chunk in _chunks(units, 500):
-            out.update({u: float(s) for u, s in tx.all(
-                base + f" AND unit_hash IN ({', '.join('?' * len(chunk))}) GROUP BY unit_hash",
-                [fingerprint, *chunk])})
-        return out
-
-
-def _chunks(xs: list, n: int) -> Iterator[list]:
-    for i in range(0, len(xs), n):
-        yield xs[i:i + n]
+        among, arg = tx.among(units)
+        return {u: float(t) for u, t in tx.all(base + f" AND unit_hash IN {among} GROUP BY "
+                                                "unit_hash", (fingerprint, arg))}
 
 
 def _as_uri(x: str) -> str:
