@@ -9,8 +9,9 @@ mechanism and its parameters, the epsilon and delta it spends, the time, the sta
 published; never exact counts). Budgets live per dataset fingerprint (``ldp_beam_datasets``), and
 per-unit spending of longitudinal streams in ``ldp_beam_unit_spend``.
 
-Backends: a SQLite file (the default; WAL journal, ``synchronous=FULL``, a busy timeout) or a
-shared team database on PostgreSQL (psycopg 3). Both use the same tables, created when absent,
+Backends: a SQLite file (the default; WAL journal, ``synchronous=FULL``, a busy timeout; keep it
+on a local disk, as SQLite's locking is not reliable over network file systems) or a shared team
+database on PostgreSQL (psycopg 3). Both use the same tables, created when absent,
 with a schema version in ``ldp_beam_meta``. URLs: ``sqlite:///FILE`` (``FILE`` as written:
 ``sqlite:///ledger.db`` is relative, ``sqlite:////abs/ledger.db`` absolute, as in SQLAlchemy),
 a bare file path, or ``postgresql://user[:password]@host:port/database``. Without a URL:

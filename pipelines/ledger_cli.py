@@ -73,13 +73,23 @@ def cmd_ledger(a: argparse.Namespace) -> int:
             return 0
         entries = led.entries(a.dataset, a.status)
         totals = led.summary(a.dataset)
-        if a.json:
-            json.dump({"ledger": led.url, "entries": entries, "totals": totals}, sys.stdout,
-                      indent=1, default=str)
+        if a.json:  # strict JSON: an infinite epsilon (no finite guarantee) is null
+            json.dump(_finite({"ledger": led.url, "entries": entries, "totals": totals}),
+                      sys.stdout, indent=1, default=str, allow_nan=False)
             sys.stdout.write("\n")
             return 0
         print(render(led.url, entries, totals))
     return 0
+
+
+def _finite(x: Any) -> Any:
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: _finite(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_finite(v) for v in x]
+    return x
 
 
 def _num(x: Any) -> str:

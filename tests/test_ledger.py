@@ -358,6 +358,44 @@ def test_postgres_locked_beyond_the_timeout_is_unavailable(pg_url, data):
         assert [e["run_id"] for e in led.entries()] == ["first"]
 
 
+def test_postgres_reconnects_after_losing_an_idle_connection(pg_url, data):
+    """A long pipeline: the server closed the launcher's idle connection meanwhile."""
+    import psycopg
+
+    with Ledger.open(pg_url) as led:
+        res = reserve(led, "long-run", data, 0.5)
+        with psycopg.connect(pg_url, autocommit=True) as admin:
+            admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE "
+                          "application_name = 'ldp-beam ledger'")
+        res.commit({})
+        assert led.entries()[0]["status"] == "committed"
+
+
+def test_a_ledger_lost_before_commit_publishes_nothing_and_stays_pending(pg_server, pg_url,
+                                                                         data):
+    """The ledger becomes unreachable while the run computes: commit raises LedgerUnavailable
+    (the run must then publish nothing) and the reservation stays pending, counted as spent."""
+    import psycopg
+
+    name = pg_url.rsplit("/", 1)[1]
+    published = []
+    with Ledger.open(pg_url) as led:
+        with pytest.raises(LedgerUnavailable, match="cannot reach"):
+            with reserve(led, "orphan", data, 0.5, budget=1.0) as res:
+                with psycopg.connect(pg_server.admin_url(), autocommit=True) as admin:
+                    admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE "
+                                  "datname = %s", (name,))
+                    admin.execute(f"ALTER DATABASE {name} RENAME TO {name}_gone")
+                res.commit({})
+                published.append("outputs")  # never reached
+    assert not published
+    with psycopg.connect(pg_server.admin_url(), autocommit=True) as admin:
+        admin.execute(f"ALTER DATABASE {name}_gone RENAME TO {name}")
+    with Ledger.open(pg_url) as led:
+        (e,) = led.entries()
+        assert e["status"] == "pending" and led.spent(data["fingerprint"]).epsilon == 0.5
+
+
 def test_unreachable_postgres_fails_within_seconds_without_the_password():
     port = pgs.free_port()  # nothing listens there: refused
     t0 = time.monotonic()
@@ -440,6 +478,20 @@ def test_gaussian_runs_compose_through_their_exact_privacy_loss():
     mixed = entries[:2] + [{"epsilon": 0.1, "delta": 0.0}] * 3
     s = compose(mixed, target)
     assert s.epsilon < s.epsilon_sum and s.delta == target
+
+
+def test_a_run_without_a_finite_guarantee_never_fits_a_budget(tmp_path, data):
+    with Ledger.open("sqlite:///" + str(tmp_path / "l.db")) as led:
+        with pytest.raises(BudgetExceeded, match="asks epsilon=inf"):
+            reserve(led, "paper-variant", data, math.inf, budget=100.0)
+    with Ledger.open("sqlite:///" + str(tmp_path / "m.db")) as led:
+        reserve(led, "paper-variant", data, math.inf).commit()  # no budget: recorded as is
+        assert math.isinf(led.spent(data["fingerprint"]).epsilon)
+    code, out = ledger_cli("--ledger", "sqlite:///" + str(tmp_path / "m.db"), "--json")
+    doc = json.loads(out)  # strict JSON: no Infinity
+    assert doc["entries"][0]["epsilon"] is None and doc["totals"][0]["spent"]["epsilon"] is None
+    code, out = ledger_cli("--ledger", "sqlite:///" + str(tmp_path / "m.db"))
+    assert "spent epsilon=inf" in out
 
 
 def test_a_budget_without_delta_refuses_a_run_with_delta(ledger_url, data):
