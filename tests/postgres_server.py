@@ -123,7 +123,7 @@ class PostgresServer:
                           "-p", str(self.port), "-k", self.folder,
                           "-c", "listen_addresses=127.0.0.1", "-c", "max_connections=40",
                           "-c", "shared_buffers=16MB"),
-                stdout=logf, stderr=subprocess.STDOUT, start_new_session=True)
+                stdout=logf, stderr=subprocess.STDOUT)  # same process group: Ctrl-C stops it
         deadline = time.monotonic() + self.start_timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -168,8 +168,13 @@ class PostgresServer:
                            capture_output=True, timeout=30)
             try:
                 self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
+            except subprocess.TimeoutExpired:  # the postmaster by its own pid file, then runuser
+                try:
+                    with open(os.path.join(self.data, "postmaster.pid")) as fh:
+                        os.kill(int(fh.readline()), signal.SIGKILL)
+                except (OSError, ValueError):
+                    pass
+                self.proc.kill()
                 self.proc.wait(timeout=10)
         self.proc = None
         shutil.rmtree(self.folder, ignore_errors=True)

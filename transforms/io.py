@@ -6,6 +6,28 @@ with pyarrow into :class:`KeyedBatch` elements: row ``i`` of a batch is data row
 the file (0-based, header excluded), in a stream named after the file, which is what makes seeded
 runs batch- and runner-independent.
 
+Where tables come from
+----------------------
+* local paths, globs and directories; ``s3://bucket/prefix`` (Beam's own S3 FileSystem, from
+  ``apache-beam[aws]``), and ``gs://`` or any other scheme Beam's FileSystems knows, listed with
+  ``FileSystems.match`` and opened with ``FileSystems.open``. A directory or prefix is read
+  recursively with ``pyarrow.dataset`` semantics: ``column=value`` folders become partition
+  columns (after the file's own; integers when every value is one, else text); files whose
+  names start with ``.`` or ``_`` and files that are not tables are skipped with a note
+  (``ReadTable.skipped`` and a log line), never an error; a partition folder whose value is
+  null is an error naming the file. A directory's files key their records by their path below
+  the directory, so ``year=2023/part-0.parquet`` and ``year=2024/part-0.parquet`` are distinct.
+* S3 settings: Beam's ``--s3_endpoint_url``, ``--s3_access_key_id``, ``--s3_secret_access_key``,
+  ``--s3_session_token``, ``--s3_region_name``, ``--s3_verify``, ``--s3_disable_ssl`` (give them
+  through ``ReadTable(options=...)``), else boto3's environment: ``AWS_ACCESS_KEY_ID``,
+  ``AWS_SECRET_ACCESS_KEY``, ``AWS_PROFILE``, ``AWS_DEFAULT_REGION`` and, for an S3-compatible
+  server, ``AWS_ENDPOINT_URL_S3`` or ``AWS_ENDPOINT_URL``. Before the pipeline starts one short
+  listing request (no retries) checks the endpoint, the bucket and the credentials, so an
+  unreachable store or missing credentials fail at once with :class:`SourceError` naming the
+  source (Beam's own client would retry for minutes). ``gs://`` uses Beam's GCS FileSystem
+  (``apache-beam[gcp]``) with Google's application default credentials; it is not tested here.
+* ``duckdb://``, ``postgresql://`` and ``iceberg://`` tables: :mod:`.sources`.
+
 Counts never lie: the reader's contract
 ---------------------------------------
 Every input row is either *read* (it is in exactly one emitted batch) or stands in a dead letter
@@ -63,8 +85,10 @@ from __future__ import annotations
 import csv
 import glob
 import json
+import logging
 import math
 import os
+import re
 import sys
 from dataclasses import dataclass, fields as dc_fields
 from typing import Any, Iterable, Mapping, Sequence
@@ -76,7 +100,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
-from ldp_beam.errors import ParameterError
+from ldp_beam.errors import LdpBeamError, ParameterError
 from ldp_beam.rng import stream_id
 
 from .batches import KeyedBatch
@@ -89,6 +113,23 @@ RECORD_TEXT_CHARS = 2000           # a malformed row's text in its dead letter, 
 UNREADABLE = "unreadable input: "
 MALFORMED = "malformed CSV row: "
 DEFAULT_NULL_VALUES = ("",)
+log = logging.getLogger(__name__)
+
+
+class SourceError(LdpBeamError, ValueError):
+    """A source that cannot be read as asked, seen before the pipeline starts (a missing file or
+    table, an unreachable server or object store, missing credentials, a query with no rows);
+    the message names the source (passwords left out)."""
+
+
+class EmptySourceError(SourceError):
+    """A database table or query that returns no rows (``allow_empty=True`` runs it anyway)."""
+
+
+TABLE_SUFFIXES = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv", ".csv.gz": "csv",
+                  ".txt": "csv"}
+HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
+_GLOB_CHARS = "*?["
 
 
 def table_format(path: str) -> str:
@@ -100,22 +141,170 @@ def table_format(path: str) -> str:
     raise ValueError(f"cannot tell the format of {path!r}: use a .parquet or .csv file")
 
 
-def match_files(pattern: str) -> list[str]:
-    if os.path.isdir(pattern):
-        files = sorted(os.path.join(pattern, f) for f in os.listdir(pattern)
-                       if not f.startswith((".", "_")))
+def is_table_file(path: str) -> bool:
+    try:
+        table_format(path)
+        return True
+    except ValueError:
+        return False
+
+
+def is_remote(path: str) -> bool:
+    """A path with a scheme Beam's FileSystems resolves (``s3://``, ``gs://``, ...)."""
+    return "://" in path and not path.startswith("file://")
+
+
+@dataclass(frozen=True)
+class InputFile:
+    """One table file of an input: ``name`` keys its records (the base name for a file or a glob
+    match, the path below the directory for a directory's files) and ``partition`` holds its
+    hive partition values ``((column, text), ...)`` from ``column=value`` folders."""
+
+    path: str
+    name: str
+    partition: tuple = ()
+
+
+class InputListing:
+    """What an input pattern names: the table ``files`` (:class:`InputFile`), the hive
+    ``partition_fields`` and the files ``skipped`` (``[{"path", "reason"}]``: not a table, or
+    hidden; logged, never an error)."""
+
+    def __init__(self, files: list, partition_fields: list, skipped: list) -> None:
+        self.files, self.partition_fields, self.skipped = files, partition_fields, skipped
+
+
+def _hidden(name: str) -> bool:
+    return name.startswith((".", "_"))
+
+
+def _filesystem(path: str, flags: Sequence[str] = ()):
+    """Beam's FileSystem for ``path``'s scheme, built from the Beam arguments ``flags`` (e.g.
+    ``--s3_endpoint_url=...``); the environment fills in what they leave out."""
+    from apache_beam.io.filesystems import FileSystems
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    cls = type(FileSystems.get_filesystem(path))
+    return cls(PipelineOptions(list(flags)))
+
+
+def open_input(path: str, flags: Sequence[str] = ()):
+    """A binary, seekable file object for a local path or any Beam FileSystems URL."""
+    if not is_remote(path):
+        return open(path[7:] if path.startswith("file://") else path, "rb")
+    from apache_beam.io.filesystem import CompressionTypes
+
+    return _filesystem(path, flags).open(path, compression_type=CompressionTypes.UNCOMPRESSED)
+
+
+def _remote_list(pattern: str, flags: Sequence[str]) -> tuple[list[str], str | None]:
+    """(paths, directory root or None) of a remote pattern: a glob, one object, or a prefix."""
+    fs = _filesystem(pattern, flags)
+    if any(c in pattern for c in _GLOB_CHARS):
+        got = fs.match([pattern])[0].metadata_list
+        return sorted(m.path for m in got), None
+    if not pattern.endswith("/") and fs.exists(pattern):
+        return [pattern], None
+    root = pattern.rstrip("/") + "/"
+    got = fs.match([root + "**"])[0].metadata_list
+    return sorted(m.path for m in got), root
+
+
+def list_input(pattern: str, flags: Sequence[str] = ()) -> InputListing:
+    """The table files of an input, with ``pyarrow.dataset`` semantics for directories: read
+    recursively, ``column=value`` folders become partition columns (integers when every value
+    of a column is one, else text; values are URI-decoded), names starting with ``.`` or ``_``
+    and files that are not tables (not ``.parquet``/``.pq``/``.csv``/``.csv.gz``/``.txt``) are
+    skipped with a note. A glob's non-table matches are skipped the same way; a single file
+    named outright must be a table. Raises FileNotFoundError when no table file remains, and
+    ValueError for a partition folder whose value is null (``__HIVE_DEFAULT_PARTITION__``) or
+    a file missing a partition column its siblings have, naming the file."""
+    from urllib.parse import unquote
+
+    skipped: list[dict] = []
+    root: str | None = None
+    if is_remote(pattern):
+        paths, root = _remote_list(pattern, flags)
+    elif os.path.isdir(pattern):
+        root = pattern.rstrip(os.sep) + os.sep
+        paths = []
+        for d, dirs, names in os.walk(pattern):
+            for sub in sorted(dirs):
+                if _hidden(sub):
+                    skipped.append({"path": os.path.join(d, sub),
+                                    "reason": "hidden folder (its name starts with '.' or '_')"})
+            dirs[:] = sorted(x for x in dirs if not _hidden(x))
+            paths += [os.path.join(d, f) for f in sorted(names)]
+        paths.sort()
     else:
-        files = sorted(glob.glob(pattern))
+        paths = sorted(glob.glob(pattern))
+        if len(paths) == 1 and paths[0] == pattern and not os.path.isdir(pattern):
+            table_format(pattern)  # a file named outright must be a table
+    files: list[InputFile] = []
+    parts: list[dict] = []
+    for path in paths:
+        rel = path[len(root):] if root is not None else os.path.basename(path.rstrip("/"))
+        segments = rel.split("/") if is_remote(path) else rel.split(os.sep)
+        base = segments[-1]
+        if (not is_remote(path)) and os.path.isdir(path):
+            continue
+        if any(_hidden(s) for s in segments):
+            skipped.append({"path": path, "reason": "hidden file (a name starts with '.' or '_')"})
+            continue
+        if not is_table_file(base):
+            skipped.append({"path": path, "reason": "not a table file (expected .parquet, .pq, "
+                            ".csv, .csv.gz or .txt)"})
+            continue
+        part = {}
+        if root is not None:
+            for seg in segments[:-1]:
+                if "=" in seg:
+                    k, v = seg.split("=", 1)
+                    k, v = unquote(k), unquote(v)
+                    if v == HIVE_NULL or v == "":
+                        raise ValueError(f"input {path!r}: partition column {k!r} is null "
+                                         f"(folder {seg!r}); give the rows a value or move the "
+                                         "file out of the input")
+                    part[k] = v
+        files.append(InputFile(path, rel if root is not None else base, ()))
+        parts.append(part)
+    for s in skipped:
+        log.warning("ldp-beam: input %s skipped: %s", s["path"], s["reason"])
     if not files:
-        raise FileNotFoundError(f"no input file matches {pattern!r}")
-    names = {}
-    for f in files:
-        sid = stream_id(os.path.basename(f))
-        if sid in names:
-            raise ValueError(f"input files {names[sid]!r} and {f!r} share a base name; record keys "
-                             "are derived from it, so rename one")
-        names[sid] = f
-    return files
+        raise FileNotFoundError(f"no input table file matches {pattern!r}"
+                                + (f" ({len(skipped)} other file(s) skipped, e.g. "
+                                   f"{skipped[0]['path']!r}: {skipped[0]['reason']})"
+                                   if skipped else ""))
+    keys = list(dict.fromkeys(k for p in parts for k in p))
+    fields = []
+    for k in keys:
+        for f, p in zip(files, parts):
+            if k not in p:
+                raise ValueError(f"input {f.path!r} has no partition folder {k}=... where other "
+                                 f"files of {pattern!r} have one: its {k!r} would be null")
+        vals = [p[k] for p in parts]
+        if all(re.fullmatch(r"-?[0-9]+", v) for v in vals):
+            big = max(abs(int(v)) for v in vals) >= 2 ** 31 - 1
+            fields.append(pa.field(k, pa.int64() if big else pa.int32()))
+        else:
+            fields.append(pa.field(k, pa.string()))
+    if keys:
+        files = [InputFile(f.path, f.name, tuple((k, p[k]) for k in keys))
+                 for f, p in zip(files, parts)]
+    if root is None:
+        names: dict[int, str] = {}
+        for f in files:
+            sid = stream_id(f.name)
+            if sid in names:
+                raise ValueError(f"input files {names[sid]!r} and {f.path!r} share a base name; "
+                                 "record keys are derived from it, so rename one")
+            names[sid] = f.path
+    return InputListing(files, fields, skipped)
+
+
+def match_files(pattern: str, flags: Sequence[str] = ()) -> list[str]:
+    """The table files of an input pattern (see :func:`list_input`)."""
+    return [f.path for f in list_input(pattern, flags).files]
 
 
 # --------------------------------------------------------------------------- CSV settings
@@ -176,15 +365,19 @@ class CsvOptions:
                 "escapechar": self.escape_char or None,
                 "doublequote": self.double_quote}
 
-    def open_text(self, path: str):
+    def open_text(self, path: str, flags: Sequence[str] = ()):
         """The file as text for Python's ``csv`` module (gzip-compressed ``.gz`` files too, which
-        pyarrow decompresses by their extension)."""
+        pyarrow decompresses by their extension); remote paths through Beam's FileSystems
+        (``flags``: Beam arguments such as ``--s3_endpoint_url``)."""
+        import io
+
         enc = "utf-8-sig" if self.utf8 else self.encoding
+        raw = open_input(path, flags)
         if path.lower().endswith(".gz"):
             import gzip
 
-            return gzip.open(path, "rt", newline="", encoding=enc, errors="replace")
-        return open(path, newline="", encoding=enc, errors="replace")
+            raw = gzip.GzipFile(fileobj=raw, mode="rb")
+        return io.TextIOWrapper(raw, newline="", encoding=enc, errors="replace")
 
 
 def csv_settings(options: Mapping[str, Any] | CsvOptions | None) -> CsvOptions:
@@ -224,45 +417,65 @@ class _CsvFieldLimit:
         csv.field_size_limit(self.old)
 
 
-def csv_header(path: str, options: CsvOptions | None = None) -> list[str]:
+def csv_header(path: str, options: CsvOptions | None = None, flags: Sequence[str] = ()
+               ) -> list[str]:
     opts = options or CsvOptions()
-    with _CsvFieldLimit(), opts.open_text(path) as fh:
+    with _CsvFieldLimit(), opts.open_text(path, flags) as fh:
         return next(csv.reader(fh, **opts.python_dialect()), [])
 
 
-def tolerant_count(path: str, options: CsvOptions | None = None) -> int:
+def tolerant_count(path: str, options: CsvOptions | None = None, flags: Sequence[str] = ()
+                   ) -> int:
     """CSV records of a file minus the header: Python's ``csv`` module, quoted newlines
     respected, no field size limit, undecodable bytes replaced (they cannot move a record
     boundary). Blank lines are records, as pyarrow reads them. Raises if the file cannot be
     parsed at all."""
     opts = options or CsvOptions()
-    with _CsvFieldLimit(), opts.open_text(path) as fh:
+    with _CsvFieldLimit(), opts.open_text(path, flags) as fh:
         return max(sum(1 for _ in csv.reader(fh, **opts.python_dialect())) - 1, 0)
 
 
-def input_schema(files: list[str], csv_options: Mapping[str, Any] | CsvOptions | None = None
+def _parquet_file(path: str, flags: Sequence[str] = (), **kw) -> pq.ParquetFile:
+    if is_remote(path):
+        return pq.ParquetFile(open_input(path, flags), **kw)
+    return pq.ParquetFile(path, **kw)
+
+
+def input_schema(files: list, csv_options: Mapping[str, Any] | CsvOptions | None = None,
+                 partition_fields: Sequence[pa.Field] = (), flags: Sequence[str] = ()
                  ) -> pa.Schema:
-    """The schema rows will have (CSV: every column as text), from the first readable file
-    (unreadable ones are dead-lettered by the reader); an error if none can be read."""
+    """The schema rows will have (CSV: every column as text; hive partition columns last), from
+    the first readable file (unreadable ones are dead-lettered by the reader); an error if none
+    can be read."""
     opts = csv_settings(csv_options)
     errors = []
     for f in files:
+        f = f.path if isinstance(f, InputFile) else f
         try:
             if table_format(f) == "parquet":
-                return pq.read_schema(f).remove_metadata()
-            return pa.schema([pa.field(c, pa.string()) for c in csv_header(f, opts)])
+                schema = _parquet_file(f, flags).schema_arrow.remove_metadata()
+            else:
+                schema = pa.schema([pa.field(c, pa.string()) for c in csv_header(f, opts, flags)])
         except (OSError, ValueError, pa.ArrowException, UnicodeDecodeError) as exc:
             errors.append(f"{f}: {exc}")
+            continue
+        for field in partition_fields:
+            if field.name in schema.names:
+                raise ValueError(f"input {f!r} has a column {field.name!r} and a partition "
+                                 f"folder {field.name}=...: rename one")
+            schema = schema.append(field)
+        return schema
     raise ValueError("no input file is readable: " + "; ".join(errors[:3]))
 
 
-def count_rows(path: str, csv_options: Mapping[str, Any] | CsvOptions | None = None) -> int:
+def count_rows(path: str, csv_options: Mapping[str, Any] | CsvOptions | None = None,
+               flags: Sequence[str] = ()) -> int:
     """Rows of a table file without reading its data: Parquet metadata, or CSV records (quoted
     newlines respected, see :func:`tolerant_count`) minus the header. Raises for an unreadable
     file."""
     if table_format(path) == "parquet":
-        return pq.ParquetFile(path).metadata.num_rows
-    return tolerant_count(path, csv_settings(csv_options))
+        return _parquet_file(path, flags).metadata.num_rows
+    return tolerant_count(path, csv_settings(csv_options), flags)
 
 
 # --------------------------------------------------------------------------- the tally
@@ -316,24 +529,36 @@ class ReadUnit:
     row_group: int | None  # None: the whole file
     offset: int            # data row index of the unit's first row in the file
     rows: int | None = None  # the unit's rows from Parquet metadata when planned
+    name: str = ""         # the name keying the file's records ("": the file's base name)
+    partition: tuple = ()  # hive partition values ((column, text), ...)
+
+    @property
+    def stream_name(self) -> str:
+        return self.name or os.path.basename(self.path)
 
 
-def plan_units(files: list[str]) -> list[ReadUnit]:
+def plan_units(files: list, flags: Sequence[str] = ()) -> list[ReadUnit]:
+    """Work units of table files (paths or :class:`InputFile`): one per Parquet row group (a
+    file whose footer cannot be read is one unit, dead-lettered by the reader), one per CSV
+    file."""
     units = []
     for f in files:
-        if table_format(f) == "parquet":
+        if not isinstance(f, InputFile):
+            f = InputFile(f, "", ())
+        path, extra = f.path, {"name": f.name, "partition": f.partition}
+        if table_format(path) == "parquet":
             try:
-                meta = pq.ParquetFile(f).metadata
+                meta = _parquet_file(path, flags).metadata
             except Exception:  # unreadable: the reader tries again and dead-letters it
-                units.append(ReadUnit(f, None, 0))
+                units.append(ReadUnit(path, None, 0, **extra))
                 continue
             off = 0
             for rg in range(meta.num_row_groups):
                 n = meta.row_group(rg).num_rows
-                units.append(ReadUnit(f, rg, off, n))
+                units.append(ReadUnit(path, rg, off, n, **extra))
                 off += n
         else:
-            units.append(ReadUnit(f, None, 0))
+            units.append(ReadUnit(path, None, 0, **extra))
     return units
 
 
@@ -371,13 +596,29 @@ class ReadUnitFn(beam.DoFn):
 
     def __init__(self, batch_rows: int = DEFAULT_BATCH_ROWS,
                  null_values: Sequence[str] = DEFAULT_NULL_VALUES,
-                 csv_options: Mapping[str, Any] | CsvOptions | None = None) -> None:
+                 csv_options: Mapping[str, Any] | CsvOptions | None = None,
+                 partition_fields: Sequence[pa.Field] = (), flags: Sequence[str] = ()) -> None:
         if isinstance(batch_rows, bool) or not isinstance(batch_rows, int) or batch_rows < 1:
             raise ParameterError("batch_rows", batch_rows, "a whole number >= 1")
         self.batch_rows = batch_rows
         self.null_values = check_null_values(null_values)
         self.csv = csv_settings(csv_options)
+        self.partition_fields = list(partition_fields)
+        self.flags = tuple(flags)  # Beam arguments for remote FileSystems (s3 endpoint, ...)
         self._setup_metrics()
+
+    def _with_partition(self, table: Any, unit: ReadUnit) -> Any:
+        """Hive partition values as constant columns (after the file's own)."""
+        if not unit.partition:
+            return table
+        values = dict(unit.partition)
+        cols, names = list(table.columns), list(table.schema.names)
+        for field in self.partition_fields:
+            text = values[field.name]
+            v = int(text) if pa.types.is_integer(field.type) else text
+            cols.append(pa.array([v] * table.num_rows, type=field.type))
+            names.append(field.name)
+        return pa.RecordBatch.from_arrays(cols, names=names)
 
     def _setup_metrics(self) -> None:
         self.n_read = Metrics.counter("ldp_beam", "input_rows_read")
@@ -388,6 +629,7 @@ class ReadUnitFn(beam.DoFn):
         self.n_uncounted = Metrics.counter("ldp_beam", "input_parts_uncounted")
 
     def process(self, unit: ReadUnit):
+        self._unit = unit  # its partition values are added to every batch (_batch)
         if table_format(unit.path) == "parquet":
             yield from self._parquet(unit)
         else:
@@ -396,6 +638,9 @@ class ReadUnitFn(beam.DoFn):
     # -- what every path emits
     def _batch(self, stream: int, offset: int, table: Any, source: str) -> KeyedBatch:
         self.n_read.inc(table.num_rows)
+        unit = getattr(self, "_unit", None)
+        if unit is not None and unit.partition:
+            table = self._with_partition(table, unit)
         return KeyedBatch(stream, offset, table, source)
 
     def _unreadable(self, source: str, error: BaseException | str, row: int | None,
@@ -454,9 +699,9 @@ class ReadUnitFn(beam.DoFn):
     # -- Parquet: one row group (or a whole file whose footer was unreadable when planned)
     def _parquet(self, unit: ReadUnit):
         path = unit.path
-        stream = stream_id(os.path.basename(path))
+        stream = stream_id(unit.stream_name)
         try:
-            pf = pq.ParquetFile(path, page_checksum_verification=True)
+            pf = _parquet_file(path, self.flags, page_checksum_verification=True)
             meta = pf.metadata
         except Exception as exc:  # noqa: BLE001 - every failure is reported, none is fatal
             if unit.row_group is None:
@@ -502,8 +747,13 @@ class ReadUnitFn(beam.DoFn):
             sink.append(_Malformed(row))
             return "skip"
 
+        source = path
+        if is_remote(path):  # pyarrow decompresses local files by extension; remote ones here
+            source = pa.PythonFile(open_input(path, self.flags), mode="r")
+            if path.lower().endswith(".gz"):
+                source = pa.CompressedInputStream(source, "gzip")
         return pacsv.open_csv(
-            path,
+            source,
             read_options=pacsv.ReadOptions(
                 use_threads=False,  # serial: rows are numbered, so malformed rows have a place
                 block_size=block, encoding="utf8" if opts.utf8 else opts.encoding,
@@ -521,7 +771,7 @@ class ReadUnitFn(beam.DoFn):
 
     def _csv_count(self, path: str, consumed: int) -> tuple[int | None, str]:
         try:
-            total = tolerant_count(path, self.csv)
+            total = tolerant_count(path, self.csv, self.flags)
         except Exception as exc:  # noqa: BLE001
             return None, f"the file cannot be counted either ({_error_text(exc)})"
         if total < consumed:
@@ -531,9 +781,9 @@ class ReadUnitFn(beam.DoFn):
 
     def _csv(self, unit: ReadUnit):
         path = unit.path
-        stream = stream_id(os.path.basename(path))
+        stream = stream_id(unit.stream_name)
         try:
-            names = csv_header(path, self.csv)
+            names = csv_header(path, self.csv, self.flags)
         except Exception as exc:  # noqa: BLE001
             rows, why = self._csv_count(path, 0)
             yield self._unreadable(path, f"header: {_error_text(exc)}", 0 if rows else None,
@@ -649,31 +899,181 @@ def _utf8(b: bytes) -> bool:
         return False
 
 
+def beam_flags(options: Any = None) -> tuple[str, ...]:
+    """The object-store settings among Beam options (a ``PipelineOptions``, a list of Beam
+    arguments, or None) as ``--s3_...`` arguments: what a reader needs to build Beam's S3
+    FileSystem on any worker. Settings left out come from the environment (boto3's chain:
+    ``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``/``AWS_SESSION_TOKEN``, ``AWS_PROFILE``,
+    ``AWS_ENDPOINT_URL_S3``/``AWS_ENDPOINT_URL``, ``AWS_DEFAULT_REGION``)."""
+    if options is None:
+        return ()
+    from apache_beam.options.pipeline_options import PipelineOptions, S3Options
+
+    if not isinstance(options, PipelineOptions):
+        if isinstance(options, str) or not isinstance(options, Iterable):
+            raise ParameterError("options", options, "Beam PipelineOptions, a list of Beam "
+                                 "arguments (e.g. ['--s3_endpoint_url=http://...']) or None")
+        options = PipelineOptions(list(options))
+    s3 = options.view_as(S3Options).get_all_options(drop_default=True)
+    return tuple(f"--{k}={v}" for k, v in sorted(s3.items())
+                 if k.startswith("s3_") and v is not None)
+
+
+def _s3_parts(url: str) -> tuple[str, str]:
+    rest = url[len("s3://"):]
+    bucket, _, key = rest.partition("/")
+    cut = min([key.index(c) for c in _GLOB_CHARS if c in key], default=len(key))
+    return bucket, key[:cut]
+
+
+def check_object_store(url: str, flags: Sequence[str] = (), timeout: float = 5.0) -> None:
+    """Before a pipeline starts: can the object store behind ``url`` be reached and listed
+    with the credentials at hand? Raises :class:`SourceError` naming the source, the endpoint
+    and what to fix (no credentials, endpoint unreachable, bucket missing, credentials
+    refused). One short request without retries (Beam's own client retries for minutes).
+    Only ``s3://`` is checked here; other schemes are left to their Beam FileSystem."""
+    if not url.startswith("s3://"):
+        return
+    try:
+        import boto3
+        from botocore.config import Config
+        from botocore import exceptions as bx
+    except ImportError:
+        raise SourceError(f"{url}: reading s3:// needs boto3, Beam's AWS extra (pip install "
+                          "'ldp-beam[s3]' or 'apache-beam[aws]')") from None
+    from apache_beam.options.pipeline_options import PipelineOptions, S3Options
+
+    o = PipelineOptions(list(flags)).view_as(S3Options)
+    session = boto3.session.Session(
+        aws_access_key_id=o.s3_access_key_id, aws_secret_access_key=o.s3_secret_access_key,
+        aws_session_token=o.s3_session_token, region_name=o.s3_region_name)
+    if session.get_credentials() is None:
+        raise SourceError(f"{url}: no AWS credentials: set AWS_ACCESS_KEY_ID and "
+                          "AWS_SECRET_ACCESS_KEY (or AWS_PROFILE, or pass "
+                          "--s3_access_key_id/--s3_secret_access_key)")
+    kw: dict = {"config": Config(connect_timeout=timeout, read_timeout=3 * timeout,
+                                 retries={"max_attempts": 1, "mode": "standard"})}
+    if o.s3_endpoint_url:
+        kw["endpoint_url"] = o.s3_endpoint_url
+    if o.s3_verify is not None:
+        kw["verify"] = o.s3_verify
+    if o.s3_disable_ssl:
+        kw["use_ssl"] = False
+    try:
+        client = session.client("s3", **kw)
+    except Exception as exc:  # noqa: BLE001 - e.g. a malformed endpoint
+        raise SourceError(f"{url}: cannot set up an S3 client: {_error_text(exc)}") from None
+    endpoint = client.meta.endpoint_url
+    bucket, prefix = _s3_parts(url)
+    try:
+        client.list_objects_v2(Bucket=bucket, Prefix=prefix, MaxKeys=1)
+    except (bx.EndpointConnectionError, bx.ConnectTimeoutError, bx.ReadTimeoutError,
+            bx.ConnectionClosedError) as exc:
+        raise SourceError(f"{url}: the object store at {endpoint} cannot be reached "
+                          f"({_error_text(exc)}); check --s3_endpoint_url / AWS_ENDPOINT_URL "
+                          "and the network") from None
+    except bx.NoCredentialsError:
+        raise SourceError(f"{url}: no AWS credentials: set AWS_ACCESS_KEY_ID and "
+                          "AWS_SECRET_ACCESS_KEY (or --s3_access_key_id/...)") from None
+    except bx.ClientError as exc:
+        code = exc.response.get("Error", {}).get("Code", "")
+        if code == "NoSuchBucket":
+            raise SourceError(f"{url}: bucket {bucket!r} does not exist at {endpoint}") from None
+        if code in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied",
+                    "ExpiredToken", "InvalidToken", "403"):
+            raise SourceError(f"{url}: the object store at {endpoint} refused the credentials "
+                              f"({code}); check AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY") from None
+        raise SourceError(f"{url}: listing failed at {endpoint}: {_error_text(exc)}") from None
+    except Exception as exc:  # noqa: BLE001
+        raise SourceError(f"{url}: listing failed at {endpoint}: {_error_text(exc)}") from None
+
+
 class ReadTable(beam.PTransform):
-    """Parquet/CSV files -> :class:`KeyedBatch` elements (``.batches``) and the reader's dead
-    letters (``.dead_letter``): unreadable parts and malformed CSV rows, each saying how many
-    input rows it stands for (see the module docstring for the contract).
+    """A table -> :class:`KeyedBatch` elements (``.batches``) and the reader's dead letters
+    (``.dead_letter``): unreadable parts and malformed CSV rows, each saying how many input
+    rows it stands for (see the module docstring for the contract).
+
+    ``url`` names the table:
+
+    * a local path, glob or directory, or ``s3://bucket/prefix`` (also a glob or one object;
+      ``gs://`` and any other Beam FileSystems scheme work the same way): Parquet and CSV
+      (``.csv.gz`` too) files; a directory or prefix is read recursively with
+      ``pyarrow.dataset`` semantics (hive ``column=value`` folders become columns; non-table
+      and hidden files are skipped with a note in :attr:`skipped` and the log);
+    * ``duckdb:///PATH.db?table=T`` or ``duckdb:///PATH.db?query=SELECT ...``;
+    * ``postgresql://USER@HOST:PORT/DB?table=T`` (or ``query=``);
+    * ``iceberg:///PATH/catalog.db?table=NS.T`` (a pyiceberg SQL catalog in SQLite) or
+      ``iceberg://NAME?table=NS.T`` (a catalog configured for pyiceberg).
+
+    Databases are described in :mod:`ldp_beam.transforms.sources` (splits, record identity,
+    errors). Whatever the source, problems that can be seen before the pipeline starts
+    (missing file, unreachable server or object store, missing credentials, an unknown table,
+    a query returning no rows unless ``allow_empty``) raise :class:`SourceError` (or
+    FileNotFoundError / ValueError for local files) here, naming the source.
 
     ``batch_rows``: rows per batch at most. ``null_values``: the texts that mean a missing value
-    in a CSV cell (default only the empty cell; also applied to Parquet string columns).
-    ``csv_options``: a dict of :class:`CsvOptions` settings (delimiter, quote_char,
-    escape_char, double_quote, encoding, block_size, max_record_bytes).
+    in a CSV cell (default only the empty cell; also applied to Parquet and database string
+    columns). ``csv_options``: a dict of :class:`CsvOptions` settings (delimiter, quote_char,
+    escape_char, double_quote, encoding, block_size, max_record_bytes). ``options``: Beam
+    options or arguments; their ``--s3_*`` settings (endpoint, credentials, region) configure
+    object stores, else the environment does (see :func:`beam_flags`). ``table``, ``query``,
+    ``order_by``, ``split_rows``, ``snapshot``: database settings, as in the URL.
     """
 
-    def __init__(self, pattern: str, batch_rows: int = DEFAULT_BATCH_ROWS,
+    def __init__(self, url: str, batch_rows: int = DEFAULT_BATCH_ROWS,
                  null_values: Sequence[str] = DEFAULT_NULL_VALUES,
-                 csv_options: Mapping[str, Any] | None = None) -> None:
+                 csv_options: Mapping[str, Any] | None = None, *, options: Any = None,
+                 table: str | None = None, query: str | None = None,
+                 order_by: str | Sequence[str] | None = None, split_rows: int | None = None,
+                 snapshot: int | None = None, allow_empty: bool = False) -> None:
         super().__init__()
-        self.fn = ReadUnitFn(batch_rows, null_values, csv_options)  # validates the options
-        self.files = match_files(pattern)
-        self.units = plan_units(self.files)
+        from .sources import is_source_url, open_source
+
+        self.url = url
+        self.flags = beam_flags(options)
         self.batch_rows = batch_rows
+        self.skipped: list[dict] = []
+        self.files: list[str] = []
+        self._schema: pa.Schema | None = None
+        if is_source_url(url):
+            self.source = open_source(url, table=table, query=query, order_by=order_by,
+                                      split_rows=split_rows, snapshot=snapshot,
+                                      allow_empty=allow_empty)
+            self.kind = self.source.kind
+            self.source_name = self.source.name
+            self.fn = self.source.read_fn(batch_rows, null_values)
+            self.units = list(self.source.units)
+            self._schema = self.source.schema
+            self.null_values = self.fn.null_values
+            self.csv_options = csv_settings(csv_options)
+            return
+        for name, value in (("table", table), ("query", query), ("order_by", order_by),
+                            ("split_rows", split_rows), ("snapshot", snapshot)):
+            if value is not None:
+                raise ParameterError(name, value, "None for files (it applies to duckdb://, "
+                                     "postgresql:// and iceberg:// sources)")
+        self.source = None
+        self.kind = "files"
+        self.source_name = url
+        if is_remote(url):
+            check_object_store(url, self.flags)
+        listing = list_input(url, self.flags)
+        self.fn = ReadUnitFn(batch_rows, null_values, csv_options,
+                             listing.partition_fields, self.flags)  # validates the options
+        self.inputs = listing.files
+        self.files = [f.path for f in listing.files]
+        self.partition_fields = listing.partition_fields
+        self.skipped = listing.skipped
+        self.units = plan_units(listing.files, self.flags)
         self.null_values = self.fn.null_values
         self.csv_options = self.fn.csv
 
     @property
     def schema(self) -> pa.Schema:
-        return input_schema(self.files, self.csv_options)
+        if self._schema is None:
+            self._schema = input_schema(self.inputs, self.csv_options, self.partition_fields,
+                                        self.flags)
+        return self._schema
 
     def expand(self, pbegin):
         units = pbegin | "Units" >> beam.Create(self.units)

@@ -1,0 +1,434 @@
+"""Estimates and releases as tidy tables, and their writers (Parquet, CSV, DuckDB, PostgreSQL).
+
+The tidy form has one row per statistic, cell, group and window (:data:`TIDY_SCHEMA`):
+
+===============  ======================================================================
+column           meaning
+===============  ======================================================================
+run_id           the run that produced the estimate (null when not given)
+mechanism        the mechanism's registered name
+statistic        the statistic's name (``mean``, ``frequency``, ``joint``, ``density``, ...)
+group_by         the column the estimates are grouped by (``--by``), null when ungrouped
+group            that column's value for this row (as text), null when ungrouped
+window_start     a streaming window's start (ISO 8601 text), null for batch runs
+window_end       its end
+i, j             the cell of an array statistic: ``i`` for a vector, ``(i, j)`` for a
+                 matrix (row, column); null for a scalar
+label            a vector cell's category label (``domain``/``categories``; ``x_domain`` for
+                 ``marginal_x``, ``y_domain`` for ``marginal_y``)
+x_label, y_label a matrix cell's labels (``x_domain[i]``, ``y_domain[j]``)
+bin_low/high     a histogram bucket's edges (``bins`` equal buckets on ``[lower, upper]``)
+grid_x           the grid point of a density/CDF cell (the ``grid`` statistic)
+probability      the probability of a ``quantiles`` cell
+value            the statistic's value as a number (booleans as 0/1; null for text)
+value_text       the value when it is text (e.g. ``method``), else null
+clipped          the post-processed (consistent) value where the estimator gives one
+stderr           the standard error where theory gives one, else null
+ci_low, ci_high  the normal 95% interval value -/+ 1.96 stderr (null without a stderr)
+n_reports        the reports the estimate is made from (null for central-DP releases, which
+                 do not publish their exact count)
+guarantee        the guarantee in words (a seeded run says it is not private)
+guarantee_kind   LDP, ULDP, central-DP, ...; null for a seeded run (it promises nothing)
+epsilon, delta   the guarantee's parameters (null epsilon: none)
+seeded           whether the run was seeded (reproducible and not private)
+note             the statistic's note
+error            why a group or window has no estimate (then statistic is null)
+===============  ======================================================================
+
+:func:`tidy_rows` turns one estimate (``Estimate.to_dict()``, or the output of ``ldp-beam
+estimate``/``release``/a stream pane) into these rows; :func:`write_tidy` writes them to a
+``.parquet`` or ``.csv`` path (local or any Beam FileSystems URL such as ``s3://``), a DuckDB table
+``duckdb:///FILE.db?table=T`` or a PostgreSQL table ``postgresql://USER@HOST:PORT/DB?table=T``;
+:class:`WriteTidy` does that from a Beam step, gathering the rows into one writer (a DuckDB file
+takes one writer at a time; a database table is written in one transaction).
+"""
+from __future__ import annotations
+
+import math
+import re
+from typing import Any, Iterable, Mapping, Sequence
+
+import apache_beam as beam
+import numpy as np
+import pyarrow as pa
+
+from ldp_beam.errors import ParameterError
+
+from .io import SourceError, _error_text
+
+Z95 = 1.959963984540054  # the normal quantile of 0.975, as Statistic.ci uses
+
+TIDY_SCHEMA = pa.schema([
+    ("run_id", pa.string()), ("mechanism", pa.string()), ("statistic", pa.string()),
+    ("group_by", pa.string()), ("group", pa.string()),
+    ("window_start", pa.string()), ("window_end", pa.string()),
+    ("i", pa.int64()), ("j", pa.int64()),
+    ("label", pa.string()), ("x_label", pa.string()), ("y_label", pa.string()),
+    ("bin_low", pa.float64()), ("bin_high", pa.float64()), ("grid_x", pa.float64()),
+    ("probability", pa.float64()),
+    ("value", pa.float64()), ("value_text", pa.string()), ("clipped", pa.float64()),
+    ("stderr", pa.float64()), ("ci_low", pa.float64()), ("ci_high", pa.float64()),
+    ("n_reports", pa.int64()),
+    ("guarantee", pa.string()), ("guarantee_kind", pa.string()), ("epsilon", pa.float64()),
+    ("delta", pa.float64()), ("seeded", pa.bool_()),
+    ("note", pa.string()), ("error", pa.string()),
+])
+TIDY_COLUMNS = tuple(TIDY_SCHEMA.names)
+WRITE_MODES = ("replace", "append")
+
+
+# --------------------------------------------------------------------------- flattening
+def _number(x: Any) -> float | None:
+    if x is None:
+        return None
+    if isinstance(x, (bool, np.bool_)):
+        return float(bool(x))
+    if isinstance(x, (int, float, np.integer, np.floating)):
+        return float(x)
+    return None
+
+
+def _cell(arr: Any, idx: tuple) -> Any:
+    if arr is None:
+        return None
+    try:
+        for k in idx:
+            arr = arr[k]
+    except (IndexError, TypeError, KeyError):
+        return None
+    return arr
+
+
+def _probabilities(note: str, n: int) -> list[float] | None:
+    m = re.search(r"probabilities \[([^\]]*)\]", note or "")
+    if not m:
+        return None
+    try:
+        ps = [float(p) for p in m.group(1).split(",") if p.strip()]
+    except ValueError:
+        return None
+    return ps if len(ps) == n else None
+
+
+def _labels(name: str, n: int, params: Mapping[str, Any], stats: Mapping[str, Any],
+            note: str) -> list[dict]:
+    """Per-cell label columns of a vector statistic of length ``n``."""
+    out = [dict() for _ in range(n)]
+
+    def seq(key: str) -> list | None:
+        v = params.get(key)
+        return list(v) if isinstance(v, (list, tuple)) and len(v) == n else None
+
+    grid = stats.get("grid", {}).get("value") if isinstance(stats.get("grid"), Mapping) else None
+    if name == "grid" or (name in ("density", "cdf", "pdf") and isinstance(grid, list)
+                          and len(grid) == n):
+        xs = grid if name != "grid" else stats[name].get("value")
+        for c, x in zip(out, xs):
+            c["grid_x"] = _number(x)
+        return out
+    if name == "quantiles":
+        ps = _probabilities(note, n)
+        if ps is not None:
+            for c, p in zip(out, ps):
+                c["probability"] = p
+        return out
+    labels = (seq("x_domain") if name == "marginal_x" else seq("y_domain")
+              if name == "marginal_y" else seq("domain") or seq("categories"))
+    if labels is not None:
+        for c, lab in zip(out, labels):
+            c["label"] = str(lab)
+        return out
+    bins, lo, hi = params.get("bins"), params.get("lower"), params.get("upper")
+    if isinstance(bins, int) and bins == n and lo is not None and hi is not None:
+        edges = np.linspace(float(lo), float(hi), n + 1)
+        for k, c in enumerate(out):
+            c["bin_low"], c["bin_high"] = float(edges[k]), float(edges[k + 1])
+    return out
+
+
+def _guarantee_fields(g: Any, seeded: Any) -> dict:
+    if not isinstance(g, Mapping):
+        return {"guarantee": None if g is None else str(g), "guarantee_kind": None,
+                "epsilon": None, "delta": None, "seeded": None if seeded is None else bool(seeded)}
+    s = g.get("seeded", seeded)
+    return {"guarantee": g.get("summary"),
+            "guarantee_kind": None if s else g.get("kind"),
+            "epsilon": _number(g.get("epsilon")), "delta": _number(g.get("delta")),
+            "seeded": None if s is None else bool(s)}
+
+
+def tidy_rows(estimate: Mapping[str, Any], group_key: Any = None, window: Any = None, *,
+              by: str | None = None, run_id: str | None = None, guarantee: Any = None,
+              seeded: bool | None = None) -> list[dict]:
+    """One estimate or release (``Estimate.to_dict()``: ``mechanism``, ``n_reports``,
+    ``params``, ``guarantee``, ``statistics``; or ``{"error", ...}``) -> tidy rows (dicts with
+    every column of :data:`TIDY_SCHEMA`).
+
+    ``group_key``: the group's value (with ``by`` naming its column); ``window``: ``(start,
+    end)`` or a dict with ``window_start``/``window_end``; ``guarantee``/``seeded``: the run's
+    (used when the estimate carries none). Scalars give one row; a vector one row per cell with
+    its label, bucket edges, grid point or probability; a matrix one row per cell with its x and
+    y labels. An estimate with an ``error`` gives one row saying so (nothing is dropped)."""
+    if not isinstance(estimate, Mapping):
+        raise ParameterError("estimate", type(estimate).__name__, "an estimate dict")
+    w_start = w_end = None
+    if isinstance(window, Mapping):
+        w_start, w_end = window.get("window_start"), window.get("window_end")
+    elif window is not None:
+        w_start, w_end = window
+    g = estimate.get("guarantee", guarantee)
+    base = {c: None for c in TIDY_COLUMNS}
+    base.update({"run_id": run_id, "mechanism": estimate.get("mechanism"),
+                 "group_by": by, "group": None if group_key is None else str(group_key),
+                 "window_start": None if w_start is None else str(w_start),
+                 "window_end": None if w_end is None else str(w_end),
+                 "n_reports": estimate.get("n_reports")})
+    base.update(_guarantee_fields(g if g is not None else guarantee, seeded))
+    if "statistics" not in estimate:
+        row = dict(base)
+        row["error"] = str(estimate.get("error", "no statistics in the estimate"))
+        return [row]
+    params = estimate.get("params") or {}
+    stats = estimate["statistics"]
+    rows: list[dict] = []
+    for name, st in stats.items():
+        if not isinstance(st, Mapping):
+            st = {"value": st}
+        value, se, clipped = st.get("value"), st.get("stderr"), st.get("clipped")
+        note = st.get("note") or None
+        shape = np.shape(value) if isinstance(value, (list, tuple)) else ()
+        if len(shape) > 2:
+            raise ValueError(f"statistic {name!r} has {len(shape)} dimensions; the tidy form "
+                             "takes scalars, vectors and matrices")
+        if len(shape) == 0:
+            cells = [((), {})]
+        elif len(shape) == 1:
+            cells = [((i,), lab) for i, lab in
+                     enumerate(_labels(name, shape[0], params, stats, note or ""))]
+        else:
+            xl, yl = params.get("x_domain"), params.get("y_domain")
+            xl = list(xl) if isinstance(xl, (list, tuple)) and len(xl) == shape[0] else None
+            yl = list(yl) if isinstance(yl, (list, tuple)) and len(yl) == shape[1] else None
+            cells = [((i, j), {"x_label": None if xl is None else str(xl[i]),
+                               "y_label": None if yl is None else str(yl[j])})
+                     for i in range(shape[0]) for j in range(shape[1])]
+        for idx, labels in cells:
+            v = _cell(value, idx) if idx else value
+            s = _cell(se, idx) if idx else se
+            c = _cell(clipped, idx) if idx else clipped
+            row = dict(base)
+            row.update(labels)
+            row["statistic"] = name
+            row["note"] = note
+            if idx:
+                row["i"] = idx[0]
+                row["j"] = idx[1] if len(idx) > 1 else None
+            num = _number(v)
+            row["value"] = num
+            row["value_text"] = None if num is not None or v is None else str(v)
+            row["clipped"] = _number(c)
+            row["stderr"] = _number(s)
+            if num is not None and row["stderr"] is not None and math.isfinite(num):
+                ci = st.get("ci95") if not idx else None
+                lo, hi = ci if ci else (num - Z95 * row["stderr"], num + Z95 * row["stderr"])
+                row["ci_low"], row["ci_high"] = float(lo), float(hi)
+            rows.append(row)
+    return rows
+
+
+def tidy_output(output: Mapping[str, Any], run_id: str | None = None) -> list[dict]:
+    """The whole output of ``ldp-beam estimate`` or a release (``{"estimate": ...}`` or, with
+    ``--by``, ``{"by": COLUMN, "estimates": {key: ...}}``; a stream pane's window fields are
+    used when present) -> tidy rows of every group."""
+    g, seeded = output.get("guarantee"), output.get("seeded")
+    window = output if "window_start" in output else None
+    if "estimates" in output:
+        by = output.get("by")
+        rows: list[dict] = []
+        for key, est in output["estimates"].items():
+            rows += tidy_rows(est, key, window, by=by, run_id=run_id, guarantee=g, seeded=seeded)
+        return rows
+    est = output.get("estimate", output)
+    return tidy_rows(est, None, window, run_id=run_id, guarantee=g, seeded=seeded)
+
+
+def tidy_table(rows: Iterable[Mapping[str, Any]]) -> pa.Table:
+    """Tidy rows -> an Arrow table of :data:`TIDY_SCHEMA` (missing columns are null; a column
+    that is not in the schema is an error, not dropped)."""
+    rows = list(rows)
+    for r in rows:
+        extra = set(r) - set(TIDY_COLUMNS)
+        if extra:
+            raise ValueError(f"tidy rows have unknown column(s) {sorted(extra)}")
+    return pa.Table.from_pylist([{c: r.get(c) for c in TIDY_COLUMNS} for r in rows],
+                                schema=TIDY_SCHEMA)
+
+
+# --------------------------------------------------------------------------- writers
+def tidy_format(url: str) -> str:
+    """``parquet``, ``csv``, ``duckdb``, ``postgresql`` or ``json`` (the nested form)."""
+    scheme = url.split("://", 1)[0].lower() if "://" in url else ""
+    if scheme == "duckdb":
+        return "duckdb"
+    if scheme in ("postgresql", "postgres"):
+        return "postgresql"
+    low = url.split("?", 1)[0].lower()
+    if low.endswith((".parquet", ".pq")):
+        return "parquet"
+    if low.endswith(".csv"):
+        return "csv"
+    if low.endswith(".json"):
+        return "json"
+    raise ParameterError("output", url, "a .parquet, .csv or .json path, "
+                         "duckdb:///FILE.db?table=T or postgresql://USER@HOST:PORT/DB?table=T")
+
+
+def _create(path: str):
+    """A writable binary stream for a local path or any Beam FileSystems URL."""
+    from apache_beam.io.filesystem import CompressionTypes
+    from apache_beam.io.filesystems import FileSystems
+
+    return FileSystems.create(path, compression_type=CompressionTypes.UNCOMPRESSED)
+
+
+def _table_setting(url: str) -> str:
+    from .sources import parse_settings, quote_ident, redact
+
+    _, settings, other = parse_settings(url)
+    table = settings.get("table")
+    if not table or set(settings) - {"table"}:
+        raise ParameterError("output", redact(url), "a database URL with table=NAME only")
+    quote_ident(table)
+    return table
+
+
+def write_tidy(rows: Iterable[Mapping[str, Any]] | pa.Table, url: str,
+               mode: str = "replace") -> int:
+    """Write tidy rows to ``url``; returns the number of rows written.
+
+    ``.parquet``/``.csv``: one file (replaced). ``duckdb:///FILE.db?table=T`` and
+    ``postgresql://...?table=T``: ``mode="replace"`` replaces the table's contents,
+    ``"append"`` adds rows (creating the table when missing); either way in one transaction, so
+    readers see the old rows or all the new ones. Errors name the output."""
+    if mode not in WRITE_MODES:
+        raise ParameterError("mode", mode, f"one of {WRITE_MODES}")
+    table = rows if isinstance(rows, pa.Table) else tidy_table(rows)
+    fmt = tidy_format(url)
+    if fmt == "parquet":
+        import pyarrow.parquet as pq
+
+        with _create(url) as fh:
+            pq.write_table(table, fh)
+    elif fmt == "csv":
+        import pyarrow.csv as pacsv
+
+        with _create(url) as fh:
+            pacsv.write_csv(table, fh)
+    elif fmt == "duckdb":
+        _write_duckdb(table, url, mode)
+    elif fmt == "postgresql":
+        _write_postgres(table, url, mode)
+    else:
+        raise ParameterError("output", url, "a tidy table output (.parquet, .csv, duckdb://, "
+                             "postgresql://); the nested .json form is written by the pipeline")
+    return table.num_rows
+
+
+def _write_duckdb(table: pa.Table, url: str, mode: str) -> None:
+    import os
+
+    import duckdb
+
+    from .sources import quote_ident, redact
+
+    name = _table_setting(url)
+    path = url.split("://", 1)[1].split("?", 1)[0]
+    t = quote_ident(name)
+    try:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        con = duckdb.connect(path)
+    except Exception as exc:  # noqa: BLE001
+        raise SourceError(f"{redact(url)}: cannot open the DuckDB database for writing: "
+                          f"{_error_text(exc)}") from None
+    try:
+        con.register("__ldp_tidy", table)
+        con.execute("BEGIN TRANSACTION")
+        if mode == "replace":
+            con.execute(f"CREATE OR REPLACE TABLE {t} AS SELECT * FROM __ldp_tidy")
+        else:
+            con.execute(f"CREATE TABLE IF NOT EXISTS {t} AS SELECT * FROM __ldp_tidy LIMIT 0")
+            con.execute(f"INSERT INTO {t} BY NAME SELECT * FROM __ldp_tidy")
+        con.execute("COMMIT")
+    except Exception as exc:  # noqa: BLE001
+        try:
+            con.execute("ROLLBACK")
+        except Exception:  # noqa: BLE001
+            pass
+        raise SourceError(f"{redact(url)}: writing table {name} failed: "
+                          f"{_error_text(exc)}") from None
+    finally:
+        con.close()
+
+
+def _write_postgres(table: pa.Table, url: str, mode: str) -> None:
+    from .sources import CONNECT_TIMEOUT, _pg_error, parse_settings, redact
+
+    name = _table_setting(url)
+    base, _, other = parse_settings(url)
+    params = dict(other)
+    params.setdefault("connect_timeout", str(CONNECT_TIMEOUT))
+    conninfo = base + "?" + "&".join(f"{k}={v}" for k, v in params.items())
+    try:
+        import adbc_driver_postgresql.dbapi as pg
+    except ImportError:
+        raise SourceError(f"{redact(url)}: writing PostgreSQL needs adbc-driver-postgresql "
+                          "(pip install 'ldp-beam[postgresql]')") from None
+    try:
+        con = pg.connect(conninfo)
+    except Exception as exc:  # noqa: BLE001
+        raise SourceError(f"{redact(url)}: {_pg_error(exc)}") from None
+    parts = name.split(".")
+    schema_name = parts[0] if len(parts) == 2 else None
+    tname = parts[-1]
+    try:
+        cur = con.cursor()
+        if mode == "replace":
+            from .sources import quote_ident
+
+            cur.execute(f"DROP TABLE IF EXISTS {quote_ident(name)}")
+            cur.adbc_ingest(tname, table, mode="create", db_schema_name=schema_name)
+        else:
+            cur.adbc_ingest(tname, table, mode="create_append", db_schema_name=schema_name)
+        con.commit()
+        cur.close()
+    except Exception as exc:  # noqa: BLE001
+        try:
+            con.rollback()
+        except Exception:  # noqa: BLE001
+            pass
+        raise SourceError(f"{redact(url)}: writing table {name} failed: "
+                          f"{_pg_error(exc)}") from None
+    finally:
+        con.close()
+
+
+def _write_all(rows: list, url: str, mode: str) -> int:
+    return write_tidy(rows, url, mode)
+
+
+class WriteTidy(beam.PTransform):
+    """Tidy rows (dicts) -> one write to ``url`` from a single Beam step (all rows gathered
+    first: a DuckDB file takes one writer, a database table one transaction). Outputs the
+    number of rows written. Estimates are small (one row per statistic, cell, group and
+    window), so gathering them is cheap."""
+
+    def __init__(self, url: str, mode: str = "replace") -> None:
+        super().__init__()
+        if mode not in WRITE_MODES:
+            raise ParameterError("mode", mode, f"one of {WRITE_MODES}")
+        tidy_format(url)
+        self.url, self.mode = url, mode
+
+    def expand(self, pcoll):
+        return (pcoll | "Gather" >> beam.combiners.ToList()
+                | "Write" >> beam.Map(_write_all, self.url, self.mode))
