@@ -242,8 +242,17 @@ def list_input(pattern: str, flags: Sequence[str] = ()) -> InputListing:
             table_format(pattern)  # a file named outright must be a table
     files: list[InputFile] = []
     parts: list[dict] = []
+    # a glob's matches are named by their path below the glob's fixed folder (the base name
+    # for a glob in one folder, as before), so day=*/part-0.parquet names stay distinct
+    cut = min([pattern.index(c) for c in _GLOB_CHARS if c in pattern], default=-1)
+    glob_base = pattern[:pattern.rfind("/", 0, cut) + 1] if cut >= 0 else None
     for path in paths:
-        rel = path[len(root):] if root is not None else os.path.basename(path.rstrip("/"))
+        if root is not None:
+            rel = path[len(root):]
+        elif glob_base and path.startswith(glob_base):
+            rel = path[len(glob_base):]
+        else:
+            rel = os.path.basename(path.rstrip("/"))
         segments = rel.split("/") if is_remote(path) else rel.split(os.sep)
         base = segments[-1]
         if (not is_remote(path)) and os.path.isdir(path):
@@ -266,7 +275,7 @@ def list_input(pattern: str, flags: Sequence[str] = ()) -> InputListing:
                                          f"(folder {seg!r}); give the rows a value or move the "
                                          "file out of the input")
                     part[k] = v
-        files.append(InputFile(path, rel if root is not None else base, ()))
+        files.append(InputFile(path, rel, ()))
         parts.append(part)
     for s in skipped:
         log.warning("ldp-beam: input %s skipped: %s", s["path"], s["reason"])
