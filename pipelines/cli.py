@@ -15,6 +15,7 @@ from typing import Any
 
 from ldp_beam.errors import LdpBeamError
 
+from .ledger_cli import add_ledger_options, ledger_args
 from .outputs import RunFailed
 
 FAMILIES = ("bisample", "rvns", "uldp", "dphr", "ospdprr")
@@ -104,6 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--batch-rows", type=int, default=1 << 16)
     _mechanism_args(c, required=True)
     _run_args(c)
+    add_ledger_options(c)
 
     e = sub.add_parser("estimate", help="estimate statistics from a reports table")
     e.add_argument("--input", "-i", required=True)
@@ -121,6 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "PRIVATE (default: a secret key of OS entropy)")
     _mechanism_args(e, required=False)
     _run_args(e)
+    add_ledger_options(e)
 
     s = sub.add_parser("stream", help="windowed streaming estimation of telemetry (spool "
                        "directory or Pub/Sub)")
@@ -184,6 +187,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--readme", help="with all or report: also rewrite this README's generated "
                    "results block (between its results:begin/end markers)")
 
+    from .ledger_cli import add_parser as add_ledger_parser
+
+    add_ledger_parser(sub)
     b = sub.add_parser("bench", help="performance benchmarks, as JSON records")
     b.add_argument("--quick", action="store_true", help="10^6 rows instead of 10^7; fewer repeats")
     b.add_argument("--json", help="write the records here (default: stdout)")
@@ -277,7 +283,8 @@ def cmd_collect(a: argparse.Namespace, beam_args: list[str]) -> int:
                       dead_letter=a.dead_letter, batch_rows=a.batch_rows, beam_args=beam_args,
                       public=a.public, force=a.force, allow_unreadable=a.allow_unreadable,
                       null_values=a.null_values,
-                      dead_letter_columns="all" if a.dead_letter_all_columns else "mapped")
+                      dead_letter_columns="all" if a.dead_letter_all_columns else "mapped",
+                      **ledger_args(a))
     from .common import records_line
 
     print(f"collected {man['records']['reported']:,} reports into {a.output} (run "
@@ -301,7 +308,8 @@ def cmd_estimate(a: argparse.Namespace, beam_args: list[str]) -> int:
         columns = role_columns(mech, a.column, a.role)
     out = run_estimate(a.input, a.output, mech, by=a.by, options=_kv(a.option, "--option"),
                        beam_args=beam_args, columns=columns, seed=a.seed, force=a.force,
-                       allow_unreadable=a.allow_unreadable, null_values=a.null_values)
+                       allow_unreadable=a.allow_unreadable, null_values=a.null_values,
+                       **ledger_args(a))
     if "curator" in out:
         return _print_release(out, a.output)
     ests = out["estimates"].values() if a.by else [out["estimate"]]
@@ -341,6 +349,10 @@ def _stat_text(name: str, stat: dict) -> str:
 def _print_release(out: dict, path: str) -> int:
     """What a central release printed: the statistics released and the guarantee; the curator's
     record counts, marked as not for publication."""
+    if out.get("republished_from"):
+        print(f"re-published the recorded release of run {out['republished_from']} to {path} "
+              f"(no new noise, nothing more spent; {out['guarantee']['summary']})")
+        return 0
     est, rec = out["estimate"], out["curator"]["records"]
     if "error" in est:
         print(f"ldp-beam estimate: no release: {est['error']}", file=sys.stderr)
@@ -540,6 +552,10 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_estimate(a, rest)
         if a.command == "reproduce":
             return cmd_reproduce(a)
+        if a.command == "ledger":
+            from .ledger_cli import cmd_ledger
+
+            return cmd_ledger(a)
         if a.command == "bench":
             return cmd_bench(a)
         if a.command == "stream":

@@ -18,6 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ldp_beam.core import Mechanism
+from ldp_beam.ledger import Ledger, dataset_identity
 from ldp_beam.privacy import run_guarantee
 from ldp_beam.registry import get_registry
 from ldp_beam.rng import RunKey
@@ -26,6 +27,7 @@ from ldp_beam.transforms import (Perturb, ReadTable, WriteJsonLines, WriteParque
 
 from .common import (Tally, check_readable, check_reconciles, count_lines, read_tally, reconcile,
                      run_pipeline)
+from .ledger_cli import ledger_outputs
 from .outputs import RunOutputs
 
 
@@ -52,7 +54,9 @@ def run_collect(input: str, output: str, mechanism: Mechanism, columns: Mapping[
                 batch_rows: int = 1 << 16, beam_args: Iterable[str] = (), *,
                 public: Iterable[str] = (), force: bool = False, allow_unreadable: bool = False,
                 null_values: Iterable[str] | None = None, dead_letter_columns: str = "mapped",
-                run_key: RunKey | None = None) -> dict:
+                run_key: RunKey | None = None, ledger: str | None = None,
+                budget: float | None = None, budget_delta: float | None = None,
+                unit: str | None = None) -> dict:
     """Perturb ``input`` into ``output``; returns the committed manifest.
 
     ``keep`` columns are copied into the reports unprotected, so each must also be declared in
@@ -88,8 +92,14 @@ def run_collect(input: str, output: str, mechanism: Mechanism, columns: Mapping[
                                  if pa.types.is_dictionary(f.type) else f for f in passthrough])
     schema = report_schema(mechanism, passthrough, seeded=run.seeded)
     dead_letter = dead_letter or output + ".deadletter.jsonl"
-    with RunOutputs({"reports": output, "dead_letter": dead_letter},
-                    output + ".manifest.json", run.run_id, inputs=[input], force=force) as outs:
+    outs = RunOutputs({"reports": output, "dead_letter": dead_letter},
+                      output + ".manifest.json", run.run_id, inputs=[input], force=force)
+    # the ledger: reachable, and the budget holds, before any noise is drawn
+    g = mechanism.guarantee
+    with Ledger.open(ledger) as led, led.reserve(
+            run.run_id, dataset_identity(input), command="collect", mechanism=mechanism.name,
+            params=mechanism.params(), epsilon=g.epsilon, delta=g.delta, kind=g.kind, unit=unit,
+            budget=budget, budget_delta=budget_delta, seeded=run.seeded) as entry, outs:
         staged, staged_dead = outs.staged("reports"), outs.staged("dead_letter")
         tally_path = outs.scratch("tally.jsonl")
 
@@ -127,6 +137,8 @@ def run_collect(input: str, output: str, mechanism: Mechanism, columns: Mapping[
                         "unreadable_rows_unknown": rec["unreadable_rows_unknown"],
                         "reconciles": rec["reconciles"], "counted_from": rec["counted_from"]},
         }
+        manifest["ledger"] = led.url
+        entry.commit(ledger_outputs(outs))  # recorded before anything is published
         return outs.commit(manifest)
 
 

@@ -17,6 +17,7 @@ import pyarrow.parquet as pq
 
 from ldp_beam.core import Mechanism
 from ldp_beam.estimators import estimator_for
+from ldp_beam.ledger import Ledger, dataset_identity, release_request
 from ldp_beam.limits import check_groups
 from ldp_beam.privacy import run_guarantee
 from ldp_beam.registry import get_registry
@@ -29,6 +30,7 @@ from ldp_beam.transforms.io import match_files, table_format
 from .collect import _read_options
 from .common import (Tally, check_readable, check_reconciles, count_lines, read_tally, reconcile,
                      run_pipeline, write_json)
+from .ledger_cli import ledger_outputs
 from .outputs import RunOutputs
 
 
@@ -110,8 +112,9 @@ def run_estimate(input: str, output: str, mechanism: Mechanism | None = None,
                  by: str | None = None, options: Mapping[str, Any] | None = None,
                  beam_args: Iterable[str] = (), columns: Mapping[str, str] | None = None, *,
                  seed: Any = None, force: bool = False, allow_unreadable: bool = False,
-                 null_values: Iterable[str] | None = None, run_key: RunKey | None = None
-                 ) -> dict:
+                 null_values: Iterable[str] | None = None, run_key: RunKey | None = None,
+                 ledger: str | None = None, budget: float | None = None,
+                 budget_delta: float | None = None, unit: str | None = None) -> dict:
     """Estimate from a reports table (LDP) or release from raw rows (central DP, see
     :func:`run_release`). Writes ``OUTPUT`` (the estimate), ``OUTPUT.deadletter.jsonl`` and, last,
     ``OUTPUT.manifest.json``, committed together or not at all; returns the estimate."""
@@ -120,7 +123,8 @@ def run_estimate(input: str, output: str, mechanism: Mechanism | None = None,
     if getattr(mech, "central", False):
         return run_release(input, output, mech, columns or {}, by, options, beam_args,
                            seed=seed, force=force, allow_unreadable=allow_unreadable,
-                           null_values=null_values, run_key=run_key)
+                           null_values=null_values, run_key=run_key, ledger=ledger,
+                           budget=budget, budget_delta=budget_delta, unit=unit)
     if columns:
         raise ValueError(f"{mech.name} estimates from reports; --column maps raw columns only "
                          "for central-DP releases")
@@ -132,8 +136,13 @@ def run_estimate(input: str, output: str, mechanism: Mechanism | None = None,
     if by:  # one accumulator per key: check their number before any is built
         check_groups(distinct_keys(read.files, by), est.create().size, "--by")
 
-    with RunOutputs({"estimate": output, "dead_letter": dead_letter}, output + ".manifest.json",
-                    run.run_id, inputs=[input], force=force) as outs:
+    outs = RunOutputs({"estimate": output, "dead_letter": dead_letter},
+                      output + ".manifest.json", run.run_id, inputs=[input], force=force)
+    # post-processing of LDP reports: recorded (epsilon 0) against the reports' own fingerprint
+    with Ledger.open(ledger) as led, led.reserve(
+            run.run_id, dataset_identity(input), command="estimate", mechanism=mech.name,
+            params=mech.params(), epsilon=0.0, unit=unit, seeded=bool(seeded_reports),
+            note="post-processing of LDP reports") as entry, outs:
         parts, tally_path = outs.scratch("estimates.jsonl"), outs.scratch("tally.jsonl")
         staged_dead = outs.staged("dead_letter")
 
@@ -180,7 +189,8 @@ def run_estimate(input: str, output: str, mechanism: Mechanism | None = None,
             out["estimate"] = _mark(rows[0], guarantee) if rows else \
                 {"error": "no reports", "n_reports": 0}
         write_json(outs.staged("estimate"), out)
-        outs.commit({"command": "estimate", "input": input, "mechanism": mech.name,
+        entry.commit(ledger_outputs(outs))
+        outs.commit({"command": "estimate", "ledger": led.url, "input": input, "mechanism": mech.name,
                      "seeded": seeded_reports, "guarantee": guarantee,
                      "reports": out["reports"]})
     return out
@@ -203,7 +213,9 @@ def run_release(input: str, output: str, mech: Mechanism, columns: Mapping[str, 
                 by: str | None = None, options: Mapping[str, Any] | None = None,
                 beam_args: Iterable[str] = (), *, seed: Any = None, force: bool = False,
                 allow_unreadable: bool = False, null_values: Iterable[str] | None = None,
-                run_key: RunKey | None = None) -> dict:
+                run_key: RunKey | None = None, ledger: str | None = None,
+                budget: float | None = None, budget_delta: float | None = None,
+                unit: str | None = None) -> dict:
     """A central-DP release on the trusted curator: raw records are validated and bucketed (bad
     ones dead-lettered with the reason), accumulated, and released once with noise.
 
@@ -238,8 +250,34 @@ def run_release(input: str, output: str, mech: Mechanism, columns: Mapping[str, 
                         else _release_seed(run), **options)
     dead_letter = output + ".deadletter.jsonl"
     curator_path = output + ".curator.json"
-    with RunOutputs({"release": output, "curator": curator_path, "dead_letter": dead_letter},
-                    output + ".manifest.json", run.run_id, inputs=[input], force=force) as outs:
+    roles = {"release": output, "curator": curator_path, "dead_letter": dead_letter}
+    g = mech.guarantee
+    ds = dataset_identity(input)
+    request = release_request(mech.name, mech.params(), cols, options, unit=unit or "record",
+                              seed=run.seed)
+    outs = RunOutputs(roles, output + ".manifest.json", run.run_id, inputs=[input], force=force)
+    with Ledger.open(ledger) as led:
+        prior = led.find_release(ds["fingerprint"], request)
+        if prior:  # an identical release is recorded: publish it again, draw no new noise
+            with led.reserve(run.run_id, ds, command="release", mechanism=mech.name,
+                             params=mech.params(), epsilon=0.0, kind=g.kind, unit=unit,
+                             request=request, seeded=run.seeded,
+                             republished_from=prior["run_id"]) as entry, outs:
+                out = dict(prior["release"])
+                curator = {"input": input, "release": os.path.abspath(output), "columns": cols,
+                           "run_id": run.run_id, "republished_from": prior["run_id"]}
+                write_json(outs.staged("release"), out)
+                write_json(outs.staged("curator"), curator)
+                open(outs.staged("dead_letter"), "w").close()
+                entry.commit(ledger_outputs(outs), out)
+                outs.commit({"command": "release", "mechanism": mech.name,
+                             "seeded": run.seeded, "guarantee": out["guarantee"],
+                             "republished_from": prior["run_id"], "ledger": led.url})
+            return {**out, "curator": curator, "republished_from": prior["run_id"]}
+    with Ledger.open(ledger) as led, led.reserve(
+            run.run_id, ds, command="release", mechanism=mech.name, params=mech.params(),
+            epsilon=g.epsilon, delta=g.delta, kind=g.kind, unit=unit, budget=budget,
+            budget_delta=budget_delta, request=request, seeded=run.seeded) as entry, outs:
         parts, tally_path = outs.scratch("release.jsonl"), outs.scratch("tally.jsonl")
         staged_dead = outs.staged("dead_letter")
 
@@ -279,7 +317,8 @@ def run_release(input: str, output: str, mech: Mechanism, columns: Mapping[str, 
                                "reconciles": tally["reconciles"],
                                "counted_from": tally["counted_from"]}}
         write_json(outs.staged("curator"), curator)
+        entry.commit(ledger_outputs(outs), out)  # recorded before anything is published
         outs.commit({"command": "release", "mechanism": mech.name, "seeded": run.seeded,
-                     "guarantee": guarantee})
+                     "guarantee": guarantee, "ledger": led.url})
     out["curator"] = curator
     return out

@@ -7,6 +7,20 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+# Every collection and release is recorded in a budget ledger; without --ledger it is the file
+# $LDP_BEAM_LEDGER. The tests never touch the user's own ledger: one file for the session (module
+# fixtures), and a fresh one per test (a budget or a recorded release never leaks between tests).
+import tempfile  # noqa: E402
+
+os.environ["LDP_BEAM_LEDGER"] = os.path.join(tempfile.mkdtemp(prefix="ldp-beam-test-ledger-"),
+                                             "ledger.db")
+
+
+@pytest.fixture(autouse=True)
+def _fresh_ledger(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("LDP_BEAM_LEDGER", str(tmp_path_factory.mktemp("ledger") / "ledger.db"))
+
+
 logging.getLogger("apache_beam").setLevel(logging.ERROR)
 logging.getLogger().setLevel(logging.ERROR)
 

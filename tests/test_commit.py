@@ -282,13 +282,15 @@ def test_a_reexecuted_central_release_is_bit_identical(tmp_path):
     src = _table(tmp_path / "t.parquet")
     mech = build_mechanism("laplace-histogram", epsilon=1.0, categories=["a", "b", "c", "d"])
     key = RunKey.new()
+    # two ledgers: the pipeline itself runs twice under one run key (not a re-published copy)
     one = run_estimate(str(src), str(tmp_path / "1.json"), mech, columns={"value": "v"},
-                       run_key=key)
+                       run_key=key, ledger=str(tmp_path / "l1.db"))
     two = run_estimate(str(src), str(tmp_path / "2.json"), mech, columns={"value": "v"},
-                       run_key=key)
+                       run_key=key, ledger=str(tmp_path / "l2.db"))
     assert one["estimate"] == two["estimate"] and not one["seeded"]
-    other = run_estimate(str(src), str(tmp_path / "3.json"), mech, columns={"value": "v"})
-    assert other["estimate"] != one["estimate"]  # another run: fresh noise
+    other = run_estimate(str(src), str(tmp_path / "3.json"), mech, columns={"value": "v"},
+                         ledger=str(tmp_path / "another-ledger.db"))
+    assert other["estimate"] != one["estimate"]  # another run, unrecorded here: fresh noise
 
 
 def test_no_finite_guarantee_needs_the_opt_in_and_says_so(tmp_path):

@@ -101,8 +101,11 @@ def test_central_releases_are_runner_independent(name, table_dir, tmp_path, dask
     outs = {}
     for label, args in (("direct", []), ("multi", MULTI), ("dask", dask_args)):
         path = tmp_path / f"{label}.json"
+        # a ledger per runner: one ledger would re-publish the first runner's recorded release
         outs[label] = run_estimate(str(table_dir), str(path), mech, options={"seed": 3},
-                                   beam_args=args, columns=cols)
+                                   beam_args=args, columns=cols,
+                                   ledger=str(tmp_path / f"{label}.db"))
+        assert "republished_from" not in outs[label]
         assert outs[label]["curator"]["records"]["reconciles"], (label, outs[label]["curator"])
         released = json.loads(path.read_text())
         assert released["estimate"]["n_reports"] is None
