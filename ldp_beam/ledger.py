@@ -208,6 +208,8 @@ def dataset_identity(input: str) -> dict:
     scheme (``gs://``, ``s3://``, ``file://``, ...) through ``pyarrow.fs``."""
     if not isinstance(input, str) or not input:
         raise ParameterError("--input", input, "a file, folder, glob or URI")
+    if input.split("://", 1)[0].lower() in DATABASE_SCHEMES:
+        return _database_identity(input)
     if "://" in input:
         files = _remote_files(input)
     else:
@@ -220,6 +222,25 @@ def dataset_identity(input: str) -> dict:
         total += size
     return {"uri": input if "://" in input else os.path.abspath(input),
             "fingerprint": "sha256:" + h.hexdigest(), "files": len(files), "bytes": total}
+
+
+DATABASE_SCHEMES = ("duckdb", "postgresql", "postgres", "iceberg")
+
+
+def _database_identity(input: str) -> dict:
+    """A table or query in a database is identified by what it names (the URL without its
+    password, and the table or query), not by its content: hashing a warehouse table would cost a
+    full scan of it. The budget then follows the table as it changes over time, which can only
+    over-count what its people have spent, never under-count; a copy of the table under another
+    name is another dataset (say so to the operator: a copy does not reset a person's budget)."""
+    from urllib.parse import parse_qsl, urlsplit
+
+    parts = urlsplit(redact(input))
+    query = "&".join(f"{k}={v}" for k, v in sorted(parse_qsl(parts.query)))
+    canonical = f"{parts.scheme.lower()}://{parts.netloc}{parts.path}" + (f"?{query}" if query
+                                                                          else "")
+    h = hashlib.sha256(b"ldp-beam/dataset/table/v1\n" + canonical.encode())
+    return {"uri": canonical, "fingerprint": "sha256:" + h.hexdigest(), "files": 0, "bytes": 0}
 
 
 def stream_identity(name: str) -> dict:

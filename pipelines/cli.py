@@ -297,9 +297,8 @@ def cmd_estimate(a: argparse.Namespace, beam_args: list[str]) -> int:
     from .estimate import mechanism_from_reports, run_estimate
 
     params = _params(a)
-    mech = mechanism_from_reports(a.input, a.mechanism, params,
-                                  a.allow_no_guarantee) if (a.mechanism or params) \
-        else None
+    mech = mechanism_from_reports(a.input, a.mechanism, params, a.allow_no_guarantee,
+                                  beam_args) if (a.mechanism or params) else None
     columns = None
     if a.column or a.role:
         if mech is None or not getattr(mech, "central", False):

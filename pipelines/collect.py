@@ -78,7 +78,8 @@ def run_collect(input: str, output: str, mechanism: Mechanism, columns: Mapping[
                          f"{undeclared[0]} if it is neither about a person nor an identifier "
                          "(a grouping key such as a region or a release date)")
     run = run_key or RunKey.new(seed)
-    read = ReadTable(input, batch_rows=batch_rows, **_read_options(null_values))
+    read = ReadTable(input, batch_rows=batch_rows, options=list(beam_args),
+                     **_read_options(null_values))
     in_schema = read.schema
     cols = resolve_columns(mechanism, in_schema, columns, keep)
     for c in keep:
@@ -123,7 +124,8 @@ def run_collect(input: str, output: str, mechanism: Mechanism, columns: Mapping[
         check_readable(rec, staged_dead, allow_unreadable)
         manifest = {
             "command": "collect",
-            "input": os.path.abspath(input) if os.path.exists(input) else input,
+            "input": os.path.abspath(input) if os.path.exists(input) else read.source_name,
+            "skipped_inputs": read.skipped,
             "output": os.path.abspath(output),
             "dead_letter": os.path.abspath(dead_letter),
             "mechanism": mechanism.name, "params": mechanism.params(),

@@ -25,7 +25,8 @@ from ldp_beam.rng import RunKey
 from ldp_beam.transforms import (EstimatorCombineFn, ReadTable, SplitByKey, ValidateReports,
                                  WriteJsonLines, mechanism_metadata)
 from ldp_beam.transforms.combine import EstimateFailure
-from ldp_beam.transforms.io import match_files, table_format
+from ldp_beam.transforms.io import open_input, table_format
+from ldp_beam.transforms.sinks import tidy_format, tidy_output, write_tidy
 
 from .collect import _read_options
 from .common import (Tally, check_readable, check_reconciles, count_lines, read_tally, reconcile,
@@ -34,22 +35,30 @@ from .ledger_cli import ledger_outputs
 from .outputs import RunOutputs
 
 
+def reports_metadata(input: str, beam_args: Iterable[str] = ()) -> dict | None:
+    """The mechanism metadata ``collect`` wrote into a reports table's Parquet schema (local or
+    any Beam FileSystems URL), or None (CSV, a database table: no such metadata)."""
+    read = ReadTable(input, options=list(beam_args))
+    if read.kind != "files" or not read.files or table_format(read.files[0]) != "parquet":
+        return None
+    with open_input(read.files[0], read.flags) as fh:
+        return mechanism_metadata(pq.read_schema(fh))
+
+
 def mechanism_from_reports(input: str, name: str | None = None,
                            params: Mapping[str, Any] | None = None,
-                           allow_no_guarantee: bool = False) -> Mechanism:
+                           allow_no_guarantee: bool = False,
+                           beam_args: Iterable[str] = ()) -> Mechanism:
     """The mechanism that made the reports in ``input`` (from their metadata), or the one named.
 
     Reports already collected under a configuration without a finite guarantee (collected with
     the opt-in) are estimated without a second opt-in: the estimate restates their guarantee. A
     mechanism named here for a new release needs ``allow_no_guarantee`` like ``collect``."""
     reg = get_registry()
-    files = match_files(input)
-    meta = None
-    if table_format(files[0]) == "parquet":
-        meta = mechanism_metadata(pq.read_schema(files[0]))
+    meta = reports_metadata(input, beam_args)
     if name is None:
         if meta is None:
-            raise ValueError(f"{files[0]} carries no mechanism metadata: pass --mechanism and its "
+            raise ValueError(f"{input} carries no mechanism metadata: pass --mechanism and its "
                              "parameters (-p NAME=VALUE)")
         merged = dict(meta["params"])
         merged.update(params or {})
@@ -79,7 +88,7 @@ def _result(est: Any) -> dict:
     return est.to_dict()
 
 
-def distinct_keys(files: list[str], column: str) -> int:
+def distinct_keys(files: list[str], column: str, flags: Iterable[str] = ()) -> int:
     """Distinct values of one column over the input files (read alone, column-wise)."""
     import pyarrow.compute as pc
     import pyarrow.csv as pacsv
@@ -87,11 +96,12 @@ def distinct_keys(files: list[str], column: str) -> int:
     seen = None
     for f in files:
         try:
-            if table_format(f) == "parquet":
-                col = pq.read_table(f, columns=[column]).column(0)
-            else:
-                col = pacsv.read_csv(f, convert_options=pacsv.ConvertOptions(
-                    include_columns=[column], column_types={column: "string"})).column(0)
+            with open_input(f, tuple(flags)) as fh:
+                if table_format(f) == "parquet":
+                    col = pq.read_table(fh, columns=[column]).column(0)
+                else:
+                    col = pacsv.read_csv(fh, convert_options=pacsv.ConvertOptions(
+                        include_columns=[column], column_types={column: "string"})).column(0)
         except Exception:  # an unreadable file or no such column: the pipeline reports it
             continue
         u = pc.unique(col.cast("string"))
@@ -99,12 +109,9 @@ def distinct_keys(files: list[str], column: str) -> int:
     return 0 if seen is None else len(seen)
 
 
-def _reports_seeded(input: str) -> bool | None:
+def _reports_seeded(input: str, beam_args: Iterable[str] = ()) -> bool | None:
     """Whether the reports say they were drawn from a seed (None: no metadata, e.g. CSV)."""
-    files = match_files(input)
-    if table_format(files[0]) != "parquet":
-        return None
-    meta = mechanism_metadata(pq.read_schema(files[0]))
+    meta = reports_metadata(input, beam_args)
     return None if meta is None else bool(meta.get("seeded", False))
 
 
@@ -118,7 +125,7 @@ def run_estimate(input: str, output: str, mechanism: Mechanism | None = None,
     """Estimate from a reports table (LDP) or release from raw rows (central DP, see
     :func:`run_release`). Writes ``OUTPUT`` (the estimate), ``OUTPUT.deadletter.jsonl`` and, last,
     ``OUTPUT.manifest.json``, committed together or not at all; returns the estimate."""
-    mech = mechanism or mechanism_from_reports(input)
+    mech = mechanism or mechanism_from_reports(input, beam_args=beam_args)
     options = dict(options or {})
     if getattr(mech, "central", False):
         return run_release(input, output, mech, columns or {}, by, options, beam_args,
@@ -131,10 +138,11 @@ def run_estimate(input: str, output: str, mechanism: Mechanism | None = None,
     run = run_key or RunKey.new(seed)
     est = estimator_for(mech, **options)
     dead_letter = output + ".deadletter.jsonl"
-    read = ReadTable(input, **_read_options(null_values))
-    seeded_reports = _reports_seeded(input)
+    read = ReadTable(input, options=list(beam_args), **_read_options(null_values))
+    seeded_reports = _reports_seeded(input, beam_args)
     if by:  # one accumulator per key: check their number before any is built
-        check_groups(distinct_keys(read.files, by), est.create().size, "--by")
+        check_groups(distinct_keys(read.files, by, read.flags), est.create().size, "--by")
+    fmt = tidy_format(output)
 
     outs = RunOutputs({"estimate": output, "dead_letter": dead_letter},
                       output + ".manifest.json", run.run_id, inputs=[input], force=force)
@@ -171,7 +179,7 @@ def run_estimate(input: str, output: str, mechanism: Mechanism | None = None,
         check_readable(rec, staged_dead, allow_unreadable)
         guarantee = run_guarantee(mech.guarantee, seeded=bool(seeded_reports))
         out: dict[str, Any] = {
-            "input": input, "mechanism": mech.name, "params": mech.params(),
+            "input": read.source_name, "mechanism": mech.name, "params": mech.params(),
             "estimator_options": options, "guarantee": guarantee,
             "seeded": seeded_reports,
             "reports": {"read": rec["read"], "valid": rec["accepted"],
@@ -188,12 +196,25 @@ def run_estimate(input: str, output: str, mechanism: Mechanism | None = None,
         else:
             out["estimate"] = _mark(rows[0], guarantee) if rows else \
                 {"error": "no reports", "n_reports": 0}
-        write_json(outs.staged("estimate"), out)
+        write_estimate(out, outs.staged("estimate"), fmt, run.run_id)
         entry.commit(ledger_outputs(outs))
-        outs.commit({"command": "estimate", "ledger": led.url, "input": input, "mechanism": mech.name,
+        outs.commit({"command": "estimate", "ledger": led.url, "input": read.source_name,
+                     "mechanism": mech.name,
                      "seeded": seeded_reports, "guarantee": guarantee,
                      "reports": out["reports"]})
     return out
+
+
+def write_estimate(out: dict, path: str, fmt: str, run_id: str) -> None:
+    """The estimate as asked: the nested JSON (``.json``) or the tidy table (``.parquet``,
+    ``.csv``: one row per statistic, cell and group, with value, SE, CI, n and the guarantee)."""
+    if fmt == "json":
+        write_json(path, out)
+    elif fmt in ("parquet", "csv"):
+        write_tidy(tidy_output(out, run_id=run_id), path)
+    else:
+        raise ValueError(f"estimate outputs go to .json, .parquet or .csv files (not {fmt}); "
+                         "write a file and load it into the database")
 
 
 def _mark(est: dict, guarantee: dict) -> dict:
@@ -242,7 +263,8 @@ def run_release(input: str, output: str, mech: Mechanism, columns: Mapping[str, 
             raise ValueError("give the seed once: --seed or --option seed")
         seed = options.pop("seed")
     run = run_key or RunKey.new(seed)
-    read = ReadTable(input, **_read_options(null_values))
+    read = ReadTable(input, options=list(beam_args), **_read_options(null_values))
+    fmt = tidy_format(output)
     cols = resolve_columns(mech, read.schema, columns or {r.name: r.name for r in mech.roles
                                                           if r.required}, ())
     # the release's noise: the seed as the core uses it, else a key derived from the run's secret
@@ -264,9 +286,10 @@ def run_release(input: str, output: str, mech: Mechanism, columns: Mapping[str, 
                              request=request, seeded=run.seeded,
                              republished_from=prior["run_id"]) as entry, outs:
                 out = dict(prior["release"])
-                curator = {"input": input, "release": os.path.abspath(output), "columns": cols,
+                curator = {"input": read.source_name, "release": os.path.abspath(output),
+                           "columns": cols,
                            "run_id": run.run_id, "republished_from": prior["run_id"]}
-                write_json(outs.staged("release"), out)
+                write_estimate(out, outs.staged("release"), fmt, run.run_id)
                 write_json(outs.staged("curator"), curator)
                 open(outs.staged("dead_letter"), "w").close()
                 entry.commit(ledger_outputs(outs), out)
@@ -306,8 +329,9 @@ def run_release(input: str, output: str, mech: Mechanism, columns: Mapping[str, 
         out: dict[str, Any] = {"mechanism": mech.name, "params": mech.params(),
                                "estimator_options": options, "guarantee": guarantee,
                                "seeded": run.seeded, "estimate": release}
-        write_json(outs.staged("release"), out)
-        curator = {"input": input, "release": os.path.abspath(output), "columns": cols,
+        write_estimate(out, outs.staged("release"), fmt, run.run_id)
+        curator = {"input": read.source_name, "release": os.path.abspath(output),
+                   "columns": cols,
                    "run_id": run.run_id,
                    "records": {"input": tally["input"], "released_from": tally["accepted"],
                                "dead_lettered": tally["dead_lettered"],
