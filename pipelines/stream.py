@@ -55,6 +55,37 @@ nothing uses neither, and releases each window of its range exactly once. The Pu
 cannot mark a range here, so central-DP streams read a spool; a family whose estimator has no
 release of an empty window (OSPDPRR's) is refused.
 
+**Privacy units.** Without one, every output's guarantee says it holds *per record only*: a
+person who sends several reports spends epsilon once per report, and a device reporting every
+window spends it again every window. With ``privacy_unit`` FIELD (``--privacy-unit``) every record
+carries its unit's id in FIELD, which the source replaces at once by a keyed hash (the key stays
+in the stream's per-unit state, ``OUT/units.sqlite``, on the trusted side: no raw id reaches an
+estimate, a dead letter or the ledger); then, per window (:class:`UnitPaneFn`,
+:meth:`ldp_beam.longitudinal.UnitState.admit`):
+
+* at most ``max_reports_per_unit`` (k) of a unit's reports — raw records for a central-DP
+  release — are estimated, those of smallest keyed priority (a keyed hash of the record's file,
+  line and content under the state's key: uniform among the unit's reports of the window when
+  they are all there when it fires, deterministic under retries and restarts); the others are
+  counted as ``bounded_out``. Reports selected for an earlier pane of the window (an early pane,
+  a run before a restart) stay selected and count against k, so no window ever estimates more
+  than k reports of a unit, whatever its panes;
+* each estimated report costs its unit epsilon (LDP: the mechanism's; central: the window's
+  release epsilon, composed over its releases, and for k > 1 records by group privacy: ceil(k /
+  L) x epsilon for a release calibrated to L rows per unit), accumulated across windows and
+  restarts; with ``memoize`` (the report field naming a memoized report's slot, ``memo_id`` by
+  default; :meth:`ldp_beam.longitudinal.Memoized.memo_ids`) a report that repeats its unit's
+  memo slot with the same report costs nothing — an honest bound only if the producer memoizes
+  (see :mod:`ldp_beam.longitudinal`);
+* with ``unit_budget`` B, a report that would take its unit's cumulative loss past B is counted
+  as ``over_budget`` and dropped, never estimated.
+
+Every guarantee then says "per privacy unit FIELD (at most k reports per window; cumulative loss
+capped at B)". LDP estimates state their estimand (each unit counts at most k reports of the
+window) and, for k > 1, widen their standard errors by sqrt(k) (reports of one unit may be
+correlated; :meth:`ldp_beam.core.Estimate.with_design_effect`). The per-unit counts of a pane
+are in ``ledger.jsonl`` (and, for LDP, in the estimate row; a central release publishes none).
+
 **Accounting.** Nothing is dropped silently: every record is in a window's panes, dead-lettered
 (``OUT/deadletter.jsonl``, with the stage, the reason and, from a spool, the file and line), or
 counted. ``OUT/ledger.jsonl`` is the curator's bookkeeping (one line per file read and per pane,
@@ -62,7 +93,8 @@ with exact record counts — not for publication for central-DP families), and t
 summary reconciles: lines read = records + dead-lettered at the source + skipped as settled
 before a restart; records = records in the windows' last panes + invalid records (+ records
 Beam's windowing dropped as later than the allowed lateness, which the spool source prevents by
-dead-lettering them itself; with Pub/Sub they can only be counted, as this difference).
+dead-lettering them itself; with Pub/Sub they can only be counted, as this difference); with a
+privacy unit, the records of every window's last pane = estimated + bounded out + over budget.
 """
 from __future__ import annotations
 
@@ -72,6 +104,8 @@ import os
 import signal
 import threading
 import time
+import hashlib
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from importlib import import_module
 from typing import Any, Iterable, Mapping, NamedTuple
@@ -88,15 +122,19 @@ from apache_beam.utils.windowed_value import WindowedValue
 
 from ldp_beam.core import Estimate, Mechanism, Statistic
 from ldp_beam.estimators import estimator_for
-from ldp_beam.privacy import compose
+from ldp_beam.longitudinal import UnitState, UnitStateError, priority
+from ldp_beam.privacy import PrivacyGuarantee, compose
+from ldp_beam.rng import RunKey
 from ldp_beam.transforms.batches import num_rows
 from ldp_beam.transforms.perturb import dead_letter, split_dead_letters
 from ldp_beam.transforms.combine import EstimateFailure, EstimatorCombineFn
 from ldp_beam.transforms.io import to_json_line
+from ldp_beam.transforms.batches import report_columns
 from ldp_beam.transforms.spool import (DEAD, HEARTBEAT, LEDGER, MARK, RECORD, RECORDS,
                                        ReadSpoolOnce,
                                        SpoolDirectory, SpoolSource, WindowClock, event_micros,
-                                       file_line, iso, parse_line, record_settled)
+                                       file_line, iso, parse_line, pseudonymize, record_settled,
+                                       WITHHELD)
 
 from .common import counters, run_pipeline, runner_args, runner_name, say, write_json
 
@@ -110,6 +148,137 @@ DIRECT_RUNNERS = ("DirectRunner", "BundleBasedDirectRunner", "SwitchingDirectRun
 
 class StreamConfigError(ValueError):
     """A streaming configuration that cannot be run as asked (the message names the option)."""
+
+
+# --------------------------------------------------------------------------- privacy units
+MEMO_FIELD = "memo_id"  # the report field of a memoized report's slot, by default
+
+
+@dataclass(frozen=True)
+class PrivacyUnit:
+    """A stream's privacy unit (see "Privacy units" in the module docstring): ``field``, the
+    record field with the unit's id; ``state``, its durable per-unit state; at most
+    ``max_reports`` of a unit's reports (records, for a central release) estimated per window;
+    its cumulative loss capped at ``budget`` (None: tracked, not capped); ``memo_field``: LDP,
+    the report field naming a memoized report's slot (None: every report is charged)."""
+
+    field: str
+    state: UnitState | None
+    max_reports: int = 1
+    budget: float | None = None
+    memo_field: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.field, str) or not self.field:
+            raise StreamConfigError(f"--privacy-unit {self.field!r}: expected a record field")
+        k = self.max_reports
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise StreamConfigError(f"--max-reports-per-unit {k!r}: expected an integer >= 1")
+        b = self.budget
+        if b is not None and (isinstance(b, bool) or not isinstance(b, (int, float))
+                              or not math.isfinite(b) or b <= 0):
+            raise StreamConfigError(f"--unit-budget {b!r}: expected a finite epsilon > 0")
+        if self.memo_field is not None and (not isinstance(self.memo_field, str) or
+                                            not self.memo_field or
+                                            self.memo_field == self.field):
+            raise StreamConfigError(f"--memo-field {self.memo_field!r}: expected a report field "
+                                    "other than the privacy unit's")
+
+
+def check_unit(mechanism: Mechanism, unit: PrivacyUnit,
+               columns: Mapping[str, str] | None = None) -> None:
+    """Refuse a privacy unit that cannot serve ``mechanism`` (StreamConfigError naming the
+    option): a memo field for a central release, a unit or memo field that is one of the
+    mechanism's inputs, a budget without a finite pure epsilon to charge."""
+    central = bool(getattr(mechanism, "central", False))
+    g = mechanism.guarantee
+    if unit.memo_field is not None and central:
+        raise StreamConfigError(f"--memo-field: {mechanism.name} is a central-DP release of raw "
+                                "records; memoized reports are LDP's")
+    if central:
+        inputs = set((columns or {r.name: r.name for r in mechanism.roles
+                                  if r.required}).values())
+    else:
+        inputs = {f for f, _ in mechanism.report_fields}
+    for opt, name in (("--privacy-unit", unit.field), ("--memo-field", unit.memo_field)):
+        if name in inputs:
+            raise StreamConfigError(
+                f"{opt} {name!r} is one of {mechanism.name}'s "
+                + ("input fields" if central else "report fields")
+                + f" ({sorted(inputs)}): name the record field that holds it")
+    if unit.budget is not None and not math.isfinite(g.epsilon):
+        raise StreamConfigError(f"--unit-budget: {mechanism.name} has no finite epsilon to "
+                                "charge against a budget")
+    if unit.budget is not None and g.delta > 0:
+        raise StreamConfigError(f"--unit-budget caps a sum of pure epsilons; {mechanism.name}'s "
+                                f"guarantee has delta = {g.delta:g}")
+
+
+def calibrated_rows(g: PrivacyGuarantee) -> int:
+    """The rows per unit a central release's noise is calibrated to (its contribution bounds'
+    L0 x Linf when it states them, else 1: calibrated to one record)."""
+    b = g.params.get("contribution_bounds") if isinstance(g.params, dict) else None
+    if isinstance(b, dict):
+        try:
+            return max(1, int(b.get("max_partitions_per_unit", 1)) *
+                       int(b.get("max_rows_per_partition", 1)))
+        except (TypeError, ValueError):
+            return 1
+    return 1
+
+
+def unit_scope(central: bool, unit: PrivacyUnit | None, epsilon: float) -> str:
+    """Per what a stream's guarantee holds, for people (in every guarantee it writes);
+    ``epsilon``: what one unit may spend in one window (:func:`unit_window_epsilon`)."""
+    if unit is None:
+        if central:
+            return ("per record only: a person with several records spends it once per record, "
+                    "and again in every window in which they have records")
+        return ("per record only: a person who sends several reports spends it once per "
+                "report, and a device reporting every window spends it again every window")
+    k = unit.max_reports
+    what = ("record" if central else "report") + ("s" if k != 1 else "")
+    text = f"per privacy unit {unit.field} (at most {k} {what} per window"
+    if central and math.isfinite(epsilon):
+        text += f", so at most {epsilon:g} per unit and window"
+    if unit.budget is not None:
+        text += f"; cumulative loss capped at {unit.budget:g})"
+    elif math.isfinite(epsilon):
+        text += (f"; cumulative loss not capped: up to {epsilon:g} more in every window the "
+                 "unit reports in)")
+    else:
+        text += "; no finite epsilon to cap)"
+    if unit.memo_field is not None:
+        text += (f"; a report that repeats its unit's memoized slot ({unit.memo_field}) with "
+                 "the same report costs nothing, which is only as honest as the producer's "
+                 "memoization")
+    return text
+
+
+def stream_guarantee(g: PrivacyGuarantee, central: bool, unit: PrivacyUnit | None,
+                     group: int = 1) -> dict:
+    """``g`` (a report's guarantee, or a window's releases composed) as a stream states it: per
+    record, or per privacy unit with its bound, its cap and the epsilon a unit spends per
+    window (``unit_window_epsilon``: k x epsilon for LDP, ceil(k / L) x epsilon for a central
+    release calibrated to L = ``group`` rows per unit)."""
+    d = g.to_dict()
+    if unit is None:
+        d.update(unit="record", scope=unit_scope(central, None, g.epsilon))
+    else:
+        per = unit_window_epsilon(g.epsilon, unit.max_reports, group)
+        d.update(unit=unit.field, max_reports_per_unit=unit.max_reports,
+                 unit_budget=unit.budget, memo_field=unit.memo_field,
+                 unit_window_epsilon=None if math.isinf(per) else per,
+                 scope=unit_scope(central, unit, per))
+    d["summary"] = f"{d['summary']}; {d['scope']}"
+    return d
+
+
+def unit_window_epsilon(epsilon: float, k: int, group: int = 1) -> float:
+    """What one unit may spend in one window: k reports of ``epsilon`` (LDP, ``group`` 1), or
+    ceil(k / L) times a window's release epsilon (central, calibrated to L = ``group`` rows per
+    unit; group privacy)."""
+    return -(-k // group) * epsilon
 
 
 # --------------------------------------------------------------------------- per-window estimate
@@ -218,15 +387,30 @@ def result_dict(est: Any, central: bool) -> dict:
 class PaneFn(beam.DoFn):
     """``(estimate, count, marked)`` of one firing -> a pane element: the published row (or,
     for a central release outside the range or past the window's budget, the reason it is
-    withheld) and the count."""
+    withheld) and the count. ``guarantee``: the stream's (:func:`stream_guarantee`), in every
+    row."""
 
     def __init__(self, central: bool, releases: int, guarantee: dict,
                  prior_releases: Mapping[int, int] | None = None) -> None:
         self.central, self.releases, self.guarantee = central, releases, guarantee
         self.prior = dict(prior_releases or {})
 
+    # -- what a subclass changes: how an element is read and estimated
+    def _count(self, element) -> int:
+        return int(element[1])
+
+    def _marked(self, element) -> bool:
+        return bool(element[2])
+
+    def _estimate(self, element, start_us: int) -> tuple[Any, dict | None]:
+        """(the estimate or release, the per-unit counts or None)."""
+        return element[0], None
+
+    def _unit_row(self, units: dict | None) -> dict:
+        return {}
+
     def process(self, element, window=beam.DoFn.WindowParam, pane=beam.DoFn.PaneInfoParam):
-        est, count, marked = element
+        count, marked = self._count(element), self._marked(element)
         start, end = window.start.micros, window.end.micros
         index, timing = int(pane.index), TIMING.get(int(pane.timing), "unknown")
         out = {"window_start_us": start, "window_end_us": end, "index": index,
@@ -252,6 +436,10 @@ class PaneFn(beam.DoFn):
                     "(--releases-per-window)")
                 yield out
                 return
+        est, units = self._estimate(element, start)
+        if units is not None:
+            out["units"] = units
+        if self.central:
             res = result_dict(est, True)
             per_release = res.pop("guarantee", None)
             row.update(res)
@@ -260,9 +448,80 @@ class PaneFn(beam.DoFn):
             if self.releases > 1 and per_release is not None:
                 row["guarantee_per_release"] = per_release
         else:
-            row.update(result_dict(est, False))
+            res = result_dict(est, False)
+            res.pop("guarantee", None)
+            row.update(res)
+            row["guarantee"] = self.guarantee
+            row["estimand"] = ESTIMAND_PER_REPORT
+        row.update(self._unit_row(units))
         out["row"] = row
         yield out
+
+
+ESTIMAND_PER_REPORT = ("per report: every valid report of the window counts once, so a unit "
+                       "that sends more reports weighs more")
+
+
+class UnitPaneFn(PaneFn):
+    """A pane of a privacy-unit stream: ``(candidates, marked)`` (:class:`UnitCandidatesFn`)
+    -> the per-unit admission of the window (:meth:`UnitState.admit`: at most k reports per
+    unit, each unit's cumulative loss charged and capped), then the estimate (or release) of
+    the admitted reports alone. The admission is recorded before the pane is written, so a
+    crash in between over-counts (never under-counts) and a re-run selects the same reports
+    again without charging them twice."""
+
+    def __init__(self, central: bool, releases: int, guarantee: dict,
+                 prior_releases: Mapping[int, int] | None, unit: PrivacyUnit, estimator: Any,
+                 release_empty: Any, epsilon: float, group: int, run_id: str) -> None:
+        super().__init__(central, releases, guarantee, prior_releases)
+        self.unit, self.estimator, self.release_empty = unit, estimator, release_empty
+        self.epsilon, self.group, self.run_id = epsilon, group, run_id
+        self.report_fields = estimator.mechanism.report_fields
+
+    def _count(self, element) -> int:
+        return sum(n for n, _ in element[0].values())
+
+    def _marked(self, element) -> bool:
+        return bool(element[1])
+
+    def _estimate(self, element, start_us: int) -> tuple[Any, dict]:
+        u = self.unit
+        adm = u.state.admit(start_us, self.run_id, element[0], u.max_reports, self.epsilon,
+                            u.budget, self.group)
+        rows = adm.rows()
+        inner = EstimatorCombineFn(self.estimator, on_empty="report")
+        acc = inner.create_accumulator()
+        if rows:
+            cols = {f: np.asarray([r[j] for r in rows]) for j, (f, _) in
+                    enumerate(self.report_fields)}
+            acc = self.estimator.add(acc, report_columns(cols, self.report_fields))
+        if self.central and not rows and self.release_empty is not None:
+            est = self.release_empty(acc)
+        else:
+            est = inner.extract_output(acc)
+        if not self.central and u.max_reports > 1 and isinstance(est, Estimate):
+            est = est.with_design_effect(
+                u.max_reports, f"up to {u.max_reports} reports of one privacy unit "
+                f"{u.field} per window, which may be correlated")
+        return est, adm.counts()
+
+    def _unit_row(self, units: dict | None) -> dict:
+        u = self.unit
+        if self.central:  # a central release publishes no counts
+            return {"privacy_unit": {"field": u.field, "max_records_per_unit": u.max_reports,
+                                     "unit_budget": u.budget}}
+        k = u.max_reports
+        shown = {c: units[c] for c in ("units", "reports", "estimated", "bounded_out",
+                                       "over_budget", "memo_repeats", "memo_mismatch")}
+        estimand = (f"per privacy unit {u.field}: each unit counts at most {k} of its reports "
+                    "of the window (chosen uniformly among them), so "
+                    + ("every unit that reported counts once, however many reports it sent"
+                       if k == 1 else f"a unit weighs at most {k} reports"))
+        if u.budget is not None:
+            estimand += "; the reports of units past their budget are not in it"
+        return {"estimand": estimand,
+                "privacy_unit": {"field": u.field, "max_reports_per_unit": k,
+                                 "unit_budget": u.budget, "memo_field": u.memo_field, **shown}}
 
 
 def _report_column(values: list) -> np.ndarray:
@@ -294,6 +553,68 @@ class RecordRows(NamedTuple):
     rows: list
 
 
+class UnitRows(NamedTuple):
+    """Valid rows of one batch of a privacy-unit stream: unit hash -> ``[n, candidates]``, its
+    ``n`` rows and at most k candidates ``(priority, slot, memo, digest, row)`` of smallest
+    priority (``row``: the report fields' values, in ``report_fields`` order)."""
+
+    units: dict
+
+
+def keep_smallest(kept: list, cand: tuple, k: int) -> None:
+    """Add ``cand`` to ``kept`` (at most ``k`` candidates, of the smallest (priority, slot)),
+    in place; a candidate whose slot is already kept (the same record twice) is not added."""
+    slot = cand[1]
+    if any(c[1] == slot for c in kept):
+        return
+    if len(kept) < k:
+        kept.append(cand)
+        return
+    worst = max(range(len(kept)), key=lambda i: (kept[i][0], kept[i][1]))
+    if (cand[0], slot) < (kept[worst][0], kept[worst][1]):
+        kept[worst] = cand
+
+
+class UnitCandidatesFn(beam.CombineFn):
+    """:class:`UnitRows` (and window marks) of a window -> ``(candidates, marked)``: per unit
+    hash, ``(n, the k candidates of smallest priority)``. The choice of the k is the same
+    whatever the split and order of the rows (it depends only on their keyed priorities)."""
+
+    def __init__(self, k: int) -> None:
+        self.k = k
+
+    def create_accumulator(self):
+        return [{}, False]
+
+    def add_input(self, acc, element):
+        if isinstance(element, WindowMark):
+            acc[1] = True
+            return acc
+        self._fold(acc[0], element.units)
+        return acc
+
+    def _fold(self, into: dict, units: Mapping) -> None:
+        for u, (n, cands) in units.items():
+            entry = into.get(u)
+            if entry is None:
+                into[u] = [n, list(cands)]
+                continue
+            entry[0] += n
+            for c in cands:
+                keep_smallest(entry[1], c, self.k)
+
+    def merge_accumulators(self, accs):
+        out: dict = {}
+        marked = False
+        for units, m in accs:
+            self._fold(out, units)
+            marked = marked or m
+        return [out, marked]
+
+    def extract_output(self, acc):
+        return {u: (n, list(c)) for u, (n, c) in acc[0].items()}, acc[1]
+
+
 def _unpack(element: Any) -> list[tuple[Any, str, int | None]]:
     """A record element -> its ``(record, source, line)``: one for ``(record, source, line)``
     as the sources send a record, or a bare record (no provenance); one per row of a
@@ -322,7 +643,8 @@ class BatchPerWindowFn(beam.DoFn):
     namespace ``ldp_beam``."""
 
     def __init__(self, mechanism: Mechanism, estimator: Any = None,
-                 columns: Mapping[str, str] | None = None, max_rows: int = 4096) -> None:
+                 columns: Mapping[str, str] | None = None, max_rows: int = 4096,
+                 unit: PrivacyUnit | None = None) -> None:
         self.mechanism = mechanism
         self.central = bool(getattr(mechanism, "central", False))
         self.fields = tuple(name for name, _ in mechanism.report_fields)
@@ -330,12 +652,22 @@ class BatchPerWindowFn(beam.DoFn):
         self.columns = dict(columns or {r.name: r.name for r in mechanism.roles if r.required})
         self.shown = list(dict.fromkeys(self.columns.values()))
         self.max_rows = max_rows
+        self.unit = unit
+        self._keys: tuple | None = None
         what = "records" if self.central else "reports"
         self.n_in = Metrics.counter("ldp_beam", f"{what}_in")
         self.n_bad = Metrics.counter("ldp_beam", f"{what}_invalid")
 
     def start_bundle(self) -> None:
         self._groups: dict[Any, list] = {}
+
+    def _unit_keys(self) -> tuple:
+        """(unit, select, memo) keys of the per-unit state (read from its file where the step
+        runs, not carried in the pipeline)."""
+        if self._keys is None:
+            st = self.unit.state
+            self._keys = (st.key("unit"), st.key("select"), st.key("memo"))
+        return self._keys
 
     def process(self, element, timestamp=beam.DoFn.TimestampParam,
                 window=beam.DoFn.WindowParam):
@@ -375,6 +707,9 @@ class BatchPerWindowFn(beam.DoFn):
         records = [g[0] for g in group]
         n = len(records)
         self.n_in.inc(n)
+        if self.unit is not None:  # the unit's id -> its keyed hash, in what is shown
+            units, unit_bad, records = self._pseudonymize(records)
+            group = [(rec, *g[1:]) for rec, g in zip(records, group)]
         if self.central:
             absent = [next((c for c in self.shown if c not in r), None) for r in records]
             raw = {role: _raw_column([r.get(col) for r in records])
@@ -382,23 +717,101 @@ class BatchPerWindowFn(beam.DoFn):
             cols, reasons = self.mechanism.check(raw)
             reasons.flag(np.array([a is not None for a in absent]),
                          lambda i: f"record has no field {absent[i]!r}", replace=True)
-            yield from self._dead(reasons, group, window, self.shown)
+            shown = self.shown
+            if self.unit is not None:
+                reasons.flag(np.array([u is None for u in units]), lambda i: unit_bad[i],
+                             replace=True)
+                shown = [*self.shown, self.unit.field]
+            yield from self._dead(reasons, group, window, shown)
             ok = np.flatnonzero(~reasons.bad)
             if ok.size:
                 batch = self.mechanism.randomize({k: v[ok] for k, v in cols.items()},
                                                  np.empty((int(ok.size), 0)))
-                yield WindowedValue(batch, min(group[i][1] for i in ok.tolist()), (window,))
+                t = min(group[i][1] for i in ok.tolist())
+                if self.unit is not None:
+                    batch = self._candidates(batch, ok, group, units, None)
+                yield WindowedValue(batch, t, (window,))
             return
         absent = [next((f for f in self.fields if f not in r), None) for r in records]
         cols = {f: _report_column([r.get(f) for r in records]) for f in self.fields}
         reasons = self.estimator.check_reports(cols, n)
         reasons.flag(np.array([a is not None for a in absent]),
                      lambda i: f"report field {absent[i]!r} is missing", replace=True)
+        memos = None
+        if self.unit is not None:
+            if self.unit.memo_field is not None:
+                memos, memo_bad = self._memos(records)
+                reasons.flag(np.array([m is not None for m in memo_bad]),
+                             lambda i: memo_bad[i], replace=True)
+            reasons.flag(np.array([u is None for u in units]), lambda i: unit_bad[i],
+                         replace=True)
         yield from self._dead(reasons, group, window, None)
         ok = np.flatnonzero(~reasons.bad)
         if ok.size:
             batch = {f: c[ok] for f, c in cols.items()}
-            yield WindowedValue(batch, min(group[i][1] for i in ok.tolist()), (window,))
+            t = min(group[i][1] for i in ok.tolist())
+            if self.unit is not None:
+                batch = self._candidates(batch, ok, group, units, memos)
+            yield WindowedValue(batch, t, (window,))
+
+    # -- privacy units
+    def _pseudonymize(self, records: list) -> tuple[list, list, list]:
+        """Each record's unit hash (None when it has no valid id: ``bad`` says why) and a copy
+        of the record showing the hash in place of the id."""
+        key = self._unit_keys()[0]
+        field = self.unit.field
+        units, bad, shown = [], [], []
+        for r in records:
+            rec = dict(r)
+            why = pseudonymize(rec, field, key)
+            units.append(None if why else rec[field])
+            bad.append(why)
+            shown.append(rec)
+        return units, bad, shown
+
+    def _memos(self, records: list) -> tuple[list, list]:
+        """Each report's memo slot (a keyed hash of its memo id; None when it has none) and why
+        a memo id is unusable (None when it is fine)."""
+        key, field = self._unit_keys()[2], self.unit.memo_field
+        memos, bad = [], []
+        for r in records:
+            m = r.get(field)
+            if m is None:
+                memos.append(None)
+                bad.append(None)
+            elif isinstance(m, bool) or not isinstance(m, (str, int)) or m == "":
+                memos.append(None)
+                bad.append(f"memo field {field!r} is a {type(m).__name__}: expected the "
+                           "memoized slot's id (a string or an integer) or no field")
+            else:
+                memos.append(hashlib.blake2b(str(m).encode(), key=key,
+                                             digest_size=16).hexdigest())
+                bad.append(None)
+        return memos, bad
+
+    def _candidates(self, batch: Mapping[str, np.ndarray], ok: np.ndarray, group: list,
+                    units: list, memos: list | None) -> "UnitRows":
+        """The valid rows of a batch as per-unit candidates (at most k per unit, the smallest
+        keyed priorities; see :class:`UnitCandidatesFn`), with every unit's count."""
+        select = self._unit_keys()[1]
+        k = self.unit.max_reports
+        fields = [f for f, _ in self.mechanism.report_fields]
+        rows = list(zip(*[np.asarray(batch[f]).tolist() for f in fields]))
+        per: dict[str, list] = {}
+        for j, i in enumerate(ok.tolist()):
+            record, _, source, line = group[i]
+            ident = (f"{source}\n{line}\n"
+                     + json.dumps(record, sort_keys=True, separators=(",", ":"), default=str))
+            prio, slot = priority(select, ident)
+            memo = memos[i] if memos is not None else None
+            digest = None if memo is None else hashlib.blake2b(
+                repr(rows[j]).encode(), digest_size=16).hexdigest()
+            entry = per.get(units[i])
+            if entry is None:
+                entry = per[units[i]] = [0, []]
+            entry[0] += 1
+            keep_smallest(entry[1], (prio, slot, memo, digest, rows[j]), k)
+        return UnitRows(per)
 
 
 class WindowedOutputs:
@@ -420,7 +833,9 @@ class WindowedEstimate(beam.PTransform):
     the windowing and triggers (see the module docstring); ``releases_per_window``: the release
     budget per window of a central family (required when a window can fire more than once);
     ``prior_releases``: releases already made per window start (µs), e.g. before a crash, that
-    count against it.
+    count against it. ``unit``: a privacy unit (see "Privacy units" in the module docstring);
+    records' unit ids are hashed here too (a source that already did gives hashes, which hash
+    again consistently); ``run_id`` names the run in the per-unit state.
     """
 
     def __init__(self, mechanism: Mechanism, window_seconds: float,
@@ -428,7 +843,8 @@ class WindowedEstimate(beam.PTransform):
                  releases_per_window: int | None = None,
                  columns: Mapping[str, str] | None = None,
                  options: Mapping[str, Any] | None = None,
-                 prior_releases: Mapping[int, int] | None = None) -> None:
+                 prior_releases: Mapping[int, int] | None = None,
+                 unit: PrivacyUnit | None = None, run_id: str = "stream") -> None:
         super().__init__()
         self.clock = WindowClock(window_seconds, allowed_lateness)
         if early_seconds is not None:
@@ -490,6 +906,18 @@ class WindowedEstimate(beam.PTransform):
                 "a histogram release (laplace-histogram, dphr, ahp, structure-first) or run "
                 "`ldp-beam estimate` on a fixed batch")
         self.prior = dict(prior_releases or {})
+        self.unit, self.run_id = unit, run_id
+        if unit is not None:
+            check_unit(mechanism, unit, self.columns)
+        self.group = calibrated_rows(mechanism.guarantee) if self.central else 1
+        self.stream_guarantee = stream_guarantee(self.guarantee, self.central, unit, self.group)
+
+    @property
+    def report_epsilon(self) -> float:
+        """What one estimated report (LDP) or kept record (central: per group of the rows the
+        release is calibrated to) costs its unit: the report's epsilon, or the window's release
+        epsilon composed over its releases."""
+        return self.guarantee.epsilon
 
     @property
     def trigger(self):
@@ -507,13 +935,22 @@ class WindowedEstimate(beam.PTransform):
             accumulation_mode=tr.AccumulationMode.ACCUMULATING,
             allowed_lateness=Duration.of(self.allowed_lateness))
         batched = split_dead_letters(windowed | "Batch" >> beam.ParDo(BatchPerWindowFn(
-            self.mechanism, None if self.central else self.estimator, self.columns)), "batches")
-        combine = CountingCombineFn(EstimatorCombineFn(self.estimator, on_empty="report"),
-                                    self.central, self.release_empty)
+            self.mechanism, None if self.central else self.estimator, self.columns,
+            unit=self.unit)), "batches")
+        if self.unit is None:
+            combine: Any = CountingCombineFn(
+                EstimatorCombineFn(self.estimator, on_empty="report"), self.central,
+                self.release_empty)
+            pane_fn: PaneFn = PaneFn(self.central, self.releases, self.stream_guarantee,
+                                     self.prior)
+        else:
+            combine = UnitCandidatesFn(self.unit.max_reports)
+            pane_fn = UnitPaneFn(self.central, self.releases, self.stream_guarantee,
+                                 self.prior, self.unit, self.estimator, self.release_empty,
+                                 self.report_epsilon, self.group, self.run_id)
         panes = (batched.batches
                  | "EstimatePerWindow" >> beam.CombineGlobally(combine).without_defaults()
-                 | "Panes" >> beam.ParDo(PaneFn(self.central, self.releases,
-                                                self.guarantee.to_dict(), self.prior)))
+                 | "Panes" >> beam.ParDo(pane_fn))
         dead = batched.dead_letter | "UnwindowDeadLetters" >> beam.WindowInto(GlobalWindows())
         return WindowedOutputs(panes, dead)
 
@@ -574,6 +1011,8 @@ class StreamSink(beam.DoFn):
                       "released": p["row"] is not None}
             if "in_range" in p:
                 ledger["in_range"] = p["in_range"]
+            if "units" in p:
+                ledger["units"] = p["units"]
             if p["row"] is not None:
                 _append(self._fd(ESTIMATES), {**run, **p["row"]})
             else:
@@ -607,10 +1046,15 @@ class StreamSink(beam.DoFn):
                 "budget spent)" if p.get("in_range", True) else "outside the release range)")
         if "error" in p["row"]:
             return f"window {span} {what}: no estimate: {p['row']['error']}"
+        units = ""
+        if "units" in p:
+            u = p["units"]
+            units = (f" ({u['estimated']:,} estimated from {u['units']:,} unit(s), "
+                     f"{u['bounded_out']:,} bounded out, {u['over_budget']:,} over budget)")
         if self.central:
             r = p["row"]["release"]
-            return f"window {span} {what}: release {r['index']} of {r['of']}"
-        return f"window {span} {what}: {p['count']:,} reports"
+            return f"window {span} {what}: release {r['index']} of {r['of']}" + units
+        return f"window {span} {what}: {p['count']:,} reports" + units
 
 
 # --------------------------------------------------------------------------- Pub/Sub
@@ -618,8 +1062,10 @@ class ParseMessagesFn(beam.DoFn):
     """Pub/Sub message payloads (JSON lines, one record or more) -> items, each record at its
     event time."""
 
-    def __init__(self, timestamp_field: str, source: str) -> None:
+    def __init__(self, timestamp_field: str, source: str, unit_field: str | None = None,
+                 unit_key: bytes | None = None) -> None:
         self.timestamp_field, self.source = timestamp_field, source
+        self.unit_field, self.unit_key = unit_field, unit_key
         self.n_records = Metrics.counter("ldp_beam", "stream_records")
         self.n_lines = Metrics.counter("ldp_beam", "stream_lines")
 
@@ -631,9 +1077,16 @@ class ParseMessagesFn(beam.DoFn):
             try:
                 record, t_us = parse_line(raw, self.timestamp_field)
             except ValueError as exc:
-                yield DEAD, {"reason": str(exc), "record": raw[:1000].decode("utf-8", "replace"),
-                             "source": self.source, "row": i}
+                shown = WITHHELD if self.unit_field else raw[:1000].decode("utf-8", "replace")
+                yield DEAD, {"reason": str(exc), "record": shown, "source": self.source,
+                             "row": i}
                 continue
+            if self.unit_field is not None:
+                why = pseudonymize(record, self.unit_field, self.unit_key)
+                if why is not None:
+                    yield DEAD, {"reason": why, "record": record, "source": self.source,
+                                 "row": i}
+                    continue
             self.n_records.inc()
             yield TimestampedValue((RECORD, record, self.source, i), Timestamp(micros=t_us))
 
@@ -651,10 +1104,12 @@ def subscription_path(sub: str) -> str:
 class ReadPubSubRecords(beam.PTransform):
     """``beam.io.ReadFromPubSub(subscription=...)`` -> items. Needs Beam's GCP extras."""
 
-    def __init__(self, subscription: str, timestamp_field: str) -> None:
+    def __init__(self, subscription: str, timestamp_field: str, unit_field: str | None = None,
+                 unit_key: bytes | None = None) -> None:
         super().__init__()
         self.path = subscription_path(subscription)
         self.timestamp_field = timestamp_field
+        self.unit_field, self.unit_key = unit_field, unit_key
         try:
             import_module("google.cloud.pubsub_v1")  # what ReadFromPubSub needs at run time
         except ImportError:
@@ -665,7 +1120,8 @@ class ReadPubSubRecords(beam.PTransform):
     def expand(self, pbegin):
         return (pbegin | "PubSub" >> beam.io.ReadFromPubSub(subscription=self.path)
                 | "Parse" >> beam.ParDo(ParseMessagesFn(self.timestamp_field,
-                                                        f"pubsub:{self.path}")))
+                                                        f"pubsub:{self.path}", self.unit_field,
+                                                        self.unit_key)))
 
 
 # --------------------------------------------------------------------------- the pipeline
@@ -773,16 +1229,25 @@ def summarize(out_dir: str, run_id: str, records_read: int | None = None,
             "windows": len(inside), "windows_outside": len(ranged) - len(inside),
             "first_window_start": min((p["window_start"] for p in inside), default=None),
             "last_window_end": max((p["window_end"] for p in inside), default=None)}
+    admitted = [p for p in last.values() if "units" in p]
+    units_ok = True
+    if admitted:  # a privacy-unit stream: each window's records = estimated + bounded + over
+        parts = ("estimated", "bounded_out", "over_budget")
+        tot = {k: sum(p["units"][k] for p in admitted) for k in (
+            "reports", *parts, "memo_repeats", "memo_mismatch")}
+        units_ok = all(p["units"]["reports"] == p["count"] ==
+                       sum(p["units"][k] for k in parts) for p in admitted)
+        out["privacy_unit"] = {**tot, "windows": len(admitted), "reconciles": units_ok}
     if records is not None:
         dropped = records - in_windows - invalid
         out["records"]["dropped_by_windowing"] = dropped
-        ok = dropped == 0
+        ok = dropped == 0 and units_ok
         if from_files:
             ok = ok and src["lines"] == src["records"] + src["dead_lettered"] + \
                 src["skipped_settled"]
         out["reconciles"] = bool(ok)
     else:
-        out["reconciles"] = None
+        out["reconciles"] = None if units_ok else False
     return out
 
 
@@ -795,14 +1260,27 @@ def run_stream(output_dir: str, mechanism: Mechanism, *, spool: str | None = Non
                poll_seconds: float = 1.0, watermark_lag: float = 0.0,
                duration: float | None = None, once: bool = False,
                beam_args: Iterable[str] = (), stop: threading.Event | None = None,
-               progress: bool = True, start: Any = None, end: Any = None) -> dict:
+               progress: bool = True, start: Any = None, end: Any = None,
+               privacy_unit: str | None = None, max_reports_per_unit: int = 1,
+               unit_budget: float | None = None, memoize: str | bool | None = None,
+               seed: int | str | None = None) -> dict:
     """Run a streaming estimation (see the module docstring) until ``duration`` seconds have
     passed, ``stop`` is set, SIGINT/SIGTERM arrives (when run on the main thread) or, with
     ``once``, the spool's present files are read. Outputs go to ``output_dir`` (appended to, so a
     restarted run continues them); returns the run's summary (also ``OUT/summary.json``).
 
     ``start``, ``end`` (epoch seconds or ISO 8601 text): the release range of a central-DP
-    stream (see "Release range" in the module docstring)."""
+    stream (see "Release range" in the module docstring).
+
+    ``privacy_unit``: the record field naming each record's privacy unit (see "Privacy units"
+    in the module docstring); then ``max_reports_per_unit`` (k, default 1) reports of a unit
+    are estimated per window, ``unit_budget`` caps each unit's cumulative epsilon (None: not
+    capped), ``memoize`` names the report field of a memoized report's slot (True:
+    ``memo_id``; None: every report is charged) and the per-unit state is
+    ``OUT/units.sqlite`` (the trusted side's: it holds the key of the unit hashes). ``seed``:
+    the state's key from a seed, for reproducible selection in tests: NOT private (the unit
+    hashes of a guessable id space can be inverted by whoever knows the seed); it needs a
+    fresh output folder."""
     if (spool is None) == (subscription is None):
         raise StreamConfigError("give exactly one source: --spool DIR or --subscription "
                                 "PROJECT/SUB")
@@ -824,13 +1302,37 @@ def run_stream(output_dir: str, mechanism: Mechanism, *, spool: str | None = Non
             "cannot mark that range here: stream central releases from --spool")
     if start_us is not None and end_us is not None and end_us <= start_us:
         raise StreamConfigError(f"--end {end!r} is not after --start {start!r}")
+    if privacy_unit is None:
+        for opt, given in (("--max-reports-per-unit", max_reports_per_unit != 1),
+                           ("--unit-budget", unit_budget is not None),
+                           ("--memo-field", memoize not in (None, False)),
+                           ("--seed", seed is not None)):
+            if given:
+                raise StreamConfigError(f"{opt} applies to a stream with a privacy unit: give "
+                                        "--privacy-unit FIELD")
+    memo_field = MEMO_FIELD if memoize is True else (memoize or None)
+    if privacy_unit is not None:  # every option checked before the state file is created
+        check_unit(mechanism, PrivacyUnit(privacy_unit, None, max_reports_per_unit,
+                                          unit_budget, memo_field), columns)
     os.makedirs(output_dir, exist_ok=True)
     out_dir = os.path.abspath(output_dir)
     run_id = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ") + f"-{os.getpid()}"
+    unit = None
+    if privacy_unit is not None:
+        state_path = os.path.join(out_dir, UnitState.FILE)
+        secret = None if seed is None else RunKey.new(seed).derive("privacy-units")
+        try:
+            state = UnitState(state_path, privacy_unit, seed_secret=secret)
+        except (UnitStateError, ValueError) as exc:
+            raise StreamConfigError(f"--privacy-unit {privacy_unit!r}: {exc}") from None
+        unit = PrivacyUnit(privacy_unit, state, max_reports_per_unit, unit_budget, memo_field)
+    unit_field = None if unit is None else unit.field
+    unit_key = None if unit is None else unit.state.key("source")
     args = runner_args(beam_args)
     stop = stop or threading.Event()
     clock = WindowClock(window_seconds, allowed_lateness)
-    spool_dir = SpoolDirectory(spool, clock, timestamp_field) if spool else None
+    spool_dir = SpoolDirectory(spool, clock, timestamp_field, unit_field, unit_key) \
+        if spool else None
     if spool_dir is not None:
         spool_dir.open()
     try:
@@ -858,7 +1360,8 @@ def run_stream(output_dir: str, mechanism: Mechanism, *, spool: str | None = Non
             else {}
         estimate = WindowedEstimate(
             mechanism, window_seconds, 0.0 if once else allowed_lateness,
-            None if once else early_seconds, releases_per_window, columns, options, prior)
+            None if once else early_seconds, releases_per_window, columns, options, prior,
+            unit=unit, run_id=run_id)
         log = (lambda m: say(f"ldp-beam stream: {m}")) if progress else (lambda m: None)
         if once:
             source: Any = ReadSpoolOnce(spool_dir)
@@ -873,7 +1376,7 @@ def run_stream(output_dir: str, mechanism: Mechanism, *, spool: str | None = Non
                                  mark_until_us=range_end if central else None)
             what = f"spool {spool_dir.path} every {poll_seconds:g}s"
         else:
-            source = ReadPubSubRecords(subscription, timestamp_field)
+            source = ReadPubSubRecords(subscription, timestamp_field, unit_field, unit_key)
             what = f"Pub/Sub {source.path}"
         if not once and "--streaming" not in args:
             args = args + ["--streaming"]
@@ -888,8 +1391,8 @@ def run_stream(output_dir: str, mechanism: Mechanism, *, spool: str | None = Non
         if recovered:
             log(f"{len(recovered)} file(s) left in {os.path.join(spool_dir.path, '.claimed')} "
                 "by an interrupted run: re-reading them from the start")
-        log(f"run {run_id}: {mechanism.name} ({estimate.guarantee.describe()}"
-            + (" per window" if central else " per report") + f") on {what}, {windows}; "
+        log(f"run {run_id}: {mechanism.name} ({estimate.stream_guarantee['summary']}"
+            + (", per window" if central else "") + f") on {what}, {windows}; "
             f"estimates -> {os.path.join(out_dir, ESTIMATES)}"
             + ("" if once or duration else "; Ctrl-C stops cleanly"))
 
@@ -916,8 +1419,20 @@ def run_stream(output_dir: str, mechanism: Mechanism, *, spool: str | None = Non
             raise RuntimeError(f"the spool source failed: {source.error}") from source.error
         records_read = counters(result).get("stream_records") if subscription else None
         summary = summarize(out_dir, run_id, records_read, from_files=spool_dir is not None)
+        if unit is not None:
+            spent = unit.state.spent()
+            cap = unit.budget
+            summary.setdefault("privacy_unit", {}).update({
+                "field": unit.field, "max_reports_per_unit": unit.max_reports,
+                "unit_budget": cap, "memo_field": unit.memo_field,
+                "seeded": unit.state.seeded, "state": unit.state.path,
+                "units_tracked": len(spent),
+                "max_unit_loss": max(spent.values(), default=0.0),
+                "units_at_cap": None if cap is None else sum(
+                    1 for v in spent.values() if v + estimate.report_epsilon > cap *
+                    (1 + 1e-9) + 1e-12)})
         summary.update({"mechanism": mechanism.name, "params": mechanism.params(),
-                        "guarantee": estimate.guarantee.to_dict(),
+                        "guarantee": estimate.stream_guarantee,
                         "seconds": round(time.monotonic() - started, 3),
                         "outputs": {k: os.path.join(out_dir, v) for k, v in (
                             ("estimates", ESTIMATES), ("dead_letter", DEAD_LETTERS),
@@ -1042,6 +1557,11 @@ def summary_line(s: dict) -> str:
                  f"({r['too_late']:,} too late)")
         if r["skipped_settled"]:
             line += f", {r['skipped_settled']:,} skipped as settled before the restart"
+    u = s.get("privacy_unit")
+    if u and "estimated" in u:
+        line += (f"; per privacy unit {u.get('field', '')}: {u['estimated']:,} estimated, "
+                 f"{u['bounded_out']:,} bounded out (over {u.get('max_reports_per_unit', 'k')} "
+                 f"per window), {u['over_budget']:,} over budget")
     if s["panes_withheld"]:
         outside = s.get("release_range", {}).get("windows_outside", 0)
         line += f"; {s['panes_withheld']} release(s) withheld (budget spent" + (

@@ -438,11 +438,15 @@ def test_stream_command_end_to_end(tmp_path, bisample):
     assert {r["window_start_epoch"]: r["n_reports"] for r in rows} == {w1: 120, w2: 80}
     for r in rows:
         assert r["window_end_epoch"] - r["window_start_epoch"] == 2
-        assert r["guarantee"]["summary"] == f"LDP with epsilon={EPS:g}"
+        # without a privacy unit the guarantee says it holds per record only
+        assert r["guarantee"]["summary"] == (
+            f"LDP with epsilon={EPS:g}; per record only: a person who sends several reports "
+            "spends it once per report, and a device reporting every window spends it again "
+            "every window") and r["guarantee"]["unit"] == "record"
         assert set(r["statistics"]) >= {"mean", "missing_rate"}
     dead = read_jsonl(out / "deadletter.jsonl")
     assert [(d["source"], d["row"]) for d in dead] == [("a.jsonl", 121)]
     assert sorted(os.listdir(spool / DONE)) == ["a.jsonl", "b.jsonl"]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["reconciles"] and summary["records"]["read"] == 200
-    assert "2 window(s), 2 pane(s)" in so
+    assert "2 window(s), 2 pane(s)" in so and "per record only" in so

@@ -493,3 +493,315 @@ def test_live_central_marks_by_the_clock_not_the_lagged_watermark(tmp_path, hist
     rel = sorted(int(w) for w in released(out, s["run"]))  # from the run's start less the lag
     assert rel == list(range(rel[0], rel[0] + len(rel)))
     assert rel[0] - math.floor(now - 30) in (0, 1) and rel[-1] >= math.floor(now)
+
+
+# --------------------------------------------------------------------------- privacy units
+# Issue 14: a stream with a privacy unit estimates at most k reports per unit and window, tracks
+# each unit's cumulative loss across windows and restarts (OUT/units.sqlite), drops what would
+# pass its cap, and says per what its guarantee holds. Without one, it says "per record only".
+DOMAIN5 = ["a", "b", "c", "d", "e"]
+ALPHA = 1e-4
+
+
+@pytest.fixture(scope="module")
+def grr():
+    return build_mechanism("grr", epsilon=1.0, domain=DOMAIN5)
+
+
+def grr_counts(row, mech):
+    """The report counts behind a GRR estimate row: the unbiased frequencies are A P with A the
+    inverse of the transition matrix, so P = Q f (exact up to rounding)."""
+    f = np.asarray(row["statistics"]["frequency"]["value"])
+    return np.rint(row["n_reports"] * (mech.transition_matrix() @ f)).astype(int)
+
+
+def unit_run(tmp_path, mech, files, name="out", **kw):
+    """Write ``files`` ({name: records}) into a spool and run a bounded privacy-unit stream."""
+    spool, out = tmp_path / "spool", tmp_path / name
+    spool.mkdir(exist_ok=True)
+    for fname, recs in files.items():
+        write_file(spool, fname, recs)
+    kw.setdefault("privacy_unit", "device")
+    s = run_stream(str(out), mech, spool=str(spool), window_seconds=10, once=True,
+                   progress=False, **kw)
+    return s, out
+
+
+def test_a_unit_with_50_reports_in_a_window_gets_k_estimated(tmp_path, grr):
+    """k = 2: the chatty unit's 50 reports (all 'e') give exactly 2 estimated reports; the other
+    ten units' single reports ('a') all count; the estimate is the estimator's over exactly those
+    12 reports, with standard errors widened by sqrt(2) for reports of one unit."""
+    chatty = [{"v": 4, "device": "chatty", "ts": T0 + 1 + i / 100} for i in range(50)]
+    quiet = [{"v": 0, "device": f"q{i}", "ts": T0 + 2} for i in range(10)]
+    s, out = unit_run(tmp_path, grr, {"a.jsonl": chatty + quiet}, max_reports_per_unit=2)
+    (row,) = read_jsonl(out / "estimates.jsonl")
+    u = row["privacy_unit"]
+    assert (row["n_reports"], u["estimated"], u["bounded_out"], u["over_budget"]) == \
+        (12, 12, 48, 0) and u["units"] == 11
+    assert grr_counts(row, grr).tolist() == [10, 0, 0, 0, 2]
+    from ldp_beam.estimators import estimator_for
+    est = estimator_for(grr).estimate({"v": np.array([0] * 10 + [4] * 2, dtype=np.uint16)})
+    f = est.statistics["frequency"]
+    assert np.allclose(row["statistics"]["frequency"]["value"], f.value)
+    assert np.allclose(row["statistics"]["frequency"]["stderr"], np.sqrt(2) * f.stderr)
+    assert "per privacy unit device" in row["estimand"] and "at most 2" in row["estimand"]
+    assert s["reconciles"] and s["privacy_unit"]["reconciles"]
+    assert s["privacy_unit"]["estimated"] + s["privacy_unit"]["bounded_out"] == 60
+
+
+def test_the_estimated_report_is_uniform_among_a_units_reports(tmp_path, grr):
+    """1,000 units send 5 reports each in one window, the j-th with value j: with k = 1 the
+    value estimated for a unit is uniform over the five (chi-square at level ALPHA)."""
+    recs = [{"v": j, "device": f"d{u}", "ts": T0 + 1} for u in range(1000) for j in range(5)]
+    s, out = unit_run(tmp_path, grr, {"a.jsonl": recs})
+    (row,) = read_jsonl(out / "estimates.jsonl")
+    counts = grr_counts(row, grr)
+    assert counts.sum() == 1000 and s["privacy_unit"]["bounded_out"] == 4000
+    from scipy import stats
+    assert stats.chisquare(counts).pvalue > ALPHA, counts
+
+
+def memo_device_records(mech, secret, windows, memo=True, device="dev", value="c"):
+    """One device reporting ``value`` in every window, memoized (with its memo id) or not."""
+    from ldp_beam.longitudinal import Memoized
+    m = Memoized(mech, secret)
+    out = []
+    for w in range(windows):
+        if memo:
+            v = int(m.perturb([value], [device])["v"][0])
+            rec = {"v": v, "memo_id": m.memo_ids([value], [device])[0]}
+        else:
+            rec = {"v": int(mech.perturb([value], rng=100 + w)["v"][0])}
+        out.append({**rec, "device": device, "ts": T0 + 10 * w + 3})
+    return out
+
+
+def test_a_memoized_device_reporting_every_window_spends_epsilon_once(tmp_path, grr):
+    """Six windows: the memoized device's unchanged value costs epsilon once (and stays under a
+    cap of 1.5 epsilon in every window); a device randomizing afresh spends epsilon per window and
+    is dropped once past the cap; a memo id that comes back with another report is charged."""
+    from ldp_beam.longitudinal import UnitState
+    secret = b"device secret, 32 bytes long...."
+    files = {"a.jsonl": memo_device_records(grr, secret, 6, device="memo")
+             + memo_device_records(grr, secret, 6, memo=False, device="fresh")}
+    s, out = unit_run(tmp_path, grr, files, unit_budget=1.5, memoize=True)
+    rows = sorted(read_jsonl(out / "estimates.jsonl"), key=lambda r: r["window_start_epoch"])
+    assert [r["privacy_unit"]["estimated"] for r in rows] == [2] + [1] * 5
+    assert [r["privacy_unit"]["over_budget"] for r in rows] == [0] + [1] * 5
+    assert [r["privacy_unit"]["memo_repeats"] for r in rows] == [0] + [1] * 5
+    state = UnitState(str(out / "units.sqlite"), "device")
+    assert sorted(state.spent().values()) == [1.0, 1.0]  # each device: one epsilon
+    assert s["privacy_unit"]["max_unit_loss"] == 1.0 and s["privacy_unit"]["units_at_cap"] == 2
+    # the same memo id with a different report cannot be a memoized copy: it is charged
+    forged = memo_device_records(grr, b"another device secret.........!!", 1, device="memo")
+    forged[0]["ts"] = T0 + 100
+    forged[0]["memo_id"] = files["a.jsonl"][0]["memo_id"]
+    forged[0]["v"] = (files["a.jsonl"][0]["v"] + 1) % 5
+    s2, _ = unit_run(tmp_path, grr, {"b.jsonl": forged}, unit_budget=1.5, memoize=True)
+    assert s2["privacy_unit"]["memo_mismatch"] == 1 and s2["privacy_unit"]["over_budget"] == 1
+
+
+def test_per_unit_state_survives_a_restart_and_the_cap_holds_across_runs(tmp_path, grr):
+    """Two runs over successive spool files: the loss the first run charged counts in the
+    second, which drops (and counts) the reports past the cap of 3 epsilon; the second run is
+    live (the spool source), the first bounded."""
+    def file(windows):
+        return [{"v": u % 5, "device": f"u{u}", "ts": T0 + 10 * w + 1}
+                for w in windows for u in range(8)]
+    s1, out = unit_run(tmp_path, grr, {"a.jsonl": file([0, 1])}, unit_budget=3.0)
+    assert s1["privacy_unit"]["estimated"] == 16 and s1["privacy_unit"]["over_budget"] == 0
+    write_file(tmp_path / "spool", "b.jsonl", file([2, 3]))
+    s2 = run_stream(str(out), grr, spool=str(tmp_path / "spool"), window_seconds=10,
+                    poll_seconds=0.2, duration=4, privacy_unit="device", unit_budget=3.0,
+                    progress=False)
+    rows = {r["window_start_epoch"]: r for r in read_jsonl(out / "estimates.jsonl")}
+    assert [rows[T0 + 10 * w]["privacy_unit"]["estimated"] for w in range(4)] == [8, 8, 8, 0]
+    assert rows[T0 + 30]["privacy_unit"]["over_budget"] == 8
+    assert "error" in rows[T0 + 30]  # nothing left to estimate: no estimate, said so
+    assert s2["reconciles"] and s2["privacy_unit"]["over_budget"] == 8
+    assert s2["privacy_unit"]["max_unit_loss"] == 3.0 and s2["privacy_unit"]["units_at_cap"] == 8
+    # a third run in the same folder with another unit field is refused
+    with pytest.raises(StreamConfigError, match="tracks privacy unit 'device'"):
+        run_stream(str(out), grr, spool=str(tmp_path / "spool"), window_seconds=10, once=True,
+                   privacy_unit="user", progress=False)
+
+
+def test_selection_is_the_same_on_every_direct_runner_mode_with_a_seed(tmp_path, grr):
+    """A seeded per-unit state keys the unit hashes and priorities from the seed: the default
+    DirectRunner and two worker processes select the same reports (and so the same estimates)."""
+    from ldp_beam.longitudinal import UnitState
+    recs = [{"v": (u * 7 + j) % 5, "device": f"u{u % 40}", "ts": T0 + 1 + (j % 3) * 10}
+            for u in range(200) for j in range(4)]
+    files = {f"p{i}.jsonl": recs[i::3] for i in range(3)}
+    multi = ["--direct_num_workers=2", "--direct_running_mode=multi_processing"]
+    picked, stats_ = [], []
+    for name, args in (("one", []), ("multi", multi)):
+        spool = tmp_path / f"spool-{name}"
+        spool.mkdir()
+        for f, r in files.items():
+            write_file(spool, f, r)
+        out = tmp_path / name
+        s = run_stream(str(out), grr, spool=str(spool), window_seconds=10, once=True,
+                       privacy_unit="device", max_reports_per_unit=2, seed=1234,
+                       beam_args=args, progress=False)
+        assert s["reconciles"] and s["privacy_unit"]["seeded"] is True
+        picked.append([r[:3] for r in UnitState(str(out / "units.sqlite"), "device")
+                       .recorded()])
+        stats_.append(sorted((r["window_start_epoch"], json.dumps(r["statistics"]))
+                             for r in read_jsonl(out / "estimates.jsonl")))
+    assert picked[0] == picked[1] and len(picked[0]) == 3 * 40 * 2
+    assert stats_[0] == stats_[1]
+    # unseeded, the key is fresh: another folder selects independently
+    spool = tmp_path / "spool-fresh"
+    spool.mkdir()
+    for f, r in files.items():
+        write_file(spool, f, r)
+    run_stream(str(tmp_path / "fresh"), grr, spool=str(spool), window_seconds=10, once=True,
+               privacy_unit="device", max_reports_per_unit=2, progress=False)
+    fresh = [r[:3] for r in UnitState(str(tmp_path / "fresh" / "units.sqlite"), "device")
+             .recorded()]
+    assert {r[2] for r in fresh}.isdisjoint({r[2] for r in picked[0]})
+
+
+def test_no_raw_unit_id_reaches_any_output(tmp_path, grr):
+    ids = ["alice@example.org", "device-00042", "bob-the-phone"]
+    recs = [{"v": i % 5, "device": d, "ts": T0 + 1} for i, d in enumerate(ids * 3)]
+    recs += [{"v": 9, "device": ids[0], "ts": T0 + 2},  # invalid report: validate dead letter
+             {"v": 1, "device": ids[1], "ts": T0 + 10**9},  # an event time far ahead: fine
+             '{"v": 1, "device": "%s", "ts": ' % ids[2],  # unparseable, holds an id
+             {"v": 1, "device": [ids[0]], "ts": T0 + 3}]  # not an id
+    s, out = unit_run(tmp_path, grr, {"a.jsonl": recs})
+    dead = read_jsonl(out / "deadletter.jsonl")
+    assert sorted(d["stage"] for d in dead) == ["source", "source", "validate"]
+    assert all(d["record"]["device"].startswith("u") for d in dead if d["stage"] == "validate")
+    blob = b"".join(p.read_bytes() for p in out.iterdir() if p.is_file())
+    assert not any(i.encode() in blob for i in ids)
+    assert s["reconciles"]
+
+
+def test_guarantee_texts_say_per_record_or_per_unit(tmp_path, grr, histogram):
+    """Every output's guarantee: "per record only" without a unit (a device reporting every window
+    spends it every window), "per privacy unit FIELD (at most k ... per window; cumulative loss
+    capped at B)" with one; a central release states its epsilon per unit and window."""
+    rec = [{"v": 1, "value": 0.5, "device": "d", "ts": T0 + 1}]
+    runs = {
+        "plain": (grr, {}),
+        "unit": (grr, {"privacy_unit": "device", "max_reports_per_unit": 3,
+                       "unit_budget": 4.0}),
+        "uncapped": (grr, {"privacy_unit": "device"}),
+        "central": (histogram, {"privacy_unit": "device", "max_reports_per_unit": 2,
+                                "unit_budget": 5.0, "start": T0, "end": T0 + 10}),
+        "central-plain": (histogram, {"start": T0, "end": T0 + 10}),
+    }
+    texts = {}
+    for name, (mech, kw) in runs.items():
+        spool, out = tmp_path / f"spool-{name}", tmp_path / name
+        spool.mkdir()
+        write_file(spool, "a.jsonl", rec)
+        s = run_stream(str(out), mech, spool=str(spool), window_seconds=10, once=True,
+                       progress=False, **kw)
+        (row,) = read_jsonl(out / "estimates.jsonl")
+        assert row["guarantee"] == s["guarantee"]  # every output says the same
+        texts[name] = s["guarantee"]["summary"]
+    assert texts["plain"] == ("LDP with epsilon=1; per record only: a person who sends several "
+                              "reports spends it once per report, and a device reporting every "
+                              "window spends it again every window")
+    assert texts["unit"] == ("LDP with epsilon=1; per privacy unit device (at most 3 reports per "
+                             "window; cumulative loss capped at 4)")
+    assert texts["uncapped"].endswith("per privacy unit device (at most 1 report per window; "
+                                      "cumulative loss not capped: up to 1 more in every window "
+                                      "the unit reports in)")
+    assert texts["central"] == ("central-DP with epsilon=1; per privacy unit device (at most 2 "
+                                "records per window, so at most 2 per unit and window; "
+                                "cumulative loss capped at 5)")
+    assert "per record only" in texts["central-plain"]
+
+
+def test_central_release_keeps_k_records_per_unit_and_publishes_no_counts(tmp_path, histogram):
+    """A central-DP stream with a privacy unit: per window each unit keeps one record (of its
+    many) before the release, its loss is the window's epsilon per record kept; the release row
+    states the unit and its bound but no counts (they are in the ledger)."""
+    from ldp_beam.longitudinal import UnitState
+    recs = [{"value": 0.1 + 0.2 * (j % 4), "device": f"d{u}", "ts": T0 + 1 + w * 10}
+            for w in range(2) for u in range(30) for j in range(u % 4 + 1)]
+    s, out = unit_run(tmp_path, histogram, {"a.jsonl": recs}, start=T0, end=T0 + 30)
+    rows = sorted(read_jsonl(out / "estimates.jsonl"), key=lambda r: r["window_start_epoch"])
+    assert len(rows) == 3  # the range's empty third window is released too
+    assert all(r["privacy_unit"] == {"field": "device", "max_records_per_unit": 1,
+                                     "unit_budget": None} for r in rows)
+    assert not any("estimated" in json.dumps(r) for r in rows)
+    panes = [p for p in read_jsonl(out / "ledger.jsonl") if p["kind"] == "pane"]
+    units = sorted((p["window_start_epoch"], p["units"]["estimated"], p["units"]["bounded_out"])
+                   for p in panes if "units" in p)
+    assert units[:2] == [(T0, 30, len(recs) // 2 - 30), (T0 + 10, 30, len(recs) // 2 - 30)]
+    spent = UnitState(str(out / "units.sqlite"), "device").spent()
+    assert len(spent) == 30 and set(spent.values()) == {2.0}  # 1 per window, two windows
+    assert s["reconciles"]
+
+
+def test_early_panes_never_estimate_more_than_k_reports_of_a_unit(tmp_path, bisample):
+    """An early pane selects a unit's report; reports that arrive later do not add to it: the
+    window's later pane estimates at most k reports of the unit in all (what earlier panes used
+    counts), and the state records at most k per unit and window."""
+    from ldp_beam.longitudinal import UnitState
+    from ldp_beam.pipelines.stream import PrivacyUnit
+    from apache_beam.transforms.window import TimestampedValue
+    from ldp_beam.transforms.spool import RECORD
+    state = UnitState(str(tmp_path / "units.sqlite"), "device")
+    recs = reports(bisample, 60, 21)
+    first = [TimestampedValue((RECORD, {**r, "device": f"d{i % 10}"}), T0 + 1)
+             for i, r in enumerate(recs[:30])]
+    later = [TimestampedValue((RECORD, {**r, "device": f"d{i % 10}"}), T0 + 2)
+             for i, r in enumerate(recs[30:])]
+    stream = (TestStream().add_elements(first).advance_processing_time(6)
+              .add_elements(later).advance_watermark_to_infinity())
+    est = WindowedEstimate(bisample, 10, early_seconds=5,
+                           unit=PrivacyUnit("device", state, max_reports=2))
+    out = tmp_path / "out"
+    out.mkdir()
+    with beam.Pipeline(options=PipelineOptions(["--streaming"])) as p:
+        estimate_stream(p | stream, est, StreamSink(str(out), "t", False, progress=False))
+    rows = sorted(read_jsonl(out / "estimates.jsonl"), key=lambda r: r["pane"]["index"])
+    assert [r["pane"]["timing"] for r in rows] == ["early", "on_time"]
+    assert [r["privacy_unit"]["reports"] for r in rows] == [30, 60]
+    assert all(r["n_reports"] <= 20 for r in rows)
+    per_unit: dict = {}
+    for unit, *_ in state.recorded(T0 * 1_000_000):
+        per_unit[unit] = per_unit.get(unit, 0) + 1
+    assert len(per_unit) == 10 and max(per_unit.values()) == 2
+
+
+def test_privacy_unit_options_are_checked(tmp_path, grr, histogram):
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    base = dict(spool=str(spool), window_seconds=10, once=True, progress=False)
+    for kw, match in (({"unit_budget": 1.0}, "--unit-budget applies to a stream with a "
+                       "privacy unit"),
+                      ({"max_reports_per_unit": 2}, "--max-reports-per-unit applies"),
+                      ({"memoize": True}, "--memo-field applies"),
+                      ({"seed": 3}, "--seed applies"),
+                      ({"privacy_unit": "device", "max_reports_per_unit": 0},
+                       "--max-reports-per-unit 0"),
+                      ({"privacy_unit": "device", "unit_budget": -1.0}, "--unit-budget -1.0"),
+                      ({"privacy_unit": "v"}, "--privacy-unit 'v' is one of grr's report"),
+                      ({"privacy_unit": "device", "memoize": "device"}, "--memo-field")):
+        with pytest.raises(StreamConfigError, match=match):
+            run_stream(str(tmp_path / "o1"), grr, **base, **kw)
+    with pytest.raises(StreamConfigError, match="memoized reports are LDP's"):
+        run_stream(str(tmp_path / "o2"), histogram, **base, privacy_unit="device",
+                   memoize=True, start=T0, end=T0 + 10)
+    run_stream(str(tmp_path / "o3"), grr, **base, privacy_unit="device", seed=1)
+    with pytest.raises(StreamConfigError, match="another key"):  # a seed needs a fresh folder
+        run_stream(str(tmp_path / "o3"), grr, **base, privacy_unit="device", seed=2)
+
+
+def test_pubsub_messages_hash_the_unit_at_the_source():
+    key = b"k" * 32
+    msg = (b'{"v": 1, "device": "alice", "ts": 1700000001}\n{"v": 1, "ts": 1700000002}\n'
+           b'{"device": "bob", broken\n')
+    items = list(ParseMessagesFn("ts", "pubsub:p", "device", key).process(msg))
+    rec = items[0].value[1]
+    assert rec["device"].startswith("u") and "alice" not in json.dumps(rec)
+    dead = [i[1] for i in items[1:]]
+    assert dead[0]["reason"] == "record has no privacy-unit field 'device'"
+    assert "bob" not in json.dumps(dead[1]) and dead[1]["record"].startswith("<withheld")

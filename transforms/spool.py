@@ -61,6 +61,14 @@ clean stop fires then, over what it has; records for it that a later run reads f
 own estimate of the window (rows differ in ``run``), and records for windows closed before the
 stop are too late in the next run.
 
+**Privacy units.** With a privacy-unit field (``unit_field``, ``ldp-beam stream
+--privacy-unit``), the reader replaces each record's unit id by a keyed hash as it parses the
+line (:func:`ldp_beam.longitudinal.unit_hash`, under a key of the stream's per-unit state that
+stays on the trusted side), so no raw id travels further or reaches an output: a record without
+the field, or whose id is not a string or an integer, is dead-lettered at the source with the
+field withheld, and a line that cannot be parsed (which may hold an id) is dead-lettered with
+its file, line number and size but not its text.
+
 **Late data.** The live source's watermark is the wall clock once a poll's listing is read, less
 ``watermark_lag`` (and never behind the settled watermark of an earlier run). A record whose
 window closed before the watermark in force when its file was listed (``watermark > window end
@@ -96,6 +104,8 @@ import apache_beam as beam
 from apache_beam import coders
 from apache_beam.transforms.window import TimestampedValue
 from apache_beam.utils.timestamp import MIN_TIMESTAMP, Duration, Timestamp
+
+from ldp_beam.longitudinal import unit_hash
 
 CLAIMED, DONE, FAILED = ".claimed", ".done", ".failed"
 WATERMARK_FILE, LOCK_FILE = ".watermark", ".lock"
@@ -334,15 +344,42 @@ class ReadTally:
     extra: dict = field(default_factory=dict)
 
 
-class SpoolDirectory:
-    """A spool directory opened for reading by one process (see the module docstring)."""
+WITHHELD = "<withheld: a privacy-unit stream does not copy a line it cannot parse, which may " \
+    "hold a unit id; see the file and line>"
 
-    def __init__(self, path: str, clock: WindowClock, timestamp_field: str = "ts") -> None:
+
+def pseudonymize(record: dict, unit_field: str, key: bytes) -> str | None:
+    """Replace ``record[unit_field]`` by its keyed hash, in place; returns the reason it cannot
+    (the field is absent, or not a string or integer id: then its value is replaced by
+    ``"<withheld>"``, so a dead letter never shows it), else None."""
+    if unit_field not in record:
+        return f"record has no privacy-unit field {unit_field!r}"
+    value = record[unit_field]
+    try:
+        record[unit_field] = unit_hash(key, value)
+    except ValueError:
+        record[unit_field] = "<withheld>"
+        what = "null" if value is None else f"a {type(value).__name__}"
+        return (f"privacy-unit field {unit_field!r} is {what}, not a string or an integer id "
+                "(its value is withheld)")
+    return None
+
+
+class SpoolDirectory:
+    """A spool directory opened for reading by one process (see the module docstring).
+    ``unit_field``, ``unit_key``: the privacy-unit field, whose ids are replaced by keyed hashes
+    as records are read (see "Privacy units")."""
+
+    def __init__(self, path: str, clock: WindowClock, timestamp_field: str = "ts",
+                 unit_field: str | None = None, unit_key: bytes | None = None) -> None:
         if not timestamp_field:
             raise ValueError("timestamp field: expected a field name")
+        if (unit_field is None) != (unit_key is None):
+            raise ValueError("unit_field and unit_key go together (the key hashes the ids)")
         self.path = os.path.abspath(path)
         self.clock = clock
         self.timestamp_field = timestamp_field
+        self.unit_field, self.unit_key = unit_field, unit_key
         self._lock_fd: int | None = None
 
     # -- lifecycle
@@ -480,8 +517,9 @@ class SpoolDirectory:
                         tally.dead_lettered += 1
                         yield DEAD, _dead(
                             f"line of {line.size:,} bytes is longer than the limit of "
-                            f"{MAX_LINE_BYTES:,}: not parsed (record: its first 1,000 bytes)",
-                            _shown(line.raw), state.name, line.number)
+                            f"{MAX_LINE_BYTES:,}: not parsed" + (
+                                "" if self.unit_field else " (record: its first 1,000 bytes)"),
+                            self._unparsed(line.raw), state.name, line.number)
                         continue
                     raw = line.raw
                     if not raw.strip():
@@ -491,8 +529,15 @@ class SpoolDirectory:
                         record, t_us = parse_line(raw, self.timestamp_field)
                     except ValueError as exc:
                         tally.dead_lettered += 1
-                        yield DEAD, _dead(str(exc), _shown(raw), state.name, line.number)
+                        yield DEAD, _dead(str(exc), self._unparsed(raw), state.name,
+                                          line.number)
                         continue
+                    if self.unit_field is not None:
+                        why = pseudonymize(record, self.unit_field, self.unit_key)
+                        if why is not None:
+                            tally.dead_lettered += 1
+                            yield DEAD, _dead(why, record, state.name, line.number)
+                            continue
                     close = self.clock.close(t_us)
                     if state.recovered and settled_us is not None and close < settled_us:
                         tally.skipped += 1
@@ -516,6 +561,11 @@ class SpoolDirectory:
                                f"{type(exc).__name__}: {exc}")
                 yield DEAD, _dead(tally.error, None, state.name, None)
         yield LEDGER, self._ledger(state, tally)
+
+    def _unparsed(self, raw: bytes) -> str:
+        """What a dead letter shows of a line that was not parsed: its first 1,000 bytes, or
+        nothing in a privacy-unit stream (the text may hold a unit id)."""
+        return WITHHELD if self.unit_field is not None else _shown(raw)
 
     def _ledger(self, state: FileState, tally: ReadTally) -> dict:
         out = {"kind": "file", "file": state.name, "recovered": state.recovered,
@@ -863,11 +913,13 @@ class ReadClaimedFn(beam.DoFn):
         self.spool_path = spool.path
         self.clock = spool.clock
         self.timestamp_field = spool.timestamp_field
+        self.unit_field, self.unit_key = spool.unit_field, spool.unit_key
         self.settled_us = settled_us
 
     def process(self, state: tuple):
         path, name, recovered = state
-        spool = SpoolDirectory(self.spool_path, self.clock, self.timestamp_field)
+        spool = SpoolDirectory(self.spool_path, self.clock, self.timestamp_field,
+                               self.unit_field, self.unit_key)
         items = spool.read(FileState(path, name, recovered), None, self.settled_us)
         for value, t_us, _ in grouped(items, name, self.clock.size_us):
             yield value if t_us is None else TimestampedValue(value, Timestamp(micros=t_us))
