@@ -335,7 +335,10 @@ def test_ahp_privacy_accounting(monkeypatch):
     np.testing.assert_allclose(mech.noise_variance(rel), (count_noise_variance(e2) / size ** 2)[groups])
     g = mech.guarantee
     assert g.kind == CENTRAL and g.epsilon == pytest.approx(e1 + e2) and g.epsilon == eps
-    assert g.params == {"epsilon1": e1, "epsilon2": e2, "eta": 0.35}
+    assert g.params == {"epsilon1": e1, "epsilon2": e2, "eta": 0.35, "unit": "record",
+                        "contribution_bounds": {"max_partitions_per_unit": 1,
+                                                "max_rows_per_partition": 1},
+                        "unit_sensitivity": 1}
 
 
 def test_ahp_published_group_sums_are_unbiased():

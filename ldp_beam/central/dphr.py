@@ -24,6 +24,14 @@ the group means then err in the same direction over whole regions (zeros in a sp
 a positive mean), so range-query errors grow with the square of the length. ``ldp-beam reproduce
 dphr`` measures it against the published variant and the baselines.
 
+Privacy unit (issue 14; docs/person_level.md): with ``max_partitions_per_unit`` = L0 and
+``max_rows_per_partition`` = Linf enforced by the pipeline, removing a unit moves the counts by at
+most m = L0 * Linf in L1. The sound variant then adds discrete Laplace noise of sensitivity m to
+the view (scale m/eps1) and to the group sums (scale m/eps2), and plans its grouping with the
+effective per-record budget eps2/m in Theorem 3's noise term (post-processing of the view: any
+value is private; this one is the noise the group means actually get): (eps1 + eps2)-DP per unit.
+The paper variant runs at eps1/m and eps2/m (it has no established guarantee either way).
+
 The dynamic programme T(i) = min_j T(j) + err(j+1..i) over contiguous runs of the sorted order
 uses prefix sums (each err is O(1)) and one vectorized row per i: O(n^2) time, O(n) memory.
 """
@@ -161,8 +169,9 @@ class DPHR(TwoPartBudget, HistogramRelease):
     @property
     def guarantee(self) -> PrivacyGuarantee:
         e1, e2 = self.budget
+        m = self.unit_sensitivity
         if self.variant == "paper":
-            return PrivacyGuarantee(
+            return self.unit_guarantee(
                 NONE, float("inf"), claim=f"(eps1 + eps2) = {self.epsilon:g}-DP (Theorem 5)",
                 notes="claimed by the paper, not established: the approximate sort makes n - 1 "
                       "exponential-mechanism picks on the same counts, each with eps1 (the paper "
@@ -170,11 +179,14 @@ class DPHR(TwoPartBudget, HistogramRelease):
                       "grouping read the exact counts and the grouping is released without "
                       "budget. Replication only.",
                 params={"epsilon1": e1, "epsilon2": e2, "variant": "paper"})
-        return PrivacyGuarantee(
+        who = ("add/remove-one-record neighbours" if m == 1 else
+               f"neighbours differ by all rows of one unit (L1 change <= L0 x Linf = {m}: noise "
+               f"of sensitivity {m} on the view and on the group sums)")
+        return self.unit_guarantee(
             CENTRAL, self.epsilon,
             notes=f"eps1 = {e1:g} on a Laplace view of the counts (sort and grouping are its "
                   f"post-processing) + eps2 = {e2:g} on the group means of the true counts "
-                  "(disjoint groups, sensitivity 1/|G|); add/remove-one-record neighbours; all "
+                  f"(disjoint groups, sensitivity 1/|G|); {who}; all "
                   "noise is exact discrete Laplace on integer counts and group sums "
                   "(docs/floating_point.md)",
             params={"epsilon1": e1, "epsilon2": e2, "variant": "sound"})
@@ -183,17 +195,18 @@ class DPHR(TwoPartBudget, HistogramRelease):
         h = check_counts(counts, cap=self.BUCKET_CAP)
         gen = as_generator(rng)
         e1, e2 = self.budget
+        m = self.unit_sensitivity  # 1 per record; L0 * Linf per bounded unit
         if self.variant == "paper":
-            order = approximate_sort(h, e1, gen)
-            sorted_groups, total = optimal_grouping(h[order].astype(float), e2)
+            order = approximate_sort(h, e1 / m, gen)
+            sorted_groups, total = optimal_grouping(h[order].astype(float), e2 / m)
             view = None
         else:
-            view = laplace_counts(h, e1, gen).astype(float)
+            view = laplace_counts(h, e1, gen, m).astype(float)
             order = np.argsort(view, kind="stable")
-            sorted_groups, total = optimal_grouping(view[order], e2)
+            sorted_groups, total = optimal_grouping(view[order], e2 / m)
         groups = np.empty(h.size, dtype=np.int64)
         groups[order] = sorted_groups
-        hist, var = group_means_with_noise(h, groups, e2, gen)
+        hist, var = group_means_with_noise(h, groups, e2, gen, m)
         out = {"histogram": hist, "groups": groups, "order": order, "noise_var": var,
                "planned_error": total}
         if view is not None:

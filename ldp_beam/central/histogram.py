@@ -10,7 +10,20 @@ frozen dataclass of validated parameters (the budget and the bucket domain) that
 :class:`HistogramReleaseEstimator` is the server side: its accumulator is the vector of bucket
 counts (int64; mergeable by summation, so any Beam runner can build it), and ``finalize`` makes
 the one release. Neighbouring datasets differ by adding or removing one record, which changes one
-bucket count by 1.
+bucket count by 1 -- or, with contribution bounds (issue 14), by all rows of one *privacy unit*.
+
+Contribution bounds (``max_partitions_per_unit`` = L0, ``max_rows_per_partition`` = Linf; both 1
+by default, today's per-record release): the pipeline keeps, for every unit, at most L0 partitions
+(keys of a per-key release) and at most Linf rows in each *before* the release sees the records.
+Removing a unit then changes the counts of all partitions together by at most m = L0 * Linf in L1
+norm. Every release here is calibrated to m: its Laplace noise is the discrete Laplace of the
+integer sensitivity m (the lattice stays exact: :func:`ldp_beam.noise.discrete_laplace_scale`
+with sensitivity m, so the realized epsilon m / t is at most the claim), every exponential-mechanism
+score sensitivity is multiplied by m, and every data-independent utility parameter that used a
+budget (grouping errors, thresholds) uses the per-record budget epsilon / m. Equivalently, each
+algorithm runs at the per-record budget epsilon / m and group privacy over the unit's at most m
+rows gives epsilon per unit; per-key releases calibrated to the unit's total m compose to epsilon
+over all keys (docs/person_level.md).
 
 Noise: every Laplace draw of a histogram release is the exact discrete Laplace added to an integer
 (a bucket count or a group sum; :func:`laplace_counts`, :mod:`ldp_beam.noise`), never a
@@ -35,7 +48,8 @@ from ..limits import check_cap
 from ..mechanisms.categorical import count_labels
 from ..noise import (discrete_laplace_scale, discrete_laplace_variance, lattice_laplace,
                      realized_epsilon)
-from ..privacy import CENTRAL, PrivacyGuarantee
+from ..privacy import (CENTRAL, ContributionBounds, PrivacyGuarantee, central_unit_params,
+                       central_unit_text, check_contribution_bound)
 from ..rng import RandomSource, RngLike
 
 BUCKET = (("bucket", "int32"),)
@@ -126,9 +140,15 @@ class HistogramRelease(Mechanism):
     lower: float | None = None
     upper: float | None = None
     categories: tuple[str, ...] = ()
+    #: contribution bounds per privacy unit (issue 14), enforced by the pipeline before the
+    #: release: L0 partitions x Linf rows each; the noise is calibrated to L0 * Linf
+    max_partitions_per_unit: int = 1
+    max_rows_per_partition: int = 1
 
     def __post_init__(self) -> None:
         check_epsilon(self.epsilon)
+        for name in ("max_partitions_per_unit", "max_rows_per_partition"):
+            object.__setattr__(self, name, check_contribution_bound(getattr(self, name), name))
         if isinstance(self.categories, np.ndarray):  # an array of labels: `if array:` is ambiguous
             object.__setattr__(self, "categories", tuple(self.categories.ravel().tolist()))
         if self.categories:
@@ -160,6 +180,25 @@ class HistogramRelease(Mechanism):
         """Check a number of buckets (declared, or of counts given to ``publish``) against the
         release's size cap, before anything of that size is built."""
         check_cap(cls.BUCKET_CAP, n, param)
+
+    # -- the privacy unit
+    @property
+    def contribution_bounds(self) -> ContributionBounds:
+        """The bounds the release is calibrated to (the pipeline must enforce them)."""
+        return ContributionBounds(self.max_partitions_per_unit, self.max_rows_per_partition)
+
+    @property
+    def unit_sensitivity(self) -> int:
+        """m = L0 * Linf: the L1 change of the counts (over all partitions) when all of one
+        unit's bounded rows are removed; 1 for the per-record release."""
+        return self.max_partitions_per_unit * self.max_rows_per_partition
+
+    def unit_guarantee(self, kind: str, epsilon: float, notes: str, params: dict | None = None,
+                       claim: str = "") -> PrivacyGuarantee:
+        """A guarantee of this release with the unit it holds for (params and a sentence)."""
+        b = self.contribution_bounds
+        return PrivacyGuarantee(kind, epsilon, notes=notes + central_unit_text(b), claim=claim,
+                                params={**(params or {}), **central_unit_params(b)})
 
     # -- the domain
     @property
@@ -219,15 +258,18 @@ class HistogramRelease(Mechanism):
         return None
 
 
-def laplace_counts(counts: np.ndarray, epsilon: float, gen: np.random.Generator) -> np.ndarray:
-    """``counts`` (integers, sensitivity 1) plus exact discrete Laplace noise of scale 1/epsilon
-    (rounded up to a rational; :mod:`ldp_beam.noise`): an integer, exactly epsilon-DP view."""
-    return lattice_laplace(counts, 1, epsilon, gen)[0]
+def laplace_counts(counts: np.ndarray, epsilon: float, gen: np.random.Generator,
+                   sensitivity: int = 1) -> np.ndarray:
+    """``counts`` (integers of L1 ``sensitivity``: 1 per record, m = L0 * Linf per bounded unit)
+    plus exact discrete Laplace noise of scale sensitivity/epsilon (rounded up to a rational;
+    :mod:`ldp_beam.noise`): an integer, exactly epsilon-DP view."""
+    return lattice_laplace(counts, sensitivity, epsilon, gen)[0]
 
 
-def count_noise_variance(epsilon: float) -> float:
-    """The variance of :func:`laplace_counts`' noise: 2q/(1 - q)^2, q = exp(-1/t), t ~ 1/eps."""
-    return discrete_laplace_variance(discrete_laplace_scale(1, epsilon))
+def count_noise_variance(epsilon: float, sensitivity: int = 1) -> float:
+    """The variance of :func:`laplace_counts`' noise: 2q/(1 - q)^2, q = exp(-1/t),
+    t ~ sensitivity/eps."""
+    return discrete_laplace_variance(discrete_laplace_scale(sensitivity, epsilon))
 
 
 @dataclass(frozen=True)
@@ -239,52 +281,85 @@ class IdentityLaplace(HistogramRelease):
 
     @property
     def guarantee(self) -> PrivacyGuarantee:
-        return PrivacyGuarantee(CENTRAL, self.epsilon,
-                                notes="discrete Laplace mechanism on the integer counts, sampled "
-                                      "exactly (no floating-point noise), L1 sensitivity 1 "
-                                      "(add/remove a record)")
+        m = self.unit_sensitivity
+        what = ("L1 sensitivity 1 (add/remove a record)" if m == 1 else
+                f"L1 sensitivity L0 x Linf = {m} (add/remove all bounded rows of one unit)")
+        return self.unit_guarantee(
+            CENTRAL, self.epsilon, notes="discrete Laplace mechanism on the integer counts, "
+                                         f"sampled exactly (no floating-point noise), {what}")
+
+    @property
+    def scale(self):
+        """The rational scale t >= m / epsilon of the discrete Laplace noise (m = L0 * Linf)."""
+        return discrete_laplace_scale(self.unit_sensitivity, self.epsilon)
 
     @property
     def realized_epsilon(self) -> float:
-        """The exact worst-case privacy loss of the release as sampled: 1/t for the rational
-        scale t >= 1/epsilon the exact sampler uses (at most epsilon, within 2^-20 of it)."""
-        return realized_epsilon(1, discrete_laplace_scale(1, self.epsilon))
+        """The exact worst-case privacy loss of the release as sampled, per unit: m/t for the
+        rational scale t >= m/epsilon the exact sampler uses (m = L0 * Linf, 1 per record; at most
+        epsilon, within 2^-20 of it)."""
+        m = self.unit_sensitivity
+        return realized_epsilon(m, discrete_laplace_scale(m, self.epsilon))
 
     def publish(self, counts: Any, rng: RngLike = None) -> dict[str, Any]:
         h = check_counts(counts, cap=self.BUCKET_CAP)
-        return {"histogram": laplace_counts(h, self.epsilon, as_generator(rng)).astype(float)}
+        return {"histogram": laplace_counts(h, self.epsilon, as_generator(rng),
+                                            self.unit_sensitivity).astype(float)}
 
     def noise_variance(self, release: Mapping[str, Any]) -> np.ndarray:
-        return np.full(len(release["histogram"]), count_noise_variance(self.epsilon))
+        return np.full(len(release["histogram"]),
+                       count_noise_variance(self.epsilon, self.unit_sensitivity))
 
 
 def group_means_with_noise(counts: np.ndarray, groups: np.ndarray, epsilon: float,
-                           gen: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+                           gen: np.random.Generator, sensitivity: int = 1
+                           ) -> tuple[np.ndarray, np.ndarray]:
     """Publish every bucket as its group's mean of the *true* counts plus noise of scale
     1/(epsilon |G|) shared by the group (DPHR Algorithm 1 line 8), as (group sum + Z) / |G| with
     Z exactly discrete Laplace of scale 1/epsilon on the integer group sum. Groups are disjoint,
     so one record moves one group sum by 1: epsilon-DP for a grouping fixed independently of the
-    counts. Returns (histogram, per-bucket noise variance)."""
+    counts. With ``sensitivity`` m (a bounded unit's m = L0 * Linf rows move the group sums by at
+    most m in L1 together) the scale is m/epsilon. Returns (histogram, per-bucket noise
+    variance)."""
     k = int(groups.max()) + 1
     size = np.bincount(groups, minlength=k).astype(float)
     sums = np.zeros(k, dtype=np.int64)
     np.add.at(sums, groups, np.asarray(counts, dtype=np.int64))
-    noisy = laplace_counts(sums, epsilon, gen) / size
-    return noisy[groups], (count_noise_variance(epsilon) / size ** 2)[groups]
+    noisy = laplace_counts(sums, epsilon, gen, sensitivity) / size
+    return noisy[groups], (count_noise_variance(epsilon, sensitivity) / size ** 2)[groups]
 
 
-def release_source(seed: Any, acc: np.ndarray) -> RandomSource | None:
+#: "no key": a release that is not one of several per-key releases
+UNKEYED: Any = object()
+
+
+def release_source(seed: Any, acc: np.ndarray, key: Any = UNKEYED) -> RandomSource | None:
     """The noise source of one central release: OS entropy without a seed; with a seed, a
     deterministic function of the seed *and the accumulator*, so the same counts give the same
     release (reproducible tests) while releases of different counts (per-key, per-window) never
     share noise. A seeded release is for testing only: whoever knows the seed can remove the
-    noise."""
+    noise.
+
+    ``key``: the partition key of a per-key release, part of the address. Per-key releases must
+    pass it: two keys with equal counts would otherwise get *equal* noise, and whether two
+    published histograms are equal would reveal whether their counts are (a neighbour that
+    changes one of them changes that with probability near 1: no DP)."""
     if seed is None:
         return None
     import hashlib
 
     digest = hashlib.sha256(np.ascontiguousarray(acc).tobytes()).hexdigest()
-    return RandomSource(f"{seed}/release/{acc.dtype}/{acc.shape}/{digest}")
+    where = "" if key is UNKEYED else f"key/{key_address(key)}/"
+    return RandomSource(f"{seed}/release/{where}{acc.dtype}/{acc.shape}/{digest}")
+
+
+def key_address(key: Any) -> str:
+    """A stable text for a partition key (its type and value), for addressing its noise."""
+    if isinstance(key, bytes):
+        return "bytes:" + key.hex()
+    if isinstance(key, (np.integer, np.floating, np.str_)):
+        key = key.item()
+    return f"{type(key).__name__}:{key!r}"
 
 
 class HistogramReleaseEstimator(CountEstimator):
@@ -323,7 +398,19 @@ class HistogramReleaseEstimator(CountEstimator):
             raise EmptyAccumulatorError(f"{self.mechanism.name}: no reports (records) were "
                                         "accumulated: the histogram is empty; there is nothing "
                                         "to publish")
-        rel = self.mechanism.publish(acc, release_source(self.seed, acc))
+        return self._release(acc, release_source(self.seed, acc))
+
+    def finalize_key(self, acc: np.ndarray | None, key: Any) -> Estimate:
+        """The release of one partition ``key`` of a per-key release (issue 14): the key is
+        part of the noise's address (:func:`release_source`), and an empty or missing
+        accumulator (a public key absent from the data) is released as a noisy empty histogram,
+        so that whether a public key occurs is not disclosed. The caller selects the keys
+        (:mod:`ldp_beam.central.partition`) and bounds each unit's contribution first."""
+        acc = self.create() if acc is None else np.asarray(acc, dtype=np.int64)
+        return self._release(acc, release_source(self.seed, acc, key))
+
+    def _release(self, acc: np.ndarray, source: Any) -> Estimate:
+        rel = self.mechanism.publish(acc, source)
         var = self.mechanism.noise_variance(rel)
         stats = {"histogram": Statistic(
             np.asarray(rel["histogram"]), None if var is None else np.sqrt(var),

@@ -19,7 +19,13 @@ which does not pin the algorithm down.
 
 Every algorithm here is a frozen :class:`~.histogram.HistogramRelease`: ``publish(counts, rng)``
 makes one release, ``guarantee`` says what it costs. Neighbouring datasets differ by one record,
-which changes one bucket count by 1.
+which changes one bucket count by 1 -- or, with contribution bounds (``max_partitions_per_unit`` =
+L0, ``max_rows_per_partition`` = Linf, enforced by the pipeline; issue 14), by all rows of one
+privacy unit: at most m = L0 * Linf in L1 over all partitions. Each algorithm is then calibrated to
+m (docs/person_level.md): StructureFirst's boundary score sensitivity is m (2F + 1) and its group
+sums get discrete Laplace noise of sensitivity m; AHP's view and group sums get noise of
+sensitivity m, and its threshold and clustering error use the per-record budgets eps1/m and eps2/m
+(they read only the view: post-processing). m = 1 is the per-record release, bit for bit.
 """
 from __future__ import annotations
 
@@ -151,6 +157,10 @@ class StructureFirst(TwoPartBudget, HistogramRelease):
     3. Publish every bucket as its group's (sum + Lap(1/eps2)) / |G| (sensitivity 1 for the
        disjoint group sums).
 
+    Per privacy unit (bounds L0, Linf; m = L0 * Linf): a unit's m rows move the clipped counts by
+    at most m in L1, so any SSE score by at most m (2F + 1) (chaining one-row changes), and the
+    group sums by m in L1: score sensitivity m (2F + 1) and group-sum noise m/eps2.
+
     ``k`` (the number of groups) is required: the paper leaves it to the user. When the
     structure is forced (k = 1, or k = n at publish time) no choice is made and the whole budget
     goes to step 3, as in the authors' code.
@@ -199,9 +209,10 @@ class StructureFirst(TwoPartBudget, HistogramRelease):
     @property
     def guarantee(self) -> PrivacyGuarantee:
         e1, e2 = self.budget
+        m = self.unit_sensitivity
         params = {"epsilon1": e1, "epsilon2": e2, "k": self.k, "F": self.F}
         if self.F is None:
-            return PrivacyGuarantee(
+            return self.unit_guarantee(
                 NONE, float("inf"), claim=f"(eps1 + eps2) = {self.epsilon:g}-DP (Xu et al. 2013)",
                 notes="F (the SSE score's sensitivity is 2F + 1) was taken from the data's "
                       "maximum count, which is not public: the exponential-mechanism choices "
@@ -209,14 +220,24 @@ class StructureFirst(TwoPartBudget, HistogramRelease):
                       "bound F (e.g. the number of records, if that is public) for an "
                       "(eps1 + eps2)-DP release. Replication only.",
                 params=params)
-        return PrivacyGuarantee(
+        if m == 1:
+            sens = f"score sensitivity 2F + 1 = {2 * self.F + 1:g}"
+            sums, who = "Laplace(1/eps2) group sums (disjoint groups, sensitivity 1)", \
+                "add/remove-one-record neighbours"
+        else:
+            sens = (f"score sensitivity (L0 x Linf)(2F + 1) = {m} x {2 * self.F + 1:g} = "
+                    f"{m * (2 * self.F + 1):g}")
+            sums = (f"Laplace({m}/eps2) group sums (disjoint groups, L1 sensitivity L0 x Linf = "
+                    f"{m})")
+            who = "neighbours differ by all rows of one unit"
+        return self.unit_guarantee(
             CENTRAL, self.epsilon,
             notes=f"eps1 = {e1:g} on k - 1 = {self.k - 1} exponential-mechanism boundary choices "
-                  f"(eps1 / (k - 1) each, score sensitivity 2F + 1 = {2 * self.F + 1:g} on counts "
-                  f"clipped to F for the structure) + eps2 = {e2:g} on Laplace(1/eps2) group "
-                  "sums (disjoint groups, sensitivity 1); sequential composition; all of "
+                  f"(eps1 / (k - 1) each, {sens} on counts "
+                  f"clipped to F for the structure) + eps2 = {e2:g} on {sums}; "
+                  "sequential composition; all of "
                   "epsilon goes to the group sums when the structure is forced (k = 1 or k = n); "
-                  "add/remove-one-record neighbours. The group sums' noise is the exact discrete "
+                  f"{who}. The group sums' noise is the exact discrete "
                   "Laplace; the boundary choices are a floating-point exponential mechanism "
                   "(scores and the inverse-CDF draw in double precision): its output is an index, "
                   "not a noisy value, and its residual deviation from the exact mechanism is "
@@ -234,27 +255,31 @@ class StructureFirst(TwoPartBudget, HistogramRelease):
             check_v_optimal_size(k, n)
         gen = as_generator(rng)
         e1, e2 = self.budget
+        m = self.unit_sensitivity
         F = float(h.max()) if self.F is None else float(self.F)
         if k == 1 or k == n:  # forced structure: nothing to choose
             starts = np.arange(k, dtype=np.int64) if k == n else np.zeros(1, dtype=np.int64)
             e1, e2 = 0.0, self.epsilon
         else:
-            starts = self._choose_starts(np.minimum(h, F).astype(float), k, e1, F, gen)
+            starts = self._choose_starts(np.minimum(h, F).astype(float), k, e1, F, gen, m)
         groups = _groups_from_starts(starts, n)
-        hist, var = group_means_with_noise(h, groups, e2, gen)
+        hist, var = group_means_with_noise(h, groups, e2, gen, m)
         return {"histogram": hist, "groups": groups, "noise_var": var, "starts": starts,
                 "epsilon_spent": (e1, e2)}
 
     @staticmethod
     def _choose_starts(values: np.ndarray, k: int, e1: float, F: float,
-                       gen: np.random.Generator) -> np.ndarray:
-        """Step 2: the k - 1 boundaries, right to left, by the exponential mechanism. Returns
+                       gen: np.random.Generator, unit_rows: int = 1) -> np.ndarray:
+        """Step 2: the k - 1 boundaries, right to left, by the exponential mechanism (score
+        sensitivity ``unit_rows`` (2F + 1): one row moves a score by at most 2F + 1). Returns
         the 0-based first bucket of every group."""
         n = values.size
         T = v_optimal_table(values, k - 1)
         s1, s2 = _prefix_sums(values)
         eps_choice = e1 / (k - 1)
         sensitivity = 2.0 * F + 1.0
+        if unit_rows != 1:
+            sensitivity *= unit_rows
         bounds = np.empty(k + 1, dtype=np.int64)  # bounds[j] = q_j (buckets in the first j)
         bounds[0], bounds[k] = 0, n
         for j in range(k - 1, 0, -1):
@@ -348,6 +373,10 @@ class AHP(TwoPartBudget, HistogramRelease):
     Steps 2-4 read only the view, so the grouping is post-processing of an eps1-DP release; the
     group means then cost eps2 (disjoint groups, sensitivity 1/|G|): (eps1 + eps2)-DP.
 
+    Per privacy unit (bounds L0, Linf; m = L0 * Linf): the view and the group sums get discrete
+    Laplace noise of sensitivity m (scales m/eps1, m/eps2); the threshold and the clustering's
+    error term use the noise the view and the means actually have (eps1/m, eps2/m).
+
     Parameters where the paper is not explicit follow DPBench's transcription of the authors'
     implementation (Hay et al. 2016, ``dpcomp_core/algorithm/AHP.py``): the threshold
     eta * ln(n) / eps1 and the defaults eps1 = 0.85 epsilon, eta = 0.35 (the authors' setting
@@ -375,12 +404,17 @@ class AHP(TwoPartBudget, HistogramRelease):
     @property
     def guarantee(self) -> PrivacyGuarantee:
         e1, e2 = self.budget
-        return PrivacyGuarantee(
+        m = self.unit_sensitivity
+        view = "Laplace(1/eps1)" if m == 1 else f"Laplace({m}/eps1)"
+        who = ("add/remove-one-record neighbours" if m == 1 else
+               f"neighbours differ by all rows of one unit (L1 change <= L0 x Linf = {m}: noise "
+               f"of sensitivity {m} on the view and on the group sums)")
+        return self.unit_guarantee(
             CENTRAL, self.epsilon,
-            notes=f"eps1 = {e1:g} on a Laplace(1/eps1) view of the counts (thresholding, "
+            notes=f"eps1 = {e1:g} on a {view} view of the counts (thresholding, "
                   f"sorting and greedy clustering are its post-processing) + eps2 = {e2:g} on "
                   "the group means of the true counts (disjoint groups, sensitivity 1/|G|); "
-                  "add/remove-one-record neighbours; all noise is exact discrete Laplace on "
+                  f"{who}; all noise is exact discrete Laplace on "
                   "integer counts and group sums (docs/floating_point.md)",
             params={"epsilon1": e1, "epsilon2": e2, "eta": self.eta})
 
@@ -388,19 +422,22 @@ class AHP(TwoPartBudget, HistogramRelease):
         h = check_counts(counts, cap=self.BUCKET_CAP)
         gen = as_generator(rng)
         e1, e2 = self.budget
-        view = laplace_counts(h, e1, gen).astype(float)
+        m = self.unit_sensitivity
+        view = laplace_counts(h, e1, gen, m).astype(float)
         groups = self.group_view(view)
-        hist, var = group_means_with_noise(h, groups, e2, gen)
+        hist, var = group_means_with_noise(h, groups, e2, gen, m)
         return {"histogram": hist, "groups": groups, "noise_var": var, "view": view}
 
     def group_view(self, view: np.ndarray) -> np.ndarray:
         """Steps 2-4: the grouping (group id per bucket, original order) from the noisy view
-        alone."""
+        alone. Per unit (m = L0 * Linf rows), the view's noise has scale m/eps1 and the means'
+        m/eps2: the threshold and the error terms use eps1/m and eps2/m."""
         e1, e2 = self.budget
-        thr = ahp_threshold(np.asarray(view, dtype=float), self.eta, e1)
+        m = self.unit_sensitivity
+        thr = ahp_threshold(np.asarray(view, dtype=float), self.eta, e1 / m)
         order = np.argsort(thr, kind="stable")
         groups = np.empty(thr.size, dtype=np.int64)
-        groups[order] = ahp_greedy_cluster(thr[order], e2)
+        groups[order] = ahp_greedy_cluster(thr[order], e2 / m)
         return groups
 
     def noise_variance(self, release: Mapping[str, Any]) -> np.ndarray:
