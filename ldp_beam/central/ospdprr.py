@@ -53,6 +53,18 @@ need all users at once, and the sample is drawn at release time. ``merge`` conca
 the rows were split or merged. One row must be one user: the pipeline groups a user's items into
 one row before estimating (the user-level sensitivities assume it).
 
+**Privacy unit (issue 14; docs/person_level.md).** ``max_partitions_per_unit`` (L0) and
+``max_rows_per_partition`` (Linf), both 1 by default (one row per user, as above), are the
+contribution bounds the pipeline enforces before the release: a unit keeps at most L0 partitions
+(keys of a per-key release) and at most Linf rows (users' rows, each with its k items) in each, so
+at most m = L0 * Linf rows in all. OSPDPRR then multiplies every sensitivity by m (a unit's rows
+move N, S and Q by at most m times one row's amount: noise m Delta / (t/j)); the release is t-DP
+per unit, and a unit whose rows r are sampled with probabilities pi_r spends
+sum_r ln(1 + pi_r (e^(t/m) - 1)) <= t (:func:`unit_personal_epsilon`; amplification by sampling
+row by row). OsdpRR keeps each non-sensitive record with probability 1 - e^(-eps/m), so a unit's
+at most m rows of k_T records each cost (P, k_T eps) together. The simplest deployment keeps one
+row per unit (L0 = Linf = 1): the per-user statements above then hold per unit.
+
 **Budget.** Each ``finalize`` is one release. Releases on disjoint users (per key, where the key
 partitions users; per window, where a user reports in one window only) compose in parallel, each
 at its own budget; every further release that involves the same user (a trigger firing twice, a
@@ -70,10 +82,11 @@ from ..core import (Estimate, Estimator, Mechanism, Reasons, Reports, Role, Stat
                     check_choice, check_interval, coerce_numeric)
 from ..errors import EmptyAccumulatorError, ParameterError
 from ..limits import check_cap
-from ..noise import discrete_laplace_variance, lattice_laplace, to_units
-from ..privacy import CENTRAL, NONE, ULDP, PrivacyGuarantee
+from ..noise import discrete_laplace_scale, discrete_laplace_variance, lattice_laplace, to_units
+from ..privacy import (CENTRAL, NONE, ULDP, ContributionBounds, PrivacyGuarantee,
+                       central_unit_params, central_unit_text, check_contribution_bound)
 from ..rng import RngLike
-from .histogram import as_generator, release_source
+from .histogram import UNKEYED, as_generator, release_source
 
 QUERIES = ("count", "sum", "mean", "variance", "cv")
 MODES = ("paper", "sound-public", "sound-self")
@@ -175,29 +188,53 @@ def sampling_probabilities(budgets: np.ndarray, t: float) -> np.ndarray:
     return np.where(eps >= t, 1.0, np.expm1(np.maximum(eps, 0.0)) / math.expm1(t))
 
 
-def personal_epsilon(pi: np.ndarray, t: float) -> np.ndarray:
+def personal_epsilon(pi: np.ndarray, t: float, unit_rows: int = 1) -> np.ndarray:
     """The privacy loss of a user sampled with probability ``pi`` before a t-DP release
     (amplification by sampling): ``ln(1 + pi (e^t - 1))``, which equals ``min(eps_u, t)`` for
-    ``pi`` from :func:`sampling_probabilities`."""
-    return np.log1p(np.asarray(pi, dtype=np.float64) * math.expm1(t))
+    ``pi`` from :func:`sampling_probabilities`.
+
+    ``unit_rows`` = m = L0 * Linf when the release is calibrated to units of at most m rows: one
+    row then moves the release's distribution by at most e^(t/m) and costs
+    ``ln(1 + pi (e^(t/m) - 1))``; a unit spends the sum over its rows
+    (:func:`unit_personal_epsilon`)."""
+    return np.log1p(np.asarray(pi, dtype=np.float64) * math.expm1(t / unit_rows))
+
+
+def unit_personal_epsilon(pi_rows: np.ndarray, t: float, unit_rows: int) -> float:
+    """The privacy loss of one unit whose rows (at most ``unit_rows`` = m of them) are sampled
+    independently with probabilities ``pi_rows`` before a release calibrated to m rows at budget
+    t: sum_r ln(1 + pi_r (e^(t/m) - 1)) <= t. (Removing the unit: the output law is a mixture over
+    the subset T of its rows that is sampled, each component within e^(t |T|/m) of the law
+    without the unit; the mixture's ratio is at most E[e^(t |T|/m)] = prod_r (1 + pi_r
+    (e^(t/m) - 1)), and its inverse at most the same.)"""
+    pi = np.asarray(pi_rows, dtype=np.float64).ravel()
+    if pi.size > unit_rows:
+        raise ParameterError("pi_rows", f"{pi.size} rows", f"at most unit_rows = {unit_rows} rows "
+                             "(the bound the release is calibrated to)")
+    return float(personal_epsilon(pi, t, unit_rows).sum())
 
 
 # --------------------------------------------------------------------------- stage 3
-def sensitivities(query: str, k_target: int, lower: float, upper: float) -> dict[str, float]:
+def sensitivities(query: str, k_target: int, lower: float, upper: float,
+                  unit_rows: int = 1) -> dict[str, float]:
     """User-level add/remove L1 sensitivity of each noisy statistic of ``query`` (spec §6):
-    N: k_T, S: k_T Bmax, Q: k_T Bmax^2 with Bmax = max(|lower|, |upper|)."""
+    N: k_T, S: k_T Bmax, Q: k_T Bmax^2 with Bmax = max(|lower|, |upper|); times ``unit_rows``
+    (m = L0 * Linf) for a privacy unit of at most m rows."""
     check_choice(query, "query", QUERIES)
     bmax = max(abs(lower), abs(upper))
     delta = {"N": float(k_target), "S": k_target * bmax, "Q": k_target * bmax * bmax}
+    if unit_rows != 1:
+        delta = {s: unit_rows * d for s, d in delta.items()}
     return {s: delta[s] for s in QUERY_STATISTICS[query]}
 
 
 def noise_scales(query: str, k_target: int, lower: float, upper: float,
-                 epsilon: float | np.ndarray) -> dict[str, Any]:
+                 epsilon: float | np.ndarray, unit_rows: int = 1) -> dict[str, Any]:
     """Laplace scale of each noisy statistic: ``Delta_j / (epsilon / j)`` when ``query`` uses j
     statistics (the budget is split equally; sequential composition). ``epsilon`` may be an array
-    (one per repetition, for the paper's data-dependent e^m)."""
-    delta = sensitivities(query, k_target, lower, upper)
+    (one per repetition, for the paper's data-dependent e^m). ``unit_rows``: see
+    :func:`sensitivities`."""
+    delta = sensitivities(query, k_target, lower, upper, unit_rows)
     share = np.asarray(epsilon, dtype=np.float64) / len(delta)
     return {s: d / share for s, d in delta.items()}
 
@@ -207,17 +244,19 @@ def noise_scales(query: str, k_target: int, lower: float, upper: float,
 LATTICE_BITS = 20
 
 
-def statistic_lattice(query: str, k_target: int, lower: float, upper: float
-                      ) -> dict[str, tuple[float, int]]:
+def statistic_lattice(query: str, k_target: int, lower: float, upper: float,
+                      unit_rows: int = 1) -> dict[str, tuple[float, int]]:
     """(grid, sensitivity in grid units) of each noisy statistic of ``query``: N counts items
     (grid 1, sensitivity k_T); S and Q sum values and squares in units of Bmax / 2^20 and
     Bmax^2 / 2^20 (sensitivity k_T 2^20: rounding is monotone, so a value bounded by Bmax has at
-    most 2^20 units). The grids are powers of two times the bound, so no rounding hides in them."""
+    most 2^20 units). The grids are powers of two times the bound, so no rounding hides in them.
+    ``unit_rows`` = m multiplies every sensitivity (an integer: a unit of at most m rows)."""
     check_choice(query, "query", QUERIES)
     bmax = max(abs(float(lower)), abs(float(upper)))
     unit = 1 << LATTICE_BITS
-    lattice = {"N": (1.0, int(k_target)), "S": (bmax / unit, int(k_target) * unit),
-               "Q": (bmax * bmax / unit, int(k_target) * unit)}
+    m = int(unit_rows)
+    lattice = {"N": (1.0, m * int(k_target)), "S": (bmax / unit, m * int(k_target) * unit),
+               "Q": (bmax * bmax / unit, m * int(k_target) * unit)}
     return {s: lattice[s] for s in QUERY_STATISTICS[query]}
 
 
@@ -239,14 +278,14 @@ def statistic_units(values: np.ndarray, lattice: Mapping[str, tuple[float, int]]
 
 
 def noisy_statistics(sums: np.ndarray, query: str, k_target: int, lower: float, upper: float,
-                     epsilon: float | np.ndarray, gen: np.random.Generator
+                     epsilon: float | np.ndarray, gen: np.random.Generator, unit_rows: int = 1
                      ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Stage 3's noise: each statistic of ``query`` (``sums[..., j]`` in lattice units, j = 0, 1,
     2 for N, S, Q; any leading shape, e.g. one row per repetition) plus exact discrete Laplace
     noise at ``epsilon / j`` (the budget split equally; ``epsilon`` a number or an array matching
-    the leading shape). Returns ({statistic: noisy value in data units}, {statistic: noise
-    variance in data units^2})."""
-    lattice = statistic_lattice(query, k_target, lower, upper)
+    the leading shape), calibrated to units of at most ``unit_rows`` rows. Returns ({statistic:
+    noisy value in data units}, {statistic: noise variance in data units^2})."""
+    lattice = statistic_lattice(query, k_target, lower, upper, unit_rows)
     share = np.asarray(epsilon, dtype=np.float64) / len(lattice)
     sums = np.asarray(sums, dtype=np.int64)
     noisy, variance = {}, {}
@@ -382,6 +421,26 @@ def _check_common(self: Any) -> None:
             "values bounded away from 0")
 
 
+def _check_bounds(self: Any, share: float | None = None) -> None:
+    """The contribution bounds (integers in [1, 10^6]); with ``share`` (the budget of one noisy
+    statistic) also that the noise they need stays within the exact sampler's range."""
+    for name in ("max_partitions_per_unit", "max_rows_per_partition"):
+        object.__setattr__(self, name, check_contribution_bound(getattr(self, name), name))
+    if share is None:
+        return
+    m = self.max_partitions_per_unit * self.max_rows_per_partition
+    for _, sens in statistic_lattice(self.query, len(self.target), self.lower, self.upper,
+                                     m).values():
+        try:
+            discrete_laplace_scale(sens, share)
+        except ParameterError:
+            raise ParameterError(
+                "max_rows_per_partition", self.max_rows_per_partition,
+                f"bounds whose product L0 x Linf = {m} keeps the noise scale (L0 x Linf x "
+                f"{sens // m} lattice units / {share:g}) below 2^56 units",
+                "smaller contribution bounds, or a larger t") from None
+
+
 def _flag_values(self: Any, cols: dict, reasons: Reasons) -> None:
     """Missing target values are invalid; values outside [lower, upper] are clipped when
     ``clip`` was asked for and invalid otherwise."""
@@ -493,10 +552,15 @@ class OSPDPRR(Mechanism):
     sensitivity: Union[str, Callable[..., Any]] = "product"
     paper_m: Union[str, None] = None
     mean_floor: Union[float, None] = None
+    #: contribution bounds per privacy unit (issue 14): at most L0 partitions x Linf rows each,
+    #: enforced by the pipeline; every sensitivity is multiplied by L0 * Linf
+    max_partitions_per_unit: int = 1
+    max_rows_per_partition: int = 1
 
     def __post_init__(self) -> None:
         _check_t(self.t)
         _check_common(self)
+        _check_bounds(self, self.t / len(QUERY_STATISTICS[self.query]))
         check_choice(self.mode, "mode", MODES)
         if self.mode == "sound-self":
             if self.norm not in (None, "none"):
@@ -541,6 +605,16 @@ class OSPDPRR(Mechanism):
         return len(self.target)
 
     @property
+    def contribution_bounds(self) -> ContributionBounds:
+        """The bounds the release is calibrated to (the pipeline must enforce them)."""
+        return ContributionBounds(self.max_partitions_per_unit, self.max_rows_per_partition)
+
+    @property
+    def unit_sensitivity(self) -> int:
+        """m = L0 * Linf: the rows one unit keeps over all partitions (1: one row per user)."""
+        return self.max_partitions_per_unit * self.max_rows_per_partition
+
+    @property
     def ref(self) -> str:
         """TOPSIS references: ``fixed`` (sound-self) or ``data`` (paper, sound-public)."""
         return "fixed" if self.mode == "sound-self" else "data"
@@ -576,6 +650,8 @@ class OSPDPRR(Mechanism):
     @property
     def guarantee(self) -> PrivacyGuarantee:
         t = float(self.t)
+        m = self.unit_sensitivity
+        bounds = self.contribution_bounds
         split = len(QUERY_STATISTICS[self.query])
         comp = (f" The query uses {split} noisy statistics at t/{split} each (sequential "
                 "composition: t in total)." if split > 1 else "")
@@ -587,28 +663,43 @@ class OSPDPRR(Mechanism):
                  "one-sided personalized DP with sensitivity shielding")
         if self.mode == "paper":
             return PrivacyGuarantee(
-                NONE, math.inf, claim=claim, params={"mode": "paper", "t": t},
+                NONE, math.inf, claim=claim,
+                params={**central_unit_params(bounds), "mode": "paper", "t": t},
                 notes="Replication only, no privacy claim (spec §4.2, docs/ospdprr_privacy.md): "
                       "the noise budget e^m depends on which users were sampled and on their "
                       "weights, so the output distribution with a user contains a Laplace "
                       "component strictly wider than any without her, and the density ratio of "
                       "neighbouring datasets grows without bound in the tails. e^m lies in "
                       "[1, e], above every t, and the normalization, the ideals and A/B couple "
-                      "all users.")
+                      "all users." + central_unit_text(bounds))
         personal = ("min(M_u, t) = ln(1 + pi_u (e^t - 1)) for user u, M_u her comprehensive "
                     "weight against the fixed references" if self.mode == "sound-self" else
                     "min(M'_u, t) = ln(1 + pi_u (e^t - 1)) for user u, M'_u her rescaled "
                     "comprehensive weight")
-        params = {"mode": self.mode, "t": t, "unit": "user (add/remove one user with all her "
+        params = {**central_unit_params(bounds, unit_epsilon=t),
+                  "mode": self.mode, "t": t, "unit": "user (add/remove one user with all her "
                   "items)", "personal_epsilon": personal, "osdp_epsilon": 2 * t,
                   "replacement_epsilon": 2 * t}
-        core = (f"t-DP at user level (t = {t:g}; add/remove one user with all her items): "
-                f"Laplace noise calibrated to Delta/t on any sample is t-DP and the "
-                f"personalized sampling only amplifies (Jorgensen et al.'s Sample). Per user: "
-                f"{personal} (amplification by sampling, Li-Qardaji-Su). Replacing a user's "
-                f"items costs at most 2t = {2 * t:g}, so the release is (P, {2 * t:g})-one-sided "
-                f"DP for every policy P (the paper's sensitivity shielding, with parameter 2t); "
-                f"non-sensitive users are protected too.")
+        if m == 1:
+            core = (f"t-DP at user level (t = {t:g}; add/remove one user with all her items): "
+                    f"Laplace noise calibrated to Delta/t on any sample is t-DP and the "
+                    f"personalized sampling only amplifies (Jorgensen et al.'s Sample). Per user: "
+                    f"{personal} (amplification by sampling, Li-Qardaji-Su). Replacing a user's "
+                    f"items costs at most 2t = {2 * t:g}, so the release is (P, {2 * t:g})-one-"
+                    f"sided DP for every policy P (the paper's sensitivity shielding, with "
+                    f"parameter 2t); non-sensitive users are protected too.")
+        else:
+            params["unit"] = (f"privacy unit ({bounds.describe()}; a row is one user's k items)")
+            params["personal_epsilon"] = ("sum over the unit's rows r of ln(1 + pi_r (e^(t/m) - "
+                                          f"1)) <= t, m = {m}")
+            core = (f"t-DP per privacy unit (t = {t:g}; all rows of one unit, at most L0 x Linf "
+                    f"= {m} rows, each one user's items): every sensitivity is multiplied by "
+                    f"{m}, so Laplace noise calibrated to {m} Delta/t on any sample is t-DP per "
+                    f"unit, and the sampling, row by row, only amplifies. Per unit: the sum over "
+                    f"its rows r of ln(1 + pi_r (e^(t/{m}) - 1)) (each row's pi_r as below: "
+                    f"{personal}). Replacing a unit's rows costs at most 2t = {2 * t:g}: "
+                    f"(P, {2 * t:g})-one-sided DP per unit for every policy P.")
+        core += central_unit_text(bounds)
         if self.mode == "sound-self":
             params["assumption"] = "none"
             return PrivacyGuarantee(
@@ -690,21 +781,29 @@ class OSPDPRR(Mechanism):
         return m, eps, sampling_probabilities(eps, self.t)
 
     def noise_scales(self, epsilon: float | None = None) -> dict[str, float]:
-        """Laplace scale of each noisy statistic at budget ``epsilon`` (default t)."""
+        """Laplace scale of each noisy statistic at budget ``epsilon`` (default t), calibrated to
+        units of at most L0 * Linf rows."""
         sc = noise_scales(self.query, self.k_target, self.lower, self.upper,
-                          self.t if epsilon is None else epsilon)
+                          self.t if epsilon is None else epsilon, self.unit_sensitivity)
         return {s: float(v) for s, v in sc.items()}
 
-    def release(self, values: np.ndarray, weights: np.ndarray, rng: RngLike = None) -> Release:
+    def release(self, values: np.ndarray, weights: np.ndarray, rng: RngLike = None, *,
+                allow_empty: bool = False) -> Release:
         """Stages 1-3 on all users' rows: ``values`` (n, k_T) target values in [lower, upper],
-        ``weights`` (n, k) in [0, 1]. One sample, one Laplace draw per noisy statistic."""
+        ``weights`` (n, k) in [0, 1]. One sample, one Laplace draw per noisy statistic.
+
+        ``allow_empty``: release from no rows at all (a public key absent from the data, in a
+        per-key release): the statistics are the noise alone, and the ratio factor is 1."""
         vals = np.asarray(values, dtype=np.float64).reshape(-1, self.k_target)
         w = np.asarray(weights, dtype=np.float64).reshape(-1, self.k)
         n = vals.shape[0]
-        if n == 0 or w.shape[0] != n:
+        if (n == 0 and not allow_empty) or w.shape[0] != n:
             raise EmptyAccumulatorError(f"{self.name}: no reports (users) to release from")
         gen = as_generator(rng)
-        m, eps_u, pi = self.sampling(w)
+        if n == 0:
+            m, eps_u, pi = np.zeros(0), np.zeros(0), np.zeros(0)
+        else:
+            m, eps_u, pi = self.sampling(w)
         keep = gen.random(n) < pi
         sv = vals[keep]
         exact = {"N": float(self.k_target * keep.sum()), "S": float(sv.sum()),
@@ -713,16 +812,17 @@ class OSPDPRR(Mechanism):
                                     "exact": exact}
         if self.mode == "paper":  # step 8: eps = e^m, m the smallest score among sampled users
             score = m if self.paper_m == "raw" else eps_u
-            low = score[keep].min() if keep.any() else score.min()  # empty sample: over all users
-            epsilon = math.exp(float(low))
+            low = score[keep].min() if keep.any() else (score.min() if n else 0.0)  # empty
+            epsilon = math.exp(float(low))  # sample: over all users (no users: m = 0)
             internal["m"] = float(low)
         else:
             epsilon = float(self.t)
         scales = self.noise_scales(epsilon)
-        lattice = statistic_lattice(self.query, self.k_target, self.lower, self.upper)
+        um = self.unit_sensitivity
+        lattice = statistic_lattice(self.query, self.k_target, self.lower, self.upper, um)
         sums = statistic_units(sv, lattice).sum(axis=0)
         noisy_arr, variance = noisy_statistics(sums, self.query, self.k_target, self.lower,
-                                               self.upper, epsilon, gen)
+                                               self.upper, epsilon, gen, um)
         noisy = {s: float(v) for s, v in noisy_arr.items()}
         sds = {s: math.sqrt(float(v)) for s, v in variance.items()}
         internal.update(epsilon=epsilon, scales=scales, noisy=noisy, noise_sd=sds,
@@ -742,7 +842,7 @@ class OSPDPRR(Mechanism):
                         note=self._note("raw"))
         stats[self.query] = raw
         if self.query in RATIO_QUERIES and self.mode in ("sound-public", "paper"):
-            factor = float(n / pi.sum())
+            factor = float(n / pi.sum()) if n else 1.0
             ratio = Statistic(float(value) * factor, self._stderr(sds, factor, public),
                               float(clipped) * factor, note=self._note("ratio"))
             stats[f"{self.query}_raw"] = raw
@@ -824,9 +924,23 @@ class _UserRowsEstimator(Estimator):
         if acc.shape[0] == 0:
             raise EmptyAccumulatorError(f"{self.mechanism.name}: no reports (users) were "
                                         "accumulated; there is nothing to release")
+        return self._release(acc, UNKEYED)
+
+    def finalize_key(self, acc: np.ndarray | None, key: Any) -> Estimate:
+        """The release of one partition ``key`` of a per-key release (issue 14): the key is part
+        of the noise's address (:func:`~.histogram.release_source`: equal rows under two keys
+        must not get equal noise), and an empty or missing accumulator (a public key absent from
+        the data) is released from no rows (noise alone), so that whether a public key occurs
+        is not disclosed. The caller selects the keys (:mod:`ldp_beam.central.partition`) and
+        bounds each unit's contribution first."""
+        return self._release(self.create() if acc is None else np.asarray(acc, np.float64),
+                             key)
+
+    def _release(self, acc: np.ndarray, key: Any) -> Estimate:
         acc = _canonical(acc)
         kt = self.mechanism.k_target
-        rel = self.mechanism.release(acc[:, :kt], acc[:, kt:], release_source(self.seed, acc))
+        rel = self.mechanism.release(acc[:, :kt], acc[:, kt:],
+                                     release_source(self.seed, acc, key), allow_empty=True)
         # n_reports=None: the exact number of users is itself sensitive and is not released
         return Estimate(self.mechanism.name, None, rel.statistics, self.mechanism.guarantee,
                         self.mechanism.params())
@@ -912,11 +1026,16 @@ class OsdpRR(Mechanism):
     clip: bool = False
     estimator: Union[str, None] = None
     mean_floor: Union[float, None] = None
+    #: contribution bounds per privacy unit (issue 14): at most L0 partitions x Linf rows each,
+    #: enforced by the pipeline; each record is kept with probability 1 - e^(-eps/(L0 Linf))
+    max_partitions_per_unit: int = 1
+    max_rows_per_partition: int = 1
 
     def __post_init__(self) -> None:
         if not _is_number(self.epsilon) or self.epsilon <= 0:
             raise ParameterError("epsilon", self.epsilon, "a finite number > 0")
         _check_common(self)
+        _check_bounds(self)
         est = self.estimator
         if est is None:
             est = "scaled" if self.query in RATIO_QUERIES else "raw"
@@ -937,8 +1056,24 @@ class OsdpRR(Mechanism):
         return len(self.target)
 
     @property
+    def contribution_bounds(self) -> ContributionBounds:
+        """The bounds the release is calibrated to (the pipeline must enforce them)."""
+        return ContributionBounds(self.max_partitions_per_unit, self.max_rows_per_partition)
+
+    @property
+    def unit_sensitivity(self) -> int:
+        """m = L0 * Linf: the rows one unit keeps over all partitions (1: one row per user)."""
+        return self.max_partitions_per_unit * self.max_rows_per_partition
+
+    @property
+    def record_epsilon(self) -> float:
+        """The OSDP budget of one record (one target item of one row): epsilon / (L0 Linf)."""
+        m = self.unit_sensitivity
+        return float(self.epsilon) if m == 1 else float(self.epsilon) / m
+
+    @property
     def keep_probability(self) -> float:
-        return osdp_keep_probability(self.epsilon)
+        return osdp_keep_probability(self.record_epsilon)
 
     @property
     def resolved_mean_floor(self) -> float | None:
@@ -953,8 +1088,21 @@ class OsdpRR(Mechanism):
     @property
     def guarantee(self) -> PrivacyGuarantee:
         eps = float(self.epsilon)
+        m, kt = self.unit_sensitivity, self.k_target
+        bounds = self.contribution_bounds
+        if m == 1:
+            unit = (f" Per row (one user's {kt} target items): (P, {kt * eps:g}) by group "
+                    "privacy." if kt > 1 else "")
+        else:
+            unit = (f" Per privacy unit ({bounds.describe()}): each record is kept with "
+                    f"probability 1 - e^(-eps/{m}), i.e. (P, eps/{m} = {eps / m:.4g}) per record, "
+                    f"so a unit's at most {m} rows x {kt} target item(s) cost (P, {kt * eps:g}) "
+                    "together (group privacy of OSDP: each replaced sensitive record multiplies "
+                    f"the ratio by at most e^(eps/{m})).")
         return PrivacyGuarantee(
-            ULDP, eps, params={"unit": "record (one item of one user)",
+            ULDP, eps, params={**central_unit_params(bounds, unit_epsilon=kt * eps),
+                               "unit": "record (one item of one user)",
+                               "record_epsilon": self.record_epsilon,
                                "osdp_epsilon": eps, "policy": "sensitive iff level > 0",
                                "keep_probability": self.keep_probability},
             notes=f"(P, {eps:g})-one-sided DP at record level (Kotsogiannis et al., ICDE 2020), "
@@ -972,7 +1120,8 @@ class OsdpRR(Mechanism):
                   "OSPDPRR's user-level DP, which protects every user. Keep probability and "
                   "'never release a sensitive record' are the spec's reading of the OSDP paper "
                   "(open question Q7). The answers are post-processing of the released sample; "
-                  "each finalize draws a new sample (a new release).")
+                  "each finalize draws a new sample (a new release)." + unit
+                  + central_unit_text(bounds))
 
     def validate(self, cols: dict[str, np.ndarray], reasons: Reasons) -> None:
         _flag_values(self, cols, reasons)
@@ -986,12 +1135,15 @@ class OsdpRR(Mechanism):
             out[name] = np.asarray(cols[name], dtype=dt)
         return out
 
-    def release(self, values: np.ndarray, sensitive: np.ndarray, rng: RngLike = None) -> Release:
-        """Sample the non-sensitive records (each kept with probability 1 - e^-eps) and answer
-        the query from them. ``values`` and ``sensitive``: (n, k_T) arrays."""
+    def release(self, values: np.ndarray, sensitive: np.ndarray, rng: RngLike = None, *,
+                allow_empty: bool = False) -> Release:
+        """Sample the non-sensitive records (each kept with probability 1 - e^-eps; e^-(eps/m)
+        per unit of m = L0 Linf rows) and answer the query from them. ``values`` and
+        ``sensitive``: (n, k_T) arrays. ``allow_empty``: release from no rows (a public key
+        absent from the data)."""
         vals = np.asarray(values, dtype=np.float64).reshape(-1, self.k_target)
         sens = np.asarray(sensitive).reshape(-1, self.k_target).astype(bool)
-        if vals.shape[0] == 0:
+        if vals.shape[0] == 0 and not allow_empty:
             raise EmptyAccumulatorError(f"{self.name}: no reports (users) to release from")
         gen = as_generator(rng)
         q = self.keep_probability
