@@ -231,3 +231,47 @@ def worst_pair(q: np.ndarray, allowed: list[np.ndarray | None]) -> tuple[int, in
     i1, i2, val = best
     outs = [w for w, m in enumerate(allowed) if m is not None and m[i1] and m[i2]]
     return i1, i2, val, outs
+
+
+# =============================================================================== person level
+# Issue 14: neighbouring datasets differ by ALL rows of one privacy unit. For releases whose noise
+# is independent discrete Laplace on integer statistics (LPA's counts), the exact privacy loss
+# between the two datasets follows from the pmf: the statistics shift by an integer vector d, and
+# the output's log likelihood ratio is a sum over coordinates.
+
+
+def discrete_laplace_shift_epsilon(shift, scale) -> float:
+    """The exact privacy loss of releasing integer statistics plus independent discrete Laplace
+    noise of ``scale`` t when the two datasets' statistics differ by the integer vector
+    ``shift``: max over outputs of |ln P(out | D) / P(out | D')|, computed from the pmf
+    (:func:`ldp_beam.noise.discrete_laplace_pmf`) on a window of outputs that contains the
+    maximizers. Per coordinate the ratio pmf(z)/pmf(z - d) = q^(|z| - |z - d|) is largest,
+    e^(|d|/t), at any z beyond both 0 and d; the outputs are a product space with independent
+    coordinates, so the joint maximum is the sum of the per-coordinate maxima: ||shift||_1 / t."""
+    from .noise import discrete_laplace_pmf
+
+    d = np.abs(np.asarray(shift, dtype=np.int64).ravel())
+    d = d[d > 0]
+    total = 0.0
+    for v in np.unique(d):
+        z = np.arange(-2 * int(v) - 2, 2 * int(v) + 3)
+        with np.errstate(divide="ignore"):
+            lr = np.log(discrete_laplace_pmf(z, scale)) - np.log(discrete_laplace_pmf(z - v, scale))
+        total += float(np.abs(lr).max()) * int(np.count_nonzero(d == v))
+    return total
+
+
+def release_probability_epsilon(p_keep_1, p_keep_2, p_drop_1=None, p_drop_2=None) -> float:
+    """The exact privacy loss of one yes/no output (a key kept or dropped) with probabilities
+    ``p_keep_1`` and ``p_keep_2`` on two datasets: max(|ln p1/p2|, |ln (1-p1)/(1-p2)|). Pass the
+    drop probabilities where 1 - p would cancel (p close to 1)."""
+    p1, p2 = float(p_keep_1), float(p_keep_2)
+    d1 = 1.0 - p1 if p_drop_1 is None else float(p_drop_1)
+    d2 = 1.0 - p2 if p_drop_2 is None else float(p_drop_2)
+    out = 0.0
+    for a, b in ((p1, p2), (d1, d2)):
+        if (a > 0) != (b > 0):
+            return math.inf
+        if a > 0:
+            out = max(out, abs(math.log(a / b)))
+    return out

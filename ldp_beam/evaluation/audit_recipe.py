@@ -19,6 +19,18 @@ added; one sensitive record replaced), threshold or singleton events on the rele
 LPA also gets an exact epsilon: its noise is the exact discrete Laplace, whose worst-case ratio
 is 1/t for the rational scale t the sampler uses.
 
+Person-level audits (issue 14; settings ``person ...``): neighbouring datasets differ by ALL rows
+of one privacy unit, a person with 50 rows among single-row units. With contribution bounding
+(:func:`ldp_beam.central.partition.bound_contributions`, the reference of the pipeline's bounding,
+applied to every release's rows) the release's per-unit guarantee (``ldp_beam.privacy.per_unit``)
+is the claim: LPA at L0 = Linf = 1 and per key at L0 = 2 x Linf = 3 (exact: ||shift||_1 / t from the
+discrete Laplace pmf), DPHR (sound) at L0 = Linf = 1, AHP and StructureFirst at Linf = 3, OSPDPRR
+and OsdpRR at Linf = 2, and private partition selection (exact epsilon from the keep
+probabilities, exact delta = 1 - (1 - p1)^L0). Unbounded baselines (``person ... unbounded``: the
+same 50 rows, bounding skipped) carry no per-unit guarantee (kind ``none``, verdict ``no claim``,
+the per-record epsilon as ``claimed_epsilon``): their exact loss (LPA: 50 eps) and empirical lower
+bound show what a per-record guarantee is worth per person.
+
 Confidence: each audit's bound holds with probability >= 1 - 0.05/(number of audits), so all of
 one run's bounds hold together with probability >= 0.95 (Bonferroni; ``family_confidence``).
 
@@ -52,8 +64,9 @@ def _verdict(kind: str, claim: float, exact: float | None, lower: float) -> str:
 
 
 def _record(name: str, setting: str, mech: Any, exact: float | None, res: dict, note: str,
-            seed: int, claim: float | None = None, elapsed: float = 0.0) -> dict:
-    g = mech.guarantee
+            seed: int, claim: float | None = None, elapsed: float = 0.0,
+            guarantee: Any = None, **extra: Any) -> dict:
+    g = mech.guarantee if guarantee is None else guarantee
     claimed = g.epsilon if claim is None else claim
     lower = float(res["epsilon_lower"])
     rec = make_record(
@@ -64,7 +77,10 @@ def _record(name: str, setting: str, mech: Any, exact: float | None, res: dict, 
         exact_infinite=exact is not None and math.isinf(exact),
         family_confidence=1.0 - FAMILY_ALPHA,
         event_p=res.get("p"), event_q=res.get("q"), seed=seed, seconds=round(elapsed, 3),
-        note=note)
+        note=note, **extra)
+    if extra.get("exact_delta") is not None and rec["verdict"] == "consistent" \
+            and extra["exact_delta"] > g.delta:
+        rec["verdict"] = "violates claim"
     return rec
 
 
@@ -278,6 +294,211 @@ def _central_osdp(m: Any, reps: int, gen) -> tuple:
     return None, res, note
 
 
+# --------------------------------------------------------------------------- person level
+PERSON_ROWS = 50
+_BASE = np.array([12, 3, 0, 7, 7, 1, 20, 4])
+
+
+class _Audited:
+    """What a person-level audit is about: the mechanism (for its name and params) and the
+    guarantee it is held to (per unit, or none for an unbounded baseline)."""
+
+    def __init__(self, mech: Any, guarantee: Any) -> None:
+        self.mech, self.guarantee = mech, guarantee
+        self.epsilon = getattr(mech, "epsilon", getattr(mech, "t", None))
+
+
+def _unit_claim(mech: Any, bounded: bool) -> Any:
+    """The guarantee a person-level audit holds ``mech`` to: per unit when its rows are bounded;
+    no finite per-unit guarantee (kind none, the per-record epsilon as the claim) when not."""
+    from ..privacy import NONE, PrivacyGuarantee, per_unit
+
+    if bounded:
+        return per_unit(mech.guarantee, "person", mech.contribution_bounds)
+    eps = mech.guarantee.epsilon
+    return PrivacyGuarantee(NONE, math.inf, claim=f"{eps:g} per record",
+                            notes="contribution bounding not applied: a person with r rows "
+                                  "spends r x epsilon (no finite per-person guarantee)")
+
+
+def _person_counts(gen, bounds: Any, bucket: int = 0, base: np.ndarray = _BASE) -> np.ndarray:
+    """Bucket counts of the dataset with the person: single-row units in ``base`` plus the
+    person's PERSON_ROWS rows in ``bucket``, bounded to ``bounds`` (None: not bounded)."""
+    from ..central.partition import bound_contributions
+
+    buckets = np.concatenate([np.repeat(np.arange(base.size), base),
+                              np.full(PERSON_ROWS, bucket)])
+    units = np.concatenate([np.arange(base.sum()), np.full(PERSON_ROWS, -1)])
+    keep = np.ones(buckets.size, dtype=bool) if bounds is None else bound_contributions(
+        units, None, bounds.l0, bounds.linf, gen)
+    return np.bincount(buckets[keep], minlength=base.size)
+
+
+def _person_hist(m: Any, reps: int, gen, bounded: bool, bucket: int = 0) -> tuple:
+    bounds = m.contribution_bounds if bounded else None
+    s1 = np.array([m.publish(_person_counts(gen, bounds, bucket), gen)["histogram"][bucket]
+                   for _ in range(reps)])
+    s2 = np.array([m.publish(_BASE, gen)["histogram"][bucket] for _ in range(reps)])
+    res = _thresholds(s1, s2)
+    shift = _person_counts(gen, bounds, bucket) - _BASE
+    exact = None
+    if hasattr(m, "scale"):  # LPA: independent discrete Laplace on the counts
+        exact = A.discrete_laplace_shift_epsilon(shift, m.scale)
+    how = (f"bounded to L0 = {m.max_partitions_per_unit}, Linf = {m.max_rows_per_partition} "
+           f"({int(shift.sum())} row(s) kept)" if bounded else "NOT bounded (all rows kept)")
+    note = (f"Monte Carlo: {reps} releases on counts {_BASE.tolist()} of single-row units, with "
+            f"and without one person's {PERSON_ROWS} rows in bucket {bucket}, {how}; threshold "
+            "events on that bucket's published value")
+    if exact is not None:
+        note += "; exact: ||shift||_1 / t from the discrete Laplace pmf"
+    return exact, res, note
+
+
+def _person_per_key(m: Any, reps: int, gen) -> tuple:
+    """LPA per key (public keys x, y, z; L0 = 2, Linf = 3): the person has 20, 20 and 10 rows in
+    bucket 0 of the three keys; bounded to 2 keys x 3 rows. Statistic: bucket 0 summed over keys."""
+    from ..central.partition import bound_contributions
+
+    keys = ("x", "y", "z")
+    person = {"x": 20, "y": 20, "z": 10}
+    base = {k: np.roll(_BASE, i) for i, k in enumerate(keys)}
+    rows_k = np.concatenate([np.repeat(np.arange(3), [b.sum() for b in base.values()]),
+                             np.repeat(np.arange(3), [person[k] for k in keys])])
+    rows_b = np.concatenate([np.repeat(np.arange(8), base[k]) for k in keys]
+                            + [np.zeros(PERSON_ROWS, dtype=np.int64)])
+    n_others = sum(int(b.sum()) for b in base.values())
+    units = np.concatenate([np.arange(n_others), np.full(PERSON_ROWS, -1)])
+    b = m.contribution_bounds
+
+    def counts_with(g) -> list[np.ndarray]:
+        keep = bound_contributions(units, rows_k, b.l0, b.linf, g)
+        return [np.bincount(rows_b[keep & (rows_k == i)], minlength=8) for i in range(3)]
+
+    def stat(counts: list[np.ndarray]) -> float:
+        # LPA's noise is independent per bucket, so one publish of the three keys' counts side by
+        # side has the law of the three per-key releases (and is 3x cheaper)
+        return float(m.publish(np.concatenate(counts), gen)["histogram"][::8].sum())
+    s1 = np.array([stat(counts_with(gen)) for _ in range(reps)])
+    s2 = np.array([stat([base[k] for k in keys]) for _ in range(reps)])
+    res = _thresholds(s1, s2)
+    shift = np.concatenate(counts_with(gen)) - np.concatenate([base[k] for k in keys])
+    exact = A.discrete_laplace_shift_epsilon(shift, m.scale)
+    note = (f"Monte Carlo: {reps} per-key releases (public keys {list(keys)}, one LPA histogram "
+            f"each) with and without a person with {PERSON_ROWS} rows over the 3 keys "
+            f"({person}), bounded to L0 = {b.l0} keys x Linf = {b.linf} rows ({int(shift.sum())} "
+            "kept); threshold events on bucket 0 summed over the keys; exact: ||shift||_1 / t over "
+            "all keys from the discrete Laplace pmf")
+    return exact, res, note
+
+
+def _person_ospdprr(m: Any, reps: int, gen) -> tuple:
+    from ..central.partition import bound_contributions
+
+    vals = np.array([[0.2], [0.9], [0.5]])
+    w = np.array([[0.3], [0.8], [0.0]])
+    units = np.concatenate([np.arange(3), np.full(PERSON_ROWS, -1)])
+    v_all = np.vstack([vals, np.ones((PERSON_ROWS, 1))])
+    w_all = np.vstack([w, np.zeros((PERSON_ROWS, 1))])
+    b = m.contribution_bounds
+
+    def one(g) -> float:
+        keep = bound_contributions(units, None, b.l0, b.linf, g)
+        return m.release(v_all[keep], w_all[keep], gen).statistics["sum"].value
+    s1 = np.array([one(gen) for _ in range(reps)])
+    s2 = np.array([m.release(vals, w, gen).statistics["sum"].value for _ in range(reps)])
+    res = _thresholds(s1, s2)
+    note = (f"Monte Carlo: {reps} releases of the sum on 3 users, with and without a person with "
+            f"{PERSON_ROWS} rows (value 1, weight 0: sampled with probability 1) bounded to Linf = "
+            f"{b.linf} rows; threshold events")
+    return None, res, note
+
+
+def _person_osdp(m: Any, reps: int, gen) -> tuple:
+    from ..central.partition import bound_contributions
+
+    vals = np.concatenate([np.array([[0.2], [0.9], [0.5]]), np.full((PERSON_ROWS, 1), 0.7)])
+    units = np.concatenate([np.arange(3), np.full(PERSON_ROWS, -1)])
+    others = np.array([[0], [0], [0]])
+    b = m.contribution_bounds
+
+    def one(sensitive_person: int, g) -> int:
+        keep = bound_contributions(units, None, b.l0, b.linf, g)
+        sens = np.vstack([others, np.full((PERSON_ROWS, 1), sensitive_person)])
+        return m.release(vals[keep], sens[keep], gen).statistics["released_records"].value
+    s1 = np.array([one(1, gen) for _ in range(reps)])
+    s2 = np.array([one(0, gen) for _ in range(reps)])
+    res = A.audit_samples(s1, s2, A.singleton_events(np.arange(3 + b.l1 + 1)), ALPHA,
+                          directions=(0,))
+    note = (f"Monte Carlo: {reps} releases; a person's {PERSON_ROWS} records (bounded to Linf = "
+            f"{b.linf}) sensitive vs replaced by non-sensitive ones (the one-sided direction); "
+            "events: number of released records")
+    return None, res, note
+
+
+def _person_selection(sel: Any, reps: int, gen) -> tuple:
+    """Partition selection: the person's L0 keys are present with and without her (counts T and
+    T - 1, where a key's decision is most sensitive); exact epsilon from the keep probabilities
+    summed over the L0 keys; exact delta for keys only she has."""
+    T, L0 = sel.threshold, sel.max_partitions_per_unit
+    cs = np.arange(1, 3 * T + 3)
+    per_key = max(A.release_probability_epsilon(
+        sel.keep_probability(c + 1), sel.keep_probability(c), sel.drop_probability(c + 1),
+        sel.drop_probability(c)) for c in cs)
+    exact = L0 * per_key
+    s1 = np.array([int(sel.select(np.full(L0, T), gen).sum()) for _ in range(reps)])
+    s2 = np.array([int(sel.select(np.full(L0, T - 1), gen).sum()) for _ in range(reps)])
+    res = A.audit_samples(s1, s2, A.singleton_events(np.arange(L0 + 1)), ALPHA)
+    note = (f"keys present with and without the person (counts {T} vs {T - 1} in each of her "
+            f"L0 = {L0} keys; T = {T}): exact = L0 x max over counts c of the keep/drop log "
+            f"ratio at c + 1 vs c (from the exact keep probabilities); Monte Carlo: {reps} "
+            "selections, events: number of her keys kept. Keys only she has: exact delta = "
+            f"1 - (1 - p1)^L0 with p1 = {sel.single_unit_probability:.3g}")
+    return exact, res, note
+
+
+def _person_plan(reps: int) -> list[tuple[str, str, Callable]]:
+    from ..central.partition import PartitionSelection
+
+    plan: list[tuple[str, str, Callable]] = []
+
+    def hist(name, bounded, setting, **kw):
+        def f(g):
+            m = build_mechanism(name, epsilon=EPS, **kw)
+            return _Audited(m, _unit_claim(m, bounded)), _person_hist(m, reps, g, bounded)
+        plan.append((name, setting, f))
+    hist("laplace-histogram", True, "person L0=Linf=1")
+    hist("laplace-histogram", False, "person unbounded")
+    hist("dphr", True, "person L0=Linf=1", variant="sound")
+    hist("dphr", False, "person unbounded", variant="sound")
+    hist("ahp", True, "person Linf=3", max_rows_per_partition=3)
+    hist("structure-first", True, "person Linf=3 F=40", k=3, F=40.0,
+         max_rows_per_partition=3)
+
+    def per_key(g):
+        m = build_mechanism("laplace-histogram", epsilon=EPS, max_partitions_per_unit=2,
+                            max_rows_per_partition=3)
+        return _Audited(m, _unit_claim(m, True)), _person_per_key(m, reps, g)
+    plan.append(("laplace-histogram", "person per key L0=2 Linf=3", per_key))
+
+    def osp(g):
+        m = build_mechanism("ospdprr", t=EPS, query="sum", lower=0.0, upper=1.0,
+                            max_rows_per_partition=2)
+        return _Audited(m, _unit_claim(m, True)), _person_ospdprr(m, reps, g)
+    plan.append(("ospdprr", "person Linf=2", osp))
+
+    def osdp(g):
+        m = build_mechanism("osdp-rr", epsilon=EPS, query="count", lower=0.0, upper=1.0,
+                            max_rows_per_partition=2)
+        return _Audited(m, _unit_claim(m, True)), _person_osdp(m, reps, g)
+    plan.append(("osdp-rr", "person Linf=2 one-sided", osdp))
+
+    def select(g):
+        sel = PartitionSelection(EPS, 1e-5, 2)
+        return _Audited(sel, sel.guarantee), _person_selection(sel, reps, g)
+    plan.append(("partition-selection", "person L0=2 delta=1e-5", select))
+    return plan
+
+
 # --------------------------------------------------------------------------- the run
 DISCRETE = ("grr", "urr", "cprr", "jd-grr", "jurr", "tdrr", "bisample", "bisample-md",
             "harmony", "privkvm")
@@ -322,6 +543,7 @@ def _plan(quick: bool) -> list[tuple[str, str, Callable]]:
         return m, _central_osdp(m, reps, g)
     plan.append(("ospdprr", "central mode=sound-self", osp))
     plan.append(("osdp-rr", "central one-sided", osdp))
+    plan.extend(_person_plan(reps))
     return plan
 
 
@@ -335,7 +557,7 @@ def run(quick: bool = False, progress: Any = None, seed: int | None = None,
     global ALPHA
     plan = _plan(quick)
     if only:
-        known = set(get_registry().names())
+        known = set(get_registry().names()) | {p[0] for p in plan}
         unknown = sorted(set(only) - known)
         if unknown:
             from ..errors import ParameterError
@@ -351,8 +573,19 @@ def run(quick: bool = False, progress: Any = None, seed: int | None = None,
             progress.step(f"{name} {setting}")
         t0 = time.perf_counter()
         mech, (exact, res, note) = fn(np.random.default_rng(ss))
-        records.append(_record(name, setting, mech, exact, res, note, seed,
-                               claim=_paper_claim(mech), elapsed=time.perf_counter() - t0))
+        extra: dict = {}
+        if isinstance(mech, _Audited):  # person level: held to its per-unit guarantee
+            g = mech.guarantee
+            extra = {"guarantee": g, "unit": g.params.get("unit", "person")}
+            if g.delta:
+                extra.update(exact_delta=float(mech.mech.realized_delta),
+                             claimed_delta=g.delta)
+            claim = mech.epsilon if g.kind == "none" else None
+            mech = mech.mech
+        else:
+            claim = _paper_claim(mech)
+        records.append(_record(name, setting, mech, exact, res, note, seed, claim=claim,
+                               elapsed=time.perf_counter() - t0, **extra))
         audited.add(name)
     for name in get_registry().names():
         if name not in audited and (not only or name in only):
