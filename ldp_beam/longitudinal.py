@@ -149,12 +149,9 @@ def canonical_rows(mechanism: Mechanism, values: Any, units: Any
 
 
 def _digest(key: bytes, *parts: str, size: int = 16) -> bytes:
-    h = hashlib.blake2b(key=key[:64], digest_size=size)
-    for p in parts:
-        b = p.encode("utf-8")
-        h.update(len(b).to_bytes(8, "big"))
-        h.update(b)
-    return h.digest()
+    """A keyed BLAKE2b digest of length-prefixed parts (so no two part lists collide)."""
+    data = b"".join(len(b).to_bytes(8, "big") + b for b in (p.encode("utf-8") for p in parts))
+    return hashlib.blake2b(data, key=key, digest_size=size).digest()
 
 
 def unit_loss(units: Sequence[Any], values: Sequence[Any], epsilon: float) -> dict[str, float]:
@@ -570,10 +567,11 @@ class UnitState:
                     "WHERE r.window = ?", (int(window),)):
                 in_window.setdefault(u, set()).add(slot)
             memos: dict[tuple, set] = {}
-            for u, memo, digest in cur.execute(
-                    "SELECT r.unit, r.memo, r.digest FROM reports r JOIN temp.cand c "
-                    "ON r.unit = c.unit WHERE r.memo IS NOT NULL"):
-                memos.setdefault((u, memo), set()).add(digest)
+            if any(c[2] is not None for _, cs in candidates.values() for c in cs):
+                for u, memo, digest in cur.execute(
+                        "SELECT r.unit, r.memo, r.digest FROM reports r JOIN temp.cand c "
+                        "ON r.unit = c.unit WHERE r.memo IS NOT NULL"):
+                    memos.setdefault((u, memo), set()).add(digest)
             new_rows = []
             for u in sorted(candidates):
                 n, cands = candidates[u]
@@ -642,14 +640,40 @@ def unit_hash(key: bytes, value: Any) -> str:
     return "u" + _digest(key, unit_text(value)).hex()
 
 
+class UnitHasher:
+    """:func:`unit_hash` under one key, remembering up to ``cache`` ids (a stream sees the same
+    units again and again); raises ValueError as :func:`unit_hash` does."""
+
+    def __init__(self, key: bytes, cache: int = 1 << 16) -> None:
+        self.key, self.size = key, cache
+        self._seen: dict = {}
+
+    def __call__(self, value: Any) -> str:
+        try:
+            memo = (type(value), value)
+            out = self._seen.get(memo)
+        except TypeError:  # unhashable: not an id (unit_hash says why)
+            return unit_hash(self.key, value)
+        if out is None:
+            out = unit_hash(self.key, value)
+            if len(self._seen) >= self.size:
+                self._seen.clear()
+            self._seen[memo] = out
+        return out
+
+    def __reduce__(self):
+        return UnitHasher, (self.key, self.size)
+
+
 def priority(key: bytes, identity: str) -> tuple[int, str]:
     """A record's keyed selection priority (a 64-bit integer: the k smallest of a unit's
     reports in a window are estimated) and its slot id, both from a keyed digest of its
     identity (file, line and content): deterministic under re-execution and restarts, and
     unpredictable without the key."""
-    d = _digest(key, identity)
+    d = hashlib.blake2b(identity.encode("utf-8"), key=key, digest_size=16).digest()
     return int.from_bytes(d[:8], "big"), d.hex()
 
 
-__all__ = ["Admission", "MEMO_NOTE", "Memoized", "TwoLayerClient", "TwoLayerGRR", "UnitState",
-           "UnitStateError", "priority", "unit_hash", "unit_loss", "unit_text", "value_texts"]
+__all__ = ["Admission", "MEMO_NOTE", "Memoized", "TwoLayerClient", "TwoLayerGRR", "UnitHasher",
+           "UnitState", "UnitStateError", "canonical_rows", "priority", "unit_hash", "unit_loss",
+           "unit_text", "value_texts"]

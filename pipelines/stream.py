@@ -64,9 +64,10 @@ estimate, a dead letter or the ledger); then, per window (:class:`UnitPaneFn`,
 :meth:`ldp_beam.longitudinal.UnitState.admit`):
 
 * at most ``max_reports_per_unit`` (k) of a unit's reports — raw records for a central-DP
-  release — are estimated, those of smallest keyed priority (a keyed hash of the record's file,
-  line and content under the state's key: uniform among the unit's reports of the window when
-  they are all there when it fires, deterministic under retries and restarts); the others are
+  release — are estimated, those of smallest keyed priority (a keyed hash of the record's
+  identity — file, line, event time, unit, memo slot and report — under the state's key:
+  uniform among the unit's reports of the window when they are all there when it fires,
+  deterministic under retries, runners and restarts); the others are
   counted as ``bounded_out``. Reports selected for an earlier pane of the window (an early pane,
   a run before a restart) stay selected and count against k, so no window ever estimates more
   than k reports of a unit, whatever its panes;
@@ -122,7 +123,7 @@ from apache_beam.utils.windowed_value import WindowedValue
 
 from ldp_beam.core import Estimate, Mechanism, Statistic
 from ldp_beam.estimators import estimator_for
-from ldp_beam.longitudinal import UnitState, UnitStateError, priority
+from ldp_beam.longitudinal import UnitHasher, UnitState, UnitStateError, priority
 from ldp_beam.privacy import PrivacyGuarantee, compose
 from ldp_beam.rng import RunKey
 from ldp_beam.transforms.batches import num_rows
@@ -553,6 +554,14 @@ class RecordRows(NamedTuple):
     rows: list
 
 
+def _checked_hash(value: Any) -> str:
+    """A unit id a source has already replaced by its keyed hash (:func:`pseudonymize`): kept
+    as it is, once checked to be one."""
+    if isinstance(value, str) and len(value) == 33 and value.startswith("u"):
+        return value
+    raise ValueError("not a unit hash")
+
+
 class UnitRows(NamedTuple):
     """Valid rows of one batch of a privacy-unit stream: unit hash -> ``[n, candidates]``, its
     ``n`` rows and at most k candidates ``(priority, slot, memo, digest, row)`` of smallest
@@ -565,13 +574,15 @@ def keep_smallest(kept: list, cand: tuple, k: int) -> None:
     """Add ``cand`` to ``kept`` (at most ``k`` candidates, of the smallest (priority, slot)),
     in place; a candidate whose slot is already kept (the same record twice) is not added."""
     slot = cand[1]
-    if any(c[1] == slot for c in kept):
-        return
+    worst = -1
+    for i, c in enumerate(kept):
+        if c[1] == slot:
+            return
+        if worst < 0 or (c[0], c[1]) > (kept[worst][0], kept[worst][1]):
+            worst = i
     if len(kept) < k:
         kept.append(cand)
-        return
-    worst = max(range(len(kept)), key=lambda i: (kept[i][0], kept[i][1]))
-    if (cand[0], slot) < (kept[worst][0], kept[worst][1]):
+    elif (cand[0], slot) < (kept[worst][0], kept[worst][1]):
         kept[worst] = cand
 
 
@@ -644,7 +655,7 @@ class BatchPerWindowFn(beam.DoFn):
 
     def __init__(self, mechanism: Mechanism, estimator: Any = None,
                  columns: Mapping[str, str] | None = None, max_rows: int = 4096,
-                 unit: PrivacyUnit | None = None) -> None:
+                 unit: PrivacyUnit | None = None, hashed: bool = False) -> None:
         self.mechanism = mechanism
         self.central = bool(getattr(mechanism, "central", False))
         self.fields = tuple(name for name, _ in mechanism.report_fields)
@@ -652,7 +663,7 @@ class BatchPerWindowFn(beam.DoFn):
         self.columns = dict(columns or {r.name: r.name for r in mechanism.roles if r.required})
         self.shown = list(dict.fromkeys(self.columns.values()))
         self.max_rows = max_rows
-        self.unit = unit
+        self.unit, self.hashed = unit, hashed
         self._keys: tuple | None = None
         what = "records" if self.central else "reports"
         self.n_in = Metrics.counter("ldp_beam", f"{what}_in")
@@ -666,7 +677,8 @@ class BatchPerWindowFn(beam.DoFn):
         runs, not carried in the pipeline)."""
         if self._keys is None:
             st = self.unit.state
-            self._keys = (st.key("unit"), st.key("select"), st.key("memo"))
+            hasher = _checked_hash if self.hashed else UnitHasher(st.key("unit"))
+            self._keys = (hasher, st.key("select"), st.key("memo"))
         return self._keys
 
     def process(self, element, timestamp=beam.DoFn.TimestampParam,
@@ -692,10 +704,13 @@ class BatchPerWindowFn(beam.DoFn):
         for window in list(self._groups):
             yield from self._flush(window)
 
-    def _dead(self, reasons: Any, group: list, window: Any, shown: list | None):
+    def _dead(self, reasons: Any, group: list, window: Any, shown: list | None,
+              records: list | None = None):
         msgs = reasons.as_dict()
         for i in np.flatnonzero(reasons.bad).tolist():
             record, ts, source, line = group[i]
+            if records is not None:  # the records as shown (unit ids hashed)
+                record = records[i]
             rec = dict(record) if shown is None else {c: record[c] for c in shown if c in record}
             yield WindowedValue(dead_letter(msgs[i], rec, source, line), ts, (window,))
         self.n_bad.inc(int(reasons.bad.sum()))
@@ -707,9 +722,10 @@ class BatchPerWindowFn(beam.DoFn):
         records = [g[0] for g in group]
         n = len(records)
         self.n_in.inc(n)
+        shown_records = None
         if self.unit is not None:  # the unit's id -> its keyed hash, in what is shown
             units, unit_bad, records = self._pseudonymize(records)
-            group = [(rec, *g[1:]) for rec, g in zip(records, group)]
+            shown_records = records
         if self.central:
             absent = [next((c for c in self.shown if c not in r), None) for r in records]
             raw = {role: _raw_column([r.get(col) for r in records])
@@ -722,7 +738,7 @@ class BatchPerWindowFn(beam.DoFn):
                 reasons.flag(np.array([u is None for u in units]), lambda i: unit_bad[i],
                              replace=True)
                 shown = [*self.shown, self.unit.field]
-            yield from self._dead(reasons, group, window, shown)
+            yield from self._dead(reasons, group, window, shown, shown_records)
             ok = np.flatnonzero(~reasons.bad)
             if ok.size:
                 batch = self.mechanism.randomize({k: v[ok] for k, v in cols.items()},
@@ -745,7 +761,7 @@ class BatchPerWindowFn(beam.DoFn):
                              lambda i: memo_bad[i], replace=True)
             reasons.flag(np.array([u is None for u in units]), lambda i: unit_bad[i],
                          replace=True)
-        yield from self._dead(reasons, group, window, None)
+        yield from self._dead(reasons, group, window, None, shown_records)
         ok = np.flatnonzero(~reasons.bad)
         if ok.size:
             batch = {f: c[ok] for f, c in cols.items()}
@@ -758,12 +774,12 @@ class BatchPerWindowFn(beam.DoFn):
     def _pseudonymize(self, records: list) -> tuple[list, list, list]:
         """Each record's unit hash (None when it has no valid id: ``bad`` says why) and a copy
         of the record showing the hash in place of the id."""
-        key = self._unit_keys()[0]
+        hasher = self._unit_keys()[0]
         field = self.unit.field
         units, bad, shown = [], [], []
         for r in records:
             rec = dict(r)
-            why = pseudonymize(rec, field, key)
+            why = pseudonymize(rec, field, hasher)
             units.append(None if why else rec[field])
             bad.append(why)
             shown.append(rec)
@@ -799,11 +815,12 @@ class BatchPerWindowFn(beam.DoFn):
         rows = list(zip(*[np.asarray(batch[f]).tolist() for f in fields]))
         per: dict[str, list] = {}
         for j, i in enumerate(ok.tolist()):
-            record, _, source, line = group[i]
-            ident = (f"{source}\n{line}\n"
-                     + json.dumps(record, sort_keys=True, separators=(",", ":"), default=str))
-            prio, slot = priority(select, ident)
+            _, ts, source, line = group[i]
             memo = memos[i] if memos is not None else None
+            # a record's identity: where it was read, its event time, unit, memo slot and
+            # report (a reused file name with other content is another record)
+            prio, slot = priority(select, f"{source}\n{line}\n{ts.micros}\n{units[i]}\n"
+                                          f"{memo}\n{rows[j]!r}")
             digest = None if memo is None else hashlib.blake2b(
                 repr(rows[j]).encode(), digest_size=16).hexdigest()
             entry = per.get(units[i])
@@ -833,9 +850,10 @@ class WindowedEstimate(beam.PTransform):
     the windowing and triggers (see the module docstring); ``releases_per_window``: the release
     budget per window of a central family (required when a window can fire more than once);
     ``prior_releases``: releases already made per window start (µs), e.g. before a crash, that
-    count against it. ``unit``: a privacy unit (see "Privacy units" in the module docstring);
-    records' unit ids are hashed here too (a source that already did gives hashes, which hash
-    again consistently); ``run_id`` names the run in the per-unit state.
+    count against it. ``unit``: a privacy unit (see "Privacy units" in the module docstring),
+    whose ids are replaced here by keyed hashes, or, with ``unit_hashed``, were replaced by the
+    source (the spool and Pub/Sub readers of :func:`run_stream` do it as they parse, so no raw
+    id reaches even a source's dead letter); ``run_id`` names the run in the per-unit state.
     """
 
     def __init__(self, mechanism: Mechanism, window_seconds: float,
@@ -844,7 +862,8 @@ class WindowedEstimate(beam.PTransform):
                  columns: Mapping[str, str] | None = None,
                  options: Mapping[str, Any] | None = None,
                  prior_releases: Mapping[int, int] | None = None,
-                 unit: PrivacyUnit | None = None, run_id: str = "stream") -> None:
+                 unit: PrivacyUnit | None = None, run_id: str = "stream",
+                 unit_hashed: bool = False) -> None:
         super().__init__()
         self.clock = WindowClock(window_seconds, allowed_lateness)
         if early_seconds is not None:
@@ -906,7 +925,7 @@ class WindowedEstimate(beam.PTransform):
                 "a histogram release (laplace-histogram, dphr, ahp, structure-first) or run "
                 "`ldp-beam estimate` on a fixed batch")
         self.prior = dict(prior_releases or {})
-        self.unit, self.run_id = unit, run_id
+        self.unit, self.run_id, self.unit_hashed = unit, run_id, unit_hashed
         if unit is not None:
             check_unit(mechanism, unit, self.columns)
         self.group = calibrated_rows(mechanism.guarantee) if self.central else 1
@@ -936,7 +955,7 @@ class WindowedEstimate(beam.PTransform):
             allowed_lateness=Duration.of(self.allowed_lateness))
         batched = split_dead_letters(windowed | "Batch" >> beam.ParDo(BatchPerWindowFn(
             self.mechanism, None if self.central else self.estimator, self.columns,
-            unit=self.unit)), "batches")
+            unit=self.unit, hashed=self.unit_hashed)), "batches")
         if self.unit is None:
             combine: Any = CountingCombineFn(
                 EstimatorCombineFn(self.estimator, on_empty="report"), self.central,
@@ -1066,6 +1085,7 @@ class ParseMessagesFn(beam.DoFn):
                  unit_key: bytes | None = None) -> None:
         self.timestamp_field, self.source = timestamp_field, source
         self.unit_field, self.unit_key = unit_field, unit_key
+        self._hasher = None if unit_key is None else UnitHasher(unit_key)
         self.n_records = Metrics.counter("ldp_beam", "stream_records")
         self.n_lines = Metrics.counter("ldp_beam", "stream_lines")
 
@@ -1082,7 +1102,7 @@ class ParseMessagesFn(beam.DoFn):
                              "row": i}
                 continue
             if self.unit_field is not None:
-                why = pseudonymize(record, self.unit_field, self.unit_key)
+                why = pseudonymize(record, self.unit_field, self._hasher)
                 if why is not None:
                     yield DEAD, {"reason": why, "record": record, "source": self.source,
                                  "row": i}
@@ -1361,7 +1381,7 @@ def run_stream(output_dir: str, mechanism: Mechanism, *, spool: str | None = Non
         estimate = WindowedEstimate(
             mechanism, window_seconds, 0.0 if once else allowed_lateness,
             None if once else early_seconds, releases_per_window, columns, options, prior,
-            unit=unit, run_id=run_id)
+            unit=unit, run_id=run_id, unit_hashed=True)
         log = (lambda m: say(f"ldp-beam stream: {m}")) if progress else (lambda m: None)
         if once:
             source: Any = ReadSpoolOnce(spool_dir)

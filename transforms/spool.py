@@ -105,7 +105,7 @@ from apache_beam import coders
 from apache_beam.transforms.window import TimestampedValue
 from apache_beam.utils.timestamp import MIN_TIMESTAMP, Duration, Timestamp
 
-from ldp_beam.longitudinal import unit_hash
+from ldp_beam.longitudinal import UnitHasher
 
 CLAIMED, DONE, FAILED = ".claimed", ".done", ".failed"
 WATERMARK_FILE, LOCK_FILE = ".watermark", ".lock"
@@ -348,7 +348,7 @@ WITHHELD = "<withheld: a privacy-unit stream does not copy a line it cannot pars
     "hold a unit id; see the file and line>"
 
 
-def pseudonymize(record: dict, unit_field: str, key: bytes) -> str | None:
+def pseudonymize(record: dict, unit_field: str, hasher: UnitHasher) -> str | None:
     """Replace ``record[unit_field]`` by its keyed hash, in place; returns the reason it cannot
     (the field is absent, or not a string or integer id: then its value is replaced by
     ``"<withheld>"``, so a dead letter never shows it), else None."""
@@ -356,7 +356,7 @@ def pseudonymize(record: dict, unit_field: str, key: bytes) -> str | None:
         return f"record has no privacy-unit field {unit_field!r}"
     value = record[unit_field]
     try:
-        record[unit_field] = unit_hash(key, value)
+        record[unit_field] = hasher(value)
     except ValueError:
         record[unit_field] = "<withheld>"
         what = "null" if value is None else f"a {type(value).__name__}"
@@ -380,6 +380,7 @@ class SpoolDirectory:
         self.clock = clock
         self.timestamp_field = timestamp_field
         self.unit_field, self.unit_key = unit_field, unit_key
+        self._hasher = None if unit_key is None else UnitHasher(unit_key)
         self._lock_fd: int | None = None
 
     # -- lifecycle
@@ -533,7 +534,7 @@ class SpoolDirectory:
                                           line.number)
                         continue
                     if self.unit_field is not None:
-                        why = pseudonymize(record, self.unit_field, self.unit_key)
+                        why = pseudonymize(record, self.unit_field, self._hasher)
                         if why is not None:
                             tally.dead_lettered += 1
                             yield DEAD, _dead(why, record, state.name, line.number)
@@ -915,12 +916,14 @@ class ReadClaimedFn(beam.DoFn):
         self.timestamp_field = spool.timestamp_field
         self.unit_field, self.unit_key = spool.unit_field, spool.unit_key
         self.settled_us = settled_us
+        self._spool: SpoolDirectory | None = None
 
     def process(self, state: tuple):
         path, name, recovered = state
-        spool = SpoolDirectory(self.spool_path, self.clock, self.timestamp_field,
-                               self.unit_field, self.unit_key)
-        items = spool.read(FileState(path, name, recovered), None, self.settled_us)
+        if self._spool is None:  # one per instance: its unit hasher remembers ids across files
+            self._spool = SpoolDirectory(self.spool_path, self.clock, self.timestamp_field,
+                                         self.unit_field, self.unit_key)
+        items = self._spool.read(FileState(path, name, recovered), None, self.settled_us)
         for value, t_us, _ in grouped(items, name, self.clock.size_us):
             yield value if t_us is None else TimestampedValue(value, Timestamp(micros=t_us))
 
