@@ -66,6 +66,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import cached_property
 from fractions import Fraction
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -222,8 +223,8 @@ class PartitionSelection:
             self.max_partitions_per_unit, "max_partitions_per_unit"))
         self.threshold  # validates that a threshold exists (the scale is in range)
 
-    # -- the calibration
-    @property
+    # -- the calibration (computed once per instance)
+    @cached_property
     def scale(self) -> Fraction:
         """t: the smallest rational >= L0 / epsilon the exact sampler uses."""
         return discrete_laplace_scale(self.max_partitions_per_unit, self.epsilon)
@@ -238,7 +239,7 @@ class PartitionSelection:
         """delta_p = 1 - (1 - delta)^(1/L0): the most a key with one unit may be released with."""
         return -math.expm1(math.log1p(-self.delta) / self.max_partitions_per_unit)
 
-    @property
+    @cached_property
     def threshold(self) -> int:
         """T: the smallest integer >= 1 with P(1 + Z >= T) = q^(T-1)/(1+q) <= delta_p."""
         t = float(self.scale)
@@ -383,7 +384,8 @@ def per_key_guarantee(release: PrivacyGuarantee, selection: PrivacyGuarantee | N
     if "contribution_bounds" not in release.params:
         raise ParameterError("release", release.kind, "the guarantee of a central release "
                              "calibrated to contribution bounds")
-    sel = selection if selection is not None else PublicPartitions(("-",)).guarantee
+    sel = selection if selection is not None else PrivacyGuarantee(
+        CENTRAL, 0.0, notes="public keys: no selection cost")
     # the releases' epsilon per unit (OsdpRR states it apart from its per-record epsilon)
     rel = PrivacyGuarantee(release.kind, float(release.params.get("unit_epsilon",
                                                                   release.epsilon)),
