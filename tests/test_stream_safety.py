@@ -805,3 +805,19 @@ def test_pubsub_messages_hash_the_unit_at_the_source():
     dead = [i[1] for i in items[1:]]
     assert dead[0]["reason"] == "record has no privacy-unit field 'device'"
     assert "bob" not in json.dumps(dead[1]) and dead[1]["record"].startswith("<withheld")
+
+
+def test_central_release_calibrated_to_k_rows_charges_a_unit_once_per_window(tmp_path):
+    """A histogram release calibrated to 2 rows per unit (max_rows_per_partition=2): a unit's two
+    records in a window cost it one epsilon (the release covers them), three windows three."""
+    from ldp_beam.longitudinal import UnitState
+    mech = build_mechanism("laplace-histogram", epsilon=1.0, bins=4, lower=0, upper=1,
+                           max_rows_per_partition=2)
+    recs = [{"value": 0.2 + 0.5 * j, "device": "d", "ts": T0 + 1 + 10 * w}
+            for w in range(3) for j in range(2)]
+    s, out = unit_run(tmp_path, mech, {"a.jsonl": recs}, max_reports_per_unit=2,
+                      start=T0, end=T0 + 30)
+    assert "at most 2 records per window, so at most 1 per unit and window" in \
+        s["guarantee"]["summary"] and s["guarantee"]["unit_window_epsilon"] == 1.0
+    assert list(UnitState(str(out / "units.sqlite"), "device").spent().values()) == [3.0]
+    assert s["privacy_unit"]["estimated"] == 6 and s["reconciles"]
