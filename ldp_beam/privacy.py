@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Any, Iterable
 
 #: The kinds of guarantee ldp-beam reports.
 LDP = "LDP"  # local DP: every pair of inputs, every output
@@ -98,16 +98,32 @@ SEEDED_TEXT = ("seeded run: reproducible, not private - whoever knows or guesses
                "candidates against the reports in well under a second)")
 
 
-def run_guarantee(g: PrivacyGuarantee, *, seeded: bool = False, public: Iterable[str] = ()
-                  ) -> dict:
+def run_guarantee(g: PrivacyGuarantee, *, seeded: bool = False, public: Iterable[str] = (),
+                  unit: str | None = None, bounds: Any = None) -> dict:
     """A guarantee as a run states it (``to_dict`` plus what the run changed about it).
 
-    A seeded run promises nothing: its summary says "seeded" and "not private", and ``kind`` keeps
-    the mechanism's kind only under ``unseeded_kind`` so that no reader mistakes it for a
-    guarantee. Public columns copied beside the reports are named (they are not protected).
+    Per what unit it holds (:func:`per_unit`): without a privacy unit the summary ends "per
+    record" and says that a person with several records spends it several times; with one it
+    names the unit and the bound on its contribution, and epsilon is the unit's (k reports: k
+    times epsilon). A seeded run promises nothing: its summary says "seeded" and "not private".
+    Public columns copied beside the reports are named (they are not protected).
     """
+    g = per_unit(g, unit, bounds)
     d = g.to_dict()
     d["seeded"] = bool(seeded)
+    d["unit"] = g.params.get("unit", "record")
+    if unit is None:
+        d["summary"] += (" per record (no privacy unit declared: a person with several records "
+                         "spends it once per record)")
+    elif _is_central(g):
+        b = ContributionBounds.of(bounds)
+        d["summary"] += (f" per privacy unit {unit!r} (at most {b.l0} partition(s) x {b.linf} "
+                         "row(s) each)")
+    else:
+        k = bounds if isinstance(bounds, int) else ContributionBounds.of(bounds).l1
+        per = g.params.get("per_record_epsilon")
+        d["summary"] += (f" per privacy unit {unit!r} (at most {k} report(s) each"
+                         + (f", epsilon={per:g} per report)" if per is not None else ")"))
     public = list(public)
     if public:
         d["public_columns"] = public

@@ -152,6 +152,22 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--early", type=float,
                    help="also fire speculative panes every this many seconds of processing "
                         "time before the window's end (a whole number of seconds >= 1)")
+    s.add_argument("--privacy-unit", metavar="FIELD",
+                   help="the record field naming each record's person or device: at most "
+                        "--max-reports-per-unit of its reports are estimated per window and its "
+                        "loss is tracked across windows and runs in OUTPUT/units.sqlite (ids kept "
+                        "only as keyed hashes); without it the guarantee holds per record only")
+    s.add_argument("--max-reports-per-unit", type=int, default=1, metavar="K",
+                   help="with --privacy-unit: a unit's reports (raw records for central-DP) "
+                        "estimated per window, chosen uniformly; the rest are counted as "
+                        "bounded_out (default 1)")
+    s.add_argument("--unit-budget", type=float, metavar="EPSILON",
+                   help="with --privacy-unit: cap on each unit's cumulative epsilon across windows "
+                        "and runs; a report past it is counted (over_budget) and dropped")
+    s.add_argument("--memo-field", nargs="?", const="memo_id", metavar="FIELD",
+                   help="with --privacy-unit (LDP): the report field naming a memoized report's "
+                        "slot (memo_id when given bare); a repeat of its unit's slot with the same "
+                        "report costs nothing, which is only as honest as the producers' memoization")
     s.add_argument("--start", help="central-DP families: the release range starts at the window "
                    "containing this time (epoch seconds or ISO 8601; default: the run's start, "
                    "or with --once the earliest record's window)")
@@ -415,7 +431,9 @@ def cmd_stream(a: argparse.Namespace, beam_args: list[str]) -> int:
         releases_per_window=a.releases_per_window, columns=columns,
         options=_kv(a.option, "--option"), timestamp_field=a.timestamp_field,
         poll_seconds=a.poll, watermark_lag=a.watermark_lag, duration=a.duration, once=a.once,
-        beam_args=beam_args, progress=not a.quiet, start=a.start, end=a.end)
+        beam_args=beam_args, progress=not a.quiet, start=a.start, end=a.end,
+        privacy_unit=a.privacy_unit, max_reports_per_unit=a.max_reports_per_unit,
+        unit_budget=a.unit_budget, memoize=a.memo_field)
     print(f"{summary['windows']} window(s), {summary['panes']} pane(s) written to "
           f"{summary['outputs']['estimates']} ({summary['guarantee']['summary']})")
     return 0 if summary["reconciles"] in (True, None) else 1
