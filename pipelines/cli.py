@@ -103,6 +103,13 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--seed", help="reproducible noise from this seed: NOT PRIVATE (whoever "
                    "knows the seed removes the noise); default: a secret key of OS entropy")
     c.add_argument("--batch-rows", type=int, default=1 << 16)
+    c.add_argument("--privacy-unit", metavar="COLUMN",
+                   help="the column naming each row's person: at most --max-reports-per-unit "
+                        "reports per unit, chosen uniformly among its rows; the guarantee holds "
+                        "per unit (without it: per record only)")
+    c.add_argument("--max-reports-per-unit", type=int, default=1, metavar="K",
+                   help="with --privacy-unit: reports per unit (default 1); the guarantee is "
+                        "K x epsilon per unit and standard errors are widened for K > 1")
     _mechanism_args(c, required=True)
     _run_args(c)
     add_ledger_options(c)
@@ -121,6 +128,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "method=paper for RVNS)")
     e.add_argument("--seed", help="central releases: reproducible noise from this seed, NOT "
                    "PRIVATE (default: a secret key of OS entropy)")
+    e.add_argument("--privacy-unit", metavar="COLUMN",
+                   help="central releases: the column naming each row's person; each keeps at "
+                        "most the mechanism's max_rows_per_partition rows (-p "
+                        "max_rows_per_partition=K; default 1), chosen uniformly, and the noise "
+                        "covers them all: the guarantee holds per unit (without it: per record)")
     _mechanism_args(e, required=False)
     _run_args(e)
     add_ledger_options(e)
@@ -300,6 +312,7 @@ def cmd_collect(a: argparse.Namespace, beam_args: list[str]) -> int:
                       public=a.public, force=a.force, allow_unreadable=a.allow_unreadable,
                       null_values=a.null_values,
                       dead_letter_columns="all" if a.dead_letter_all_columns else "mapped",
+                      unit=a.privacy_unit, max_reports_per_unit=a.max_reports_per_unit,
                       **ledger_args(a))
     from .common import records_line
 
@@ -324,7 +337,7 @@ def cmd_estimate(a: argparse.Namespace, beam_args: list[str]) -> int:
     out = run_estimate(a.input, a.output, mech, by=a.by, options=_kv(a.option, "--option"),
                        beam_args=beam_args, columns=columns, seed=a.seed, force=a.force,
                        allow_unreadable=a.allow_unreadable, null_values=a.null_values,
-                       **ledger_args(a))
+                       unit=a.privacy_unit, **ledger_args(a))
     if "curator" in out:
         return _print_release(out, a.output)
     ests = out["estimates"].values() if a.by else [out["estimate"]]
@@ -375,8 +388,10 @@ def _print_release(out: dict, path: str) -> int:
     stats = ", ".join(_stat_text(k, s) for k, s in est["statistics"].items())
     print(f"released {out['mechanism']}: {stats} ({out['guarantee']['summary']}) to {path}")
     line = (f"{rec['input']:,} read = {rec['released_from']:,} in the release + "
-            f"{rec['dead_lettered']:,} dead-lettered" if rec.get("input") is not None
-            else "record counts unavailable (no metrics)")
+            f"{rec['dead_lettered']:,} dead-lettered"
+            + (f" + {rec['bounded_out']:,} left out by the per-unit bound"
+               if rec.get("bounded_out") else "") if rec.get("input") is not None
+            else "record counts unknown (part of the input could not be read)")
     print(f"curator only (do not publish): {line}; bookkeeping in {path}.curator.json"
           + ("" if rec.get("reconciles") else "; DOES NOT RECONCILE"))
     return 0 if rec.get("reconciles") else 1

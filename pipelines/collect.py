@@ -10,6 +10,7 @@ committed together or not at all (:mod:`.outputs`).
 """
 from __future__ import annotations
 
+import math
 import os
 from typing import Any, Iterable, Mapping
 
@@ -19,8 +20,8 @@ import pyarrow.parquet as pq
 
 from ldp_beam.core import Mechanism
 from ldp_beam.ledger import Ledger, dataset_identity
-from ldp_beam.privacy import run_guarantee
 from ldp_beam.registry import get_registry
+from ldp_beam.privacy import check_contribution_bound, run_guarantee
 from ldp_beam.rng import RunKey
 from ldp_beam.transforms import (Perturb, ReadTable, WriteJsonLines, WriteParquetFile,
                                  report_schema)
@@ -56,7 +57,7 @@ def run_collect(input: str, output: str, mechanism: Mechanism, columns: Mapping[
                 null_values: Iterable[str] | None = None, dead_letter_columns: str = "mapped",
                 run_key: RunKey | None = None, ledger: str | None = None,
                 budget: float | None = None, budget_delta: float | None = None,
-                unit: str | None = None) -> dict:
+                unit: str | None = None, max_reports_per_unit: int = 1) -> dict:
     """Perturb ``input`` into ``output``; returns the committed manifest.
 
     ``keep`` columns are copied into the reports unprotected, so each must also be declared in
@@ -82,6 +83,9 @@ def run_collect(input: str, output: str, mechanism: Mechanism, columns: Mapping[
                      **_read_options(null_values))
     in_schema = read.schema
     cols = resolve_columns(mechanism, in_schema, columns, keep)
+    if unit is not None:
+        check_unit_column(unit, in_schema, cols, keep)
+        check_contribution_bound(max_reports_per_unit, "max_reports_per_unit")
     for c in keep:
         if c in cols.values():
             role = next(r for r, col in cols.items() if col == c)
@@ -91,28 +95,34 @@ def run_collect(input: str, output: str, mechanism: Mechanism, columns: Mapping[
     if passthrough is not None:  # dictionary columns are written as their values
         passthrough = pa.schema([pa.field(f.name, f.type.value_type)
                                  if pa.types.is_dictionary(f.type) else f for f in passthrough])
-    schema = report_schema(mechanism, passthrough, seeded=run.seeded)
+    schema = report_schema(mechanism, passthrough, seeded=run.seeded,
+                           privacy_unit=None if unit is None else
+                           {"column": unit, "max_reports_per_unit": max_reports_per_unit})
     dead_letter = dead_letter or output + ".deadletter.jsonl"
     outs = RunOutputs({"reports": output, "dead_letter": dead_letter},
                       output + ".manifest.json", run.run_id, inputs=[input], force=force)
     # the ledger: reachable, and the budget holds, before any noise is drawn
-    g = mechanism.guarantee
+    guarantee = run_guarantee(mechanism.guarantee, seeded=run.seeded, public=keep, unit=unit,
+                              bounds=max_reports_per_unit if unit else None)
     with Ledger.open(ledger) as led, led.reserve(
             run.run_id, dataset_identity(input), command="collect", mechanism=mechanism.name,
-            params=mechanism.params(), epsilon=g.epsilon, delta=g.delta, kind=g.kind, unit=unit,
+            params=mechanism.params(), epsilon=_finite(guarantee["epsilon"]),
+            delta=guarantee["delta"], kind=guarantee["kind"], unit=unit,
             budget=budget, budget_delta=budget_delta, seeded=run.seeded) as entry, outs:
         staged, staged_dead = outs.staged("reports"), outs.staged("dead_letter")
         tally_path = outs.scratch("tally.jsonl")
 
         def build(p):
-            rd = p | "ReadTable" >> read
-            out = rd.batches | "Perturb" >> Perturb(
+            rd, rows, unit_dead, dropped = read_bounded(p, read, unit, run, 1,
+                                                         max_reports_per_unit)
+            out = rows | "Perturb" >> Perturb(
                 mechanism, columns=cols, keep=keep, run_key=run, passthrough_schema=passthrough,
                 dead_letter_columns=dead_letter_columns)
+            invalid = (out.dead_letter, unit_dead) | "InvalidRows" >> beam.Flatten()
             return [out.reports | "WriteReports" >> WriteParquetFile(staged, schema),
-                    (rd.dead_letter, out.dead_letter) | "AllDeadLetters" >> beam.Flatten()
+                    (rd.dead_letter, invalid) | "AllDeadLetters" >> beam.Flatten()
                     | "WriteDeadLetters" >> WriteJsonLines(staged_dead),
-                    (rd.batches, rd.dead_letter, out.reports, out.dead_letter)
+                    (rd.batches, rd.dead_letter, out.reports, invalid, dropped)
                     | "Tally" >> Tally(tally_path)]
 
         run_pipeline(build, beam_args)
@@ -130,18 +140,55 @@ def run_collect(input: str, output: str, mechanism: Mechanism, columns: Mapping[
             "dead_letter": os.path.abspath(dead_letter),
             "mechanism": mechanism.name, "params": mechanism.params(),
             "columns": cols, "keep": list(keep), "public_columns": list(keep),
-            "seeded": run.seeded,
-            "guarantee": run_guarantee(mechanism.guarantee, seeded=run.seeded, public=keep),
+            "seeded": run.seeded, "guarantee": guarantee,
+            "privacy_unit": None if unit is None else {
+                "column": unit, "max_reports_per_unit": max_reports_per_unit,
+                "estimand": "per unit: each unit's reports come from at most "
+                            f"{max_reports_per_unit} of its rows, chosen uniformly"},
             "records": {"input": rec["input"], "reported": reported,
                         "dead_lettered": rec["dead_lettered"],
                         "unreadable_rows": rec["unreadable_rows"],
                         "unreadable_parts": rec["unreadable_parts"],
                         "unreadable_rows_unknown": rec["unreadable_rows_unknown"],
+                        **({"bounded_out": rec["bounded_out"]} if unit else {}),
                         "reconciles": rec["reconciles"], "counted_from": rec["counted_from"]},
         }
         manifest["ledger"] = led.url
         entry.commit(ledger_outputs(outs))  # recorded before anything is published
         return outs.commit(manifest)
+
+
+def _finite(eps: float | None) -> float:
+    return math.inf if eps is None else eps
+
+
+def check_unit_column(unit: str, schema: pa.Schema, cols: Mapping[str, str],
+                      keep: Iterable[str]) -> None:
+    """The privacy-unit column exists, is not an input of the mechanism and is never kept."""
+    if unit not in schema.names:
+        raise ValueError(f"--privacy-unit {unit}: the input has no column {unit!r}; columns: "
+                         f"{', '.join(schema.names)}")
+    if unit in cols.values():
+        raise ValueError(f"--privacy-unit {unit}: the column is an input of the mechanism; the "
+                         "privacy unit names a person, it is never perturbed or reported")
+    if unit in keep:
+        raise ValueError(f"--keep {unit}: the privacy unit identifies a person and can never be "
+                         "copied into the reports")
+
+
+def read_bounded(p: Any, read: Any, unit: str | None, run: RunKey, l0: int, linf: int,
+                 partition_fn: Any = None) -> tuple[Any, Any, Any, Any]:
+    """Read the input; with a privacy unit, keep at most ``l0`` partitions x ``linf`` rows per
+    unit (the input is read twice, so memory stays flat). Returns (reader outputs, rows to use,
+    dead letters of rows without a unit, {"bounded_out": n} counts)."""
+    if unit is None:
+        rd = p | "ReadTable" >> read
+        empty = p | "NoUnits" >> beam.Create([])
+        return rd, rd.batches, empty, empty
+    from ldp_beam.transforms.units import BoundContributions
+
+    b = p | "BoundPerUnit" >> BoundContributions(unit, run, l0, linf, partition_fn, source=read)
+    return b.read, b.batches, b.dead_letter, b.dropped
 
 
 def _read_options(null_values: Iterable[str] | None) -> dict:

@@ -237,14 +237,17 @@ class Tally(beam.PTransform):
         self.path = path
 
     def expand(self, parts):
-        batches, reader_dead, accepted, invalid = parts
+        batches, reader_dead, accepted, invalid, *bounded = parts
         from ldp_beam.transforms import WriteJsonLines
 
-        return ((batches | "TallyRead" >> beam.Map(lambda b: {"read": _rows(b)}),
-                 reader_dead | "TallySource" >> beam.Map(_reader_part),
-                 accepted | "TallyAccepted" >> beam.Map(lambda b: {"accepted": _rows(b)}),
-                 invalid | "TallyInvalid" >> beam.Map(
-                     lambda d: {"invalid": 1, "dead_letter_lines": 1}))
+        counts = [batches | "TallyRead" >> beam.Map(lambda b: {"read": _rows(b)}),
+                  reader_dead | "TallySource" >> beam.Map(_reader_part),
+                  accepted | "TallyAccepted" >> beam.Map(lambda b: {"accepted": _rows(b)}),
+                  invalid | "TallyInvalid" >> beam.Map(
+                      lambda d: {"invalid": 1, "dead_letter_lines": 1})]
+        if bounded:  # rows a privacy unit's contribution bound left out: {"bounded_out": n}
+            counts.append(bounded[0] | "TallyBounded" >> beam.Map(dict))
+        return (tuple(counts)
                 | "TallyAll" >> beam.Flatten()
                 | "TallySum" >> beam.CombineGlobally(_sum_counts)
                 | "TallyWrite" >> WriteJsonLines(self.path))
@@ -264,14 +267,15 @@ def count_lines(path: str) -> int:
 
 
 def reconcile(t: dict, dead_letter_lines: int, accepted: int | None = None) -> dict:
-    """Do the counts add up? input = read + malformed + unreadable; read = accepted + invalid;
+    """Do the counts add up? input = read + malformed + unreadable; read = accepted + invalid
+    (+ rows left out by a privacy unit's contribution bound);
     the dead-letter file holds one line per invalid or malformed record and per unreadable
     part; ``accepted`` (counted from the written output, when given) equals the tally's."""
     g = {k: int(t.get(k, 0)) for k in ("read", "malformed", "unreadable_rows",
                                         "unreadable_parts", "unreadable_unknown", "accepted",
-                                        "invalid", "dead_letter_lines")}
+                                        "invalid", "dead_letter_lines", "bounded_out")}
     unknown = g["unreadable_unknown"] > 0
-    ok = (g["read"] == g["accepted"] + g["invalid"]
+    ok = (g["read"] == g["accepted"] + g["invalid"] + g["bounded_out"]
           and dead_letter_lines == g["dead_letter_lines"]
           and (accepted is None or accepted == g["accepted"]))
     return {"input": None if unknown else g["read"] + g["malformed"] + g["unreadable_rows"],
@@ -279,7 +283,7 @@ def reconcile(t: dict, dead_letter_lines: int, accepted: int | None = None) -> d
             "dead_lettered": g["invalid"] + g["malformed"], "invalid": g["invalid"],
             "malformed": g["malformed"], "unreadable_rows": g["unreadable_rows"],
             "unreadable_parts": g["unreadable_parts"], "unreadable_rows_unknown": unknown,
-            "reconciles": bool(ok), "counted_from": "data"}
+            "bounded_out": g["bounded_out"], "reconciles": bool(ok), "counted_from": "data"}
 
 
 def check_readable(rec: dict, dead_letter_path: str, allow_unreadable: bool) -> None:
@@ -322,8 +326,10 @@ def records_line(manifest: dict, dead_letter_hint: str) -> str:
     if r.get("unreadable_parts"):
         n = "?" if r.get("unreadable_rows_unknown") else f"{r['unreadable_rows']:,}"
         unread = f" + {n} unreadable ({r['unreadable_parts']} part(s))"
+    bounded = (f" + {r['bounded_out']:,} left out by the per-unit bound"
+               if r.get("bounded_out") else "")
     return (f"{count_text(r['input'])} input rows = {count_text(r['reported'])} reported + "
-            f"{count_text(r['dead_lettered'])} dead-lettered{unread} ({dead_letter_hint})"
+            f"{count_text(r['dead_lettered'])} dead-lettered{bounded}{unread} ({dead_letter_hint})"
             + ("" if r["reconciles"] else "  ** DOES NOT RECONCILE **"))
 
 

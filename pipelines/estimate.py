@@ -28,7 +28,9 @@ from ldp_beam.transforms.combine import EstimateFailure
 from ldp_beam.transforms.io import open_input, table_format
 from ldp_beam.transforms.sinks import tidy_format, tidy_output, write_tidy
 
-from .collect import _read_options
+from ldp_beam.privacy import ContributionBounds
+
+from .collect import _finite, _read_options, check_unit_column, read_bounded
 from .common import (Tally, check_readable, check_reconciles, count_lines, read_tally, reconcile,
                      run_pipeline, write_json)
 from .ledger_cli import ledger_outputs
@@ -109,12 +111,6 @@ def distinct_keys(files: list[str], column: str, flags: Iterable[str] = ()) -> i
     return 0 if seen is None else len(seen)
 
 
-def _reports_seeded(input: str, beam_args: Iterable[str] = ()) -> bool | None:
-    """Whether the reports say they were drawn from a seed (None: no metadata, e.g. CSV)."""
-    meta = reports_metadata(input, beam_args)
-    return None if meta is None else bool(meta.get("seeded", False))
-
-
 def run_estimate(input: str, output: str, mechanism: Mechanism | None = None,
                  by: str | None = None, options: Mapping[str, Any] | None = None,
                  beam_args: Iterable[str] = (), columns: Mapping[str, str] | None = None, *,
@@ -139,7 +135,10 @@ def run_estimate(input: str, output: str, mechanism: Mechanism | None = None,
     est = estimator_for(mech, **options)
     dead_letter = output + ".deadletter.jsonl"
     read = ReadTable(input, options=list(beam_args), **_read_options(null_values))
-    seeded_reports = _reports_seeded(input, beam_args)
+    meta = reports_metadata(input, beam_args)
+    seeded_reports = None if meta is None else bool(meta.get("seeded", False))
+    unit_meta = (meta or {}).get("privacy_unit") or {}
+    unit_col, k = unit_meta.get("column"), int(unit_meta.get("max_reports_per_unit", 1))
     if by:  # one accumulator per key: check their number before any is built
         check_groups(distinct_keys(read.files, by, read.flags), est.create().size, "--by")
     fmt = tidy_format(output)
@@ -158,12 +157,16 @@ def run_estimate(input: str, output: str, mechanism: Mechanism | None = None,
             rd = p | "ReadReports" >> read
             valid = rd.batches | "Validate" >> ValidateReports(est)
             combine_fn = EstimatorCombineFn(est, on_empty="report")
+            widen = DesignEffect(k, f"up to {k} reports per privacy unit {unit_col!r}, which "
+                                    "may be correlated")
             if by:
                 results = (valid.reports | "SplitByKey" >> beam.ParDo(SplitByKey(by))
                            | "EstimatePerKey" >> beam.CombinePerKey(combine_fn)
+                           | "PerUnitSE" >> beam.MapTuple(lambda key, e: (key, widen(e)))
                            | "ToJson" >> beam.Map(_keyed_json))
             else:
                 results = (valid.reports | "Estimate" >> beam.CombineGlobally(combine_fn)
+                           | "PerUnitSE" >> beam.Map(widen)
                            | "ToJson" >> beam.Map(_result))
             return [results | "WriteEstimates" >> WriteJsonLines(parts),
                     (rd.dead_letter, valid.dead_letter) | "AllDeadLetters" >> beam.Flatten()
@@ -177,11 +180,17 @@ def run_estimate(input: str, output: str, mechanism: Mechanism | None = None,
         rec = reconcile(read_tally(tally_path), count_lines(staged_dead))
         check_reconciles(rec)
         check_readable(rec, staged_dead, allow_unreadable)
-        guarantee = run_guarantee(mech.guarantee, seeded=bool(seeded_reports))
+        guarantee = run_guarantee(mech.guarantee, seeded=bool(seeded_reports), unit=unit_col,
+                                  bounds=k if unit_col else None)
         out: dict[str, Any] = {
             "input": read.source_name, "mechanism": mech.name, "params": mech.params(),
             "estimator_options": options, "guarantee": guarantee,
             "seeded": seeded_reports,
+            "estimand": (f"per privacy unit {unit_col!r}: each unit's reports come from at most "
+                         f"{k} of its rows, chosen uniformly (k = 1: every unit counts once, "
+                         "whatever its number of rows)" if unit_col else
+                         "per record: every row is a report; a person with several rows counts "
+                         "once per row"),
             "reports": {"read": rec["read"], "valid": rec["accepted"],
                         "invalid": rec["dead_lettered"],
                         "unreadable_rows": rec["unreadable_rows"],
@@ -203,6 +212,17 @@ def run_estimate(input: str, output: str, mechanism: Mechanism | None = None,
                      "seeded": seeded_reports, "guarantee": guarantee,
                      "reports": out["reports"]})
     return out
+
+
+class DesignEffect:
+    """Widen an estimate's standard errors for up to ``k`` reports per privacy unit (see
+    :meth:`ldp_beam.core.Estimate.with_design_effect`); failures pass through."""
+
+    def __init__(self, k: int, why: str) -> None:
+        self.k, self.why = k, why
+
+    def __call__(self, est: Any) -> Any:
+        return est if isinstance(est, EstimateFailure) else est.with_design_effect(self.k, self.why)
 
 
 def write_estimate(out: dict, path: str, fmt: str, run_id: str) -> None:
@@ -267,13 +287,21 @@ def run_release(input: str, output: str, mech: Mechanism, columns: Mapping[str, 
     fmt = tidy_format(output)
     cols = resolve_columns(mech, read.schema, columns or {r.name: r.name for r in mech.roles
                                                           if r.required}, ())
+    bounds = None
+    if unit is not None:  # one histogram = one partition: each unit keeps at most Linf rows
+        check_unit_column(unit, read.schema, cols, ())
+        cb = getattr(mech, "contribution_bounds", None)
+        if cb is None:
+            raise ValueError(f"--privacy-unit: {mech.name} states no contribution bounds, so its "
+                             "release cannot be calibrated per unit")
+        bounds = ContributionBounds(1, cb.max_rows_per_partition)
     # the release's noise: the seed as the core uses it, else a key derived from the run's secret
     est = estimator_for(mech, seed=int(run.seed) if run.seeded and run.seed.lstrip("-").isdigit()
                         else _release_seed(run), **options)
     dead_letter = output + ".deadletter.jsonl"
     curator_path = output + ".curator.json"
     roles = {"release": output, "curator": curator_path, "dead_letter": dead_letter}
-    g = mech.guarantee
+    guarantee = run_guarantee(mech.guarantee, seeded=run.seeded, unit=unit, bounds=bounds)
     ds = dataset_identity(input)
     request = release_request(mech.name, mech.params(), cols, options, unit=unit or "record",
                               seed=run.seed)
@@ -282,7 +310,8 @@ def run_release(input: str, output: str, mech: Mechanism, columns: Mapping[str, 
         prior = led.find_release(ds["fingerprint"], request)
         if prior:  # an identical release is recorded: publish it again, draw no new noise
             with led.reserve(run.run_id, ds, command="release", mechanism=mech.name,
-                             params=mech.params(), epsilon=0.0, kind=g.kind, unit=unit,
+                             params=mech.params(), epsilon=0.0, kind=guarantee["kind"],
+                             unit=unit,
                              request=request, seeded=run.seeded,
                              republished_from=prior["run_id"]) as entry, outs:
                 out = dict(prior["release"])
@@ -299,20 +328,23 @@ def run_release(input: str, output: str, mech: Mechanism, columns: Mapping[str, 
             return {**out, "curator": curator, "republished_from": prior["run_id"]}
     with Ledger.open(ledger) as led, led.reserve(
             run.run_id, ds, command="release", mechanism=mech.name, params=mech.params(),
-            epsilon=g.epsilon, delta=g.delta, kind=g.kind, unit=unit, budget=budget,
+            epsilon=_finite(guarantee["epsilon"]), delta=guarantee["delta"],
+            kind=guarantee["kind"], unit=unit, budget=budget,
             budget_delta=budget_delta, request=request, seeded=run.seeded) as entry, outs:
         parts, tally_path = outs.scratch("release.jsonl"), outs.scratch("tally.jsonl")
         staged_dead = outs.staged("dead_letter")
 
         def build(p):
-            rd = p | "ReadTable" >> read
-            rec = rd.batches | "Validate" >> Perturb(mech, columns=cols, run_key=run)
+            rd, rows, unit_dead, dropped = read_bounded(
+                p, read, unit, run, 1, bounds.max_rows_per_partition if bounds else 1)
+            rec = rows | "Validate" >> Perturb(mech, columns=cols, run_key=run)
+            invalid = (rec.dead_letter, unit_dead) | "InvalidRows" >> beam.Flatten()
             return [rec.reports
                     | "Release" >> beam.CombineGlobally(EstimatorCombineFn(est, on_empty="report"))
                     | "ToJson" >> beam.Map(_result) | "WriteRelease" >> WriteJsonLines(parts),
-                    (rd.dead_letter, rec.dead_letter) | "AllDeadLetters" >> beam.Flatten()
+                    (rd.dead_letter, invalid) | "AllDeadLetters" >> beam.Flatten()
                     | "WriteDeadLetters" >> WriteJsonLines(staged_dead),
-                    (rd.batches, rd.dead_letter, rec.reports, rec.dead_letter)
+                    (rd.batches, rd.dead_letter, rec.reports, invalid, dropped)
                     | "Tally" >> Tally(tally_path)]
 
         run_pipeline(build, beam_args)
@@ -324,7 +356,6 @@ def run_release(input: str, output: str, mech: Mechanism, columns: Mapping[str, 
         release = rows[0] if rows else {"error": "no records"}
         if "error" in release:
             release.pop("n_reports", None)  # the exact count stays with the curator
-        guarantee = run_guarantee(mech.guarantee, seeded=run.seeded)
         release = _mark(release, guarantee)
         out: dict[str, Any] = {"mechanism": mech.name, "params": mech.params(),
                                "estimator_options": options, "guarantee": guarantee,
@@ -335,6 +366,7 @@ def run_release(input: str, output: str, mech: Mechanism, columns: Mapping[str, 
                    "run_id": run.run_id,
                    "records": {"input": tally["input"], "released_from": tally["accepted"],
                                "dead_lettered": tally["dead_lettered"],
+                               "bounded_out": tally["bounded_out"],
                                "unreadable_rows": tally["unreadable_rows"],
                                "unreadable_parts": tally["unreadable_parts"],
                                "dead_letter": os.path.abspath(dead_letter),

@@ -116,9 +116,11 @@ def take(table: Any, idx: np.ndarray) -> Any:
 
 
 def report_schema(mechanism: Mechanism, passthrough: pa.Schema | None = None,
-                  seeded: bool = False) -> pa.Schema:
+                  seeded: bool = False, privacy_unit: dict | None = None) -> pa.Schema:
     """The Arrow schema of report batches, with the mechanism and its parameters in metadata.
 
+    ``privacy_unit``: ``{"column", "max_reports_per_unit"}`` when each unit sent at most that
+    many reports (the column's values are never written; estimates read k from here).
     ``seeded``: the reports were drawn from a caller's seed; the metadata then says so
     (``"seeded": true`` and a guarantee summary saying the reports are not private). Passthrough
     columns are listed as ``public_columns``: copied unprotected, declared public by the caller.
@@ -130,9 +132,13 @@ def report_schema(mechanism: Mechanism, passthrough: pa.Schema | None = None,
     if passthrough is not None:
         fields += [f for f in passthrough]
     public = [f.name for f in passthrough] if passthrough is not None else []
+    unit = (privacy_unit or {}).get("column")
+    k = (privacy_unit or {}).get("max_reports_per_unit", 1)
     meta = {"mechanism": mechanism.name, "params": mechanism.params(),
-            "guarantee": run_guarantee(mechanism.guarantee, seeded=seeded, public=public),
-            "seeded": bool(seeded), "public_columns": public, "ldp_beam_version": __version__}
+            "guarantee": run_guarantee(mechanism.guarantee, seeded=seeded, public=public,
+                                       unit=unit, bounds=k if unit else None),
+            "seeded": bool(seeded), "public_columns": public,
+            "privacy_unit": privacy_unit, "ldp_beam_version": __version__}
     return pa.schema(fields, metadata={SCHEMA_KEY: json.dumps(meta, default=list).encode()})
 
 
