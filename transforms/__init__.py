@@ -10,6 +10,8 @@
   Parquet, CSV, DuckDB or PostgreSQL (:mod:`.sinks`).
 * :class:`SpoolSource` / :class:`ReadSpoolOnce` — telemetry from a spool directory of JSON-lines
   files (live, with durable claims, or once), for ``ldp-beam stream``.
+* :class:`BoundContributions` — each privacy unit's rows bounded (reports per unit for LDP,
+  partitions and rows per partition for a central release) before a mechanism sees them.
 """
 from .batches import KeyedBatch, mechanism_metadata, report_schema
 from .combine import (Accumulate, EstimateGlobally, EstimatePerKey, EstimatorCombineFn,
@@ -19,6 +21,7 @@ from .io import (EmptySourceError, ReadTable, SourceError, WriteJsonLines, Write
 from .sinks import TIDY_SCHEMA, WriteTidy, tidy_output, tidy_rows, tidy_table, write_tidy
 from .perturb import DEAD_LETTER, Perturb, PerturbFn
 from .spool import ReadSpoolOnce, SpoolDirectory, SpoolSource
+from .units import BoundContributions, BoundedRows, UnitLimitError
 
 __all__ = ["KeyedBatch", "mechanism_metadata", "report_schema", "Accumulate", "EstimateGlobally",
            "EstimatePerKey", "EstimatorCombineFn", "SplitByKey", "ValidateReports", "ReadTable",
@@ -26,3 +29,4 @@ __all__ = ["KeyedBatch", "mechanism_metadata", "report_schema", "Accumulate", "E
            "Perturb", "PerturbFn", "ReadSpoolOnce", "SpoolDirectory", "SpoolSource",
            "EmptySourceError", "SourceError", "TIDY_SCHEMA", "WriteTidy", "tidy_output",
            "tidy_rows", "tidy_table", "write_tidy"]
+__all__ += ["BoundContributions", "BoundedRows", "UnitLimitError"]

@@ -1,0 +1,944 @@
+"""Contribution bounding per privacy unit: at most so many rows of each person reach a mechanism.
+
+``BoundContributions(unit_column, run_key, max_partitions_per_unit=L0,
+max_rows_per_partition=Linf, partition_fn=None)`` takes :class:`KeyedBatch` elements (raw rows
+with their identities, as :class:`~ldp_beam.transforms.ReadTable` emits them) and keeps, for
+every privacy unit (a distinct value of ``unit_column``):
+
+* **LDP collection** (``partition_fn=None``): one partition, so at most ``Linf`` (the
+  collection's ``max_reports_per_unit``) of the unit's rows, chosen uniformly at random among them
+  (all of them when it has fewer);
+* **central release** (``partition_fn(table)`` gives each row an integer partition, e.g. its
+  histogram bucket or a (key, bucket) code): at most ``L0`` of the unit's partitions, chosen
+  uniformly among its partitions, and at most ``Linf`` rows in each, chosen uniformly among its
+  rows there (contribution bounding as in PipelineDP). Rows with a negative partition are rows the
+  mechanism will reject: they never count against a bound and pass through, so the mechanism's
+  validation dead-letters them with its own reason.
+
+Outputs (:class:`BoundedRows`): ``.batches`` (``KeyedBatch.subset`` of the input batches: every
+kept row keeps its record identity, hence its noise in :class:`~ldp_beam.transforms.Perturb`),
+``.dead_letter`` (rows without a unit: ``{"reason", "record", "source", "row"}`` with ``record`` =
+``{unit_column: value}``) and ``.dropped`` (``{"bounded_out": n}`` per batch that lost rows to the
+bounds). Nothing is dropped uncounted: input rows = rows of ``.batches`` + dead letters + the sum
+of ``bounded_out``.
+
+Uniform and retry-proof
+-----------------------
+Every choice is a fixed function of the run's secret key (:class:`~ldp_beam.rng.RunKey`) and the
+rows' identities, never of bundle order, batch sizes or workers, so a runner that re-executes a
+step keeps the same rows, and every runner keeps the same rows:
+
+* a row's priority is the first 64 bits of ``AES_k(stream * 2**64 + record)`` (the AES-128
+  block at the record's counter, keyed by ``run_key.derive("bounding/rows")``: the addressable
+  AES-CTR stream that draws the noise, under a key of its own);
+* a unit is represented by its keyed SipHash-2-4 (64 bits, keys from
+  ``run_key.derive("bounding/units")``), computed where the batch is read; only this keyed hash
+  travels through the combine and the side input, never the unit's value;
+* a partition's priority for a unit is ``SipHash-2-4_k'(unit hash, partition)``.
+
+AES and SipHash are pseudorandom functions: on distinct inputs (a unit's distinct rows, its
+distinct partitions) their outputs are indistinguishable from independent uniform 64-bit values
+to anyone without the key. For i.i.d. continuous priorities every ordering of a unit's ``n`` rows
+is equally likely, so the ``k`` rows of smallest priority are a uniformly random ``k``-subset of
+them. Equal 64-bit priorities (about ``n^2 / 2^65`` per unit) are broken by the record identity
+``(stream, record)``, which is unique, so the order is total: the choice is deterministic and
+each bound holds exactly. The same holds for partitions (ties broken by the partition code). The
+choice for a unit depends only on its own rows and the key, so each unit contributes at most
+``L0 x Linf`` rows whatever the other units do. A different run key gives an independent choice;
+a seeded run key (``RunKey.new(seed)``) gives a reproducible one, like its noise, and is as
+little private.
+
+Units are compared as text, numbers by their decimal form: ``42`` in a Parquet integer column,
+``42.0`` in a float column and ``"42"`` in a CSV file are one unit (a person split across files
+of different types is still one unit), while ``"042"`` and ``"+42"`` are other texts. A value
+whose text is an int64 in Python's form is hashed as that integer (no text is built for integer
+columns), any other as its UTF-8 bytes, under two keys. A unit that is null, NaN or the empty
+text is no unit: its rows are dead-lettered. Two different units whose keyed hashes collide
+(probability about ``units^2 / 2^65``, 3e-8 for 10^6 units) are bounded together: a stricter
+bound, never a looser one.
+
+Plan and memory
+---------------
+Two passes over the rows, vectorized per batch (no per-row Python except dead letters):
+
+1. every batch -> its *candidates* ``(unit hash, row priority, stream, record)`` (plus
+   ``(partition, partition priority)`` with ``partition_fn``) for the rows with a unit and a
+   partition >= 0, already reduced within the batch; a ``CombineGlobally`` merges them into, per
+   unit, its ``L0`` partitions of smallest priority and, in each, its ``Linf`` rows of smallest
+   priority (a mergeable sketch: what is not among the smallest in a part of the data cannot be
+   among the smallest in all of it). The sketch is split in 64 shards by unit hash, each reduced
+   on its own when its unreduced entries outgrow twice its reduced ones (amortized O(n log n),
+   one quicksort of a 64-bit key per reduction). It holds O(units x L0 + unit-partitions x
+   Linf) entries of 32 bytes (48 with partitions), never the rows: at most ~3x the reduced
+   sketch, e.g. ~100 MB for 10^6 units at one row each.
+2. the kept rows' record numbers per stream (sorted, with their unit hash and partition to
+   check) are a side input (16-24 bytes per kept row); each batch keeps its rows found there
+   (consecutive record numbers: by subtraction, else ``searchsorted``).
+
+The second pass reads its main input after the first has finished: a runner that keeps
+PCollections in memory between stages (the DirectRunner) holds the input batches meanwhile.
+``source=`` avoids that: ``p | BoundContributions(..., source=ReadTable(url))`` reads the input
+twice (the first read only feeds the combine) and the second read streams through the filter, so
+memory grows with the units, not the rows. A row whose unit or partition differs between the two
+reads (a source that changed while it was read) is dead-lettered, not kept.
+
+Limits: at most ``max_units`` distinct units (default: the ``units`` cap,
+``LDP_BEAM_MAX_UNITS``, 10,000,000): a run with more fails with a
+:class:`~ldp_beam.errors.LimitError` naming the column, what was seen, the cap and how to raise
+it, as soon as a shard's reduction has counted more.
+"""
+from __future__ import annotations
+
+import math
+import os
+import sys
+from typing import Any, Callable
+
+import apache_beam as beam
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from apache_beam.metrics import Metrics
+
+from ldp_beam.errors import LdpBeamError, LimitError, ParameterError
+from ldp_beam.rng import RunKey
+
+from .batches import KeyedBatch
+from .perturb import DeadLetterRecord, dead_letter
+
+U64 = np.uint64
+_MASK64 = (1 << 64) - 1
+BOUNDED_OUT = "bounded_out"
+UNITS_CAP = "units"
+UNITS_ENV = "LDP_BEAM_MAX_UNITS"
+DEFAULT_MAX_UNITS = 10_000_000
+UNITS_WHAT = ("distinct privacy units of a bounded collection or release: the bounding holds up "
+              "to max_partitions_per_unit x max_rows_per_partition entries of 32-48 bytes per "
+              "unit while it runs (about 100 MB per million units at one row each)")
+_COMPACT_MIN = 1 << 16  # pending candidate entries before an accumulator is first reduced
+_AES_GAP = 1 << 13  # records: drawing a gap this long costs about what a new AES generator does
+
+
+# --------------------------------------------------------------------------- parameters
+def check_bound(name: str, value: Any) -> int:
+    """A contribution bound: an integer >= 1 (not a bool, not a float)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) \
+            or int(value) < 1:
+        raise ParameterError(name, value, "an integer >= 1 (rows or partitions per privacy "
+                             "unit)")
+    return int(value)
+
+
+def units_cap() -> int:
+    """The ``units`` cap in force: ``LDP_BEAM_MAX_UNITS`` if set (``1_000_000`` and ``1e6``
+    accepted, as for the caps of :mod:`ldp_beam.limits`), else 10,000,000."""
+    raw = os.environ.get(UNITS_ENV, "").strip()
+    if not raw:
+        return DEFAULT_MAX_UNITS
+    try:
+        value = int(raw.replace("_", ""))
+    except ValueError:
+        try:
+            f = float(raw.replace("_", ""))
+        except ValueError:
+            f = math.nan
+        value = int(f) if math.isfinite(f) and f.is_integer() else 0
+    if value < 1:
+        raise ParameterError(UNITS_ENV, raw, "a positive integer (a size cap; see "
+                             "ldp_beam.limits)")
+    return value
+
+
+class UnitLimitError(LimitError):
+    """More distinct privacy units than ``max_units`` (or the ``units`` cap): the message names
+    the column, how many were seen, the cap and how to raise it."""
+
+    def __init__(self, column: str, seen: int, limit: int, explicit: bool) -> None:
+        self.column, self.explicit = column, explicit
+        self.name = f"distinct values of privacy-unit column {column!r}"
+        self.value, self.cap, self.limit, self.env_var, self.what = \
+            seen, UNITS_CAP, limit, UNITS_ENV, UNITS_WHAT
+        self.valid = f"at most {limit:,} (the {UNITS_CAP!r} cap)"
+        how = (f"raise max_units (set to {limit:,} here)" if explicit else
+               f"raise the cap with the environment variable {UNITS_ENV}={seen} if the machine "
+               "can afford it")
+        LdpBeamError.__init__(
+            self, f"parameter {self.name!r} = {seen:,} (at least; counting stopped there) "
+            f"exceeds the size cap {UNITS_CAP!r} = {limit:,} ({UNITS_WHAT}); the bounding "
+            f"stopped before holding more. Check that {column!r} identifies people, or {how}")
+
+    def __reduce__(self):  # picklable (Beam ships errors between processes)
+        return (type(self), (self.column, self.value, self.limit, self.explicit))
+
+
+# --------------------------------------------------------------------------- keyed PRFs
+def _key_words(key: bytes) -> tuple[int, int]:
+    return int.from_bytes(key[:8], "little"), int.from_bytes(key[8:16], "little")
+
+
+def _rotl(x: np.ndarray, b: int, tmp: np.ndarray) -> None:
+    np.right_shift(x, U64(64 - b), out=tmp)
+    np.left_shift(x, U64(b), out=x)
+    np.bitwise_or(x, tmp, out=x)
+
+
+def _sip_rounds(v0, v1, v2, v3, tmp, rounds: int) -> None:
+    for _ in range(rounds):
+        v0 += v1
+        _rotl(v1, 13, tmp)
+        v1 ^= v0
+        _rotl(v0, 32, tmp)
+        v2 += v3
+        _rotl(v3, 16, tmp)
+        v3 ^= v2
+        v0 += v3
+        _rotl(v3, 21, tmp)
+        v3 ^= v0
+        v2 += v1
+        _rotl(v1, 17, tmp)
+        v1 ^= v2
+        _rotl(v2, 32, tmp)
+
+
+def siphash_words(key: tuple[int, int], words: list[np.ndarray]) -> np.ndarray:
+    """SipHash-2-4 (the reference PRF, as CPython and pandas use it) of ``n`` messages at once,
+    given as their 64-bit little-endian words (``words[j][i]``: word ``j`` of message ``i``),
+    the last word carrying the message length in its top byte, as the algorithm pads it."""
+    k0, k1 = key
+    n = len(words[0])
+    v0 = np.full(n, U64(k0 ^ 0x736F6D6570736575))
+    v1 = np.full(n, U64(k1 ^ 0x646F72616E646F6D))
+    v2 = np.full(n, U64(k0 ^ 0x6C7967656E657261))
+    v3 = np.full(n, U64(k1 ^ 0x7465646279746573))
+    tmp = np.empty(n, U64)
+    with np.errstate(over="ignore"):
+        for m in words:
+            v3 ^= m
+            _sip_rounds(v0, v1, v2, v3, tmp, 2)
+            v0 ^= m
+        v2 ^= U64(0xFF)
+        _sip_rounds(v0, v1, v2, v3, tmp, 4)
+    v0 ^= v1
+    v0 ^= v2
+    v0 ^= v3
+    return v0
+
+
+def siphash_pairs(key: tuple[int, int], a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """SipHash-2-4 of the 16-byte messages ``a[i] || b[i]`` (two little-endian uint64)."""
+    a = np.ascontiguousarray(a, dtype=U64)
+    b = np.ascontiguousarray(b, dtype=U64)
+    return siphash_words(key, [a, b, np.full(len(a), U64(16 << 56))])
+
+
+def siphash_text(key: tuple[int, int], arr: pa.Array) -> np.ndarray:
+    """SipHash-2-4 of every value of a string or binary Arrow array (its UTF-8 bytes; nulls hash
+    as empty), vectorized: values are grouped by their number of 64-bit words and each group is
+    gathered from the array's own buffers and hashed at once."""
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks()
+    n = len(arr)
+    out = np.empty(n, U64)
+    if n == 0:
+        return out
+    wide = pa.types.is_large_string(arr.type) or pa.types.is_large_binary(arr.type)
+    bufs = arr.buffers()
+    offsets = np.frombuffer(bufs[1], dtype=np.int64 if wide else np.int32)[
+        arr.offset: arr.offset + n + 1].astype(np.int64)
+    data = np.frombuffer(bufs[2], dtype=np.uint8) if bufs[2] is not None else \
+        np.zeros(0, np.uint8)
+    starts = offsets[:-1]
+    lens = np.diff(offsets)
+    if arr.null_count:
+        lens = np.where(arr.is_null().to_numpy(zero_copy_only=False), 0, lens)
+    nwords = lens // 8 + 1
+    # 64-bit little-endian loads at any byte offset q: lanes[q % 8, q // 8] (the bytes copied
+    # 8 times, each copy shifted by one byte, so every load is an aligned gather)
+    m = data.size // 8 + 2
+    pad = np.zeros(8 * m + 8, np.uint8)
+    pad[:data.size] = data
+    lanes = np.stack([pad[r: r + 8 * m].view("<u8") for r in range(8)]).astype(U64, copy=False)
+    if nwords.min() == nwords.max():
+        groups = [np.arange(n)]
+    else:
+        order = np.argsort(nwords, kind="stable")
+        groups = np.split(order, np.flatnonzero(np.diff(nwords[order])) + 1)
+    for idx in groups:
+        w = int(nwords[idx[0]])
+        ln, st = lens[idx], starts[idx]
+        words = [lanes[(st + 8 * j) % 8, (st + 8 * j) // 8] for j in range(w)]
+        tail = (ln % 8).astype(U64) * U64(8)  # bits of the last, partial word
+        with np.errstate(over="ignore"):
+            mask = np.where(tail == 0, U64(0), (U64(1) << tail) - U64(1))
+        words[-1] &= mask
+        words[-1] |= (ln.astype(U64) & U64(0xFF)) << U64(56)  # the length byte ends it
+        out[idx] = siphash_words(key, words)
+    return out
+
+
+def row_priorities(key: int, stream: int, ids: np.ndarray) -> np.ndarray:
+    """The first 64 bits of the AES-128 block ``AES_key(stream * 2**64 + id)`` for each record
+    number in ``ids`` (increasing): one block per record, so a record's priority does not
+    depend on the batch or subset it arrives in."""
+    from randomgen import AESCounter
+
+    if ids.size == 0:
+        return np.empty(0, U64)
+    base = (int(stream) & _MASK64) << 64
+    # A new generator costs about as much as drawing ~8,000 blocks: the span is drawn whole,
+    # except across gaps longer than that (so a sparse subset costs at most ~2x its best plan).
+    cuts = np.flatnonzero(np.diff(ids) > _AES_GAP) + 1
+    out = []
+    for r in np.split(ids, cuts):
+        lo = int(r[0])
+        raw = AESCounter(key=key, counter=base + lo).random_raw(2 * (int(r[-1]) - lo + 1))
+        out.append(raw[0::2][r - lo])
+    return out[0] if len(out) == 1 else np.concatenate(out)
+
+
+# --------------------------------------------------------------------------- per-batch columns
+_TEXT_TYPES = (pa.types.is_string, pa.types.is_large_string, pa.types.is_binary,
+               pa.types.is_large_binary)
+
+
+def unit_column(col: Any, column: str) -> tuple[pa.Array, np.ndarray]:
+    """The privacy-unit column (dictionaries decoded) and its rows without a unit: null, NaN or
+    the empty text. Raises TypeError for a type that cannot identify a unit (one with no text
+    form: lists, structs, ...)."""
+    if isinstance(col, pa.ChunkedArray):
+        col = col.combine_chunks()
+    if pa.types.is_dictionary(col.type):
+        col = col.dictionary_decode()
+    t = col.type
+    text = any(f(t) for f in _TEXT_TYPES)
+    if not text:
+        try:
+            pc.cast(col.slice(0, 0), pa.string())
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            raise TypeError(f"privacy-unit column {column!r} has type {t}, which cannot "
+                            "identify a unit (use text or integers)") from None
+    if text:
+        missing = pc.fill_null(pc.equal(pc.binary_length(col), 0), True)
+    elif pa.types.is_floating(t):
+        missing = pc.fill_null(pc.is_nan(col), True)
+    else:
+        missing = col.is_null()
+    return col, np.asarray(missing.to_numpy(zero_copy_only=False), dtype=bool)
+
+
+_CANONICAL_INT = r"^(0|-?[1-9][0-9]{0,18})$"  # an integer as Python and Arrow print it
+
+
+def siphash_ints(key: tuple[int, int], v: np.ndarray) -> np.ndarray:
+    """SipHash-2-4 of 64-bit integers, each as its 8 little-endian bytes."""
+    v = np.ascontiguousarray(v).view(U64)
+    if sys.byteorder != "little":
+        v = v.byteswap()
+    return siphash_words(key, [v, np.full(v.size, U64(8 << 56))])
+
+
+def hash_units(text_key: tuple[int, int], int_key: tuple[int, int], col: pa.Array
+               ) -> np.ndarray:
+    """The keyed hash of each unit (nulls hash to anything: callers mask them). A unit is its
+    text, numbers by their decimal form, so ``42``, ``42.0`` and ``"42"`` are one unit: a value
+    whose text is an integer of the int64 range as Python prints it (``"42"``, ``"-7"``; not
+    ``"042"`` or ``"+42"``, which are other texts) is hashed as that integer (SipHash of its 8
+    bytes, under ``int_key``), any other text as its UTF-8 bytes (under ``text_key``). Integer
+    columns skip the text altogether."""
+    n = len(col)
+    t = col.type
+    if pa.types.is_integer(t):
+        if pa.types.is_uint64(t):
+            v = col.fill_null(0).to_numpy(zero_copy_only=False)
+            big = v > U64(2 ** 63 - 1)
+            if big.any():  # beyond int64: their text, as a text column holding them would
+                out = np.empty(n, U64)
+                out[~big] = siphash_ints(int_key, v[~big].astype(np.int64))
+                out[big] = hash_units(text_key, int_key,
+                                      pc.cast(col.filter(pa.array(big)), pa.string()))
+                return out
+            return siphash_ints(int_key, v.astype(np.int64))
+        return siphash_ints(int_key, pc.cast(col, pa.int64()).fill_null(0).to_numpy(
+            zero_copy_only=False))
+    if not any(f(t) for f in _TEXT_TYPES):
+        col = pc.cast(col, pa.string())
+    is_int = pc.match_substring_regex(col, _CANONICAL_INT).fill_null(False).to_numpy(
+        zero_copy_only=False)
+    if not is_int.any():
+        return siphash_text(text_key, col)
+    idx = np.flatnonzero(is_int)
+    sub = col if idx.size == n else col.take(pa.array(idx))
+    lens = pc.binary_length(sub).to_numpy(zero_copy_only=False)
+    for j in np.flatnonzero(lens >= 19).tolist():  # 19 digits may be beyond int64 (rare)
+        x = sub[j].as_py()
+        if not -2 ** 63 <= int(x) <= 2 ** 63 - 1:
+            is_int[idx[j]] = False
+    if not is_int.all():
+        idx = np.flatnonzero(is_int)
+        sub = col.take(pa.array(idx))
+    out = np.empty(n, U64)
+    ints = pc.cast(pc.cast(sub, pa.string()) if not pa.types.is_string(sub.type) else sub,
+                   pa.int64())
+    out[idx] = siphash_ints(int_key, ints.to_numpy(zero_copy_only=False))
+    rest = np.flatnonzero(~is_int)
+    if rest.size:
+        out[rest] = siphash_text(text_key, col.take(pa.array(rest)))
+    return out
+
+
+class _Rows:
+    """What both passes compute for a batch: the rows without a unit (``missing``), the rows
+    the bounding applies to (``cand``: a unit and a partition >= 0), their partition codes, and
+    the unit column (turned into text and hashed only where needed)."""
+
+    __slots__ = ("n", "col", "missing", "parts", "cand", "ids", "absent", "bad_type")
+
+    def __init__(self, spec: "_Spec", batch: KeyedBatch) -> None:
+        table = batch.table
+        self.n = n = table.num_rows
+        self.ids = batch.record_ids()
+        self.absent = spec.unit_column not in table.schema.names
+        self.bad_type = None
+        self.col = None
+        self.parts = None
+        if self.absent:
+            self.missing = np.ones(n, bool)
+            self.cand = np.zeros(n, bool)
+            return
+        try:
+            self.col, self.missing = unit_column(table.column(spec.unit_column),
+                                                 spec.unit_column)
+        except TypeError as e:
+            self.bad_type = str(e)
+            self.missing = np.ones(n, bool)
+            self.cand = np.zeros(n, bool)
+            return
+        self.cand = ~self.missing
+        if spec.partition_fn is not None:
+            codes, reject = spec.partition_codes(table, n)
+            self.parts = codes
+            self.cand &= ~reject
+
+    def units(self, spec: "_Spec", idx: np.ndarray) -> np.ndarray:
+        """The keyed unit hashes of rows ``idx``."""
+        return spec.units(self.col if idx.size == self.n else self.col.take(pa.array(idx)))
+
+
+class _Spec:
+    """The bounding's settings and keys, shipped to both passes."""
+
+    def __init__(self, unit_column: str, run_key: RunKey, l0: int, linf: int,
+                 partition_fn: Callable | None, max_units: int, explicit_cap: bool) -> None:
+        self.unit_column = unit_column
+        self.l0, self.linf = l0, linf
+        self.partition_fn = partition_fn
+        self.max_units, self.explicit_cap = max_units, explicit_cap
+        self.unit_key = _key_words(run_key.derive("bounding/units"))
+        self.int_key = _key_words(run_key.derive("bounding/units/int"))
+        self.part_key = _key_words(run_key.derive("bounding/partitions"))
+        self.row_key = int.from_bytes(run_key.derive("bounding/rows")[:16], "big")
+
+    @property
+    def partitioned(self) -> bool:
+        return self.partition_fn is not None
+
+    def partition_codes(self, table: Any, n: int) -> tuple[np.ndarray, np.ndarray]:
+        codes = np.asarray(self.partition_fn(table))
+        if codes.shape != (n,) or codes.dtype.kind not in "iu":
+            raise TypeError(f"partition_fn must return one integer partition code per row "
+                            f"(int64 or uint64, shape ({n},)); it returned {codes.dtype} of "
+                            f"shape {codes.shape}")
+        if codes.dtype.kind == "i":
+            codes = codes.astype(np.int64, copy=False)
+            return codes.view(U64), codes < 0
+        return codes.astype(U64, copy=False), np.zeros(n, bool)
+
+    def units(self, col: pa.Array) -> np.ndarray:
+        return hash_units(self.unit_key, self.int_key, col)
+
+    def part_priorities(self, u: np.ndarray, p: np.ndarray) -> np.ndarray:
+        return siphash_pairs(self.part_key, u, p)
+
+    def too_many(self, seen: int) -> None:
+        if seen > self.max_units:
+            raise UnitLimitError(self.unit_column, seen, self.max_units, self.explicit_cap)
+
+
+def _require_keyed(element: Any) -> KeyedBatch:
+    if not isinstance(element, KeyedBatch):
+        raise TypeError(f"BoundContributions takes KeyedBatch elements (rows with their record "
+                        f"identities, as ReadTable emits them), not {type(element).__name__}: "
+                        "the rows kept are chosen by their identities, which a bare batch "
+                        "does not carry")
+    return element
+
+
+# --------------------------------------------------------------------------- the sketch
+FIELDS = ("u", "rh", "s", "rid")  # + "p", "pp" when partitioned
+_HI32 = U64(0xFFFFFFFF00000000)
+SHARDS = 64  # an accumulator is split by unit hash, so each reduction is small (in cache)
+_SHARD_SHIFT = U64(58)  # 64 shards: the top 6 bits of the unit hash
+_SHARD_MIN = 4096  # pending entries of a shard before it is first reduced
+
+
+def _group_order(g: np.ndarray, ident: list[np.ndarray], hi: np.ndarray,
+                 ties: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Rows ordered by group, then by ``hi`` and ``ties`` within each group: ``(order, new)``
+    where ``new[j]`` says sorted row ``j`` starts a group. A group is an identity (the arrays
+    ``ident``: the unit hash, or unit hash and partition) and ``g`` a 64-bit hash of it;
+    ``ties`` order rows of equal ``hi`` (the record identity, unique).
+
+    One quicksort of a 64-bit key (the top halves of ``g`` and ``hi``) instead of a lexsort,
+    ~10x faster; the few runs it cannot order on its own (two identities sharing the top half
+    of ``g``, or equal top halves of ``hi`` in a group) are found and re-sorted exactly."""
+    comp = (g & _HI32) | (hi >> U64(32))
+    order = np.argsort(comp)
+    n = order.size
+    cs = comp[order]
+    same_run = (cs[1:] & _HI32) == (cs[:-1] & _HI32)
+    differ = np.zeros(n - 1, bool)
+    for a in ident:
+        s_ = a[order]
+        differ |= s_[1:] != s_[:-1]
+    bad = same_run & (differ | (cs[1:] == cs[:-1]))
+    if bad.any():
+        run = np.zeros(n, np.int64)
+        np.cumsum(~same_run, out=run[1:])
+        bad_run = np.zeros(int(run[-1]) + 1, bool)
+        bad_run[run[1:][bad]] = True
+        pos = np.flatnonzero(bad_run[run])
+        rows = order[pos]
+        keys = tuple(t[rows] for t in reversed(ties)) + (hi[rows],) \
+            + tuple(a[rows] for a in reversed(ident)) + (g[rows],)
+        order[pos] = rows[np.lexsort(keys)]
+        differ = np.zeros(n - 1, bool)
+        for a in ident:
+            s_ = a[order]
+            differ |= s_[1:] != s_[:-1]
+    new = np.empty(n, bool)
+    new[0] = True
+    new[1:] = differ
+    return order, new
+
+
+def _first_k(order: np.ndarray, new: np.ndarray, k: int) -> np.ndarray:
+    """The rows among the first ``k`` of their group (``order``/``new`` from _group_order)."""
+    starts = np.flatnonzero(new)
+    rank = np.arange(order.size) - np.repeat(starts, np.diff(np.append(starts, order.size)))
+    return order[rank < k]
+
+
+def reduce_candidates(c: dict, l0: int, linf: int, partitioned: bool) -> tuple[dict, int]:
+    """Keep, per unit ``u``, its ``l0`` partitions of smallest priority ``pp`` (ties: smaller
+    partition code) and, in each ``(u, p)``, its ``linf`` rows of smallest priority ``rh``
+    (ties: smaller record identity ``(s, rid)``). Returns the kept candidates and the number
+    of distinct units."""
+    return _reduce(c, l0, linf, partitioned)
+
+
+def shard_of(u: np.ndarray) -> np.ndarray:
+    """The shard of each unit hash (its top 6 bits): a unit never spans two shards."""
+    return (u >> _SHARD_SHIFT).astype(np.uint8)
+
+
+def _reduce(c: dict, l0: int, linf: int, partitioned: bool) -> tuple[dict, int]:
+    u = c["u"]
+    n = u.size
+    if n == 0:
+        return c, 0
+    ties = [c["s"], c["rid"]]
+    if partitioned:
+        order, new = _group_order(c["pp"], [u, c["p"]], c["rh"], ties)
+    else:
+        order, new = _group_order(u, [u], c["rh"], ties)
+    keep = _first_k(order, new, linf)
+    if partitioned:
+        firsts = order[new]  # one row per (unit, partition)
+        uf = u[firsts]
+        o2, new2 = _group_order(uf, [uf], c["pp"][firsts], [c["p"][firsts]])
+        units = int(new2.sum())
+        pairs = _first_k(o2, new2, l0)
+        if pairs.size < firsts.size:  # some unit has more than l0 partitions
+            ok = np.zeros(n, bool)
+            ok[firsts[pairs]] = True
+            # a row is kept when the first row of its (unit, partition) is
+            pair_of = np.empty(n, np.int64)
+            pair_of[order] = order[np.flatnonzero(new)[np.cumsum(new) - 1]]
+            keep = keep[ok[pair_of[keep]]]
+    else:
+        units = int(new.sum())
+    if keep.size == n:
+        return c, units
+    keep.sort()
+    return {k: v[keep] for k, v in c.items()}, units
+
+
+def _concat(parts: list[dict], partitioned: bool) -> dict:
+    names = FIELDS + (("p", "pp") if partitioned else ())
+    if not parts:
+        return {k: np.empty(0, np.int64 if k == "rid" else U64) for k in names}
+    if len(parts) == 1:
+        return parts[0]
+    return {k: np.concatenate([q[k] for q in parts]) for k in names}
+
+
+class _Acc:
+    """A bounding sketch: per shard of units, its candidates (a list of parts: the first
+    ``reduced`` entries already reduced, ``pending`` more not yet) and its units when last
+    reduced."""
+
+    __slots__ = ("shards",)
+
+    def __init__(self) -> None:
+        self.shards: dict[int, list] = {}  # shard -> [parts, pending, reduced, units]
+
+    def __getstate__(self):
+        return self.shards
+
+    def __setstate__(self, state):
+        self.shards = state
+
+    def add(self, shard: int, part: dict, reduced: bool = False, units: int = 0) -> list:
+        sh = self.shards.setdefault(shard, [[], 0, 0, 0])
+        size = int(part["u"].size)
+        if reduced and size > sh[2]:  # the largest reduced part leads; the rest is pending
+            sh[0].insert(0, part)
+            sh[1] += sh[2]
+            sh[2], sh[3] = size, units
+        else:
+            sh[0].append(part)
+            sh[1] += size
+        return sh
+
+
+class KeptRows:
+    """The first pass's result: per stream, the kept record numbers (sorted) with their unit
+    hashes and partitions (None for one partition), and how many units and rows it holds
+    (16-24 bytes per kept row)."""
+
+    def __init__(self, streams: dict | None = None, units: int = 0, rows: int = 0) -> None:
+        self.streams = streams or {}
+        self.units, self.rows = units, rows
+
+    @classmethod
+    def of(cls, c: dict, units: int, partitioned: bool) -> "KeptRows":
+        s = c["s"]
+        order = np.argsort(s, kind="stable")
+        cuts = np.flatnonzero(np.diff(s[order])) + 1
+        streams = {}
+        for idx in (np.split(order, cuts) if order.size else []):
+            idx = idx[np.argsort(c["rid"][idx])]
+            streams[int(s[idx[0]])] = (c["rid"][idx], c["u"][idx],
+                                       c["p"][idx] if partitioned else None)
+        return cls(streams, units, int(order.size))
+
+    def lookup(self, stream: int, ids: np.ndarray) -> tuple[np.ndarray, Any]:
+        """For rows with record numbers ``ids`` (increasing) of ``stream``: which are kept,
+        and the kept entries ``(rid, u, p)`` of those rows, in the same order."""
+        hit = np.zeros(ids.size, bool)
+        entry = self.streams.get(int(stream) & _MASK64)
+        if entry is None or ids.size == 0:
+            return hit, None
+        rid, u, p = entry
+        lo = int(np.searchsorted(rid, ids[0], side="left"))
+        hi = int(np.searchsorted(rid, ids[-1], side="right"))
+        rid, u = rid[lo:hi], u[lo:hi]
+        p = p[lo:hi] if p is not None else None
+        if rid.size == 0:
+            return hit, None
+        if ids[-1] - ids[0] + 1 == ids.size:  # consecutive records: positions by subtraction
+            pos = rid - ids[0]
+            found = np.ones(rid.size, bool)
+        else:
+            pos = np.minimum(np.searchsorted(ids, rid), ids.size - 1)
+            found = ids[pos] == rid
+        hit[pos[found]] = True
+        return hit, (u[found], None if p is None else p[found])
+
+    def __repr__(self) -> str:
+        return f"KeptRows({self.rows:,} rows of {self.units:,} units, " \
+               f"{len(self.streams)} streams)"
+
+
+class BoundingCombineFn(beam.CombineFn):
+    """Merges candidates into the bounding sketch and returns :class:`KeptRows`.
+
+    The sketch is split into 64 shards by unit hash; a shard is reduced when its unreduced
+    entries exceed twice its reduced ones (and 4,096): each entry is sorted O(1) times on
+    average, a reduction works on ~1/64 of the sketch (in cache, and no large temporary), and
+    the sketch holds at most ~3x its reduced size. Every reduction checks the units counted so
+    far against the cap: a part of the data never has more units than the whole, so an excess
+    is caught while the sketch is at most ~3x the cap."""
+
+    def __init__(self, spec: _Spec) -> None:
+        self.spec = spec
+
+    def create_accumulator(self) -> _Acc:
+        return _Acc()
+
+    def _reduce_shard(self, acc: _Acc, shard: int) -> None:
+        sh = acc.shards[shard]
+        c, units = reduce_candidates(_concat(sh[0], self.spec.partitioned), self.spec.l0,
+                                     self.spec.linf, self.spec.partitioned)
+        acc.shards[shard] = [[c], 0, int(c["u"].size), units]
+        self.spec.too_many(sum(x[3] for x in acc.shards.values()))
+
+    def _maybe_reduce(self, acc: _Acc, shard: int, force: bool = False) -> None:
+        parts, pending, reduced, _ = acc.shards[shard]
+        if pending == 0 and len(parts) <= 1:
+            return
+        if force or pending > max(_SHARD_MIN, 2 * reduced):
+            self._reduce_shard(acc, shard)
+
+    def add_input(self, acc: _Acc, c: dict) -> _Acc:
+        if c["u"].size == 0:
+            return acc
+        shard = shard_of(c["u"])
+        order = np.argsort(shard, kind="stable")  # a radix sort for 8-bit keys
+        shard = shard[order]
+        c = {f: v[order] for f, v in c.items()}
+        cuts = np.flatnonzero(np.diff(shard)) + 1
+        for a, b in zip(np.concatenate([[0], cuts]).tolist(),
+                        np.concatenate([cuts, [shard.size]]).tolist()):
+            k = int(shard[a])
+            acc.add(k, {f: v[a:b] for f, v in c.items()})  # views of one sorted copy
+            self._maybe_reduce(acc, k)
+        return acc
+
+    def merge_accumulators(self, accs) -> _Acc:
+        accs = iter(accs)
+        out = next(accs)
+        for a in accs:
+            for k, (parts, pending, reduced, units) in a.shards.items():
+                if reduced:
+                    out.add(k, parts[0], reduced=True, units=units)
+                    rest = parts[1:]
+                else:
+                    rest = parts
+                for part in rest:
+                    out.add(k, part)
+                self._maybe_reduce(out, k)
+        return out
+
+    def compact(self, acc: _Acc) -> _Acc:
+        for k in list(acc.shards):
+            self._maybe_reduce(acc, k, force=True)
+        return acc
+
+    def extract_output(self, acc: _Acc) -> KeptRows:
+        self.compact(acc)
+        units = sum(x[3] for x in acc.shards.values())
+        self.spec.too_many(units)
+        c = _concat([x[0][0] for x in acc.shards.values() if x[0]], self.spec.partitioned)
+        return KeptRows.of(c, units, self.spec.partitioned)
+
+
+# --------------------------------------------------------------------------- the two passes
+class CandidatesFn(beam.DoFn):
+    """Pass 1: a batch -> its bounding candidates (keyed hashes and priorities only)."""
+
+    def __init__(self, spec: _Spec) -> None:
+        self.spec = spec
+
+    def process(self, element: Any):
+        b = _require_keyed(element)
+        rows = _Rows(self.spec, b)
+        idx = np.flatnonzero(rows.cand)
+        if idx.size == 0:
+            return
+        spec = self.spec
+        ids = rows.ids[idx]
+        c = {"u": rows.units(spec, idx), "rh": row_priorities(spec.row_key, b.stream, ids),
+             "s": np.full(idx.size, U64(int(b.stream) & _MASK64)), "rid": ids}
+        if spec.partitioned:
+            c["p"] = rows.parts[idx]
+            c["pp"] = spec.part_priorities(c["u"], c["p"])
+        yield reduce_candidates(c, spec.l0, spec.linf, spec.partitioned)[0]
+
+
+class _BoundedOut(dict):
+    """A ``{"bounded_out": n}`` count in the filter's single output."""
+
+
+class FilterFn(beam.DoFn):
+    """Pass 2: a batch -> the subset kept, the dead letters of rows without a unit and the count
+    of rows bounded out."""
+
+    def __init__(self, spec: _Spec) -> None:
+        self.spec = spec
+        self.n_in = Metrics.counter("ldp_beam", "bounding_rows_in")
+        self.n_kept = Metrics.counter("ldp_beam", "bounding_rows_kept")
+        self.n_out = Metrics.counter("ldp_beam", "bounding_rows_bounded_out")
+        self.n_dead = Metrics.counter("ldp_beam", "bounding_rows_dead_lettered")
+
+    def process(self, element: Any, kept: KeptRows):
+        b = _require_keyed(element)
+        spec = self.spec
+        rows = _Rows(spec, b)
+        n = rows.n
+        self.n_in.inc(n)
+        if n == 0:
+            return
+        keep = np.zeros(n, bool)
+        changed = np.zeros(n, bool)
+        hit, entry = kept.lookup(b.stream, rows.ids)
+        if entry is not None:
+            # a kept row must still be a row of the same unit (and partition): a source read
+            # twice that changed in between is caught here, not trusted
+            hits = np.flatnonzero(hit)
+            sel = rows.cand[hits]
+            hi = hits[sel]
+            same = rows.units(spec, hi) == entry[0][sel]
+            if spec.partitioned:
+                same &= rows.parts[hi] == entry[1][sel]
+            keep[hi[same]] = True
+            changed[hi[~same]] = True
+        if spec.partitioned:  # a unit and a partition < 0: the mechanism rejects the row
+            keep |= ~rows.missing & ~rows.cand
+        bounded = rows.cand & ~keep & ~changed
+        dead = np.flatnonzero(rows.missing | changed)
+        if dead.size:
+            yield from self._dead_letters(b, rows, dead, changed)
+        n_keep = int(keep.sum())
+        n_bounded = int(bounded.sum())
+        self.n_kept.inc(n_keep)
+        self.n_out.inc(n_bounded)
+        self.n_dead.inc(int(dead.size))
+        if n_keep == n:
+            yield b
+        elif n_keep:
+            yield b.subset(np.flatnonzero(keep))
+        if n_bounded:
+            yield _BoundedOut({BOUNDED_OUT: n_bounded})
+
+    def _dead_letters(self, b: KeyedBatch, rows: _Rows, dead: np.ndarray, changed: np.ndarray):
+        col = self.spec.unit_column
+        if rows.absent:
+            reason = f"input has no privacy-unit column {col!r}"
+            for i in dead.tolist():
+                yield dead_letter(reason, {}, b.source, int(rows.ids[i]))
+            return
+        values = b.table.column(col).take(pa.array(dead)).to_pylist()
+        for i, v in zip(dead.tolist(), values):
+            if rows.bad_type is not None:
+                reason = rows.bad_type
+            elif changed[i]:
+                reason = (f"privacy-unit column {col!r}: the row's unit or partition differs "
+                          "from the first pass over the input (the source changed while it was "
+                          "read); not kept")
+            else:
+                reason = f"missing privacy unit: column {col!r} is null or empty"
+            yield dead_letter(reason, {col: v}, b.source, int(rows.ids[i]))
+
+
+def _kept_part(x: Any) -> list:
+    return [x] if isinstance(x, KeyedBatch) else []
+
+
+def _dead_part(x: Any) -> list:
+    return [dict(x)] if isinstance(x, DeadLetterRecord) else []
+
+
+def _dropped_part(x: Any) -> list:
+    return [dict(x)] if isinstance(x, _BoundedOut) else []
+
+
+class BoundedRows:
+    """The outputs of :class:`BoundContributions`: ``.batches`` (kept rows), ``.dead_letter``
+    (rows without a unit), ``.dropped`` (``{"bounded_out": n}`` counts) and, with ``source=``,
+    ``.read`` (the source's outputs of the read that was filtered: its ``.batches`` are the rows
+    read, its ``.dead_letter`` the reader's own dead letters)."""
+
+    def __init__(self, batches, dead_letter, dropped, read=None) -> None:
+        self.batches, self.dead_letter, self.dropped, self.read = \
+            batches, dead_letter, dropped, read
+
+    def __getitem__(self, name: str) -> Any:
+        return getattr(self, name)
+
+
+class BoundContributions(beam.PTransform):
+    """Bound each privacy unit's contribution (see the module docstring).
+
+    ``unit_column``: the column naming each row's privacy unit (a person). ``run_key``: the
+    run's :class:`RunKey` (the one its noise uses; there is no default: a bounding not tied to
+    the run would be reproducible by whoever sees the code). ``max_partitions_per_unit`` (L0)
+    and ``max_rows_per_partition`` (Linf): integers >= 1; for an LDP collection
+    ``max_rows_per_partition`` is its ``max_reports_per_unit``. ``partition_fn(table)`` -> one
+    int64/uint64 partition code per row (negative: a row the mechanism rejects, passed through
+    uncounted); None for one partition. ``max_units``: the most distinct units allowed (default
+    the ``units`` cap, ``LDP_BEAM_MAX_UNITS``). ``source``: a transform that reads the input
+    from the pipeline's root (e.g. a :class:`ReadTable`); the input is then read twice and
+    memory stays flat (apply as ``p | BoundContributions(..., source=...)``).
+
+    Output: :class:`BoundedRows` (``.batches``, ``.dead_letter``, ``.dropped``, ``.read``).
+    """
+
+    def __init__(self, unit_column: str, run_key: RunKey, max_partitions_per_unit: int = 1,
+                 max_rows_per_partition: int = 1,
+                 partition_fn: Callable[[Any], np.ndarray] | None = None,
+                 max_units: int | None = None, *, source: beam.PTransform | None = None) -> None:
+        super().__init__()
+        if not isinstance(unit_column, str) or not unit_column:
+            raise ParameterError("unit_column", unit_column, "the name of the privacy-unit "
+                                 "column (non-empty text)")
+        if not isinstance(run_key, RunKey):
+            raise ParameterError("run_key", run_key, "the run's RunKey (RunKey.new(), the key "
+                                 "its noise uses)")
+        l0 = check_bound("max_partitions_per_unit", max_partitions_per_unit)
+        linf = check_bound("max_rows_per_partition", max_rows_per_partition)
+        if partition_fn is not None and not callable(partition_fn):
+            raise ParameterError("partition_fn", partition_fn, "None or a function of a batch's "
+                                 "table returning one integer partition code per row")
+        if max_units is None:
+            cap, explicit = units_cap(), False
+        else:
+            cap, explicit = check_bound("max_units", max_units), True
+        if source is not None:
+            names = _source_columns(source)
+            if names is not None and unit_column not in names:
+                raise ParameterError("unit_column", unit_column,
+                                     f"a column of the input (its columns: {names})")
+        self.unit_column = unit_column
+        self.max_partitions_per_unit, self.max_rows_per_partition = l0, linf
+        self.max_units = cap
+        self.source = source
+        self.spec = _Spec(unit_column, run_key, l0, linf, partition_fn, cap, explicit)
+
+    def expand(self, pvalue):
+        read = None
+        if self.source is not None:
+            if not isinstance(pvalue, beam.pvalue.PBegin):
+                raise TypeError("BoundContributions(source=...) reads its input itself: apply "
+                                "it to the pipeline (p | BoundContributions(...))")
+            first = _batches(pvalue | "ReadUnits" >> self.source)
+            read = pvalue | "ReadRows" >> self.source
+            rows = _batches(read)
+        else:
+            first = rows = pvalue
+        kept = (first | "Candidates" >> beam.ParDo(CandidatesFn(self.spec))
+                | "Sketch" >> beam.CombineGlobally(BoundingCombineFn(self.spec))
+                .without_defaults())
+        out = rows | "Filter" >> beam.ParDo(
+            FilterFn(self.spec), beam.pvalue.AsSingleton(kept, default_value=KeptRows()))
+        return BoundedRows(out | "Kept" >> beam.FlatMap(_kept_part),
+                           out | "DeadLetters" >> beam.FlatMap(_dead_part),
+                           out | "BoundedOut" >> beam.FlatMap(_dropped_part), read)
+
+
+def _batches(out: Any) -> Any:
+    return getattr(out, "batches", out)
+
+
+def _source_columns(source: Any) -> list[str] | None:
+    try:
+        schema = source.schema
+    except Exception:  # a source that cannot tell its schema before it runs
+        return None
+    return list(schema.names) if isinstance(schema, pa.Schema) else None
+
+
+__all__ = ["BOUNDED_OUT", "BoundContributions", "BoundedRows", "BoundingCombineFn",
+           "CandidatesFn", "FilterFn", "KeptRows", "UnitLimitError", "check_bound",
+           "reduce_candidates", "row_priorities", "siphash_pairs", "siphash_text",
+           "siphash_words", "hash_units", "siphash_ints", "unit_column", "units_cap"]
