@@ -288,7 +288,10 @@ class WindowMark:
     (once its trigger fires), records or not; a window never marked is withheld. It carries no
     rows. Sources mark every window of their range (:func:`mark_windows`)."""
 
-    __slots__ = ()
+    __slots__ = ("start",)
+
+    def __init__(self, start: int | None = None) -> None:
+        self.start = start  # the window's start (µs): the address of its release's noise
 
     def __eq__(self, other: Any) -> bool:
         return isinstance(other, WindowMark)
@@ -297,7 +300,7 @@ class WindowMark:
         return 0
 
     def __reduce__(self):
-        return WindowMark, ()
+        return WindowMark, (self.start,)
 
     def __repr__(self) -> str:
         return "WINDOW_MARK"
@@ -351,7 +354,7 @@ class CountingCombineFn(beam.CombineFn):
 
     def add_input(self, acc, element):
         if isinstance(element, WindowMark):
-            acc[2] = True
+            acc[2] = element.start if element.start is not None else True
             return acc
         acc[0] = self.inner.add_input(acc[0], element)
         acc[1] += num_rows(element)
@@ -359,18 +362,30 @@ class CountingCombineFn(beam.CombineFn):
 
     def merge_accumulators(self, accs):
         accs = list(accs)
+        marks = [a[2] for a in accs if a[2] is not False]
         return [self.inner.merge_accumulators([a[0] for a in accs]), sum(a[1] for a in accs),
-                any(a[2] for a in accs)]
+                marks[0] if marks else False]
 
     def extract_output(self, acc):
         inner, count, marked = acc
         if not self.central:
-            return self.inner.extract_output(inner), count, marked
-        if not marked:
+            return self.inner.extract_output(inner), count, bool(marked)
+        if marked is False:
             return None, count, False
-        if count == 0 and self.release_empty is not None:
-            return self.release_empty(inner), count, True
-        return self.inner.extract_output(inner), count, True
+        return release_window(self.inner, inner, count, marked, self.release_empty), count, True
+
+
+def release_window(inner: EstimatorCombineFn, acc: Any, count: int, start: Any,
+                   release_empty: Any = None) -> Any:
+    """A central window's release, its noise addressed by the window (``start``, µs): windows
+    with equal counts (every empty window) never share noise, and a re-executed firing draws
+    the same numbers again (the estimator's seed is a secret of the run)."""
+    est = inner.estimator
+    if hasattr(est, "finalize_key") and isinstance(start, int) and not isinstance(start, bool):
+        return est.finalize_key(acc if count else None, ("window", start))
+    if count == 0 and release_empty is not None:
+        return release_empty(acc)
+    return inner.extract_output(acc)
 
 
 def window_fields(start_us: int, end_us: int) -> dict:
@@ -496,8 +511,8 @@ class UnitPaneFn(PaneFn):
             cols = {f: np.asarray([r[j] for r in rows]) for j, (f, _) in
                     enumerate(self.report_fields)}
             acc = self.estimator.add(acc, report_columns(cols, self.report_fields))
-        if self.central and not rows and self.release_empty is not None:
-            est = self.release_empty(acc)
+        if self.central:
+            est = release_window(inner, acc, len(rows), start_us, self.release_empty)
         else:
             est = inner.extract_output(acc)
         if not self.central and u.max_reports > 1 and isinstance(est, Estimate):
@@ -915,7 +930,10 @@ class WindowedEstimate(beam.PTransform):
             if mechanism.draws:
                 raise StreamConfigError(f"{mechanism.name} draws noise per record; a central "
                                         "stream only checks and buckets raw records")
-        self.estimator = estimator_for(mechanism, **dict(options or {}))
+        opts = dict(options or {})
+        if self.central and opts.get("seed") is None:  # a secret of the run: retry-proof noise
+            opts["seed"] = int.from_bytes(os.urandom(32), "big")
+        self.estimator = estimator_for(mechanism, **opts)
         self.release_empty = empty_release(self.estimator) if self.central else None
         if self.central and self.release_empty is None:
             raise StreamConfigError(
@@ -1153,7 +1171,7 @@ def _records(item):
         return [RecordRows(item[1], item[2])]
     if kind == RECORD:
         return [item[1] if len(item) == 2 else (item[1], item[2], item[3])]
-    return [WINDOW_MARK] if kind == MARK else []
+    return [WindowMark(item[1])] if kind == MARK else []
 
 
 def _others(item):

@@ -821,3 +821,20 @@ def test_central_release_calibrated_to_k_rows_charges_a_unit_once_per_window(tmp
         s["guarantee"]["summary"] and s["guarantee"]["unit_window_epsilon"] == 1.0
     assert list(UnitState(str(out / "units.sqlite"), "device").spent().values()) == [3.0]
     assert s["privacy_unit"]["estimated"] == 6 and s["reconciles"]
+
+
+def test_central_window_releases_are_addressed_by_their_window():
+    """Empty windows (equal counts) never share noise, and a re-executed firing of one window
+    publishes the same numbers (issue 13: retry-proof noise, LDP or central)."""
+    from ldp_beam.estimators import estimator_for
+    from ldp_beam.pipelines.stream import release_window
+    from ldp_beam.registry import build_mechanism
+    from ldp_beam.transforms.combine import EstimatorCombineFn
+
+    mech = build_mechanism("laplace-histogram", epsilon=1.0, categories=["a", "b", "c", "d"])
+    inner = EstimatorCombineFn(estimator_for(mech, seed=2**200 + 7), on_empty="report")
+    acc = inner.create_accumulator()
+    first = [release_window(inner, acc, 0, w * 10_000_000)["histogram"].value for w in range(6)]
+    again = release_window(inner, acc, 0, 3 * 10_000_000)["histogram"].value
+    assert np.array_equal(first[3], again)
+    assert len({tuple(h) for h in first}) == 6
