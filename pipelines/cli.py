@@ -128,6 +128,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "method=paper for RVNS)")
     e.add_argument("--seed", help="central releases: reproducible noise from this seed, NOT "
                    "PRIVATE (default: a secret key of OS entropy)")
+    e.add_argument("--keys", help="central releases with --by: the public list of keys to "
+                   "release (comma-separated); every listed key is released, one absent from "
+                   "the data as a noisy empty histogram")
+    e.add_argument("--partition-selection", metavar="EPSILON,DELTA",
+                   help="central releases with --by: choose the keys privately (thresholded "
+                        "noisy distinct-unit counts), at this extra cost")
     e.add_argument("--privacy-unit", metavar="COLUMN",
                    help="central releases: the column naming each row's person; each keeps at "
                         "most the mechanism's max_rows_per_partition rows (-p "
@@ -337,7 +343,8 @@ def cmd_estimate(a: argparse.Namespace, beam_args: list[str]) -> int:
     out = run_estimate(a.input, a.output, mech, by=a.by, options=_kv(a.option, "--option"),
                        beam_args=beam_args, columns=columns, seed=a.seed, force=a.force,
                        allow_unreadable=a.allow_unreadable, null_values=a.null_values,
-                       unit=a.privacy_unit, **ledger_args(a))
+                       unit=a.privacy_unit, keys=_keys(a.keys),
+                       selection=_selection(a.partition_selection), **ledger_args(a))
     if "curator" in out:
         return _print_release(out, a.output)
     ests = out["estimates"].values() if a.by else [out["estimate"]]
@@ -358,6 +365,25 @@ def cmd_estimate(a: argparse.Namespace, beam_args: list[str]) -> int:
     for err in errors:
         print(f"ldp-beam estimate: no estimate: {err}", file=sys.stderr)
     return 1 if errors else 0
+
+
+def _keys(text: str | None) -> list[str] | None:
+    if text is None:
+        return None
+    keys = [k.strip() for k in text.split(",") if k.strip()]
+    if not keys:
+        raise UsageError("--keys: at least one key (comma-separated)")
+    return keys
+
+
+def _selection(text: str | None) -> tuple[float, float] | None:
+    if text is None:
+        return None
+    try:
+        eps, delta = (float(x) for x in text.split(","))
+    except ValueError:
+        raise UsageError(f"--partition-selection {text!r}: EPSILON,DELTA, e.g. 0.5,1e-6") from None
+    return eps, delta
 
 
 def _stat_text(name: str, stat: dict) -> str:
@@ -381,6 +407,14 @@ def _print_release(out: dict, path: str) -> int:
         print(f"re-published the recorded release of run {out['republished_from']} to {path} "
               f"(no new noise, nothing more spent; {out['guarantee']['summary']})")
         return 0
+    if "estimates" in out:  # a per-key release
+        rec = out["curator"]["records"]
+        print(f"released {out['mechanism']} for {len(out['estimates'])} key(s) of "
+              f"{out['by']!r} ({out['guarantee']['summary']}) to {path}")
+        print(f"curator only (do not publish): {rec['input']:,} read = "
+              f"{rec['released_from']:,} bucketed + {rec['dead_lettered']:,} dead-lettered + "
+              f"{rec['bounded_out']:,} left out by the per-unit bound")
+        return 0 if rec.get("reconciles") else 1
     est, rec = out["estimate"], out["curator"]["records"]
     if "error" in est:
         print(f"ldp-beam estimate: no release: {est['error']}", file=sys.stderr)

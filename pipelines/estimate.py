@@ -12,6 +12,7 @@ import os
 from typing import Any, Iterable, Mapping
 
 import apache_beam as beam
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -22,6 +23,7 @@ from ldp_beam.limits import check_groups
 from ldp_beam.privacy import run_guarantee
 from ldp_beam.registry import get_registry
 from ldp_beam.rng import RunKey
+from ldp_beam.transforms.batches import report_columns
 from ldp_beam.transforms import (EstimatorCombineFn, ReadTable, SplitByKey, ValidateReports,
                                  WriteJsonLines, mechanism_metadata)
 from ldp_beam.transforms.combine import EstimateFailure
@@ -117,7 +119,9 @@ def run_estimate(input: str, output: str, mechanism: Mechanism | None = None,
                  seed: Any = None, force: bool = False, allow_unreadable: bool = False,
                  null_values: Iterable[str] | None = None, run_key: RunKey | None = None,
                  ledger: str | None = None, budget: float | None = None,
-                 budget_delta: float | None = None, unit: str | None = None) -> dict:
+                 budget_delta: float | None = None, unit: str | None = None,
+                 keys: Iterable[str] | None = None,
+                 selection: tuple[float, float] | None = None) -> dict:
     """Estimate from a reports table (LDP) or release from raw rows (central DP, see
     :func:`run_release`). Writes ``OUTPUT`` (the estimate), ``OUTPUT.deadletter.jsonl`` and, last,
     ``OUTPUT.manifest.json``, committed together or not at all; returns the estimate."""
@@ -127,7 +131,8 @@ def run_estimate(input: str, output: str, mechanism: Mechanism | None = None,
         return run_release(input, output, mech, columns or {}, by, options, beam_args,
                            seed=seed, force=force, allow_unreadable=allow_unreadable,
                            null_values=null_values, run_key=run_key, ledger=ledger,
-                           budget=budget, budget_delta=budget_delta, unit=unit)
+                           budget=budget, budget_delta=budget_delta, unit=unit, keys=keys,
+                           selection=selection)
     if columns:
         raise ValueError(f"{mech.name} estimates from reports; --column maps raw columns only "
                          "for central-DP releases")
@@ -256,7 +261,8 @@ def run_release(input: str, output: str, mech: Mechanism, columns: Mapping[str, 
                 allow_unreadable: bool = False, null_values: Iterable[str] | None = None,
                 run_key: RunKey | None = None, ledger: str | None = None,
                 budget: float | None = None, budget_delta: float | None = None,
-                unit: str | None = None) -> dict:
+                unit: str | None = None, keys: Iterable[str] | None = None,
+                selection: tuple[float, float] | None = None) -> dict:
     """A central-DP release on the trusted curator: raw records are validated and bucketed (bad
     ones dead-lettered with the reason), accumulated, and released once with noise.
 
@@ -273,11 +279,18 @@ def run_release(input: str, output: str, mech: Mechanism, columns: Mapping[str, 
 
     from .collect import resolve_columns
 
-    if by:
-        raise ValueError(f"{mech.name} is a central-DP release: per-key releases (--by) would "
-                         "disclose which keys occur and how many there are; release one "
-                         "histogram per declared key with separate runs instead")
+    if by and unit is None:
+        raise ValueError(f"--by {by}: a per-key central release needs --privacy-unit (each "
+                         "person's keys and rows are bounded, and keys are selected privately or "
+                         "given with --keys), else the set of keys and their sizes would be "
+                         "disclosed")
     options = dict(options or {})
+    if by:
+        return run_release_by(input, output, mech, columns, by, options, beam_args, seed=seed,
+                              force=force, allow_unreadable=allow_unreadable,
+                              null_values=null_values, run_key=run_key, ledger=ledger,
+                              budget=budget, budget_delta=budget_delta, unit=unit, keys=keys,
+                              selection=selection)
     if "seed" in options:
         if seed is not None and str(seed) != str(options["seed"]):
             raise ValueError("give the seed once: --seed or --option seed")
@@ -378,3 +391,203 @@ def run_release(input: str, output: str, mech: Mechanism, columns: Mapping[str, 
                      "guarantee": guarantee, "ledger": led.url})
     out["curator"] = curator
     return out
+
+
+# --------------------------------------------------------------------------- per-key releases
+def key_codes(column: str):
+    """A picklable partition function: one int64 code per row from the text of ``column`` (a
+    keyed hash is not needed here: codes only group rows; -1 for a null key)."""
+    return _KeyCodes(column)
+
+
+class _KeyCodes:
+    def __init__(self, column: str) -> None:
+        self.column = column
+
+    def __call__(self, table: Any) -> np.ndarray:
+        import hashlib
+
+        import pandas as pd
+
+        col = table.column(self.column).to_pandas().astype(object)
+        codes, uniques = pd.factorize(col, use_na_sentinel=True)
+        lut = np.array([int.from_bytes(hashlib.blake2b(str(u).encode(), digest_size=7).digest(),
+                                       "big") for u in uniques] + [-1], dtype=np.int64)
+        return lut[codes]
+
+
+def _split_keys(by: str, unit: str):
+    def split(batch):
+        t = batch if isinstance(batch, pa.Table) else pa.Table.from_batches([batch])
+        keys = t.column(by).to_pandas().astype(object)
+        units = t.column(unit).to_pandas().astype(object)
+        body = t.drop_columns([by, unit])
+        for key in pd_unique(keys):
+            idx = np.flatnonzero((keys == key).to_numpy())
+            yield str(key), (body.take(pa.array(idx)), set(units.iloc[idx].astype(str)))
+    return split
+
+
+def pd_unique(s: Any) -> list:
+    return [k for k in s.dropna().unique().tolist()]
+
+
+class PerKeyCombineFn(beam.CombineFn):
+    """Per key: the release's accumulator and the set of distinct units (for the selection)."""
+
+    def __init__(self, estimator: Any) -> None:
+        self.estimator = estimator
+
+    def create_accumulator(self):
+        return [self.estimator.create(), set()]
+
+    def add_input(self, acc, element):
+        table, units = element
+        acc[0] = self.estimator.add(acc[0], report_columns(table, self.estimator.mechanism
+                                                           .report_fields))
+        acc[1] |= units
+        return acc
+
+    def merge_accumulators(self, accs):
+        accs = list(accs)
+        return [self.estimator.merge([a[0] for a in accs]), set().union(*(a[1] for a in accs))]
+
+    def extract_output(self, acc):
+        return acc[0], len(acc[1])
+
+
+class ReleaseKeys(beam.DoFn):
+    """Select keys (public list, or private partition selection on distinct-unit counts) and
+    release each kept key's histogram with noise addressed by the key."""
+
+    def __init__(self, estimator: Any, public: tuple | None, selector: Any, seed: int) -> None:
+        self.estimator, self.public, self.selector, self.seed = estimator, public, selector, seed
+
+    def process(self, items):
+        from ldp_beam.central.partition import selection_source
+
+        found = dict(items)
+        if self.public is not None:
+            chosen = list(self.public)
+        else:
+            chosen = [k for k in sorted(found)
+                      if self.selector.keep(found[k][1], selection_source(self.seed, k))]
+        for key in chosen:
+            acc = found.get(key, (None, 0))[0]
+            yield {"key": key, **_result(self.estimator.finalize_key(acc, key))}
+
+
+def run_release_by(input: str, output: str, mech: Mechanism, columns: Mapping[str, str],
+                   by: str, options: Mapping[str, Any], beam_args: Iterable[str] = (), *,
+                   seed: Any = None, force: bool = False, allow_unreadable: bool = False,
+                   null_values: Iterable[str] | None = None, run_key: RunKey | None = None,
+                   ledger: str | None = None, budget: float | None = None,
+                   budget_delta: float | None = None, unit: str, keys: Iterable[str] | None,
+                   selection: tuple[float, float] | None) -> dict:
+    """One central release per value of ``by`` (issue 14). Each privacy unit keeps at most L0
+    keys and Linf rows per key (the mechanism's ``max_partitions_per_unit`` and
+    ``max_rows_per_partition``), chosen uniformly; every key's histogram is released with noise
+    calibrated to the unit's total L1 over all keys (so all keys together cost epsilon once) and
+    addressed by the key. Which keys appear is either public (``keys``: every listed key is
+    released, an absent one as a noisy empty histogram; other keys are not released) or chosen by private partition selection (``selection`` = (epsilon, delta):
+    thresholded noisy distinct-unit counts), whose cost composes with the releases."""
+    from ldp_beam.central.partition import (PartitionSelection, PublicPartitions,
+                                            per_key_guarantee)
+    from ldp_beam.transforms import Perturb
+
+    from .collect import resolve_columns
+
+    if (keys is None) == (selection is None):
+        raise ValueError(f"--by {by}: give the public keys (--keys A,B,...) or a partition "
+                         "selection budget (--partition-selection EPSILON,DELTA), one of them")
+    run = run_key or RunKey.new(seed if seed is not None else options.pop("seed", None))
+    options.pop("seed", None)
+    read = ReadTable(input, options=list(beam_args), **_read_options(null_values))
+    fmt = tidy_format(output)
+    cols = resolve_columns(mech, read.schema, columns or {r.name: r.name for r in mech.roles
+                                                          if r.required}, ())
+    check_unit_column(unit, read.schema, cols, ())
+    if by not in read.schema.names or by in cols.values() or by == unit:
+        raise ValueError(f"--by {by}: a column of the input other than the mechanism's inputs "
+                         f"and the privacy unit; columns: {', '.join(read.schema.names)}")
+    cb = mech.contribution_bounds
+    public = None if keys is None else tuple(str(k) for k in keys)
+    if public is not None:
+        check_groups(len(public), mech_cells(mech), "--keys")
+        selector, sel_g = None, PublicPartitions(public).guarantee
+    else:
+        selector = PartitionSelection(float(selection[0]), float(selection[1]), cb.l0)
+        sel_g = selector.guarantee
+    base = per_key_guarantee(mech.guarantee, sel_g)
+    guarantee = run_guarantee(base, seeded=run.seeded, unit=unit, bounds=cb)
+    release_seed = int(run.seed) if run.seeded and str(run.seed).lstrip("-").isdigit() \
+        else _release_seed(run)
+    est = estimator_for(mech, seed=release_seed, **options)
+    dead_letter = output + ".deadletter.jsonl"
+    ds = dataset_identity(input)
+    outs = RunOutputs({"release": output, "curator": output + ".curator.json",
+                       "dead_letter": dead_letter}, output + ".manifest.json", run.run_id,
+                      inputs=[input], force=force)
+    with Ledger.open(ledger) as led, led.reserve(
+            run.run_id, ds, command="release", mechanism=mech.name, params=mech.params(),
+            epsilon=_finite(guarantee["epsilon"]), delta=guarantee["delta"],
+            kind=guarantee["kind"], unit=unit, budget=budget, budget_delta=budget_delta,
+            seeded=run.seeded) as entry, outs:
+        parts, tally_path = outs.scratch("release.jsonl"), outs.scratch("tally.jsonl")
+        staged_dead = outs.staged("dead_letter")
+
+        def build(p):
+            rd, rows, unit_dead, dropped = read_bounded(p, read, unit, run, cb.l0, cb.linf,
+                                                         key_codes(by))
+            rec = rows | "Validate" >> Perturb(mech, columns=cols, run_key=run, keep=(by, unit))
+            invalid = (rec.dead_letter, unit_dead) | "InvalidRows" >> beam.Flatten()
+            released = (rec.reports | "SplitKeys" >> beam.FlatMap(_split_keys(by, unit))
+                        | "PerKey" >> beam.CombinePerKey(PerKeyCombineFn(est))
+                        | "AllKeys" >> beam.combiners.ToList()
+                        | "Release" >> beam.ParDo(ReleaseKeys(est, public, selector,
+                                                              release_seed))
+                        | "WriteRelease" >> WriteJsonLines(parts))
+            return [released,
+                    (rd.dead_letter, invalid) | "AllDeadLetters" >> beam.Flatten()
+                    | "WriteDeadLetters" >> WriteJsonLines(staged_dead),
+                    (rd.batches, rd.dead_letter, rec.reports, invalid, dropped)
+                    | "Tally" >> Tally(tally_path)]
+
+        run_pipeline(build, beam_args)
+        with open(parts) as fh:
+            rows_out = [json.loads(line) for line in fh if line.strip()]
+        tally = reconcile(read_tally(tally_path), count_lines(staged_dead))
+        check_reconciles(tally)
+        check_readable(tally, staged_dead, allow_unreadable)
+        releases = {}
+        for r in sorted(rows_out, key=lambda r: r["key"]):
+            key = r.pop("key")
+            r.pop("n_reports", None)  # exact counts stay with the curator
+            releases[key] = _mark(r, guarantee)
+        out: dict[str, Any] = {"mechanism": mech.name, "params": mech.params(),
+                               "estimator_options": options, "guarantee": guarantee,
+                               "seeded": run.seeded, "by": by,
+                               "keys": "public" if public is not None else
+                               {"selection": {"epsilon": selection[0], "delta": selection[1]}},
+                               "estimates": releases}
+        write_estimate(out, outs.staged("release"), fmt, run.run_id)
+        curator = {"input": read.source_name, "release": os.path.abspath(output),
+                   "columns": cols, "by": by, "run_id": run.run_id,
+                   "records": {"input": tally["input"], "released_from": tally["accepted"],
+                               "dead_lettered": tally["dead_lettered"],
+                               "bounded_out": tally["bounded_out"],
+                               "unreadable_rows": tally["unreadable_rows"],
+                               "unreadable_parts": tally["unreadable_parts"],
+                               "dead_letter": os.path.abspath(dead_letter),
+                               "reconciles": tally["reconciles"],
+                               "counted_from": tally["counted_from"]}}
+        write_json(outs.staged("curator"), curator)
+        entry.commit(ledger_outputs(outs), out)
+        outs.commit({"command": "release", "by": by, "mechanism": mech.name,
+                     "seeded": run.seeded, "guarantee": guarantee, "ledger": led.url})
+    out["curator"] = curator
+    return out
+
+
+def mech_cells(mech: Mechanism) -> int:
+    return int(getattr(mech, "n_buckets", 1) or 1)

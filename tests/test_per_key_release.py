@@ -1,0 +1,64 @@
+"""Per-key central releases (issue 14): `estimate --by KEY` with a privacy unit, keys either
+public (--keys) or chosen by private partition selection; each unit bounded to L0 keys."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from ldp_beam_test_helpers import run_cli
+
+HIST = ("-m", "laplace-histogram", "--epsilon", "1", "-p", "categories=a,b,c")
+
+
+def _table(path):
+    uid = np.repeat(np.arange(3000), 10)
+    v = np.random.default_rng(1).choice(list("abc"), uid.size)
+    region = np.where(uid < 2000, "north", "south").astype(object)
+    region[uid == 2999] = "solo"  # a key held by one person only
+    pq.write_table(pa.table({"uid": uid.astype(str), "v": v, "region": region}), path)
+
+
+def test_private_partition_selection_hides_a_one_person_key(tmp_path):
+    _table(tmp_path / "t.parquet")
+    code, so, se = run_cli("estimate", "-i", str(tmp_path / "t.parquet"), "-c", "v", *HIST,
+                           "--privacy-unit", "uid", "--by", "region",
+                           "--partition-selection", "1,1e-6", "-o", str(tmp_path / "h.json"))
+    assert code == 0, se
+    out = json.loads((tmp_path / "h.json").read_text())
+    # the one-person key is released with probability <= delta = 1e-6; the others (2000 and
+    # 999 people, thresholds ~15) with probability 1 - O(e^-900)
+    assert sorted(out["estimates"]) == ["north", "south"]
+    g = out["guarantee"]
+    assert g["epsilon"] == 2.0 and g["delta"] == 1e-6 and "per privacy unit 'uid'" in g["summary"]
+    cur = json.loads((tmp_path / "h.json.curator.json").read_text())["records"]
+    assert cur["released_from"] == 3000 and cur["bounded_out"] == 27000 and cur["reconciles"]
+    hist = out["estimates"]["north"]["statistics"]["histogram"]["value"]
+    assert abs(sum(hist) - 2000) < 40  # one row per person; noise of scale 1 per bucket
+
+
+def test_public_keys_release_every_listed_key(tmp_path):
+    _table(tmp_path / "t.parquet")
+    code, _, se = run_cli("estimate", "-i", str(tmp_path / "t.parquet"), "-c", "v", *HIST,
+                          "--privacy-unit", "uid", "--by", "region", "--keys", "north,east",
+                          "-o", str(tmp_path / "h.json"))
+    assert code == 0, se
+    out = json.loads((tmp_path / "h.json").read_text())
+    assert sorted(out["estimates"]) == ["east", "north"]  # east absent: a noisy empty histogram
+    assert abs(sum(out["estimates"]["east"]["statistics"]["histogram"]["value"])) < 40
+    assert out["guarantee"]["epsilon"] == 1.0 and out["guarantee"]["delta"] == 0.0
+
+
+def test_per_key_release_needs_a_unit_and_one_way_to_choose_keys(tmp_path):
+    _table(tmp_path / "t.parquet")
+    base = ("estimate", "-i", str(tmp_path / "t.parquet"), "-c", "v", *HIST, "--by", "region",
+            "-o", str(tmp_path / "h.json"))
+    code, _, se = run_cli(*base, "--keys", "north")
+    assert code == 2 and "--privacy-unit" in se
+    code, _, se = run_cli(*base, "--privacy-unit", "uid")
+    assert code == 2 and "--keys" in se and "--partition-selection" in se
+    code, _, se = run_cli(*base, "--privacy-unit", "uid", "--partition-selection", "1")
+    assert code == 2 and "EPSILON,DELTA" in se
+    assert not (tmp_path / "h.json").exists()
