@@ -39,6 +39,14 @@ def main():
             out = p | ReadTable(path)
             r = out.batches | Perturb(mech, columns=cols)
             return [r.reports | EstimateGlobally(estimator_for(mech)) | beam.Map(lambda e: None)]
+    elif cfg["mode"] == "bounded":  # one report per privacy unit (the input is read twice)
+        from ldp_beam.rng import RunKey
+        from ldp_beam.transforms.units import BoundContributions
+
+        def build(p):
+            b = p | BoundContributions("uid", RunKey.new(), 1, 1, source=ReadTable(path))
+            r = b.batches | Perturb(mech, columns=cols)
+            return [r.reports | EstimateGlobally(estimator_for(mech)) | beam.Map(lambda e: None)]
     else:
         table = pq.read_table(path).slice(0, rows)
         data = {c: table[c].to_pylist() for c in cols.values()}
@@ -91,6 +99,14 @@ def _child(cfg: dict, script: str) -> tuple[float, float]:
 
 def _numeric(n: int, rng: Any) -> dict:
     return {"x": rng.uniform(0.0, 100.0, n)}
+
+
+def _numeric_units(n: int, rng: Any) -> dict:
+    """Values with a privacy unit of 10 rows each (units in random order)."""
+    import numpy as np
+
+    return {"x": rng.uniform(0.0, 100.0, n),
+            "uid": rng.permutation(np.arange(n) // 10 + rng.integers(0, 2**40))}
 
 
 def _item_levels(n: int, rng: Any) -> dict:
@@ -177,4 +193,37 @@ def run(quick: bool = False, progress=None, only: list[str] | None = None) -> li
                     rec["target"] = 1e6
                     rec["meets_target"] = bool(n / secs >= 1e6)
                 out.append(rec)
+        if not only or "bounding" in only:
+            out += _bounding(sizes, tmp, script, progress)
+    return out
+
+
+def _bounding(sizes, tmp: str, script: str, progress=None) -> list[dict]:
+    """The cost of bounding each privacy unit (10 rows per unit, one report kept) against the
+    same pipeline without it, on the same file in the same run (issue 14: at most 2x, memory
+    flat)."""
+    params, cols = CASES["bisample"][0], CASES["bisample"][1]
+    out = []
+    for n in sizes:
+        path = os.path.join(tmp, f"units-{n}.parquet")
+        _write(path, _numeric_units, n)
+        times = {}
+        for mode in ("batched", "bounded"):
+            if progress is not None:
+                progress.note(f"pipeline bisample {mode} with a privacy unit ({n:,} rows)")
+            cfg = {"mechanism": "bisample", "params": params, "columns": cols, "rows": n,
+                   "path": path, "mode": mode, "beam_args": RUNNERS["DirectRunner"]}
+            secs, rss = _child(cfg, script)
+            times[mode] = secs
+            rec = make_record("bench", "synthetic, 10 rows per unit", "bisample",
+                              params["epsilon"], f"pipeline rows/s ({mode})", n / secs,
+                              stage="bounding", runner="DirectRunner", rows=n, seconds=secs,
+                              rows_per_second=n / secs, peak_rss_mb=rss, mode=mode, path="api",
+                              note="ReadTable [| BoundContributions(uid, 1 report per unit)] | "
+                                   "Perturb | EstimateGlobally, start-up included")
+            if mode == "bounded":
+                rec["ratio_to_unbounded"] = secs / times["batched"]
+                rec["target"] = 2.0
+                rec["meets_target"] = bool(rec["ratio_to_unbounded"] <= 2.0)
+            out.append(rec)
     return out
