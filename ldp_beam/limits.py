@@ -102,9 +102,14 @@ def _get(name: str) -> Cap:
 def cap(name: str) -> int:
     """The cap ``name`` in force: its environment variable if set, else the default."""
     c = _get(name)
-    raw = os.environ.get(c.env_var, "").strip()
+    return env_cap(c.env_var, c.default)
+
+
+def env_cap(env_var: str, default: int) -> int:
+    """A size cap from ``env_var`` (``1_000_000`` and ``1e6`` accepted), else ``default``."""
+    raw = os.environ.get(env_var, "").strip()
     if not raw:
-        return c.default
+        return default
     try:
         value = int(raw.replace("_", ""))
     except ValueError:
@@ -114,7 +119,7 @@ def cap(name: str) -> int:
             f = math.nan
         value = int(f) if math.isfinite(f) and f.is_integer() else 0
     if value < 1:
-        raise ParameterError(c.env_var, raw, "a positive integer (a size cap; see "
+        raise ParameterError(env_var, raw, "a positive integer (a size cap; see "
                              "ldp_beam.limits)")
     return value
 

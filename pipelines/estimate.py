@@ -249,6 +249,27 @@ def _mark(est: dict, guarantee: dict) -> dict:
     return est
 
 
+def _bookkeeping(rd: Any, accepted: Any, invalid: Any, dropped: Any, dead_letter_path: str,
+                 tally_path: str) -> list:
+    """A release pipeline's dead letters (reader's and validation's) and its tally."""
+    return [(rd.dead_letter, invalid) | "AllDeadLetters" >> beam.Flatten()
+            | "WriteDeadLetters" >> WriteJsonLines(dead_letter_path),
+            (rd.batches, rd.dead_letter, accepted, invalid, dropped)
+            | "Tally" >> Tally(tally_path)]
+
+
+def _run_and_check(build: Any, beam_args: Iterable[str], parts: str, tally_path: str,
+                   dead_letter_path: str, allow_unreadable: bool) -> tuple[list, dict]:
+    """Run a release pipeline; its result lines and reconciled counts, or RunFailed."""
+    run_pipeline(build, beam_args)
+    with open(parts) as fh:
+        rows = [json.loads(line) for line in fh if line.strip()]
+    tally = reconcile(read_tally(tally_path), count_lines(dead_letter_path))
+    check_reconciles(tally)
+    check_readable(tally, dead_letter_path, allow_unreadable)
+    return rows, tally
+
+
 def _release_seed(run: RunKey) -> int:
     """The integer the central estimators key a release's noise with: the caller's seed text
     hashed (seeded runs), else 256 bits derived from the run's secret key."""
@@ -355,17 +376,10 @@ def run_release(input: str, output: str, mech: Mechanism, columns: Mapping[str, 
             return [rec.reports
                     | "Release" >> beam.CombineGlobally(EstimatorCombineFn(est, on_empty="report"))
                     | "ToJson" >> beam.Map(_result) | "WriteRelease" >> WriteJsonLines(parts),
-                    (rd.dead_letter, invalid) | "AllDeadLetters" >> beam.Flatten()
-                    | "WriteDeadLetters" >> WriteJsonLines(staged_dead),
-                    (rd.batches, rd.dead_letter, rec.reports, invalid, dropped)
-                    | "Tally" >> Tally(tally_path)]
+                    *_bookkeeping(rd, rec.reports, invalid, dropped, staged_dead, tally_path)]
 
-        run_pipeline(build, beam_args)
-        with open(parts) as fh:
-            rows = [json.loads(line) for line in fh if line.strip()]
-        tally = reconcile(read_tally(tally_path), count_lines(staged_dead))
-        check_reconciles(tally)
-        check_readable(tally, staged_dead, allow_unreadable)
+        rows, tally = _run_and_check(build, beam_args, parts, tally_path, staged_dead,
+                                     allow_unreadable)
         release = rows[0] if rows else {"error": "no records"}
         if "error" in release:
             release.pop("n_reports", None)  # the exact count stays with the curator
@@ -548,17 +562,10 @@ def run_release_by(input: str, output: str, mech: Mechanism, columns: Mapping[st
                                                               release_seed))
                         | "WriteRelease" >> WriteJsonLines(parts))
             return [released,
-                    (rd.dead_letter, invalid) | "AllDeadLetters" >> beam.Flatten()
-                    | "WriteDeadLetters" >> WriteJsonLines(staged_dead),
-                    (rd.batches, rd.dead_letter, rec.reports, invalid, dropped)
-                    | "Tally" >> Tally(tally_path)]
+                    *_bookkeeping(rd, rec.reports, invalid, dropped, staged_dead, tally_path)]
 
-        run_pipeline(build, beam_args)
-        with open(parts) as fh:
-            rows_out = [json.loads(line) for line in fh if line.strip()]
-        tally = reconcile(read_tally(tally_path), count_lines(staged_dead))
-        check_reconciles(tally)
-        check_readable(tally, staged_dead, allow_unreadable)
+        rows_out, tally = _run_and_check(build, beam_args, parts, tally_path, staged_dead,
+                                         allow_unreadable)
         releases = {}
         for r in sorted(rows_out, key=lambda r: r["key"]):
             key = r.pop("key")

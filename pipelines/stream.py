@@ -121,7 +121,7 @@ from apache_beam.transforms.window import FixedWindows, GlobalWindows, Timestamp
 from apache_beam.utils.timestamp import Duration, Timestamp
 from apache_beam.utils.windowed_value import WindowedValue
 
-from ldp_beam.core import Estimate, Mechanism, Statistic
+from ldp_beam.core import Estimate, Mechanism
 from ldp_beam.estimators import estimator_for
 from ldp_beam.longitudinal import UnitHasher, UnitState, UnitStateError, priority
 from ldp_beam.privacy import PrivacyGuarantee, compose
@@ -321,17 +321,8 @@ def empty_release(estimator: Any):
         return None
 
     def release(acc: np.ndarray) -> Estimate:
-        mech = estimator.mechanism
-        rel = mech.publish(acc, release_source(estimator.seed, acc))
-        var = mech.noise_variance(rel)
-        stats = {"histogram": Statistic(
-            np.asarray(rel["histogram"]), None if var is None else np.sqrt(var),
-            note="the published counts in bucket order; stderr: the noise alone (grouping "
-                 "methods add a reconstruction bias it does not include)")}
-        if "groups" in rel:
-            stats["groups"] = Statistic(np.asarray(rel["groups"]),
-                                        note="group id of every bucket (part of the release)")
-        return Estimate(mech.name, None, stats, mech.guarantee, mech.params())
+        acc = np.asarray(acc, dtype=np.int64)
+        return estimator._release(acc, release_source(estimator.seed, acc))
 
     return release
 

@@ -89,8 +89,6 @@ it, as soon as a shard's reduction has counted more.
 """
 from __future__ import annotations
 
-import math
-import os
 import sys
 from typing import Any, Callable
 
@@ -132,21 +130,9 @@ def check_bound(name: str, value: Any) -> int:
 def units_cap() -> int:
     """The ``units`` cap in force: ``LDP_BEAM_MAX_UNITS`` if set (``1_000_000`` and ``1e6``
     accepted, as for the caps of :mod:`ldp_beam.limits`), else 10,000,000."""
-    raw = os.environ.get(UNITS_ENV, "").strip()
-    if not raw:
-        return DEFAULT_MAX_UNITS
-    try:
-        value = int(raw.replace("_", ""))
-    except ValueError:
-        try:
-            f = float(raw.replace("_", ""))
-        except ValueError:
-            f = math.nan
-        value = int(f) if math.isfinite(f) and f.is_integer() else 0
-    if value < 1:
-        raise ParameterError(UNITS_ENV, raw, "a positive integer (a size cap; see "
-                             "ldp_beam.limits)")
-    return value
+    from ldp_beam.limits import env_cap
+
+    return env_cap(UNITS_ENV, DEFAULT_MAX_UNITS)
 
 
 class UnitLimitError(LimitError):
