@@ -14,8 +14,13 @@ or a stage (all of them do, on failure or speculatively) reproduces the same rep
 * a bare Arrow batch or dict of arrays: the batch's content digest and the row's position in it
   (a re-executed bundle re-reads the same batch); refused for seeded runs, whose promise of
   runner-independent output needs keys that do not depend on batching;
-* a single record (dict): the value of ``key_column``, a stable record id; a mechanism that draws
-  noise refuses single records without one, since nothing else identifies a retried record.
+* a single record (dict, ``beam.Row`` or NamedTuple: the fields of a schema'd PCollection): the
+  value of ``key_column``, a stable record id; a mechanism that draws noise refuses single
+  records without one, since nothing else identifies a retried record;
+* a pandas DataFrame: a bare Arrow batch (``pa.Table.from_pandas``, index dropped).
+
+``Perturb(..., output="rows")`` emits each report as a ``beam.Row`` of a schema'd PCollection
+(the report fields, then the kept columns) instead of report batches.
 """
 from __future__ import annotations
 
@@ -33,6 +38,8 @@ from ldp_beam.rng import RunKey, stream_id
 
 from .batches import (KeyedBatch, column_names, get_column, is_batch, report_schema,
                       reports_batch, row_dict)
+from .rows import (ReportsAsRows, as_arrow, as_record, is_dataframe, kept_types,
+                   report_row_type)
 
 DEAD_LETTER = "dead_letter"
 REPORTS = "reports"
@@ -294,6 +301,11 @@ class PerturbFn(beam.DoFn):
 
     def process(self, element: Any, timestamp=beam.DoFn.TimestampParam,
                 window=beam.DoFn.WindowParam):
+        record = as_record(element)  # a schema'd row (beam.Row, NamedTuple): one record
+        if record is not None:
+            element = record
+        elif is_dataframe(element):  # a pandas frame: a bare Arrow batch
+            element = as_arrow(element)
         if isinstance(element, KeyedBatch):
             rows = None if element.rows is None else element.record_ids()
             yield from self._perturb_batch(element.table, element.stream, element.offset,
@@ -345,14 +357,26 @@ def _tagged(value: Any, ts: Any, win: Any) -> Any:
     return WindowedValue(value, ts, (win,))
 
 
+OUTPUTS = ("batches", "rows")
+
+
 class Perturb(beam.PTransform):
-    """``pcoll | Perturb(mechanism, ...)`` -> outputs with ``.reports`` and ``.dead_letter``."""
+    """``pcoll | Perturb(mechanism, ...)`` -> outputs with ``.reports`` and ``.dead_letter``.
+
+    ``output="batches"`` (default): reports as Arrow batches (dicts for single records);
+    ``output="rows"``: one ``beam.Row`` per report, the PCollection schema'd with the
+    mechanism's report fields then the kept columns (their types from ``passthrough_schema`` or
+    from the input PCollection's schema)."""
 
     def __init__(self, mechanism: Mechanism, columns: Mapping[str, str] | None = None,
                  keep: tuple[str, ...] = (), seed: Any = None, key_column: str | None = None,
                  passthrough_schema: pa.Schema | None = None, run_key: RunKey | None = None,
-                 dead_letter_columns: str = "mapped") -> None:
+                 dead_letter_columns: str = "mapped", output: str = "batches") -> None:
         super().__init__()
+        if output not in OUTPUTS:
+            raise ValueError(f"output={output!r}: one of 'batches' (report batches) or 'rows' "
+                             "(one schema'd beam.Row per report)")
+        self.output = output
         self.fn = PerturbFn(mechanism, columns, keep, seed, key_column, passthrough_schema,
                             run_key, dead_letter_columns)
 
@@ -361,4 +385,15 @@ class Perturb(beam.PTransform):
         return self.fn.run_key
 
     def expand(self, pcoll):
-        return split_dead_letters(pcoll | "Perturb" >> beam.ParDo(self.fn), REPORTS)
+        row_type = None
+        if self.output == "rows":  # the schema is known before the pipeline runs
+            fn = self.fn
+            row_type = report_row_type(fn.mechanism, kept_types(
+                fn.keep, pcoll.element_type, fn.passthrough_schema))
+        out = split_dead_letters(pcoll | "Perturb" >> beam.ParDo(self.fn), REPORTS)
+        if row_type is None:
+            return out
+        names = [n for n, _ in row_type._fields]
+        rows = out.reports | "AsRows" >> beam.ParDo(ReportsAsRows(names)).with_output_types(
+            row_type)
+        return Outputs(REPORTS, rows, out.dead_letter)
