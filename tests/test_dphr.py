@@ -301,7 +301,7 @@ def test_cli_release_from_raw_records(raw_table, tmp_path):
                            "-o", str(out))
     assert code == 0, se
     assert "released dphr: groups=[40 values], histogram=[40 values] (central-DP with " \
-        "epsilon=1)" in so
+        "epsilon=1 per record (no privacy unit declared" in so
     rel = json.loads(out.read_text())
     assert rel["estimate"]["n_reports"] is None and "curator" not in rel
     assert "4,997" not in out.read_text()  # no exact count in what may be published
@@ -329,4 +329,6 @@ def test_cli_refuses_collect_and_by_for_central(raw_table, tmp_path):
     code, _, se = run_cli("estimate", "-i", str(path), "-c", "income", "-m", "dphr", "--by", "x",
                           "--epsilon", "1", "-p", "bins=4", "-p", "lower=0", "-p", "upper=200",
                           "-o", str(tmp_path / "e.json"))
-    assert code == 2 and "disclose which keys occur" in se
+    # per-key central releases need a privacy unit (issue 14: bounded keys, public or
+    # privately selected): without one the key set and sizes would be disclosed
+    assert code == 2 and "--privacy-unit" in se and "disclosed" in se
