@@ -242,3 +242,19 @@ def test_estimates_as_rows():
     p.run().wait_until_finish()
     # the same rows without a pipeline
     assert len(estimate_rows(scalar)) == len(scalar.statistics)
+
+
+def test_row_reports_flow_into_the_estimate():
+    """Reports emitted as beam.Row (output="rows") are estimated like report batches."""
+    from apache_beam.testing.test_pipeline import TestPipeline
+    from apache_beam.testing.util import assert_that, equal_to
+
+    from ldp_beam import build_mechanism, estimator_for
+    from ldp_beam.transforms import EstimateGlobally, Perturb
+
+    mech = build_mechanism("grr", epsilon=1.0, domain=["a", "b", "c"])
+    records = [beam.Row(id=i, value=["a", "b", "c"][i % 3]) for i in range(300)]
+    with TestPipeline() as p:
+        out = p | beam.Create(records) | Perturb(mech, key_column="id", output="rows")
+        n = out.reports | EstimateGlobally(estimator_for(mech)) | beam.Map(lambda e: e.n_reports)
+        assert_that(n, equal_to([300]))

@@ -18,12 +18,13 @@ from .combine import (Accumulate, EstimateGlobally, EstimatePerKey, EstimatorCom
                       SplitByKey, ValidateReports)
 from .io import (EmptySourceError, ReadTable, SourceError, WriteJsonLines, WriteParquetFile,
                  input_schema, match_files)
+from .rows import EstimatesAsRows
 from .sinks import TIDY_SCHEMA, WriteTidy, tidy_output, tidy_rows, tidy_table, write_tidy
 from .perturb import DEAD_LETTER, Perturb, PerturbFn
 from .spool import ReadSpoolOnce, SpoolDirectory, SpoolSource
 from .units import BoundContributions, BoundedRows, UnitLimitError
 
-__all__ = ["KeyedBatch", "mechanism_metadata", "report_schema", "Accumulate", "EstimateGlobally",
+__all__ = ["EstimatesAsRows", "KeyedBatch", "mechanism_metadata", "report_schema", "Accumulate", "EstimateGlobally",
            "EstimatePerKey", "EstimatorCombineFn", "SplitByKey", "ValidateReports", "ReadTable",
            "WriteJsonLines", "WriteParquetFile", "input_schema", "match_files", "DEAD_LETTER",
            "Perturb", "PerturbFn", "ReadSpoolOnce", "SpoolDirectory", "SpoolSource",

@@ -424,6 +424,10 @@ def report_field_columns(element: Any, fields: tuple) -> tuple[dict[str, Any], i
     if isinstance(element, (pa.RecordBatch, pa.Table)):
         return ({name: element.column(name) for name, _ in fields
                  if name in element.schema.names}, element.num_rows)
+    if not isinstance(element, Mapping) and hasattr(element, "_asdict"):  # beam.Row, NamedTuple
+        element = element._asdict()
+    elif not isinstance(element, Mapping) and hasattr(element, "as_dict"):
+        element = element.as_dict()
     if isinstance(element, Mapping):
         if is_batch(element):
             return ({name: element[name] for name, _ in fields if name in element},
