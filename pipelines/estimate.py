@@ -270,6 +270,16 @@ def _run_and_check(build: Any, beam_args: Iterable[str], parts: str, tally_path:
     return rows, tally
 
 
+def curator_records(tally: dict, dead_letter: str) -> dict:
+    """A release's record counts, for the curator's bookkeeping only (never published)."""
+    return {"input": tally["input"], "released_from": tally["accepted"],
+            "dead_lettered": tally["dead_lettered"], "bounded_out": tally["bounded_out"],
+            "unreadable_rows": tally["unreadable_rows"],
+            "unreadable_parts": tally["unreadable_parts"],
+            "dead_letter": os.path.abspath(dead_letter), "reconciles": tally["reconciles"],
+            "counted_from": tally["counted_from"]}
+
+
 def _release_seed(run: RunKey) -> int:
     """The integer the central estimators key a release's noise with: the caller's seed text
     hashed (seeded runs), else 256 bits derived from the run's secret key."""
@@ -391,14 +401,7 @@ def run_release(input: str, output: str, mech: Mechanism, columns: Mapping[str, 
         curator = {"input": read.source_name, "release": os.path.abspath(output),
                    "columns": cols,
                    "run_id": run.run_id,
-                   "records": {"input": tally["input"], "released_from": tally["accepted"],
-                               "dead_lettered": tally["dead_lettered"],
-                               "bounded_out": tally["bounded_out"],
-                               "unreadable_rows": tally["unreadable_rows"],
-                               "unreadable_parts": tally["unreadable_parts"],
-                               "dead_letter": os.path.abspath(dead_letter),
-                               "reconciles": tally["reconciles"],
-                               "counted_from": tally["counted_from"]}}
+                   "records": curator_records(tally, dead_letter)}
         write_json(outs.staged("curator"), curator)
         entry.commit(ledger_outputs(outs), out)  # recorded before anything is published
         outs.commit({"command": "release", "mechanism": mech.name, "seeded": run.seeded,
@@ -580,14 +583,7 @@ def run_release_by(input: str, output: str, mech: Mechanism, columns: Mapping[st
         write_estimate(out, outs.staged("release"), fmt, run.run_id)
         curator = {"input": read.source_name, "release": os.path.abspath(output),
                    "columns": cols, "by": by, "run_id": run.run_id,
-                   "records": {"input": tally["input"], "released_from": tally["accepted"],
-                               "dead_lettered": tally["dead_lettered"],
-                               "bounded_out": tally["bounded_out"],
-                               "unreadable_rows": tally["unreadable_rows"],
-                               "unreadable_parts": tally["unreadable_parts"],
-                               "dead_letter": os.path.abspath(dead_letter),
-                               "reconciles": tally["reconciles"],
-                               "counted_from": tally["counted_from"]}}
+                   "records": curator_records(tally, dead_letter)}
         write_json(outs.staged("curator"), curator)
         entry.commit(ledger_outputs(outs), out)
         outs.commit({"command": "release", "by": by, "mechanism": mech.name,

@@ -508,7 +508,22 @@ def _ospdprr_fields(m: "OSPDPRR") -> tuple[tuple[str, str], ...]:
 
 
 @dataclass(frozen=True)
-class OSPDPRR(Mechanism):
+class _UnitBounded:
+    """The contribution bounds of a per-user release (``max_partitions_per_unit``,
+    ``max_rows_per_partition`` fields of the dataclass)."""
+
+    @property
+    def contribution_bounds(self) -> ContributionBounds:
+        """The bounds the release is calibrated to (the pipeline must enforce them)."""
+        return ContributionBounds(self.max_partitions_per_unit, self.max_rows_per_partition)
+
+    @property
+    def unit_sensitivity(self) -> int:
+        """m = L0 * Linf: the rows one unit keeps over all partitions (1: one row per user)."""
+        return self.max_partitions_per_unit * self.max_rows_per_partition
+
+
+class OSPDPRR(_UnitBounded, Mechanism):
     """OSPDPRR: one-sided personalized DP query on users' k items (central, one release).
 
     TOPSIS sensitivity scores, personalized sampling with threshold t, one Laplace release.
@@ -603,16 +618,6 @@ class OSPDPRR(Mechanism):
     @property
     def k_target(self) -> int:
         return len(self.target)
-
-    @property
-    def contribution_bounds(self) -> ContributionBounds:
-        """The bounds the release is calibrated to (the pipeline must enforce them)."""
-        return ContributionBounds(self.max_partitions_per_unit, self.max_rows_per_partition)
-
-    @property
-    def unit_sensitivity(self) -> int:
-        """m = L0 * Linf: the rows one unit keeps over all partitions (1: one row per user)."""
-        return self.max_partitions_per_unit * self.max_rows_per_partition
 
     @property
     def ref(self) -> str:
@@ -995,7 +1000,7 @@ def _osdp_fields(m: "OsdpRR") -> tuple[tuple[str, str], ...]:
 
 
 @dataclass(frozen=True)
-class OsdpRR(Mechanism):
+class OsdpRR(_UnitBounded, Mechanism):
     """OsdpRR: OSDP randomized response, record-level one-sided DP (the OSPDPRR baseline).
 
     Kotsogiannis et al., ICDE 2020. Every target item of every user is a record; a sensitive
@@ -1054,16 +1059,6 @@ class OsdpRR(Mechanism):
     @property
     def k_target(self) -> int:
         return len(self.target)
-
-    @property
-    def contribution_bounds(self) -> ContributionBounds:
-        """The bounds the release is calibrated to (the pipeline must enforce them)."""
-        return ContributionBounds(self.max_partitions_per_unit, self.max_rows_per_partition)
-
-    @property
-    def unit_sensitivity(self) -> int:
-        """m = L0 * Linf: the rows one unit keeps over all partitions (1: one row per user)."""
-        return self.max_partitions_per_unit * self.max_rows_per_partition
 
     @property
     def record_epsilon(self) -> float:
