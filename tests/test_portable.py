@@ -59,8 +59,18 @@ def _tail(log: str) -> str:
         return "(no log)"
 
 
+def _under_tmp(path: str) -> bool:
+    return os.path.realpath(path).startswith("/tmp/")
+
+
 def _can_unshare() -> bool:
-    """Can a process get a private /tmp of its own (root, and mount namespaces allowed)?"""
+    """Can a process get a private /tmp of its own (root, and mount namespaces allowed)? Not
+    when the code it must import lives under /tmp (a checkout or a venv there): a private /tmp
+    would hide it; the workers then get private directories without a mount namespace."""
+    import ldp_beam
+
+    if any(_under_tmp(p) for p in (ldp_beam.__file__, sys.prefix, sys.executable, __file__)):
+        return False
     if os.geteuid() != 0 or not shutil.which("unshare"):
         return False
     r = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c",
