@@ -26,6 +26,7 @@ True values are printed beside the estimates only because the demo data is synth
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import tempfile
 from importlib import resources
@@ -446,7 +447,20 @@ def run_demo(out_dir: str | None = None, epsilon: float = 3.0, seed: Any = None,
     w = stream.write
     w(f"\nldp-beam demo on the bundled survey sample ({data}; Apache Beam, DirectRunner)\n")
     results = {"out_dir": out_dir}
-    for name in names:
-        results[name] = SECTIONS[name](data, out_dir, epsilon, seed, beam_args, w)
+    # The demo's runs are recorded in a ledger of their own, removed afterwards: synthetic data
+    # has no budget to track, and a second demo must draw its releases afresh rather than
+    # re-publish the first one's (what the user's own ledger would rightly do).
+    ledger_dir = tempfile.mkdtemp(prefix="ldp-beam-demo-ledger-")
+    previous = os.environ.get("LDP_BEAM_LEDGER")
+    os.environ["LDP_BEAM_LEDGER"] = os.path.join(ledger_dir, "ledger.db")
+    try:
+        for name in names:
+            results[name] = SECTIONS[name](data, out_dir, epsilon, seed, beam_args, w)
+    finally:
+        if previous is None:
+            os.environ.pop("LDP_BEAM_LEDGER", None)
+        else:
+            os.environ["LDP_BEAM_LEDGER"] = previous
+        shutil.rmtree(ledger_dir, ignore_errors=True)
     w(f"\n  all outputs in {out_dir}\n")
     return results
