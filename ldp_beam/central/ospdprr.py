@@ -507,7 +507,6 @@ def _ospdprr_fields(m: "OSPDPRR") -> tuple[tuple[str, str], ...]:
             + tuple((f"weight{i}", "float64") for i in range(1, m.k + 1)))
 
 
-@dataclass(frozen=True)
 class _UnitBounded:
     """The contribution bounds of a per-user release (``max_partitions_per_unit``,
     ``max_rows_per_partition`` fields of the dataclass)."""
@@ -523,6 +522,7 @@ class _UnitBounded:
         return self.max_partitions_per_unit * self.max_rows_per_partition
 
 
+@dataclass(frozen=True)
 class OSPDPRR(_UnitBounded, Mechanism):
     """OSPDPRR: one-sided personalized DP query on users' k items (central, one release).
 
