@@ -179,12 +179,8 @@ def run_estimate(input: str, output: str, mechanism: Mechanism | None = None,
                     (rd.batches, rd.dead_letter, valid.reports, valid.dead_letter)
                     | "Tally" >> Tally(tally_path)]
 
-        run_pipeline(build, beam_args)
-        with open(parts) as fh:
-            rows = [json.loads(line) for line in fh if line.strip()]
-        rec = reconcile(read_tally(tally_path), count_lines(staged_dead))
-        check_reconciles(rec)
-        check_readable(rec, staged_dead, allow_unreadable)
+        rows, rec = _run_and_check(build, beam_args, parts, tally_path, staged_dead,
+                                   allow_unreadable)
         guarantee = run_guarantee(mech.guarantee, seeded=bool(seeded_reports), unit=unit_col,
                                   bounds=k if unit_col else None)
         out: dict[str, Any] = {
@@ -433,20 +429,16 @@ class _KeyCodes:
         return lut[codes]
 
 
-def _split_keys(by: str, unit: str):
-    def split(batch):
-        t = batch if isinstance(batch, pa.Table) else pa.Table.from_batches([batch])
-        keys = t.column(by).to_pandas().astype(object)
-        units = t.column(unit).to_pandas().astype(object)
-        body = t.drop_columns([by, unit])
-        for key in pd_unique(keys):
-            idx = np.flatnonzero((keys == key).to_numpy())
-            yield str(key), (body.take(pa.array(idx)), set(units.iloc[idx].astype(str)))
-    return split
-
-
-def pd_unique(s: Any) -> list:
-    return [k for k in s.dropna().unique().tolist()]
+def _per_key_part(unit: str, by: str):
+    """(key, report sub-batch) -> (key, (the reports without key and unit, their units)): what
+    each key's accumulator folds. A null key is the key "" (SplitByKey's), selected or listed
+    like any other: its rows are never dropped unseen."""
+    def part(kv):
+        key, table = kv
+        t = table if isinstance(table, pa.Table) else pa.Table.from_batches([table])
+        units = set(t.column(unit).cast(pa.string()).to_pylist())
+        return key, (t.drop_columns([by, unit]), units)
+    return part
 
 
 class PerKeyCombineFn(beam.CombineFn):
@@ -558,7 +550,8 @@ def run_release_by(input: str, output: str, mech: Mechanism, columns: Mapping[st
                                                          key_codes(by))
             rec = rows | "Validate" >> Perturb(mech, columns=cols, run_key=run, keep=(by, unit))
             invalid = (rec.dead_letter, unit_dead) | "InvalidRows" >> beam.Flatten()
-            released = (rec.reports | "SplitKeys" >> beam.FlatMap(_split_keys(by, unit))
+            released = (rec.reports | "SplitKeys" >> beam.ParDo(SplitByKey(by))
+                        | "KeyParts" >> beam.Map(_per_key_part(unit, by))
                         | "PerKey" >> beam.CombinePerKey(PerKeyCombineFn(est))
                         | "AllKeys" >> beam.combiners.ToList()
                         | "Release" >> beam.ParDo(ReleaseKeys(est, public, selector,

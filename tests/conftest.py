@@ -1,3 +1,4 @@
+import json
 import logging
 import os
 import sys
@@ -54,6 +55,15 @@ def run_cli(*args: str):
     with redirect_stdout(out), redirect_stderr(err):
         code = main(list(args))
     return code, out.getvalue(), err.getvalue()
+
+
+def write_file(folder, name, lines):
+    """Write a JSON-lines file the way producers must: elsewhere, then an atomic rename."""
+    tmp = os.path.join(folder, "." + name + ".tmp")
+    with open(tmp, "w") as fh:
+        for line in lines:
+            fh.write((line if isinstance(line, str) else json.dumps(line)) + "\n")
+    os.rename(tmp, os.path.join(folder, name))
 
 
 def read_jsonl(path) -> list[dict]:

@@ -15,7 +15,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.testing.test_stream import TestStream
 from apache_beam.transforms.window import TimestampedValue
 
-from ldp_beam_test_helpers import read_jsonl, run_cli
+from ldp_beam_test_helpers import read_jsonl, run_cli, write_file
 from ldp_beam.estimators import estimator_for
 from ldp_beam.registry import build_mechanism
 from ldp_beam.pipelines.stream import (StreamConfigError, StreamSink, WindowedEstimate,
@@ -221,15 +221,6 @@ def test_event_times_and_bad_lines():
 
 
 # --------------------------------------------------------------------------- the spool
-def write_file(folder, name, lines):
-    """Write a JSON-lines file the way producers must: elsewhere, then an atomic rename."""
-    tmp = os.path.join(folder, "." + name + ".tmp")
-    with open(tmp, "w") as fh:
-        for line in lines:
-            fh.write((line if isinstance(line, str) else json.dumps(line)) + "\n")
-    os.rename(tmp, os.path.join(folder, name))
-
-
 def test_bounded_run_dead_letters_bad_lines_and_never_rereads_done_files(tmp_path, bisample):
     spool, out = tmp_path / "spool", tmp_path / "out"
     spool.mkdir()

@@ -18,7 +18,7 @@ import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.testing.test_stream import TestStream
 
-from ldp_beam_test_helpers import read_jsonl, run_cli
+from ldp_beam_test_helpers import read_jsonl, run_cli, write_file
 from ldp_beam.central.histogram import HistogramReleaseEstimator, count_noise_variance
 from ldp_beam.noise import discrete_laplace_scale
 from ldp_beam.pipelines.stream import (ParseMessagesFn, StreamConfigError, StreamSink,
@@ -45,14 +45,6 @@ def reports(mech, n, seed):
     rng = np.random.default_rng(seed)
     rep = mech.perturb({"value": rng.uniform(18, 90, n)}, rng=seed)
     return [{"s": int(s), "b": int(b)} for s, b in zip(rep["s"], rep["b"])]
-
-
-def write_file(folder, name, lines):
-    tmp = os.path.join(folder, "." + name + ".tmp")
-    with open(tmp, "w") as fh:
-        for line in lines:
-            fh.write((line if isinstance(line, str) else json.dumps(line)) + "\n")
-    os.rename(tmp, os.path.join(folder, name))
 
 
 def run_rows(out, name, run):

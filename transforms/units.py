@@ -99,6 +99,7 @@ import pyarrow.compute as pc
 from apache_beam.metrics import Metrics
 
 from ldp_beam.errors import LdpBeamError, LimitError, ParameterError
+from ldp_beam.privacy import check_contribution_bound
 from ldp_beam.rng import RunKey
 
 from .batches import KeyedBatch
@@ -119,12 +120,8 @@ _AES_GAP = 1 << 13  # records: drawing a gap this long costs about what a new AE
 
 # --------------------------------------------------------------------------- parameters
 def check_bound(name: str, value: Any) -> int:
-    """A contribution bound: an integer >= 1 (not a bool, not a float)."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) \
-            or int(value) < 1:
-        raise ParameterError(name, value, "an integer >= 1 (rows or partitions per privacy "
-                             "unit)")
-    return int(value)
+    """A contribution bound: an integer >= 1 (the shared check of ldp_beam.privacy)."""
+    return check_contribution_bound(value, name)
 
 
 def units_cap() -> int:
