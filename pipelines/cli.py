@@ -110,12 +110,16 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--max-reports-per-unit", type=int, default=1, metavar="K",
                    help="with --privacy-unit: reports per unit (default 1); the guarantee is "
                         "K x epsilon per unit and standard errors are widened for K > 1")
+    c.add_argument("--quiet", "-q", action="store_true",
+                   help="no progress bar nor rate line on stderr (only errors)")
     _mechanism_args(c, required=True)
     _run_args(c)
     add_ledger_options(c)
 
     e = sub.add_parser("estimate", help="estimate statistics from a reports table")
     e.add_argument("--input", "-i", required=True)
+    e.add_argument("--quiet", "-q", action="store_true",
+                   help="no progress bar nor rate line on stderr (only errors)")
     e.add_argument("--output", "-o", required=True, help="estimate JSON file")
     e.add_argument("--by", help="one estimate per value of this (kept) column")
     e.add_argument("--column", "-c", action="append",
@@ -213,6 +217,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("family", choices=FAMILIES + ("all", "report"),
                    help="one family, all of them, or `report`: no experiment, just rewrite "
                         "DIR/report.md from the outputs already in --out DIR")
+    r.add_argument("--quiet", "-q", action="store_true",
+                   help="no progress bar nor rate line on stderr (only errors)")
     r.add_argument("--quick", action="store_true", help="reduced run, under a minute")
     r.add_argument("--data-dir", help="real datasets (synthetic fallback when a file is absent)")
     r.add_argument("--out", help="directory for PNG figures")
@@ -231,6 +237,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--no-pipeline", action="store_true", help="skip the Beam pipeline runs")
     au = sub.add_parser("audit", help="privacy audits of every mechanism: exact worst case and an "
                         "empirical lower bound on epsilon beside each claim")
+    au.add_argument("--quiet", "-q", action="store_true",
+                   help="no progress bar nor rate line on stderr (only errors)")
     au.add_argument("--quick", action="store_true", help="fewer samples, under a minute")
     au.add_argument("--json", help="write the records here (default: stdout)")
     au.add_argument("--seed", type=int, help="sampling seed (default: OS entropy, recorded)")
@@ -601,6 +609,10 @@ def main(argv: list[str] | None = None) -> int:
         import signal
 
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    if a.command in ("collect", "estimate", "reproduce", "audit"):  # progress bar / rate line
+        from ldp_beam.progress import configure
+
+        configure(enabled=True, quiet=a.quiet, label=a.command)
     logging.basicConfig(level=logging.INFO if a.verbose else logging.ERROR)
     if not a.verbose:
         logging.getLogger().setLevel(logging.ERROR)
