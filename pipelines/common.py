@@ -145,21 +145,145 @@ def run_pipeline(build: Callable[[beam.Pipeline], Sequence[Any]],
 
     All terminals are joined by one final step, so runners that compute only the graph's last
     node (Beam's Dask runner does) still run every branch: no output is silently skipped. A
-    failed run raises with the runner's error (a crashed Dask worker included)."""
+    failed run raises with the runner's error (a crashed Dask worker included).
+
+    Progress (:mod:`ldp_beam.progress`; on for the command line, off for the Python API): on a
+    terminal a bar of the rows read, with an ETA when the input's row count is known from its
+    metadata; then a final line with the rows read and rows/s over the wall time (from the
+    reader's ``input_rows_read`` counter). The bar follows a lightweight counting branch on the
+    reader's output where the run is in this process (DirectRunner in memory or in threads),
+    else Beam's metrics of the running job, polled while it is not finished (portable runners);
+    where neither is available it shows the count so far and the elapsed time."""
+    from ldp_beam.progress import pipeline_progress
+
     with runner_context(beam_args) as args:
         p = beam.Pipeline(options=PipelineOptions(args))
         terminals = [t for t in build(p) if t is not None]
+        reads = _read_tables(p)
+        prog = pipeline_progress(total=lambda: _total_rows(reads))
+        if prog is not None and prog.show_bar and _in_process(args):
+            run_id = _attach_live_count(reads)
+            if run_id is not None:
+                prog.set_live(lambda: _LIVE.get(run_id, 0))
         if len(terminals) > 1:
             _ = (tuple(terminals) | "AllOutputs" >> beam.Flatten()
                  | "OutputsDone" >> beam.combiners.Count.Globally())
-        result = p.run()
+        if prog is not None:
+            prog.start()
+        ok = False
+        result = None
         try:
-            result.wait_until_finish()
+            result = p.run()
+            if prog is not None and prog.show_bar and prog._live is None:
+                prog.set_live(lambda: _running_rows(result), interval=1.0)
+            try:
+                result.wait_until_finish()
+            finally:
+                client = getattr(result, "client", None)  # the Dask runner's own client
+                if client is not None:
+                    client.close()
+            ok = True
         finally:
-            client = getattr(result, "client", None)  # the Dask runner's own client
-            if client is not None:
-                client.close()
+            if prog is not None:
+                rows = counters(result).get("input_rows_read") if ok else None
+                prog.finish(rows, ok)
     return result
+
+
+#: rows counted so far by the live counting branch of the runs in this process, by run
+_LIVE: dict[str, int] = {}
+
+
+class _CountLive(beam.DoFn):
+    """Adds the rows of each batch the reader emits to ``_LIVE[run_id]`` (this process only: a
+    run on workers elsewhere leaves it at 0 and the bar falls back to the runner's metrics)."""
+
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
+
+    def process(self, element: Any):
+        if not isinstance(element, dict):  # the reader's dead letters are dicts
+            _LIVE[self.run_id] = _LIVE.get(self.run_id, 0) + _rows(element)
+        return ()
+
+
+def _read_tables(p: beam.Pipeline) -> list:
+    """(ReadTable transform, its read step's output) of every ReadTable in the pipeline."""
+    from apache_beam.pipeline import PipelineVisitor
+    from ldp_beam.transforms.io import ReadTable
+
+    found: list = []
+
+    class _Visit(PipelineVisitor):
+        def visit_transform(self, node):
+            parent = node.parent  # the read step: ReadTable's ParDo labelled "Read"
+            if (parent is not None and isinstance(parent.transform, ReadTable)
+                    and node.full_label == f"{parent.full_label}/Read"):
+                found.append((parent.transform, node.outputs.get(None)))
+
+    try:
+        p.visit(_Visit())
+    except Exception:  # progress is best effort: never fail a run over it
+        return []
+    return found
+
+
+def _total_rows(reads: list) -> int | None:
+    """Rows the run will read, from the files' metadata (Parquet footers; CSV records counted
+    only up to 64 MiB of CSV in all); None when unknown (a database source, large CSV)."""
+    from ldp_beam.transforms.io import count_rows, table_format
+
+    if not reads:
+        return None
+    total = 0
+    csv_bytes = 0
+    for rt, _ in reads:
+        if getattr(rt, "kind", None) != "files" or not rt.files:
+            return None
+        for f in rt.files:
+            if table_format(f) != "parquet":
+                try:
+                    csv_bytes += os.path.getsize(f)
+                except OSError:
+                    return None
+                if csv_bytes > 64 << 20:
+                    return None
+            total += count_rows(f, rt.csv_options, rt.flags)
+    return total
+
+
+def _in_process(args: Sequence[str]) -> bool:
+    """Does the run execute in this process (the DirectRunner in memory or in threads)?"""
+    if runner_name(args) not in ("DirectRunner", "direct"):
+        return False
+    mode = PipelineOptions(list(args)).get_all_options().get("direct_running_mode")
+    return mode in (None, "in_memory", "multi_threading")
+
+
+def _attach_live_count(reads: list) -> str | None:
+    import uuid
+
+    run_id = uuid.uuid4().hex
+    attached = False
+    for i, (_, out) in enumerate(reads):
+        if out is not None:
+            _ = out | f"ProgressCount{i}" >> beam.ParDo(_CountLive(run_id))
+            attached = True
+    if not attached:
+        return None
+    _LIVE[run_id] = 0
+    return run_id
+
+
+def _running_rows(result: Any) -> int | None:
+    """Rows read so far by a running job, from its metrics (attempted values)."""
+    if result is None:
+        return None
+    res = result.metrics().query(
+        MetricsFilter().with_namespace("ldp_beam").with_name("input_rows_read"))
+    vals = [c.attempted if c.attempted is not None else c.committed for c in res["counters"]]
+    vals = [int(v) for v in vals if v is not None]
+    return sum(vals) if vals else None
 
 
 def counters(result: Any, namespace: str = "ldp_beam") -> dict[str, int]:
