@@ -1,0 +1,507 @@
+"""Database sources and the portable runner for ``ldp-beam bench --only sources``.
+
+For each size, one synthetic table (a numeric column ``x`` for ``bisample``, the same values
+everywhere) is written to a Parquet file, to a DuckDB database file and to a PostgreSQL table on
+a throw-away server the benchmark starts itself (from the machine's PostgreSQL binaries; loaded
+by ADBC's bulk ingest, i.e. binary COPY, then ``VACUUM (FREEZE, ANALYZE)`` as a warehouse load
+would finish). The same ``ReadTable(url) | Perturb | EstimateGlobally`` pipeline then runs on
+each in a fresh child process on the DirectRunner; the runs are interleaved (Parquet, DuckDB,
+PostgreSQL, then again) and repeated, each source's median time kept, so the ratios to Parquet
+compare runs made under the same load. Target: a database source within 1.5x of Parquet.
+
+The portable-runner record runs the Parquet pipeline at the smallest size on Beam's
+PortableRunner, submitted to Beam's own Python job service (``local_job_service_main``) with an
+external worker pool (``worker_pool_main``), both started here; ``ratio_to_direct`` is that
+path's overhead over the DirectRunner (no target).
+
+Every child reports the reports it estimated from and the reader's dead letters, so a record
+shows the rows it stands for; a source whose engine or client is missing gives a record with
+``skipped`` and the reason, never a failure of the whole benchmark.
+"""
+from __future__ import annotations
+
+import contextlib
+import glob
+import json
+import os
+import pwd
+import re
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any, Iterator
+
+from ldp_beam.evaluation.records import make_record
+
+MECHANISM = "bisample"
+PARAMS = {"epsilon": 1.0, "lower": 0.0, "upper": 100.0}
+COLUMNS = {"value": "x"}
+TARGET = 1.5
+SOURCES = ("parquet", "duckdb", "postgresql")
+STARTUP_SECONDS = 60
+NOTE = ("ReadTable(url) | Perturb | EstimateGlobally on the DirectRunner in a fresh process, "
+        "start-up included; median of the interleaved repeats; the same rows in each source")
+
+_CHILD = r'''
+import json, resource, sys, time
+
+
+def main():
+    import apache_beam as beam
+    from ldp_beam import build_mechanism, estimator_for
+    from ldp_beam.pipelines.common import run_pipeline
+    from ldp_beam.transforms import EstimateGlobally, Perturb, ReadTable
+
+    cfg = json.loads(sys.argv[1])
+    mech = build_mechanism(cfg["mechanism"], **cfg["params"])
+
+    def build(p):
+        read = p | ReadTable(cfg["url"])
+        r = read.batches | Perturb(mech, columns=cfg["columns"])
+        n = (r.reports | EstimateGlobally(estimator_for(mech))
+             | beam.Map(lambda e: json.dumps({"reports": e.n_reports})))
+        dead = ((read.dead_letter, r.dead_letter) | "DeadLetters" >> beam.Flatten()
+                | beam.combiners.Count.Globally()
+                | beam.Map(lambda k: json.dumps({"dead_letters": k})))
+        return [(n, dead) | "Counts" >> beam.Flatten()
+                | beam.io.WriteToText(cfg["out"], num_shards=1, shard_name_template="")]
+
+    t = time.perf_counter()
+    run_pipeline(build, cfg["beam_args"])
+    secs = time.perf_counter() - t
+    got = {}
+    with open(cfg["out"]) as fh:
+        for line in fh:
+            if line.strip():
+                got.update(json.loads(line))
+    print(json.dumps({"seconds": secs, "peak_rss_mb": peak_rss_mb(), **got}))
+
+
+def peak_rss_mb():
+    """This process's own peak RSS (VmHWM; ru_maxrss survives exec on Linux)."""
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024.0
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+if __name__ == "__main__":
+    main()
+'''
+
+
+def run(sizes: tuple[int, ...], tmp: str, progress=None, *,
+        repeats: int | None = None) -> list[dict]:
+    """Records for each size in ``sizes``: Parquet, DuckDB and PostgreSQL (or ``skipped``), then
+    one portable-runner record at the smallest size. ``tmp``: a folder for the data and the
+    child's outputs. ``repeats``: runs per source and size (default 3 from 10^6 rows, else 1)."""
+    script = os.path.join(tmp, "bench_sources_child.py")
+    with open(script, "w") as fh:
+        fh.write(_CHILD)
+    out: list[dict] = []
+    direct: dict[int, float] = {}
+    with contextlib.ExitStack() as stack:
+        server: _PostgresServer | None = None
+        pg_skip = postgres_unavailable()
+        for n in sizes:
+            reps = repeats if repeats is not None else (3 if n >= 1_000_000 else 1)
+            _note(progress, f"sources: writing {n:,} rows to Parquet, DuckDB and PostgreSQL")
+            table = _table(n)
+            urls: dict[str, str] = {}
+            skipped: dict[str, str] = {}
+            parquet = os.path.join(tmp, f"sources-{n}.parquet")
+            _write_parquet(table, parquet)
+            urls["parquet"] = parquet
+            why = duckdb_unavailable()
+            if why:
+                skipped["duckdb"] = why
+            else:
+                urls["duckdb"] = _write_duckdb(table, os.path.join(tmp, f"sources-{n}.duckdb"))
+            if pg_skip:
+                skipped["postgresql"] = pg_skip
+            else:
+                try:
+                    if server is None:
+                        server = stack.enter_context(_PostgresServer.running())
+                    urls["postgresql"] = server.load(table, f"t{n}")
+                except PostgresStartError as exc:
+                    pg_skip = skipped["postgresql"] = str(exc)
+            del table
+            times: dict[str, list[float]] = {s: [] for s in urls}
+            last: dict[str, dict] = {}
+            for rep in range(reps):
+                for source, url in urls.items():
+                    _note(progress, f"sources: {source} ({n:,} rows, run {rep + 1} of {reps})")
+                    got = _child(script, url, ["--runner=DirectRunner"], tmp)
+                    _check_rows(got, n, source)
+                    times[source].append(got["seconds"])
+                    last[source] = got
+            base = statistics.median(times["parquet"])
+            direct[n] = base
+            for source in SOURCES:
+                if source in skipped:
+                    out.append(_record(source, n, None, {}, reps, skipped=skipped[source]))
+                    continue
+                secs = statistics.median(times[source])
+                rec = _record(source, n, secs, last[source], reps, all_seconds=times[source])
+                if source != "parquet":
+                    rec["ratio_to_parquet"] = secs / base
+                    rec["target"] = TARGET
+                    rec["meets_target"] = bool(secs / base <= TARGET)
+                out.append(rec)
+    out.append(_portable(min(sizes), tmp, script, direct[min(sizes)], progress,
+                         repeats if repeats is not None else
+                         (3 if min(sizes) >= 1_000_000 else 1)))
+    return out
+
+
+def _note(progress, text: str) -> None:
+    if progress is not None:
+        progress.note(text)
+
+
+def _record(source: str, n: int, secs: float | None, got: dict, reps: int, *,
+            runner: str = "DirectRunner", all_seconds: list[float] | None = None,
+            skipped: str | None = None, note: str = NOTE) -> dict:
+    rate = None if not secs else n / secs
+    rec = make_record("bench", "synthetic", MECHANISM, PARAMS["epsilon"],
+                      f"pipeline rows/s ({source})", rate, stage="sources", runner=runner,
+                      source=source, rows=n, seconds=secs, rows_per_second=rate,
+                      peak_rss_mb=got.get("peak_rss_mb"), mode="batched", path="api",
+                      repeats=reps, note=note)
+    if skipped is not None:
+        rec["skipped"] = skipped
+        return rec
+    rec["all_seconds"] = list(all_seconds or [])
+    rec["reports"] = got["reports"]
+    rec["dead_letters"] = got["dead_letters"]
+    return rec
+
+
+def _check_rows(got: dict, n: int, source: str) -> None:
+    """Every row is a report or a dead letter (nothing silently dropped)."""
+    if got.get("reports") is None or got["reports"] + got.get("dead_letters", 0) < n \
+            or got["reports"] > n:
+        raise RuntimeError(f"benchmark source {source}: {n:,} rows written, the pipeline "
+                           f"estimated from {got.get('reports')} reports with "
+                           f"{got.get('dead_letters')} dead letters")
+
+
+def _child(script: str, url: str, beam_args: list[str], tmp: str) -> dict:
+    """One pipeline in a fresh process: its seconds, peak RSS, reports and dead letters."""
+    fd, out = tempfile.mkstemp(prefix="child-", suffix=".jsonl", dir=tmp)
+    os.close(fd)
+    cfg = {"mechanism": MECHANISM, "params": PARAMS, "columns": COLUMNS, "url": url,
+           "beam_args": beam_args, "out": out}
+    try:
+        r = subprocess.run([sys.executable, script, json.dumps(cfg)], capture_output=True,
+                           text=True, timeout=3600)
+    finally:
+        with contextlib.suppress(OSError):
+            os.remove(out)
+    if r.returncode != 0:
+        raise RuntimeError(f"benchmark pipeline on {_redact(url)} failed: {r.stderr[-2000:]}")
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def _redact(url: str) -> str:
+    from ldp_beam.transforms.sources import is_source_url, redact
+
+    return redact(url) if is_source_url(url) else url
+
+
+# ------------------------------------------------------------------------------ the data
+def _table(n: int):
+    """The benchmark's table: ``x`` uniform on [0, 100), seeded by its size (so every source of
+    one size holds the same values, and runs are comparable)."""
+    import numpy as np
+    import pyarrow as pa
+
+    return pa.table({"x": np.random.default_rng(n).uniform(0.0, 100.0, n)})
+
+
+def _write_parquet(table, path: str) -> None:
+    import pyarrow.parquet as pq
+
+    pq.write_table(table, path, row_group_size=250_000)  # as pipelines/bench.py writes
+
+
+def duckdb_unavailable() -> str | None:
+    try:
+        import duckdb  # noqa: F401
+    except ImportError:
+        return "the duckdb package is not installed (pip install 'ldp-beam[duckdb]')"
+    return None
+
+
+def _write_duckdb(table, path: str) -> str:
+    import duckdb
+
+    if os.path.exists(path):
+        os.remove(path)
+    con = duckdb.connect(path)
+    try:
+        con.register("src", table)
+        con.execute("CREATE TABLE t AS SELECT * FROM src")
+        con.unregister("src")
+    finally:
+        con.close()
+    return f"duckdb://{os.path.abspath(path)}?table=t"
+
+
+# ------------------------------------------------------------------------------ PostgreSQL
+class PostgresStartError(RuntimeError):
+    """The benchmark's PostgreSQL server could not be started (the record says why)."""
+
+
+def _version_key(path: str) -> tuple:
+    return tuple(int(x) for x in re.findall(r"\d+", path)) or (0,)
+
+
+def postgres_binaries() -> str | None:
+    """The folder holding ``initdb``, ``postgres`` and ``pg_ctl`` (Debian's
+    ``/usr/lib/postgresql/*/bin``, newest first, then ``$PATH``), or None."""
+    need = ("initdb", "postgres", "pg_ctl")
+    for d in sorted(glob.glob("/usr/lib/postgresql/*/bin"), key=_version_key, reverse=True):
+        if all(os.access(os.path.join(d, b), os.X_OK) for b in need):
+            return d
+    found = shutil.which("initdb")
+    if found:
+        d = os.path.dirname(os.path.realpath(found))
+        if all(os.access(os.path.join(d, b), os.X_OK) for b in need):
+            return d
+    return None
+
+
+def postgres_unavailable() -> str | None:
+    """Why the PostgreSQL source cannot be measured here, or None."""
+    try:
+        import adbc_driver_postgresql.dbapi  # noqa: F401
+    except ImportError:
+        return ("adbc-driver-postgresql is not installed (pip install "
+                "'ldp-beam[postgresql]')")
+    if postgres_binaries() is None:
+        return "no PostgreSQL server binaries (initdb, postgres, pg_ctl) on this machine"
+    if os.geteuid() == 0 and not shutil.which("runuser"):
+        return "running as root without runuser: PostgreSQL refuses to run as root"
+    return None
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class _PostgresServer:
+    """A throw-away PostgreSQL cluster on a loopback port (trust authentication for the
+    superuser ``ldpbeam``), in a fresh folder of the system temp directory; as root it runs as
+    the ``postgres`` user (PostgreSQL refuses root), which must be able to reach that folder."""
+
+    SUPERUSER = "ldpbeam"
+
+    def __init__(self) -> None:
+        self.bindir = postgres_binaries()
+        if self.bindir is None:
+            raise PostgresStartError("no PostgreSQL server binaries on this machine")
+        self.user = None
+        if os.geteuid() == 0:
+            for name in ("postgres", "ldpbeam-pg"):
+                with contextlib.suppress(KeyError):
+                    pwd.getpwnam(name)
+                    self.user = name
+                    break
+            if self.user is None:
+                raise PostgresStartError("running as root and there is no 'postgres' user to "
+                                         "run the server as")
+        self.folder = tempfile.mkdtemp(prefix="ldp-beam-bench-pg-")
+        self.data = os.path.join(self.folder, "data")
+        self.log = os.path.join(self.folder, "server.log")
+        self.port = 0
+        self.proc: subprocess.Popen | None = None
+        if self.user:
+            pw = pwd.getpwnam(self.user)
+            os.chown(self.folder, pw.pw_uid, pw.pw_gid)
+            os.chmod(self.folder, 0o700)
+
+    @classmethod
+    @contextlib.contextmanager
+    def running(cls) -> Iterator["_PostgresServer"]:
+        server = cls()
+        try:
+            server._start()
+            yield server
+        finally:
+            server.stop()
+
+    def _cmd(self, *args: str) -> list[str]:
+        return (["runuser", "-u", self.user, "--"] if self.user else []) + list(args)
+
+    def _start(self) -> None:
+        r = subprocess.run(self._cmd(os.path.join(self.bindir, "initdb"), "-D", self.data,
+                                     "-U", self.SUPERUSER, "--auth=trust", "-E", "UTF8",
+                                     "--locale=C", "--no-sync"),
+                           capture_output=True, text=True, timeout=STARTUP_SECONDS)
+        if r.returncode != 0:
+            raise PostgresStartError(f"initdb failed ({r.returncode}): {r.stderr[-1000:]}")
+        for _ in range(3):  # a port taken between _free_port() and the bind: try another
+            self.port = _free_port()
+            if self._run():
+                return
+        raise PostgresStartError("PostgreSQL did not start on a free port in 3 attempts: "
+                                 + self._log_tail())
+
+    def _run(self) -> bool:
+        import adbc_driver_postgresql.dbapi as pg
+
+        with open(self.log, "ab") as logf:
+            self.proc = subprocess.Popen(
+                self._cmd(os.path.join(self.bindir, "postgres"), "-D", self.data,
+                          "-p", str(self.port), "-k", self.folder,
+                          "-c", "listen_addresses=127.0.0.1", "-c", "max_connections=40",
+                          "-c", "shared_buffers=128MB", "-c", "fsync=off",
+                          "-c", "synchronous_commit=off", "-c", "full_page_writes=off"),
+                stdout=logf, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + STARTUP_SECONDS
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                self.proc = None
+                return False
+            try:
+                pg.connect(self.url() + "?connect_timeout=2").close()
+                return True
+            except Exception:  # noqa: BLE001 - not accepting connections yet
+                time.sleep(0.1)
+        raise PostgresStartError(f"PostgreSQL did not accept connections within "
+                                 f"{STARTUP_SECONDS} s: " + self._log_tail())
+
+    def _log_tail(self) -> str:
+        try:
+            with open(self.log, errors="replace") as fh:
+                return fh.read()[-2000:]
+        except OSError:
+            return "(no server log)"
+
+    def url(self) -> str:
+        return f"postgresql://{self.SUPERUSER}@127.0.0.1:{self.port}/postgres"
+
+    def load(self, table, name: str) -> str:
+        """``table`` as the PostgreSQL table ``name`` (bulk ingest, binary COPY), vacuumed and
+        analyzed; returns its source URL."""
+        import adbc_driver_postgresql.dbapi as pg
+
+        with pg.connect(self.url(), autocommit=True) as con:
+            with con.cursor() as cur:
+                cur.execute(f'DROP TABLE IF EXISTS "{name}"')
+                cur.adbc_ingest(name, table, mode="create")
+                cur.execute(f'VACUUM (FREEZE, ANALYZE) "{name}"')
+        return f"{self.url()}?table={name}"
+
+    def stop(self) -> None:
+        try:
+            if self.proc is not None and self.proc.poll() is None:
+                subprocess.run(self._cmd(os.path.join(self.bindir, "pg_ctl"), "stop", "-D",
+                                         self.data, "-m", "fast", "-w", "-t", "20"),
+                               capture_output=True, timeout=30)
+                try:
+                    self.proc.wait(timeout=10)
+                except subprocess.TimeoutExpired:  # the postmaster by its pid file
+                    with contextlib.suppress(OSError, ValueError):
+                        with open(os.path.join(self.data, "postmaster.pid")) as fh:
+                            os.kill(int(fh.readline()), signal.SIGKILL)
+                    self.proc.kill()
+                    self.proc.wait(timeout=10)
+        finally:
+            self.proc = None
+            shutil.rmtree(self.folder, ignore_errors=True)
+
+
+# ------------------------------------------------------------------------------ portable runner
+def _wait_for_port(port: int, proc: subprocess.Popen, what: str, log: str) -> None:
+    deadline = time.monotonic() + STARTUP_SECONDS
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with {proc.returncode}: {_tail(log)}")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.2)
+    raise RuntimeError(f"{what} did not listen on 127.0.0.1:{port} within {STARTUP_SECONDS} s: "
+                       f"{_tail(log)}")
+
+
+def _tail(log: str) -> str:
+    try:
+        with open(log, errors="replace") as fh:
+            return fh.read()[-2000:]
+    except OSError:
+        return "(no log)"
+
+
+@contextlib.contextmanager
+def portable_services(tmp: str) -> Iterator[list[str]]:
+    """Beam's Python job service and an external worker pool (``sys.executable``), each its own
+    process; yields the PortableRunner arguments that submit to them. Both are stopped on the
+    way out."""
+    procs: list[subprocess.Popen] = []
+    try:
+        job_port, pool_port = _free_port(), _free_port()
+        job_log, pool_log = (os.path.join(tmp, "job-service.log"),
+                             os.path.join(tmp, "worker-pool.log"))
+        with open(job_log, "w") as jl:
+            procs.append(subprocess.Popen(
+                [sys.executable, "-m", "apache_beam.runners.portability.local_job_service_main",
+                 f"--port={job_port}"], stdout=jl, stderr=subprocess.STDOUT))
+        with open(pool_log, "w") as pl:
+            procs.append(subprocess.Popen(
+                [sys.executable, "-m", "apache_beam.runners.worker.worker_pool_main",
+                 f"--service_port={pool_port}"], stdout=pl, stderr=subprocess.STDOUT))
+        _wait_for_port(job_port, procs[0], "the Beam job service", job_log)
+        _wait_for_port(pool_port, procs[1], "the Beam worker pool", pool_log)
+        yield ["--runner=PortableRunner", f"--job_endpoint=localhost:{job_port}",
+               "--environment_type=EXTERNAL", f"--environment_config=localhost:{pool_port}"]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.terminate()
+        for p in procs:
+            try:
+                p.wait(15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(5)
+
+
+def _portable(n: int, tmp: str, script: str, direct_seconds: float, progress,
+              reps: int) -> dict:
+    """The Parquet pipeline on the PortableRunner (job service + external worker pool) against
+    the DirectRunner's median at the same size."""
+    path = os.path.join(tmp, f"sources-{n}.parquet")
+    runner = "PortableRunner (Python job service, external worker pool)"
+    note = ("ReadTable(parquet) | Perturb | EstimateGlobally submitted to Beam's Python job "
+            "service with an external worker pool (started before timing); ratio_to_direct: "
+            "its median time over the DirectRunner's in the same benchmark")
+    times = []
+    got: dict = {}
+    with portable_services(tmp) as args:
+        for rep in range(reps):
+            _note(progress, f"sources: parquet on the PortableRunner ({n:,} rows, run "
+                            f"{rep + 1} of {reps})")
+            got = _child(script, path, args, tmp)
+            _check_rows(got, n, "parquet (portable)")
+            times.append(got["seconds"])
+    secs = statistics.median(times)
+    rec = _record("parquet", n, secs, got, reps, runner=runner, all_seconds=times, note=note)
+    rec["ratio_to_direct"] = secs / direct_seconds
+    rec["direct_seconds"] = direct_seconds
+    return rec
