@@ -93,21 +93,44 @@ def select(records: Iterable[Mapping], **match: Any) -> list[Mapping]:
 
 
 class Progress:
-    """One-line progress on stderr: ``[bisample] fig4 EXP eps=1.0 (12/40)``.
+    """Progress on stderr: ``[bisample] fig4 EXP eps=1.0 (12/40)`` lines, or, when stderr is a
+    terminal, one tqdm bar over the ``total`` steps (the current step as its label, an ETA) with
+    notes and tables printed above it, and a final line ``[bisample] 40 steps in 93.1 s (0.43
+    steps/s)`` when the bar closes (:meth:`close`: at the end of a recipe, or at exit).
 
-    ``step(label)`` advances the counter and prints; ``note(text)`` prints without advancing.
-    ``enabled=False`` makes it silent; ``sink`` (a callable taking the line) replaces the stream.
+    ``step(label)`` advances the counter; ``note(text)`` prints without advancing.
+    ``enabled=False`` makes it silent, and so does ``--quiet`` (:mod:`ldp_beam.progress`);
+    ``sink`` (a callable taking the line) replaces the stream; ``bar=False`` forces lines
+    (None: a bar exactly when the stream is a terminal and no sink is given).
     """
 
     def __init__(self, family: str, total: int | None = None, *, stream: TextIO | None = None,
-                 enabled: bool = True, sink: Callable[[str], Any] | None = None) -> None:
+                 enabled: bool = True, sink: Callable[[str], Any] | None = None,
+                 bar: bool | None = None) -> None:
+        from ..progress import SETTINGS
+
         self.family = family
         self.total = total
         self.count = 0
-        self.enabled = enabled
+        self.enabled = enabled and not SETTINGS.quiet
         self.sink = sink
         self._stream = stream
+        self._bar_wanted = bar
+        self._bar: Any = None
         self._t0 = time.perf_counter()
+
+    @property
+    def stream(self) -> TextIO:
+        return self._stream if self._stream is not None else sys.stderr
+
+    def _use_bar(self) -> bool:
+        if not self.enabled or self.sink is not None:
+            return False
+        if self._bar_wanted is not None:
+            return self._bar_wanted
+        from ..progress import is_terminal
+
+        return is_terminal(self.stream)
 
     def _emit(self, line: str) -> None:
         if not self.enabled:
@@ -115,12 +138,29 @@ class Progress:
         if self.sink is not None:
             self.sink(line)
             return
-        stream = self._stream if self._stream is not None else sys.stderr
+        if self._bar is not None:
+            self._bar.write(line, file=self.stream)
+            return
+        stream = self.stream
         stream.write(line + "\n")
         stream.flush()
 
     def step(self, label: str) -> None:
         self.count += 1
+        if self._use_bar():
+            if self._bar is None:
+                import atexit
+
+                from ..progress import make_bar
+
+                self._bar = make_bar(self.total or None, f"[{self.family}]", "step",
+                                     self.stream)
+                atexit.register(self.close)
+            elif self.total and self._bar.total != self.total:
+                self._bar.total = self.total
+            self._bar.set_postfix_str(label, refresh=False)
+            self._bar.update(self.count - 1 - self._bar.n)  # the steps before this one are done
+            return
         of = f"{self.count}/{self.total}" if self.total else f"{self.count}"
         self._emit(f"[{self.family}] {label} ({of})")
 
@@ -131,6 +171,20 @@ class Progress:
 
     def note(self, text: str) -> None:
         self._emit(f"[{self.family}] {text} [{time.perf_counter() - self._t0:.1f}s]")
+
+    def close(self) -> None:
+        """Close the bar (if one is drawn) and print the final line with the steps per second.
+        Lines mode prints nothing more (each step had its line). Idempotent."""
+        bar, self._bar = self._bar, None
+        if bar is None:
+            return
+        bar.update(self.count - bar.n)
+        bar.close()
+        secs = time.perf_counter() - self._t0
+        rate = self.count / secs if secs > 0 else float("inf")
+        self.stream.write(f"[{self.family}] {self.count} steps in {secs:.1f} s "
+                          f"({rate:.3g} steps/s)\n")
+        self.stream.flush()
 
 
 def as_progress(progress: Any, family: str) -> Progress:
@@ -225,4 +279,5 @@ def finish_recipe(family: str, records: list, out_dir: str | None, prog: Progres
         prog.note(f"wrote {len(paths)} figures, {family}.json, {family}_claims.json and "
                   f"{family}_summary.txt to {out_dir}")
     prog.block(table)
+    prog.close()
     return records
