@@ -164,28 +164,39 @@ def encode_categories(values: Any, labels: tuple[str, ...]) -> tuple[np.ndarray,
     """Map a column of labels to codes ``0..len(labels)-1`` (the order of ``labels``).
 
     Returns ``(codes, missing, unknown)``: ``codes`` is int64 with -1 where the value is missing
-    (None/NaN) or not a declared label; the two masks say which. Integer columns are looked up
-    directly (no text conversion); other columns are factorized once, so the cost is one hash
-    per row plus one lookup per distinct value.
+    (None/NaN, the empty text) or not a declared label; the two masks say which. Labels compare
+    as text (:func:`category_text`); the result is always that of
+    :func:`encode_categories_reference`, computed faster where the column's type allows:
+
+    * integer columns (and integral floats, e.g. a nullable integer column read as float): a
+      direct lookup table over the range of the integer labels (a sorted search when that range
+      is wide), no text conversion;
+    * Arrow string columns: one hash lookup per row against the labels
+      (``pyarrow.compute.index_in``); Arrow dictionary columns: each dictionary entry once;
+    * anything else (objects, booleans, non-integral floats): factorized once, so the cost is
+      one hash per row plus one :func:`category_text` per distinct value.
     """
+    if _is_arrow(values):
+        return _encode_arrow(values, labels)
     arr = np.asarray(values)
     if arr.ndim != 1:
         arr = arr.reshape(-1)
-    n = arr.shape[0]
-    index = {lab: i for i, lab in enumerate(labels)}
     if arr.dtype.kind in "iu":
-        known = [(int(lab), i) for lab, i in index.items() if _is_int_text(lab)]
-        codes = np.full(n, -1, dtype=np.int64)
-        if known:
-            keys = np.array([k for k, _ in known], dtype=np.int64)
-            vals = np.array([v for _, v in known], dtype=np.int64)
-            order = np.argsort(keys)
-            keys, vals = keys[order], vals[order]
-            pos = np.clip(np.searchsorted(keys, arr), 0, keys.size - 1)
-            hit = keys[pos] == arr
-            codes[hit] = vals[pos[hit]]
-        missing = np.zeros(n, dtype=bool)
-        return codes, missing, codes < 0
+        codes = _encode_ints(arr, labels)
+        return codes, np.zeros(arr.shape[0], dtype=bool), codes < 0
+    if arr.dtype.kind == "f":
+        return _encode_floats(arr, labels)
+    return encode_categories_reference(arr, labels)
+
+
+def encode_categories_reference(values: Any, labels: tuple[str, ...]
+                                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The reference semantics of :func:`encode_categories`: every distinct value through
+    :func:`category_text` (factorized once). The fast paths must agree with it exactly."""
+    arr = np.asarray(values)
+    if arr.ndim != 1:
+        arr = arr.reshape(-1)
+    index = {lab: i for i, lab in enumerate(labels)}
     import pandas as pd
 
     fcodes, uniques = pd.factorize(arr, use_na_sentinel=True)
@@ -197,6 +208,157 @@ def encode_categories(values: Any, labels: tuple[str, ...]) -> tuple[np.ndarray,
     unknown = codes == -1
     codes[missing] = -1
     return codes, missing, unknown
+
+
+_LOOKUP_SPAN = 1 << 16  # integer labels spanning at most this many values: a lookup table
+
+
+def _int_keys(labels: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """(integer value, code) of the labels that are the text of an integer in int64's range."""
+    known = [(int(lab), i) for i, lab in enumerate(labels) if _is_int_text(lab)]
+    known = [(k, i) for k, i in known if -(1 << 63) <= k < (1 << 63)]
+    return (np.array([k for k, _ in known], dtype=np.int64),
+            np.array([i for _, i in known], dtype=np.int64))
+
+
+def _encode_ints(arr: np.ndarray, labels: tuple[str, ...]) -> np.ndarray:
+    """Codes of an integer array (-1: not a label). An integer's text is ``str(int(v))``, so it
+    can only match labels that are integer texts."""
+    n = arr.shape[0]
+    keys, vals = _int_keys(labels)
+    if keys.size == 0 or n == 0:
+        return np.full(n, -1, dtype=np.int64)
+    big = None
+    if arr.dtype == np.uint64:  # values above int64's range match no label
+        big = arr > np.uint64((1 << 63) - 1)
+        a = arr.view(np.int64)
+    else:
+        a = arr.astype(np.int64, copy=False)
+    lo, hi = int(keys.min()), int(keys.max())
+    if hi - lo < _LOOKUP_SPAN:
+        # off = (v - lo) mod 2^64 is below span exactly for v in [lo, hi] (v, lo, hi in int64's
+        # range); every other value lands on the table's last slot (-1)
+        span = hi - lo + 1
+        table = np.full(span + 1, -1, dtype=np.int64)
+        table[keys - lo] = vals
+        off = np.subtract(a, np.int64(lo)).view(np.uint64)
+        np.minimum(off, np.uint64(span), out=off)
+        codes = table[off]
+    else:
+        order = np.argsort(keys)
+        keys, vals = keys[order], vals[order]
+        pos = np.searchsorted(keys, a)
+        np.minimum(pos, keys.size - 1, out=pos)
+        hit = keys[pos] == a
+        codes = np.where(hit, vals[pos], -1)
+    if big is not None and big.any():
+        codes[big] = -1
+    return codes
+
+
+_EXACT_INT_FLOAT = float(1 << 53)
+
+
+def _encode_floats(arr: np.ndarray, labels: tuple[str, ...]
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Floats: NaN is missing; an integral value v with |v| <= 2^53 has the text ``str(int(v))``
+    (``-0.0`` included: "0"), so it is looked up as an integer; the other values (fractions,
+    huge or infinite ones) go through the reference, once per distinct value."""
+    x = arr.astype(np.float64, copy=False)
+    missing = np.isnan(x)
+    with np.errstate(invalid="ignore"):
+        integral = (np.abs(x) <= _EXACT_INT_FLOAT) & (np.floor(x) == x)
+    rest = ~(integral | missing)
+    if integral.all():
+        codes = _encode_ints(x.astype(np.int64), labels)
+    else:
+        codes = np.full(x.shape[0], -1, dtype=np.int64)
+        idx = np.flatnonzero(integral)
+        if idx.size:
+            codes[idx] = _encode_ints(x[idx].astype(np.int64), labels)
+        idx = np.flatnonzero(rest)
+        if idx.size:
+            codes[idx] = encode_categories_reference(x[idx], labels)[0]
+    unknown = (codes < 0) & ~missing
+    return codes, missing, unknown
+
+
+def _is_arrow(values: Any) -> bool:
+    mod = type(values).__module__
+    return mod.startswith("pyarrow") and hasattr(values, "type") and hasattr(values, "null_count")
+
+
+def _encode_arrow(col: Any, labels: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray,
+                                                             np.ndarray]:
+    """An Arrow array or chunked array: strings by one hash lookup per row, dictionaries by
+    their entries, integers and floats as numpy, anything else as Python values."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if isinstance(col, pa.ChunkedArray):
+        col = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
+    t = col.type
+    n = len(col)
+    if pa.types.is_dictionary(t):
+        dcodes, dmissing, _ = encode_categories(col.dictionary, labels)
+        table = np.append(np.where(dmissing, -2, dcodes), -2)  # last slot: a null index
+        ind = col.indices
+        idx = ind.fill_null(len(dcodes)) if ind.null_count else ind
+        codes = table[idx.to_numpy(zero_copy_only=False)]
+        missing = codes == -2
+        codes[missing] = -1
+        return codes, missing, (codes < 0) & ~missing
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        found = pc.index_in(col, value_set=pa.array(list(labels), type=t))
+        codes = found.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+        missing = np.zeros(n, dtype=bool)
+        bad = np.flatnonzero(codes < 0)
+        if bad.size:  # null or "" is a missing value, any other text an unknown label
+            sub = col.take(pa.array(bad))
+            empty = pc.equal(sub, "").fill_null(True).to_numpy(zero_copy_only=False)
+            missing[bad] = empty
+        return codes, missing, (codes < 0) & ~missing
+    if pa.types.is_integer(t):
+        if col.null_count:
+            missing = col.is_null().to_numpy(zero_copy_only=False)
+            codes = _encode_ints(col.fill_null(0).to_numpy(zero_copy_only=False), labels)
+            codes[missing] = -1
+            return codes, missing, (codes < 0) & ~missing
+        codes = _encode_ints(col.to_numpy(zero_copy_only=False), labels)
+        return codes, np.zeros(n, dtype=bool), codes < 0
+    if pa.types.is_floating(t):
+        return _encode_floats(col.to_numpy(zero_copy_only=False), labels)
+    out = col.to_numpy(zero_copy_only=False)
+    return encode_categories_reference(out if out.dtype == object else out.astype(object),
+                                       labels)
+
+
+def _arrow_numpy(col: Any) -> np.ndarray:
+    """An Arrow column as numpy the way the Beam layer reads one (numbers with nulls as NaN,
+    anything else as Python objects with nulls as None)."""
+    import pyarrow as pa
+
+    if isinstance(col, pa.ChunkedArray):
+        col = col.combine_chunks()
+    if pa.types.is_integer(col.type) or pa.types.is_floating(col.type):
+        out = col.to_numpy(zero_copy_only=False)
+        return out.astype(np.float64, copy=False) if col.null_count else out
+    out = col.to_numpy(zero_copy_only=False)
+    return out if out.dtype == object else out.astype(object)
+
+
+def _as_column(values: Any, kind: str | None) -> Any:
+    """A role's input column: numpy, or an Arrow array kept as is for a 'category' role (read
+    by :func:`encode_categories` without converting every string to a Python object)."""
+    if _is_arrow(values):
+        return values if kind == "category" else _arrow_numpy(values)
+    return np.asarray(values)
+
+
+def value_at(column: Any, i: int) -> Any:
+    """Row ``i`` of a column as a Python/numpy value (an Arrow scalar as its Python value)."""
+    v = column[i]
+    return v.as_py() if _is_arrow(column) else v
 
 
 def _is_int_text(s: str) -> bool:
@@ -279,10 +441,10 @@ class Mechanism(ABC):
 
     def columns(self, data: Any) -> dict[str, np.ndarray]:
         """Accept a 1-D array (the 'value' role) or a mapping role -> column."""
-        if isinstance(data, Mapping):
-            cols = {k: np.asarray(v) for k, v in data.items()}
-        else:
-            cols = {self.roles[0].name: np.asarray(data)}
+        if not isinstance(data, Mapping):
+            data = {self.roles[0].name: data}
+        kinds = {r.name: r.kind for r in self.roles}
+        cols = {k: _as_column(v, kinds.get(k)) for k, v in data.items()}
         known = {r.name for r in self.roles}
         unknown = set(cols) - known
         if unknown:
@@ -317,7 +479,7 @@ class Mechanism(ABC):
                 reasons.flag(missing, f"{r.name}: missing value (a category of the declared "
                              "domain is required)")
                 reasons.flag(unknown, lambda i, c=raw, nm=r.name, lb=shown:
-                             f"{nm}: {c[i]!r} is not in the declared domain {lb}")
+                             f"{nm}: {value_at(c, i)!r} is not in the declared domain {lb}")
                 out[r.name] = codes
         self.validate(out, reasons)
         return out, reasons

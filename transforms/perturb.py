@@ -173,6 +173,10 @@ class PerturbFn(beam.DoFn):
         self.passthrough_schema = passthrough_schema
         self.schema = report_schema(mechanism, passthrough_schema, seeded=self.run_key.seeded) \
             if passthrough_schema or not self.keep else None  # else: from the first batch
+        # roles read as Arrow: 'category' roles of mechanisms that use the generic check
+        self._arrow_roles = frozenset(
+            r.name for r in mechanism.roles if r.kind == "category") \
+            if type(mechanism).check is Mechanism.check else frozenset()
         self.n_in = Metrics.counter("ldp_beam", "records_in")
         self.n_valid = Metrics.counter("ldp_beam", "records_valid")
         self.n_invalid = Metrics.counter("ldp_beam", "records_invalid")
@@ -216,7 +220,7 @@ class PerturbFn(beam.DoFn):
                     source, _row_number(offset, rows, i))
             self.n_invalid.inc(n)
             return
-        raw = {role: get_column(table, col) for role, col in self.columns.items()}
+        raw = {role: self._input_column(table, role, col) for role, col in self.columns.items()}
         cols, reasons = self.mechanism.check(raw)
         if stream is None and self.mechanism.draws:  # a bare batch: its content is its identity
             stream, offset = content_stream(table, list(self.columns.values())), 0
@@ -241,6 +245,19 @@ class PerturbFn(beam.DoFn):
         reports = self.mechanism.randomize(cols, u)
         del u
         yield reports_batch(reports, self._schema_for(table), kept if self.keep else None)
+
+    def _input_column(self, table: Any, role: str, name: str) -> Any:
+        """A role's column: Arrow text (or text dictionary) columns of 'category' roles go to
+        the mechanism as Arrow, encoded without a Python string per row
+        (:func:`~ldp_beam.core.encode_categories`); anything else as numpy."""
+        if role in self._arrow_roles and isinstance(table, (pa.RecordBatch, pa.Table)):
+            col = table.column(name)
+            t = col.type
+            if pa.types.is_dictionary(t):
+                t = t.value_type
+            if pa.types.is_string(t) or pa.types.is_large_string(t):
+                return col
+        return get_column(table, name)
 
     def _schema_for(self, table: Any) -> pa.Schema:
         if self.schema is None:

@@ -18,13 +18,19 @@ import math
 from typing import Any, Mapping
 
 import numpy as np
-from scipy import special
 
 from ..core import Reasons, Statistic, coerce_numeric
 from ..errors import EmptyAccumulatorError, ParameterError
 from ..limits import check_cap, product
 from .density import (BinnedDensity, BinnedEstimator, DensityGrid, density_statistics,
                       kde_on_grid, normalize_density)
+
+
+def _special():
+    """scipy.special, imported on first use (it costs ~0.5 s; most runs never need it)."""
+    from scipy import special
+
+    return special
 
 
 def _check_int(value: Any, name: str, lo: int, hi: int | None = None) -> int:
@@ -48,7 +54,7 @@ def _check_positive(value: Any, name: str, allow_none: bool = False) -> float | 
 
 def _phi(x: np.ndarray) -> np.ndarray:
     """Standard normal CDF."""
-    return special.ndtr(x)
+    return _special().ndtr(x)
 
 
 # --------------------------------------------------------------------------- noise + KDE

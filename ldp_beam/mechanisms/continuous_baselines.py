@@ -30,12 +30,26 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
-from scipy import special, stats
 
 from ..core import (Mechanism, Reasons, Reports, Role, check_choice, check_epsilon,
                     check_interval)
 from ..errors import ParameterError
 from ..privacy import FLOAT_OUTPUT_NOTE, LDP, PrivacyGuarantee
+
+
+def _special():
+    """scipy.special, imported on first use (it costs ~0.5 s; most runs never need it)."""
+    from scipy import special
+
+    return special
+
+
+def _stats():
+    """scipy.stats, imported on first use (it costs ~0.5 s; most runs never need it)."""
+    from scipy import stats
+
+    return stats
+
 
 _HALF_ULP = 2.0 ** -53  # u moves by half its 2^-53 grid step, so 2u moves by 2^-53
 
@@ -63,10 +77,10 @@ def gg_noise_from_uniform(u: np.ndarray, sigma: float, p: float) -> np.ndarray:
     if p == 1.0:
         t = np.where(c < 0.5, -np.log1p(-c), -np.log(w))
     elif p == 2.0:  # |Z/sigma| has CDF erf: the same inverse, faster
-        t = np.where(c < 0.5, special.erfinv(c), special.erfcinv(w))
+        t = np.where(c < 0.5, _special().erfinv(c), _special().erfcinv(w))
     else:
         a = 1.0 / p
-        t = np.where(c < 0.5, special.gammaincinv(a, c), special.gammainccinv(a, w))
+        t = np.where(c < 0.5, _special().gammaincinv(a, c), _special().gammainccinv(a, w))
         t = t ** (1.0 / p)
     return sign * sigma * t
 
@@ -77,7 +91,7 @@ def gg_sd(sigma: float, p: float) -> float:
 
 
 def gg_logpdf(z: np.ndarray, sigma: float, p: float) -> np.ndarray:
-    return stats.gennorm.logpdf(np.asarray(z, float), p, scale=sigma)
+    return _stats().gennorm.logpdf(np.asarray(z, float), p, scale=sigma)
 
 
 def _loss_root(eps: float, D: float, p: float) -> float:
@@ -123,8 +137,8 @@ def gg_delta(epsilon: float, sensitivity: float, sigma: float, p: float) -> floa
     y = _loss_threshold(epsilon, sensitivity, sigma, p)
     if y is None or y == -math.inf:
         return 0.0
-    l1 = float(stats.gennorm.logcdf(y, p, scale=sigma))
-    l2 = float(stats.gennorm.logcdf(y - sensitivity, p, scale=sigma))
+    l1 = float(_stats().gennorm.logcdf(y, p, scale=sigma))
+    l2 = float(_stats().gennorm.logcdf(y - sensitivity, p, scale=sigma))
     return max(0.0, math.exp(l1) - math.exp(min(epsilon + l2, 700.0)))
 
 
@@ -135,15 +149,15 @@ def gg_pdp_delta(epsilon: float, sensitivity: float, sigma: float, p: float) -> 
     y = _loss_threshold(epsilon, sensitivity, sigma, p)
     if y is None or y == -math.inf:
         return 0.0
-    return float(stats.gennorm.cdf(y, p, scale=sigma)
-                 + stats.gennorm.cdf(y - sensitivity, p, scale=sigma))
+    return float(_stats().gennorm.cdf(y, p, scale=sigma)
+                 + _stats().gennorm.cdf(y - sensitivity, p, scale=sigma))
 
 
 def gaussian_analytic_delta(epsilon: float, sensitivity: float, sd: float) -> float:
     """Balle & Wang (2018), Theorem 8: delta of the Gaussian mechanism with standard deviation
     ``sd``: Phi(D/(2 sd) - eps sd/D) - e^eps Phi(-D/(2 sd) - eps sd/D)."""
     a, b = sensitivity / (2 * sd), epsilon * sd / sensitivity
-    return float(stats.norm.cdf(a - b) - math.exp(epsilon) * stats.norm.cdf(-a - b))
+    return float(_stats().norm.cdf(a - b) - math.exp(epsilon) * _stats().norm.cdf(-a - b))
 
 
 def calibrate_gg_sigma(epsilon: float, delta: float, sensitivity: float, p: float,
@@ -250,11 +264,11 @@ class LaplaceNoise(_BoundedValue):
         return {"y": cols["value"] + gg_noise_from_uniform(u[:, 0], self.scale, 1.0)}
 
     def noise_cdf(self, z: np.ndarray) -> np.ndarray:
-        return stats.laplace.cdf(z, scale=self.scale)
+        return _stats().laplace.cdf(z, scale=self.scale)
 
     def density(self, y: np.ndarray, x: np.ndarray) -> np.ndarray:
         """p(y | x) (broadcasts)."""
-        return stats.laplace.pdf(np.asarray(y, float) - np.asarray(x, float), scale=self.scale)
+        return _stats().laplace.pdf(np.asarray(y, float) - np.asarray(x, float), scale=self.scale)
 
 
 @dataclass(frozen=True)
@@ -367,11 +381,11 @@ class GeneralizedGaussianNoise(_BoundedValue):
         return {"y": cols["value"] + gg_noise_from_uniform(u[:, 0], self.scale, float(self.p))}
 
     def noise_cdf(self, z: np.ndarray) -> np.ndarray:
-        return stats.gennorm.cdf(z, float(self.p), scale=self.scale)
+        return _stats().gennorm.cdf(z, float(self.p), scale=self.scale)
 
     def density(self, y: np.ndarray, x: np.ndarray) -> np.ndarray:
         """p(y | x) (broadcasts)."""
-        return stats.gennorm.pdf(np.asarray(y, float) - np.asarray(x, float), float(self.p),
+        return _stats().gennorm.pdf(np.asarray(y, float) - np.asarray(x, float), float(self.p),
                                  scale=self.scale)
 
 
