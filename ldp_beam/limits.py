@@ -45,6 +45,16 @@ two Beam workers and the other processes on it. Each cap, its environment variab
     Reports per user ``k`` of RVNS: a batch of 65,536 records draws 65,536 x (k + 1) uniforms and
     emits k report columns (about 1 GiB per batch at the cap).
 
+``user_cells`` -- ``LDP_BEAM_MAX_USER_CELLS``, default 134,217,728 (2^27)
+    Cells of the users' rows a per-user central release holds at once: OSPDPRR keeps one
+    float64 row of k_T + k cells per user (its TOPSIS references, A/B and the sample need every
+    user, and the seeded release is addressed by the sorted rows), OsdpRR one of 2 k_T. The cap
+    is checked as rows arrive (``add`` and ``merge``), before they are stored, so a run over it
+    fails with this error instead of exhausting memory: 1 GiB of rows at the default, 67 million
+    users of one item (k_T = k = 1). The release itself sorts the rows (a second copy) and
+    computes the stages on them; see :mod:`ldp_beam.central.ospdprr` for the measured peaks and
+    for the multi-pass plan with memory independent of the number of users.
+
 Raise a cap by setting its environment variable to a larger integer (``1_000_000`` and ``1e6``
 are accepted), e.g. ``LDP_BEAM_MAX_CELLS=100000000 ldp-beam collect ...``; it is read at every
 check, so it also works inside a running process (tests use ``monkeypatch.setenv``). The pipeline
@@ -84,6 +94,10 @@ CAPS: dict[str, Cap] = {c.name: c for c in (
     Cap("items", 256, "items per user: the curator keeps a row of up to 2k doubles per user"),
     Cap("reports_per_user", 1000, "reports per user: a batch draws (k + 1) uniforms and emits "
         "k report columns per record"),
+    Cap("user_cells", 1 << 27, "cells of the users' rows a per-user central release (OSPDPRR, "
+        "OsdpRR) holds at once: users x (target items + items) for OSPDPRR, users x 2 target "
+        "items for OsdpRR; 8 bytes each, 1 GiB at the default cap (see "
+        "ldp_beam.central.ospdprr for the streaming plan that would lift it)"),
 )}
 
 

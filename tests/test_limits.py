@@ -27,7 +27,7 @@ from ldp_beam_test_helpers import run_cli
 
 CELLS = 1 << 24  # the documented defaults
 DEFAULTS = {"cells": CELLS, "grouping_buckets": 1 << 16, "groups": 100_000, "items": 256,
-            "reports_per_user": 1000}
+            "reports_per_user": 1000, "user_cells": 1 << 27}
 
 
 @pytest.fixture(autouse=True)

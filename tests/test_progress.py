@@ -16,7 +16,7 @@ import pytest
 
 from ldp_beam import progress
 from ldp_beam.evaluation.records import Progress
-from pipelines.cli import main
+from ldp_beam.pipelines.cli import main
 
 ROWS = 5000
 BAR = re.compile(r"\d+%\|")  # tqdm's "42%|" with a known total
@@ -110,7 +110,7 @@ def test_experiment_progress_bar_on_a_terminal_lines_elsewhere():
 
 def test_no_progress_from_the_python_api(table, tmp_path, capsys):
     """The library is silent unless the command line asks (progress.configure)."""
-    from pipelines.collect import build, run_collect
+    from ldp_beam.pipelines.collect import build, run_collect
 
     mech = build("bisample-md", {"epsilon": 1, "lower": 0, "upper": 100}, False)
     run_collect(table, str(tmp_path / "r.parquet"), mech, {"value": "age"}, seed="1")
@@ -133,8 +133,7 @@ def test_collect_on_a_pseudo_terminal_shows_the_bar(table, tmp_path):
 
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))
-    exe = os.path.join(os.path.dirname(sys.executable), "ldp-beam")
-    argv = [exe] if os.path.exists(exe) else [sys.executable, "-m", "pipelines.cli"]
+    argv = [sys.executable, "-m", "ldp_beam.pipelines.cli"]  # ldp-beam, this interpreter
     proc = subprocess.Popen(argv + _collect(table, str(tmp_path / "r.parquet")),
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=slave)
     os.close(slave)
