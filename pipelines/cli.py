@@ -120,7 +120,17 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--input", "-i", required=True)
     e.add_argument("--quiet", "-q", action="store_true",
                    help="no progress bar nor rate line on stderr (only errors)")
-    e.add_argument("--output", "-o", required=True, help="estimate JSON file")
+    e.add_argument("--output", "-o", required=True,
+                   help="the estimate: X.json (nested), X.parquet or X.csv (the tidy table), a "
+                        "local path or a URL such as s3://bucket/prefix/est.parquet; or a "
+                        "database table duckdb:///FILE.db?table=T or "
+                        "postgresql://USER@HOST:PORT/DB?table=T (an existing one needs --force "
+                        "and is replaced in one transaction when the run commits)")
+    e.add_argument("--side-outputs", metavar="PREFIX",
+                   help="where the manifest, dead letters and a release's curator file go: "
+                        "PREFIX.manifest.json, PREFIX.deadletter.jsonl, PREFIX.curator.json "
+                        "(default: OUTPUT; for a DuckDB table FILE.db.T beside the database; "
+                        "for a PostgreSQL table ./DB.T in the current folder)")
     e.add_argument("--by", help="one estimate per value of this (kept) column")
     e.add_argument("--column", "-c", action="append",
                    help="central-DP releases (dphr, ...): the raw input column(s), in the "
@@ -352,7 +362,8 @@ def cmd_estimate(a: argparse.Namespace, beam_args: list[str]) -> int:
                        beam_args=beam_args, columns=columns, seed=a.seed, force=a.force,
                        allow_unreadable=a.allow_unreadable, null_values=a.null_values,
                        unit=a.privacy_unit, keys=_keys(a.keys),
-                       selection=_selection(a.partition_selection), **ledger_args(a))
+                       selection=_selection(a.partition_selection),
+                       side_outputs=a.side_outputs, **ledger_args(a))
     if "curator" in out:
         return _print_release(out, a.output)
     ests = out["estimates"].values() if a.by else [out["estimate"]]
@@ -434,7 +445,8 @@ def _print_release(out: dict, path: str) -> int:
             + (f" + {rec['bounded_out']:,} left out by the per-unit bound"
                if rec.get("bounded_out") else "") if rec.get("input") is not None
             else "record counts unknown (part of the input could not be read)")
-    print(f"curator only (do not publish): {line}; bookkeeping in {path}.curator.json"
+    print(f"curator only (do not publish): {line}; bookkeeping in "
+          f"{out.get('curator_file', path + '.curator.json')}"
           + ("" if rec.get("reconciles") else "; DOES NOT RECONCILE"))
     return 0 if rec.get("reconciles") else 1
 

@@ -26,10 +26,9 @@ from ldp_beam.rng import RunKey
 from ldp_beam.transforms import (Perturb, ReadTable, WriteJsonLines, WriteParquetFile,
                                  report_schema)
 
-from .common import (Tally, check_readable, check_reconciles, count_lines, read_tally, reconcile,
-                     run_pipeline)
+from .common import Tally, check_readable, check_reconciles, reconcile, run_pipeline
 from .ledger_cli import ledger_outputs
-from .outputs import RunOutputs
+from .outputs import OutputError, RunOutputs, is_table_url, location
 
 
 def resolve_columns(mech: Mechanism, schema: pa.Schema, columns: Mapping[str, str],
@@ -98,9 +97,13 @@ def run_collect(input: str, output: str, mechanism: Mechanism, columns: Mapping[
     schema = report_schema(mechanism, passthrough, seeded=run.seeded,
                            privacy_unit=None if unit is None else
                            {"column": unit, "max_reports_per_unit": max_reports_per_unit})
+    if is_table_url(output):
+        raise OutputError(f"--output {location(output)}: collect writes a reports Parquet file "
+                          "(a local path or a URL such as s3://bucket/prefix/reports.parquet)")
     dead_letter = dead_letter or output + ".deadletter.jsonl"
     outs = RunOutputs({"reports": output, "dead_letter": dead_letter},
-                      output + ".manifest.json", run.run_id, inputs=[input], force=force)
+                      output + ".manifest.json", run.run_id, inputs=[input], force=force,
+                      options=beam_args)
     # the ledger: reachable, and the budget holds, before any noise is drawn
     guarantee = run_guarantee(mechanism.guarantee, seeded=run.seeded, public=keep, unit=unit,
                               bounds=max_reports_per_unit if unit else None)
@@ -126,18 +129,19 @@ def run_collect(input: str, output: str, mechanism: Mechanism, columns: Mapping[
                     | "Tally" >> Tally(tally_path)]
 
         run_pipeline(build, beam_args)
-        if not os.path.exists(staged):  # no valid record at all: still a readable, empty table
-            pq.write_table(schema.empty_table(), staged)
-        reported = pq.ParquetFile(staged).metadata.num_rows
-        rec = reconcile(read_tally(tally_path), count_lines(staged_dead), reported)
+        if not outs.exists(staged):  # no valid record at all: still a readable, empty table
+            outs.write(staged, parquet_bytes(schema.empty_table()))
+        with outs.open(staged) as fh:
+            reported = pq.ParquetFile(fh).metadata.num_rows
+        rec = reconcile(read_tally(outs, tally_path), outs.count_lines(staged_dead), reported)
         check_reconciles(rec)
-        check_readable(rec, staged_dead, allow_unreadable)
+        check_readable(rec, staged_dead, allow_unreadable, opener=outs.open_text)
         manifest = {
             "command": "collect",
             "input": os.path.abspath(input) if os.path.exists(input) else read.source_name,
             "skipped_inputs": read.skipped,
-            "output": os.path.abspath(output),
-            "dead_letter": os.path.abspath(dead_letter),
+            "output": location(output),
+            "dead_letter": location(dead_letter),
             "mechanism": mechanism.name, "params": mechanism.params(),
             "columns": cols, "keep": list(keep), "public_columns": list(keep),
             "seeded": run.seeded, "guarantee": guarantee,
@@ -156,6 +160,21 @@ def run_collect(input: str, output: str, mechanism: Mechanism, columns: Mapping[
         manifest["ledger"] = led.url
         entry.commit(ledger_outputs(outs))  # recorded before anything is published
         return outs.commit(manifest)
+
+
+def read_tally(outs: RunOutputs, path: str) -> dict:
+    """The run's tally (one JSON line the pipeline wrote into the staging folder), read back
+    through the staging folder's file system."""
+    vals = outs.read_json_lines(path)
+    return vals[0] if vals else {}
+
+
+def parquet_bytes(table: pa.Table) -> bytes:
+    import io
+
+    buf = io.BytesIO()
+    pq.write_table(table, buf)
+    return buf.getvalue()
 
 
 def _finite(eps: float | None) -> float:

@@ -410,12 +410,14 @@ def reconcile(t: dict, dead_letter_lines: int, accepted: int | None = None) -> d
             "bounded_out": g["bounded_out"], "reconciles": bool(ok), "counted_from": "data"}
 
 
-def check_readable(rec: dict, dead_letter_path: str, allow_unreadable: bool) -> None:
-    """Refuse to commit a run that could not read part of its input, unless allowed."""
+def check_readable(rec: dict, dead_letter_path: str, allow_unreadable: bool,
+                   opener: Callable[[str], Any] = open) -> None:
+    """Refuse to commit a run that could not read part of its input, unless allowed
+    (``opener``: how to open the dead letters as text, e.g. through Beam's FileSystems)."""
     if not rec["unreadable_parts"] or allow_unreadable:
         return
     reasons = []
-    with open(dead_letter_path) as fh:
+    with opener(dead_letter_path) as fh:
         for line in fh:
             d = json.loads(line)
             if str(d.get("reason", "")).startswith(UNREADABLE_PREFIX):

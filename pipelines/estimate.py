@@ -7,7 +7,6 @@ a passthrough column (each is post-processing of the same LDP reports: no extra 
 """
 from __future__ import annotations
 
-import json
 import os
 from typing import Any, Iterable, Mapping
 
@@ -28,15 +27,14 @@ from ldp_beam.transforms import (EstimatorCombineFn, ReadTable, SplitByKey, Vali
                                  WriteJsonLines, mechanism_metadata)
 from ldp_beam.transforms.combine import EstimateFailure
 from ldp_beam.transforms.io import open_input, table_format
-from ldp_beam.transforms.sinks import tidy_format, tidy_output, write_tidy
+from ldp_beam.transforms.sinks import tidy_bytes, tidy_format, tidy_output
 
 from ldp_beam.privacy import ContributionBounds
 
-from .collect import _finite, _read_options, check_unit_column, read_bounded
-from .common import (Tally, check_readable, check_reconciles, count_lines, read_tally, reconcile,
-                     run_pipeline, write_json)
+from .collect import _finite, _read_options, check_unit_column, read_bounded, read_tally
+from .common import Tally, check_readable, check_reconciles, reconcile, run_pipeline
 from .ledger_cli import ledger_outputs
-from .outputs import RunOutputs
+from .outputs import RunOutputs, location
 
 
 def reports_metadata(input: str, beam_args: Iterable[str] = ()) -> dict | None:
@@ -121,10 +119,14 @@ def run_estimate(input: str, output: str, mechanism: Mechanism | None = None,
                  ledger: str | None = None, budget: float | None = None,
                  budget_delta: float | None = None, unit: str | None = None,
                  keys: Iterable[str] | None = None,
-                 selection: tuple[float, float] | None = None) -> dict:
+                 selection: tuple[float, float] | None = None,
+                 side_outputs: str | None = None) -> dict:
     """Estimate from a reports table (LDP) or release from raw rows (central DP, see
-    :func:`run_release`). Writes ``OUTPUT`` (the estimate), ``OUTPUT.deadletter.jsonl`` and, last,
-    ``OUTPUT.manifest.json``, committed together or not at all; returns the estimate."""
+    :func:`run_release`). Writes ``OUTPUT`` (the estimate: a ``.json``, ``.parquet`` or ``.csv``
+    file, local or any Beam FileSystems URL, or a ``duckdb://``/``postgresql://`` table),
+    ``PREFIX.deadletter.jsonl`` and, last, ``PREFIX.manifest.json``, committed together or not at
+    all (``PREFIX``: ``side_outputs``, by default the output itself, see :func:`side_prefix`);
+    returns the estimate."""
     mech = mechanism or mechanism_from_reports(input, beam_args=beam_args)
     options = dict(options or {})
     if getattr(mech, "central", False):
@@ -132,13 +134,15 @@ def run_estimate(input: str, output: str, mechanism: Mechanism | None = None,
                            seed=seed, force=force, allow_unreadable=allow_unreadable,
                            null_values=null_values, run_key=run_key, ledger=ledger,
                            budget=budget, budget_delta=budget_delta, unit=unit, keys=keys,
-                           selection=selection)
+                           selection=selection, side_outputs=side_outputs)
     if columns:
         raise ValueError(f"{mech.name} estimates from reports; --column maps raw columns only "
                          "for central-DP releases")
     run = run_key or RunKey.new(seed)
     est = estimator_for(mech, **options)
-    dead_letter = output + ".deadletter.jsonl"
+    fmt = tidy_format(output)
+    side = side_prefix(output, side_outputs)
+    dead_letter = side + ".deadletter.jsonl"
     read = ReadTable(input, options=list(beam_args), **_read_options(null_values))
     meta = reports_metadata(input, beam_args)
     seeded_reports = None if meta is None else bool(meta.get("seeded", False))
@@ -146,10 +150,10 @@ def run_estimate(input: str, output: str, mechanism: Mechanism | None = None,
     unit_col, k = unit_meta.get("column"), int(unit_meta.get("max_reports_per_unit", 1))
     if by:  # one accumulator per key: check their number before any is built
         check_groups(distinct_keys(read.files, by, read.flags), est.create().size, "--by")
-    fmt = tidy_format(output)
 
     outs = RunOutputs({"estimate": output, "dead_letter": dead_letter},
-                      output + ".manifest.json", run.run_id, inputs=[input], force=force)
+                      side + ".manifest.json", run.run_id, inputs=[input], force=force,
+                      options=beam_args)
     # post-processing of LDP reports: recorded (epsilon 0) against the reports' own fingerprint
     with Ledger.open(ledger) as led, led.reserve(
             run.run_id, dataset_identity(input), command="estimate", mechanism=mech.name,
@@ -180,7 +184,7 @@ def run_estimate(input: str, output: str, mechanism: Mechanism | None = None,
                     | "Tally" >> Tally(tally_path)]
 
         rows, rec = _run_and_check(build, beam_args, parts, tally_path, staged_dead,
-                                   allow_unreadable)
+                                   allow_unreadable, outs)
         guarantee = run_guarantee(mech.guarantee, seeded=bool(seeded_reports), unit=unit_col,
                                   bounds=k if unit_col else None)
         out: dict[str, Any] = {
@@ -197,7 +201,7 @@ def run_estimate(input: str, output: str, mechanism: Mechanism | None = None,
                         "unreadable_rows": rec["unreadable_rows"],
                         "unreadable_parts": rec["unreadable_parts"],
                         "reconciles": rec["reconciles"], "counted_from": rec["counted_from"],
-                        "dead_letter": os.path.abspath(dead_letter)},
+                        "dead_letter": location(dead_letter)},
         }
         if by:
             out["by"] = by
@@ -206,7 +210,7 @@ def run_estimate(input: str, output: str, mechanism: Mechanism | None = None,
         else:
             out["estimate"] = _mark(rows[0], guarantee) if rows else \
                 {"error": "no reports", "n_reports": 0}
-        write_estimate(out, outs.staged("estimate"), fmt, run.run_id)
+        write_estimate(out, outs.staged("estimate"), fmt, run.run_id, outs)
         entry.commit(ledger_outputs(outs))
         outs.commit({"command": "estimate", "ledger": led.url, "input": read.source_name,
                      "mechanism": mech.name,
@@ -226,16 +230,45 @@ class DesignEffect:
         return est if isinstance(est, EstimateFailure) else est.with_design_effect(self.k, self.why)
 
 
-def write_estimate(out: dict, path: str, fmt: str, run_id: str) -> None:
-    """The estimate as asked: the nested JSON (``.json``) or the tidy table (``.parquet``,
-    ``.csv``: one row per statistic, cell and group, with value, SE, CI, n and the guarantee)."""
+def write_estimate(out: dict, path: str, fmt: str, run_id: str, outs: RunOutputs) -> None:
+    """Stage the estimate as asked at ``path`` (in ``outs``' staging folder): the nested JSON
+    (``.json``) or the tidy table (``.parquet``, ``.csv``: one row per statistic, cell and group,
+    with value, SE, CI, n and the guarantee; a ``duckdb://``/``postgresql://`` table is staged
+    as Parquet and written to the database when the run commits)."""
     if fmt == "json":
-        write_json(path, out)
+        outs.write_json(path, out)
     elif fmt in ("parquet", "csv"):
-        write_tidy(tidy_output(out, run_id=run_id), path)
+        outs.write(path, tidy_bytes(tidy_output(out, run_id=run_id), fmt))
+    elif fmt in ("duckdb", "postgresql"):
+        outs.write(path, tidy_bytes(tidy_output(out, run_id=run_id), "parquet"))
     else:
-        raise ValueError(f"estimate outputs go to .json, .parquet or .csv files (not {fmt}); "
-                         "write a file and load it into the database")
+        raise ValueError(f"estimate outputs go to .json, .parquet or .csv files or duckdb:// / "
+                         f"postgresql:// tables (not {fmt})")
+
+
+def side_prefix(output: str, side_outputs: str | None = None) -> str:
+    """Where a run's manifest, dead letters and curator file go (``PREFIX.manifest.json``, ...):
+    ``side_outputs`` when given (a local path or URL), else the output itself for a file; beside
+    the database file for a DuckDB table (``FILE.TABLE``); for a PostgreSQL table, which has no
+    folder, ``DATABASE.TABLE`` in the current folder."""
+    if side_outputs:
+        if tidy_format(side_outputs + ".json") != "json" or "?" in side_outputs:
+            raise ValueError(f"--side-outputs {side_outputs}: a path or URL prefix for the "
+                             "manifest and dead-letter files")
+        return side_outputs
+    fmt = tidy_format(output)
+    if fmt not in ("duckdb", "postgresql"):
+        return output
+    from urllib.parse import urlsplit
+
+    from ldp_beam.transforms.sources import parse_settings
+
+    base, settings, _ = parse_settings(output)
+    table = settings.get("table") or "table"
+    if fmt == "duckdb":
+        return base.split("://", 1)[1] + "." + table
+    db = urlsplit(base).path.strip("/") or "postgres"
+    return os.path.abspath(f"{db}.{table}")
 
 
 def _mark(est: dict, guarantee: dict) -> dict:
@@ -255,14 +288,16 @@ def _bookkeeping(rd: Any, accepted: Any, invalid: Any, dropped: Any, dead_letter
 
 
 def _run_and_check(build: Any, beam_args: Iterable[str], parts: str, tally_path: str,
-                   dead_letter_path: str, allow_unreadable: bool) -> tuple[list, dict]:
-    """Run a release pipeline; its result lines and reconciled counts, or RunFailed."""
+                   dead_letter_path: str, allow_unreadable: bool,
+                   outs: RunOutputs) -> tuple[list, dict]:
+    """Run a pipeline; its result lines and reconciled counts, or RunFailed. The pipeline
+    writes them into the staging folder (on the output's file system, wherever the workers
+    run); they are read back from there through that file system."""
     run_pipeline(build, beam_args)
-    with open(parts) as fh:
-        rows = [json.loads(line) for line in fh if line.strip()]
-    tally = reconcile(read_tally(tally_path), count_lines(dead_letter_path))
+    rows = outs.read_json_lines(parts)
+    tally = reconcile(read_tally(outs, tally_path), outs.count_lines(dead_letter_path))
     check_reconciles(tally)
-    check_readable(tally, dead_letter_path, allow_unreadable)
+    check_readable(tally, dead_letter_path, allow_unreadable, opener=outs.open_text)
     return rows, tally
 
 
@@ -272,7 +307,7 @@ def curator_records(tally: dict, dead_letter: str) -> dict:
             "dead_lettered": tally["dead_lettered"], "bounded_out": tally["bounded_out"],
             "unreadable_rows": tally["unreadable_rows"],
             "unreadable_parts": tally["unreadable_parts"],
-            "dead_letter": os.path.abspath(dead_letter), "reconciles": tally["reconciles"],
+            "dead_letter": location(dead_letter), "reconciles": tally["reconciles"],
             "counted_from": tally["counted_from"]}
 
 
@@ -289,7 +324,8 @@ def run_release(input: str, output: str, mech: Mechanism, columns: Mapping[str, 
                 run_key: RunKey | None = None, ledger: str | None = None,
                 budget: float | None = None, budget_delta: float | None = None,
                 unit: str | None = None, keys: Iterable[str] | None = None,
-                selection: tuple[float, float] | None = None) -> dict:
+                selection: tuple[float, float] | None = None,
+                side_outputs: str | None = None) -> dict:
     """A central-DP release on the trusted curator: raw records are validated and bucketed (bad
     ones dead-lettered with the reason), accumulated, and released once with noise.
 
@@ -298,9 +334,10 @@ def run_release(input: str, output: str, mech: Mechanism, columns: Mapping[str, 
     ``seed`` (or an estimator option ``seed``) makes it reproducible and not private.
 
     ``OUTPUT`` is the release (what may be published): the statistics and the guarantee, no exact
-    counts. ``OUTPUT.curator.json`` holds the curator's bookkeeping (records read, accepted and
+    counts. ``PREFIX.curator.json`` holds the curator's bookkeeping (records read, accepted and
     dead-lettered, which reconcile); like the dead-letter file it is not to be published. The
-    manifest ``OUTPUT.manifest.json`` is written last and names the three.
+    manifest ``PREFIX.manifest.json`` is written last and names the three (``PREFIX``: see
+    :func:`side_prefix`).
     """
     from ldp_beam.transforms import Perturb
 
@@ -317,7 +354,7 @@ def run_release(input: str, output: str, mech: Mechanism, columns: Mapping[str, 
                               force=force, allow_unreadable=allow_unreadable,
                               null_values=null_values, run_key=run_key, ledger=ledger,
                               budget=budget, budget_delta=budget_delta, unit=unit, keys=keys,
-                              selection=selection)
+                              selection=selection, side_outputs=side_outputs)
     if "seed" in options:
         if seed is not None and str(seed) != str(options["seed"]):
             raise ValueError("give the seed once: --seed or --option seed")
@@ -338,14 +375,16 @@ def run_release(input: str, output: str, mech: Mechanism, columns: Mapping[str, 
     # the release's noise: the seed as the core uses it, else a key derived from the run's secret
     est = estimator_for(mech, seed=int(run.seed) if run.seeded and run.seed.lstrip("-").isdigit()
                         else _release_seed(run), **options)
-    dead_letter = output + ".deadletter.jsonl"
-    curator_path = output + ".curator.json"
+    side = side_prefix(output, side_outputs)
+    dead_letter = side + ".deadletter.jsonl"
+    curator_path = side + ".curator.json"
     roles = {"release": output, "curator": curator_path, "dead_letter": dead_letter}
     guarantee = run_guarantee(mech.guarantee, seeded=run.seeded, unit=unit, bounds=bounds)
     ds = dataset_identity(input)
     request = release_request(mech.name, mech.params(), cols, options, unit=unit or "record",
                               seed=run.seed)
-    outs = RunOutputs(roles, output + ".manifest.json", run.run_id, inputs=[input], force=force)
+    outs = RunOutputs(roles, side + ".manifest.json", run.run_id, inputs=[input], force=force,
+                      options=beam_args)
     with Ledger.open(ledger) as led:
         prior = led.find_release(ds["fingerprint"], request)
         if prior:  # an identical release is recorded: publish it again, draw no new noise
@@ -355,17 +394,18 @@ def run_release(input: str, output: str, mech: Mechanism, columns: Mapping[str, 
                              request=request, seeded=run.seeded,
                              republished_from=prior["run_id"]) as entry, outs:
                 out = dict(prior["release"])
-                curator = {"input": read.source_name, "release": os.path.abspath(output),
+                curator = {"input": read.source_name, "release": location(output),
                            "columns": cols,
                            "run_id": run.run_id, "republished_from": prior["run_id"]}
-                write_estimate(out, outs.staged("release"), fmt, run.run_id)
-                write_json(outs.staged("curator"), curator)
-                open(outs.staged("dead_letter"), "w").close()
+                write_estimate(out, outs.staged("release"), fmt, run.run_id, outs)
+                outs.write_json(outs.staged("curator"), curator)
+                outs.write(outs.staged("dead_letter"), b"")
                 entry.commit(ledger_outputs(outs), out)
                 outs.commit({"command": "release", "mechanism": mech.name,
                              "seeded": run.seeded, "guarantee": out["guarantee"],
                              "republished_from": prior["run_id"], "ledger": led.url})
-            return {**out, "curator": curator, "republished_from": prior["run_id"]}
+            return {**out, "curator": curator, "republished_from": prior["run_id"],
+                    "curator_file": location(curator_path)}
     with Ledger.open(ledger) as led, led.reserve(
             run.run_id, ds, command="release", mechanism=mech.name, params=mech.params(),
             epsilon=_finite(guarantee["epsilon"]), delta=guarantee["delta"],
@@ -385,7 +425,7 @@ def run_release(input: str, output: str, mech: Mechanism, columns: Mapping[str, 
                     *_bookkeeping(rd, rec.reports, invalid, dropped, staged_dead, tally_path)]
 
         rows, tally = _run_and_check(build, beam_args, parts, tally_path, staged_dead,
-                                     allow_unreadable)
+                                     allow_unreadable, outs)
         release = rows[0] if rows else {"error": "no records"}
         if "error" in release:
             release.pop("n_reports", None)  # the exact count stays with the curator
@@ -393,16 +433,17 @@ def run_release(input: str, output: str, mech: Mechanism, columns: Mapping[str, 
         out: dict[str, Any] = {"mechanism": mech.name, "params": mech.params(),
                                "estimator_options": options, "guarantee": guarantee,
                                "seeded": run.seeded, "estimate": release}
-        write_estimate(out, outs.staged("release"), fmt, run.run_id)
-        curator = {"input": read.source_name, "release": os.path.abspath(output),
+        write_estimate(out, outs.staged("release"), fmt, run.run_id, outs)
+        curator = {"input": read.source_name, "release": location(output),
                    "columns": cols,
                    "run_id": run.run_id,
                    "records": curator_records(tally, dead_letter)}
-        write_json(outs.staged("curator"), curator)
+        outs.write_json(outs.staged("curator"), curator)
         entry.commit(ledger_outputs(outs), out)  # recorded before anything is published
         outs.commit({"command": "release", "mechanism": mech.name, "seeded": run.seeded,
                      "guarantee": guarantee, "ledger": led.url})
     out["curator"] = curator
+    out["curator_file"] = location(curator_path)
     return out
 
 
@@ -492,7 +533,8 @@ def run_release_by(input: str, output: str, mech: Mechanism, columns: Mapping[st
                    null_values: Iterable[str] | None = None, run_key: RunKey | None = None,
                    ledger: str | None = None, budget: float | None = None,
                    budget_delta: float | None = None, unit: str, keys: Iterable[str] | None,
-                   selection: tuple[float, float] | None) -> dict:
+                   selection: tuple[float, float] | None,
+                   side_outputs: str | None = None) -> dict:
     """One central release per value of ``by`` (issue 14). Each privacy unit keeps at most L0
     keys and Linf rows per key (the mechanism's ``max_partitions_per_unit`` and
     ``max_rows_per_partition``), chosen uniformly; every key's histogram is released with noise
@@ -532,11 +574,12 @@ def run_release_by(input: str, output: str, mech: Mechanism, columns: Mapping[st
     release_seed = int(run.seed) if run.seeded and str(run.seed).lstrip("-").isdigit() \
         else _release_seed(run)
     est = estimator_for(mech, seed=release_seed, **options)
-    dead_letter = output + ".deadletter.jsonl"
+    side = side_prefix(output, side_outputs)
+    dead_letter, curator_path = side + ".deadletter.jsonl", side + ".curator.json"
     ds = dataset_identity(input)
-    outs = RunOutputs({"release": output, "curator": output + ".curator.json",
-                       "dead_letter": dead_letter}, output + ".manifest.json", run.run_id,
-                      inputs=[input], force=force)
+    outs = RunOutputs({"release": output, "curator": curator_path,
+                       "dead_letter": dead_letter}, side + ".manifest.json", run.run_id,
+                      inputs=[input], force=force, options=beam_args)
     with Ledger.open(ledger) as led, led.reserve(
             run.run_id, ds, command="release", mechanism=mech.name, params=mech.params(),
             epsilon=_finite(guarantee["epsilon"]), delta=guarantee["delta"],
@@ -561,7 +604,7 @@ def run_release_by(input: str, output: str, mech: Mechanism, columns: Mapping[st
                     *_bookkeeping(rd, rec.reports, invalid, dropped, staged_dead, tally_path)]
 
         rows_out, tally = _run_and_check(build, beam_args, parts, tally_path, staged_dead,
-                                         allow_unreadable)
+                                         allow_unreadable, outs)
         releases = {}
         for r in sorted(rows_out, key=lambda r: r["key"]):
             key = r.pop("key")
@@ -573,15 +616,16 @@ def run_release_by(input: str, output: str, mech: Mechanism, columns: Mapping[st
                                "keys": "public" if public is not None else
                                {"selection": {"epsilon": selection[0], "delta": selection[1]}},
                                "estimates": releases}
-        write_estimate(out, outs.staged("release"), fmt, run.run_id)
-        curator = {"input": read.source_name, "release": os.path.abspath(output),
+        write_estimate(out, outs.staged("release"), fmt, run.run_id, outs)
+        curator = {"input": read.source_name, "release": location(output),
                    "columns": cols, "by": by, "run_id": run.run_id,
                    "records": curator_records(tally, dead_letter)}
-        write_json(outs.staged("curator"), curator)
+        outs.write_json(outs.staged("curator"), curator)
         entry.commit(ledger_outputs(outs), out)
         outs.commit({"command": "release", "by": by, "mechanism": mech.name,
                      "seeded": run.seeded, "guarantee": guarantee, "ledger": led.url})
     out["curator"] = curator
+    out["curator_file"] = location(curator_path)
     return out
 
 

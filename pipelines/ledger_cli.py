@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import sys
 from typing import Any, Mapping
 
@@ -148,10 +147,7 @@ def ledger_outputs(outs: Any) -> dict:
     """A run's outputs as the ledger records them: role -> final path, bytes and SHA-256 of the
     staged file (identical once committed). ``outs`` is a :class:`.outputs.RunOutputs` whose
     outputs are all staged."""
-    from .outputs import file_digest
-
-    return {role: {"path": os.path.abspath(final), **file_digest(outs.staged(role))}
-            for role, final in outs.outputs.items()}
+    return {role: {"path": outs.location(role), **outs.digest(role)} for role in outs.outputs}
 
 
 def ledger_args(a: argparse.Namespace) -> Mapping[str, Any]:

@@ -302,6 +302,103 @@ def _table_setting(url: str) -> str:
     return table
 
 
+def tidy_bytes(rows: Iterable[Mapping[str, Any]] | pa.Table, fmt: str) -> bytes:
+    """Tidy rows encoded as a whole ``parquet`` or ``csv`` file (for a writer that puts the
+    bytes somewhere itself, e.g. a run's staging folder on an object store)."""
+    import io
+
+    table = rows if isinstance(rows, pa.Table) else tidy_table(rows)
+    buf = io.BytesIO()
+    if fmt == "parquet":
+        import pyarrow.parquet as pq
+
+        pq.write_table(table, buf)
+    elif fmt == "csv":
+        import pyarrow.csv as pacsv
+
+        pacsv.write_csv(table, buf)
+    else:
+        raise ParameterError("fmt", fmt, "parquet or csv")
+    return buf.getvalue()
+
+
+def tidy_table_exists(url: str) -> bool:
+    """Whether the table a ``duckdb:///FILE?table=T`` or ``postgresql://...?table=T`` output
+    names exists already (a DuckDB file that does not exist holds no table). Errors name the
+    output (an unreachable server, a file that is not a DuckDB database)."""
+    from .sources import quote_ident, redact
+
+    fmt = tidy_format(url)
+    name = _table_setting(url)
+    parts = name.split(".")
+    if fmt == "duckdb":
+        import os
+
+        import duckdb
+
+        path = _duckdb_path(url)
+        if not os.path.exists(path):
+            return False
+        try:
+            con = duckdb.connect(path, read_only=True)
+        except Exception as exc:  # noqa: BLE001
+            raise SourceError(f"{redact(url)}: cannot open the DuckDB database: "
+                              f"{_error_text(exc)}") from None
+        try:
+            if len(parts) == 2:
+                q = ("SELECT count(*) FROM information_schema.tables WHERE table_schema = ? "
+                     "AND table_name = ?")
+                n = con.execute(q, parts).fetchone()[0]
+            else:
+                q = "SELECT count(*) FROM information_schema.tables WHERE table_name = ?"
+                n = con.execute(q, parts[-1:]).fetchone()[0]
+        finally:
+            con.close()
+        return n > 0
+    if fmt == "postgresql":
+        con = _pg_connect(url)
+        try:
+            cur = con.cursor()
+            literal = quote_ident(name).replace("'", "''")
+            cur.execute(f"SELECT to_regclass('{literal}') IS NOT NULL")
+            found = bool(cur.fetchone()[0])
+            cur.close()
+        except Exception as exc:  # noqa: BLE001
+            from .sources import _pg_error
+
+            raise SourceError(f"{redact(url)}: cannot check table {name}: "
+                              f"{_pg_error(exc)}") from None
+        finally:
+            con.close()
+        return found
+    raise ParameterError("output", url, "duckdb:///FILE.db?table=T or "
+                         "postgresql://USER@HOST:PORT/DB?table=T")
+
+
+def _duckdb_path(url: str) -> str:
+    return url.split("://", 1)[1].split("?", 1)[0]
+
+
+def _pg_connect(url: str):
+    """An ADBC connection to the PostgreSQL database of ``url`` (our ``table=`` setting taken
+    out, a connect timeout added); errors name the output."""
+    from .sources import CONNECT_TIMEOUT, _pg_error, parse_settings, redact
+
+    base, _, other = parse_settings(url)
+    params = dict(other)
+    params.setdefault("connect_timeout", str(CONNECT_TIMEOUT))
+    conninfo = base + "?" + "&".join(f"{k}={v}" for k, v in params.items())
+    try:
+        import adbc_driver_postgresql.dbapi as pg
+    except ImportError:
+        raise SourceError(f"{redact(url)}: writing PostgreSQL needs adbc-driver-postgresql "
+                          "(pip install 'ldp-beam[postgresql]')") from None
+    try:
+        return pg.connect(conninfo)
+    except Exception as exc:  # noqa: BLE001
+        raise SourceError(f"{redact(url)}: {_pg_error(exc)}") from None
+
+
 def write_tidy(rows: Iterable[Mapping[str, Any]] | pa.Table, url: str,
                mode: str = "replace") -> int:
     """Write tidy rows to ``url``; returns the number of rows written.
@@ -342,7 +439,7 @@ def _write_duckdb(table: pa.Table, url: str, mode: str) -> None:
     from .sources import quote_ident, redact
 
     name = _table_setting(url)
-    path = url.split("://", 1)[1].split("?", 1)[0]
+    path = _duckdb_path(url)
     t = quote_ident(name)
     try:
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
@@ -371,22 +468,10 @@ def _write_duckdb(table: pa.Table, url: str, mode: str) -> None:
 
 
 def _write_postgres(table: pa.Table, url: str, mode: str) -> None:
-    from .sources import CONNECT_TIMEOUT, _pg_error, parse_settings, redact
+    from .sources import _pg_error, redact
 
     name = _table_setting(url)
-    base, _, other = parse_settings(url)
-    params = dict(other)
-    params.setdefault("connect_timeout", str(CONNECT_TIMEOUT))
-    conninfo = base + "?" + "&".join(f"{k}={v}" for k, v in params.items())
-    try:
-        import adbc_driver_postgresql.dbapi as pg
-    except ImportError:
-        raise SourceError(f"{redact(url)}: writing PostgreSQL needs adbc-driver-postgresql "
-                          "(pip install 'ldp-beam[postgresql]')") from None
-    try:
-        con = pg.connect(conninfo)
-    except Exception as exc:  # noqa: BLE001
-        raise SourceError(f"{redact(url)}: {_pg_error(exc)}") from None
+    con = _pg_connect(url)
     parts = name.split(".")
     schema_name = parts[0] if len(parts) == 2 else None
     tname = parts[-1]
