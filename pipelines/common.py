@@ -183,11 +183,32 @@ def run_pipeline(build: Callable[[beam.Pipeline], Sequence[Any]],
                 if client is not None:
                     client.close()
             ok = True
+        except Exception as exc:  # a runner wraps our own errors: raise them as they are
+            ours = _our_error(exc)
+            if ours is None:
+                raise
+            raise ours from exc
         finally:
             if prog is not None:
                 rows = counters(result).get("input_rows_read") if ok else None
                 prog.finish(rows, ok)
     return result
+
+
+def _our_error(exc: BaseException) -> BaseException | None:
+    """The ldp-beam error (a size cap's LimitError, a ParameterError) a runner's RuntimeError
+    wraps, if any: the command line then reports it as a configuration error (exit 2) rather
+    than a failed run with the runner's traceback."""
+    from ldp_beam.errors import LdpBeamError
+
+    seen = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        if isinstance(cur, LdpBeamError):
+            return cur if cur is not exc else None
+        seen.add(id(cur))
+        cur = cur.__cause__ or cur.__context__
+    return None
 
 
 #: rows counted so far by the live counting branch of the runs in this process, by run
