@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from ldp_beam.central.ospdprr import OSPDPRR, OSPDPRREstimator, OsdpRR, OsdpRREstimator
+from ldp_beam import progress
 from ldp_beam.errors import LimitError
 
 U = {"lower": 0.0, "upper": 100.0}
@@ -99,3 +100,66 @@ def test_rows_held_are_capped_with_a_clear_error(monkeypatch, kind):
         est.merge([acc, acc])
     monkeypatch.setenv("LDP_BEAM_MAX_USER_CELLS", str(12 * width))  # exactly at the cap: fine
     assert est.n_reports(est.merge([acc, acc])) == 12
+
+
+def _lexsorted(acc):
+    """The reference: every column's lexicographic order (the former implementation)."""
+    return np.ascontiguousarray(acc[np.lexsort(acc.T[::-1])])
+
+
+def test_canonical_order_is_the_lexicographic_order_of_the_rows():
+    g = np.random.default_rng(11)
+    est = OSPDPRREstimator(OSPDPRR(t=0.5, k=3, **U))
+    for trial in range(60):
+        n, w = int(g.integers(0, 300)), int(g.integers(1, 5))
+        if trial % 3 == 0:  # continuous: no ties
+            acc = g.uniform(0, 1, (n, w))
+        elif trial % 3 == 1:  # few values: long runs of ties in every column
+            acc = g.integers(0, 3, (n, w)).astype(float)
+        else:
+            acc = np.where(g.random((n, w)) < 0.5, g.integers(0, 2, (n, w)).astype(float),
+                           g.uniform(0, 1, (n, w)))
+        got = est.canonical(acc)
+        np.testing.assert_array_equal(got, _lexsorted(acc))
+        assert got.tobytes() == est.canonical(acc[g.permutation(n)]).tobytes()
+
+
+def test_negative_zero_does_not_make_the_release_depend_on_row_order():
+    """-0.0 equals 0.0, so a sort may put either first; the canonical rows write it as 0.0, and
+    a seeded release is the same for any order of the rows."""
+    mech = OSPDPRR(t=0.5, k=1, lower=-1.0, upper=1.0, query="sum")
+    est = OSPDPRREstimator(mech, seed=9)
+    rows = np.array([[0.0, 0.5], [-0.0, 0.5], [0.25, 0.5], [-0.0, 0.5]])
+    canon = est.canonical(rows)
+    assert not np.signbit(canon).any()
+    first = est.finalize(rows).to_dict()
+    for order in ([1, 0, 2, 3], [3, 2, 1, 0], [0, 3, 1, 2]):
+        assert est.canonical(rows[order]).tobytes() == canon.tobytes()
+        assert est.finalize(rows[order]).to_dict() == first
+
+
+def test_the_cap_inside_a_release_is_a_configuration_error(tmp_path, monkeypatch, capsys):
+    """Hit while the pipeline runs, the cap's LimitError reaches the command line as itself:
+    exit status 2 and its message naming the variable (not a runner traceback)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from ldp_beam.pipelines.cli import main
+
+    path = str(tmp_path / "users.parquet")
+    g = np.random.default_rng(5)
+    pq.write_table(pa.table({"income": g.uniform(0, 250, 500), "lv": g.uniform(0, 1, 500)}),
+                   path)
+    monkeypatch.setenv("LDP_BEAM_MAX_USER_CELLS", "600")  # 300 users of 2 cells
+    before = progress.configure()
+    try:
+        code = main(["estimate", "-i", path, "-m", "ospdprr", "-p", "t=0.8", "-p", "k=1",
+                     "-p", "lower=0", "-p", "upper=250", "--role", "value1=income",
+                     "--role", "level1=lv", "-o", str(tmp_path / "r.json"), "--quiet",
+                     "--ledger", str(tmp_path / "ledger")])
+    finally:
+        progress.restore(before)  # --quiet set it for the rest of this process
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "ldp-beam estimate: error:" in err and "LDP_BEAM_MAX_USER_CELLS" in err, err
+    assert not (tmp_path / "r.json").exists()
