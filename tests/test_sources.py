@@ -244,6 +244,52 @@ def test_postgres_table_rows_match_in_physical_order(pg):
     assert sum(u.rows for u in rt.units) == N
 
 
+def test_postgres_units_count_and_read_their_own_pages_only(pg):
+    """A table with no statistics yet (never analyzed): its units are sized from a sample of
+    pages, each counted and read by a TID range scan of its own pages, never by a sequential
+    scan of the whole table (the server's own scan statistics say so); the last unit runs to
+    the end of the table."""
+    import psycopg
+
+    url, _ = pg
+    n = 20_000
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("DROP TABLE IF EXISTS nostats")
+        conn.execute("CREATE TABLE nostats (id bigint, x double precision) "
+                     "WITH (autovacuum_enabled = off)")
+        conn.execute(f"INSERT INTO nostats SELECT i, i * 0.5 FROM generate_series(0, {n - 1}) i")
+        assert conn.execute("SELECT reltuples FROM pg_class WHERE relname = 'nostats'"
+                            ).fetchone()[0] < 0  # no statistics: the sample sizes the units
+
+    def seq_scans() -> int:
+        """The table's sequential scans so far, once every other session has ended (a session
+        hands its statistics to the server as it exits)."""
+        with psycopg.connect(url, autocommit=True) as conn:
+            deadline = time.monotonic() + 10
+            while conn.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = "
+                               "current_database() AND pid <> pg_backend_pid()").fetchone()[0]:
+                assert time.monotonic() < deadline, "other sessions did not end"
+                time.sleep(0.05)
+            conn.execute("SELECT pg_stat_clear_snapshot()")
+            return conn.execute("SELECT seq_scan FROM pg_stat_user_tables "
+                                "WHERE relname = 'nostats'").fetchone()[0]
+
+    before = seq_scans()
+    rt = ReadTable(f"{url}?table=nostats", split_rows=3000)
+    assert 6 <= len(rt.units) <= 8 and sum(u.rows for u in rt.units) == n
+    assert rt.units[-1].label.endswith(", end)") and "ctid <" not in rt.units[-1].sql
+    batches, dead = read_direct(rt)
+    rt.source.close()
+    assert dead == []
+    got = rows_with_ids(batches)
+    stream = stream_id("postgresql:sources:nostats")
+    assert got == {(stream, i): {"id": i, "x": i * 0.5} for i in range(n)}
+    assert seq_scans() == before  # no sequential scan, when planned nor when read
+    with psycopg.connect(url, autocommit=True) as conn:  # (one would be counted)
+        conn.execute("SELECT count(*) FROM nostats").fetchone()
+    assert seq_scans() == before + 1
+
+
 def test_postgres_query_and_order_by(pg):
     url, t = pg
     q = "SELECT id, x * 2 AS y FROM t WHERE c = 'b'"

@@ -59,6 +59,8 @@ it stands for, exactly as for files, so counts reconcile.
 """
 from __future__ import annotations
 
+import contextlib
+import math
 import os
 import re
 from dataclasses import dataclass
@@ -302,8 +304,11 @@ class DuckDBSource(Source):
             self.rows = int(n)
             if n:
                 step = self.split_rows
-                counts = dict(self._sql(
-                    f"SELECT (rowid - {lo}) // {step} AS u, count(*) FROM {t} GROUP BY u"))
+                if n == hi - lo + 1:  # no gaps (nothing deleted): the counts follow, no scan
+                    counts = {u: min(step, n - u * step) for u in range(0, -(-n // step))}
+                else:
+                    counts = dict(self._sql(
+                        f"SELECT (rowid - {lo}) // {step} AS u, count(*) FROM {t} GROUP BY u"))
                 for u in range(0, (hi - lo) // step + 1):
                     a, b = lo + u * step, lo + (u + 1) * step
                     if counts.get(u, 0):
@@ -375,10 +380,12 @@ class PostgresSource(Source):
                 raise SourceError(f"{self.name}: {_pg_error(exc)}") from None
         return self._con
 
-    def _query(self, sql: str, arrow: bool = False):
+    def _query(self, sql: str, arrow: bool = False, rows: bool = True):
         cur = self._connect().cursor()
         try:
             cur.execute(sql)
+            if not rows:
+                return None
             return cur.fetch_arrow_table() if arrow else cur.fetchall()
         except Exception as exc:  # noqa: BLE001
             raise SourceError(f"{self.name}: {_pg_error(exc)}") from None
@@ -401,39 +408,71 @@ class PostgresSource(Source):
             self._query(self.units[0].sql.rsplit(" LIMIT ", 1)[0] + " LIMIT 0")
 
     def _plan_pages(self) -> None:
+        """Units of about ``split_rows`` rows as ranges of heap pages (the last one open-ended,
+        so rows on pages added since the size was taken are in it), each unit's rows counted
+        by a TID range scan of its own pages only: the counts together read the table once, in
+        one statement per ``_COUNT_BATCH`` units (a plain ``count(*)`` per range may be planned
+        as a scan of the whole table, once per unit)."""
         t = quote_ident(self.table)
         lit = "'" + t.replace("'", "''") + "'"
-        kind = self._query(f"SELECT relkind FROM pg_class WHERE oid = {lit}::regclass")[0][0]
+        kind, relpages, reltuples = self._query(
+            f"SELECT relkind, relpages, reltuples FROM pg_class WHERE oid = {lit}::regclass")[0]
         if kind not in ("r", "m", "t"):  # a view or a foreign/partitioned table: no ctid pages
             raise SourceError(f"{self.name}: {self.table} is not a plain table (relkind "
                               f"{kind!r}); give order_by=COLUMNS to read it in a fixed order")
         pages = int(self._query(f"SELECT pg_relation_size({lit}::regclass) / "
                                 "current_setting('block_size')::int")[0][0])
-        total = int(self._query(f"SELECT count(*) FROM {t}")[0][0])
-        self.rows = total
-        if total == 0:
-            return
+        step = max(1, math.ceil(self.split_rows / self._rows_per_page(t, pages, relpages, reltuples)))
+        bounds = [(a, a + step if a + step < pages else None) for a in range(0, pages, step)]
+        if not bounds:  # no pages yet: one open-ended unit, counted like any other
+            bounds = [(0, None)]
+        counts: list[int] = []
+        with self._tid_scans():
+            for i in range(0, len(bounds), _COUNT_BATCH):
+                part = bounds[i:i + _COUNT_BATCH]
+                sql = " UNION ALL ".join(f"SELECT {j}::int AS u, count(*) AS n FROM {t} WHERE "
+                                         f"{_page_range(a, b)}"
+                                         for j, (a, b) in enumerate(part, i))
+                got = dict(self._query(sql))
+                counts += [int(got[j]) for j in range(i, i + len(part))]
         stream = f"postgresql:{self.database}:{self.table}"
-        step = max(1, -(-pages * self.split_rows // total))  # pages per unit, ceil
         off = 0
-        for a in range(0, pages, step):
-            b = min(a + step, pages)
-            where = f"ctid >= '({a},0)'::tid AND ctid < '({b},0)'::tid"
-            n = int(self._query(f"SELECT count(*) FROM {t} WHERE {where}")[0][0])
+        for (a, b), n in zip(bounds, counts):
             if n:
-                self.units.append(SourceUnit(f"pages [{a}, {b})",
-                                             f"SELECT * FROM {t} WHERE {where}", off, n,
-                                             stream=stream))
+                label = f"pages [{a}, {b})" if b is not None else f"pages [{a}, end)"
+                self.units.append(SourceUnit(label, f"SELECT * FROM {t} WHERE {_page_range(a, b)}",
+                                             off, n, stream=stream))
             off += n
-        if off != total:
-            raise SourceError(f"{self.name}: the table changed while it was planned ({total:,} "
-                              f"rows counted, {off:,} in its pages); read a table that is not "
-                              "being written, or give order_by")
+        self.rows = off
+
+    def _rows_per_page(self, t: str, pages: int, relpages: int, reltuples: float) -> float:
+        """Rows per heap page, to size the units: the statistics' (VACUUM/ANALYZE) when there
+        are some, else counted on the first pages (a TID range scan of at most 128 pages)."""
+        if relpages > 0 and reltuples > 0:
+            return max(float(reltuples) / relpages, 1.0)
+        sample = min(pages, 128)
+        if sample == 0:
+            return 1.0
+        with self._tid_scans():
+            n = int(self._query(f"SELECT count(*) FROM {t} WHERE "
+                                f"{_page_range(0, sample)}")[0][0])
+        return max(n / sample, 1.0)
+
+    @contextlib.contextmanager
+    def _tid_scans(self):
+        """Page ranges counted by TID range scans, never sequential scans (which the planner
+        may choose for a wide range, reading the whole table for each)."""
+        self._query("SET enable_seqscan = off", rows=False)
+        try:
+            yield
+        finally:
+            with contextlib.suppress(SourceError):  # (after a failed statement: its error)
+                self._query("RESET enable_seqscan", rows=False)
 
     def read(self, unit: SourceUnit, batch_rows: int) -> Iterator[pa.RecordBatch]:
         cur = self._connect().cursor()
         try:
-            if unit.sql.startswith("SELECT * FROM") and "ctid >=" in unit.sql:
+            if unit.label.startswith("pages ["):
                 # page ranges must come in physical order: a TID range scan, never a seq scan
                 cur.execute("SET enable_seqscan = off")
             cur.execute(unit.sql)
@@ -454,6 +493,15 @@ class PostgresSource(Source):
         state = dict(self.__dict__)
         state["_con"] = None
         return state
+
+
+_COUNT_BATCH = 256  # page ranges counted per planning statement
+
+
+def _page_range(a: int, b: int | None) -> str:
+    """The rows on heap pages [a, b) (b None: to the end of the table), as a TID range."""
+    cond = f"ctid >= '({a},0)'::tid"
+    return cond if b is None else f"{cond} AND ctid < '({b},0)'::tid"
 
 
 def _pg_error(exc: BaseException) -> str:
