@@ -108,7 +108,7 @@ import numpy as np
 from ..core import (Estimate, Estimator, Mechanism, Reasons, Reports, Role, Statistic,
                     check_choice, check_interval, coerce_numeric)
 from ..errors import EmptyAccumulatorError, ParameterError
-from ..limits import check_cap
+from ..limits import cap, check_cap
 from ..noise import discrete_laplace_scale, discrete_laplace_variance, lattice_laplace, to_units
 from ..privacy import (CENTRAL, NONE, ULDP, ContributionBounds, PrivacyGuarantee,
                        central_unit_params, central_unit_text, check_contribution_bound)
@@ -820,18 +820,32 @@ class OSPDPRR(_UnitBounded, Mechanism):
         return {s: float(v) for s, v in sc.items()}
 
     def release(self, values: np.ndarray, weights: np.ndarray, rng: RngLike = None, *,
-                allow_empty: bool = False) -> Release:
+                allow_empty: bool = False, diagnostics: bool = True) -> Release:
         """Stages 1-3 on all users' rows: ``values`` (n, k_T) target values in [lower, upper],
         ``weights`` (n, k) in [0, 1]. One sample, one Laplace draw per noisy statistic.
 
         ``allow_empty``: release from no rows at all (a public key absent from the data, in a
-        per-key release): the statistics are the noise alone, and the ratio factor is 1."""
+        per-key release): the statistics are the noise alone, and the ratio factor is 1.
+        ``diagnostics=False``: the same release (bit for bit, the same draws) computed a chunk
+        of users at a time, without the per-user arrays of ``internal`` (scores, budgets, pi,
+        sample); what the estimator's finalize uses."""
         vals = np.asarray(values, dtype=np.float64).reshape(-1, self.k_target)
         w = np.asarray(weights, dtype=np.float64).reshape(-1, self.k)
         n = vals.shape[0]
         if (n == 0 and not allow_empty) or w.shape[0] != n:
             raise EmptyAccumulatorError(f"{self.name}: no reports (users) to release from")
         gen = as_generator(rng)
+        um = self.unit_sensitivity
+        lattice = statistic_lattice(self.query, self.k_target, self.lower, self.upper, um)
+        if not diagnostics:
+            sums, low, pi_sum = self._sample_in_chunks(vals, w, gen, lattice)
+            internal: dict[str, Any] = {}
+            if self.mode == "paper":
+                epsilon = math.exp(float(low))
+                internal["m"] = float(low)
+            else:
+                epsilon = float(self.t)
+            return self._noisy_release(n, sums, epsilon, pi_sum, gen, lattice, internal)
         if n == 0:
             m, eps_u, pi = np.zeros(0), np.zeros(0), np.zeros(0)
         else:
@@ -840,8 +854,7 @@ class OSPDPRR(_UnitBounded, Mechanism):
         sv = vals[keep]
         exact = {"N": float(self.k_target * keep.sum()), "S": float(sv.sum()),
                  "Q": float(np.square(sv).sum())}
-        internal: dict[str, Any] = {"scores": m, "budgets": eps_u, "pi": pi, "sample": keep,
-                                    "exact": exact}
+        internal = {"scores": m, "budgets": eps_u, "pi": pi, "sample": keep, "exact": exact}
         if self.mode == "paper":  # step 8: eps = e^m, m the smallest score among sampled users
             score = m if self.paper_m == "raw" else eps_u
             low = score[keep].min() if keep.any() else (score.min() if n else 0.0)  # empty
@@ -849,10 +862,90 @@ class OSPDPRR(_UnitBounded, Mechanism):
             internal["m"] = float(low)
         else:
             epsilon = float(self.t)
+        sums = statistic_units(sv, lattice).sum(axis=0)
+        return self._noisy_release(n, sums, epsilon, float(pi.sum()), gen, lattice, internal)
+
+    #: rows per chunk of the release's lean path (:meth:`_sample_in_chunks`)
+    CHUNK_ROWS: ClassVar[int] = 1 << 16
+
+    def _sample_in_chunks(self, vals: np.ndarray, w: np.ndarray, gen: np.random.Generator,
+                          lattice: Mapping[str, tuple[float, int]]
+                          ) -> tuple[np.ndarray, float, float]:
+        """Stages 1-2 and the sample's lattice sums, CHUNK_ROWS users at a time: the same
+        numbers as :meth:`sampling` on all users (every step is per user, or an exact
+        reduction -- column norms, minima and maxima -- taken over all users first), the same
+        uniforms (drawn in order from ``gen``, which yields one stream however it is split),
+        without arrays of one value per user. Returns (sums of N, S, Q in lattice units, the
+        paper mode's smallest sampled score, sum of pi over all users: summed over one array of
+        every pi, as ``pi.sum()``, in the modes with a ratio estimator)."""
+        n, step = vals.shape[0], self.CHUNK_ROWS
+        k = w.shape[1]
+        if self.ref == "data" and n:
+            if self.norm == "vector":
+                norms = np.sqrt(np.einsum("ij,ij->j", w, w))
+
+                def scale(x: np.ndarray) -> np.ndarray:
+                    return np.divide(x, norms, out=np.zeros_like(x), where=norms > 0)
+            else:
+                lo, hi = w.min(axis=0), w.max(axis=0)
+                span = hi - lo
+
+                def scale(x: np.ndarray) -> np.ndarray:
+                    return np.divide(x - lo, span, out=np.zeros_like(x), where=span > 0)
+            best, worst = np.full(k, np.inf), np.full(k, -np.inf)
+            for i in range(0, n, step):
+                wb = scale(np.asarray(w[i:i + step], dtype=np.float64))
+                best, worst = np.minimum(best, wb.min(axis=0)), np.maximum(worst, wb.max(axis=0))
+        else:
+            def scale(x: np.ndarray) -> np.ndarray:
+                return x
+            best, worst = np.zeros(k), np.ones(k)
+
+        def scores(i: int) -> np.ndarray:
+            wb = scale(np.asarray(w[i:i + step], dtype=np.float64))
+            d_plus = np.sqrt(np.square(wb - best).sum(axis=1))
+            d_minus = np.sqrt(np.square(wb - worst).sum(axis=1))
+            den = d_plus + d_minus
+            return np.divide(d_minus, den, out=np.full(wb.shape[0], 0.5), where=den > 0)
+
+        rescale = self.mode != "sound-self"
+        if rescale and n:
+            a, b = -np.inf, np.inf
+            for i in range(0, n, step):
+                m = scores(i)
+                a, b = max(a, float(m.max())), min(b, float(m.min()))
+        ratio = self.query in RATIO_QUERIES and self.mode in ("sound-public", "paper")
+        pi_all = np.empty(n) if ratio else None
+        sums = np.zeros(3, dtype=np.int64)
+        low, low_all = math.inf, math.inf
+        for i in range(0, n, step):
+            m = scores(i)
+            if not rescale:
+                eps_u = m
+            elif a == b:
+                eps_u = np.ones_like(m)
+            else:
+                eps_u = (m - b) / (a - b)
+            pi = sampling_probabilities(eps_u, self.t)
+            keep = gen.random(m.shape[0]) < pi
+            if pi_all is not None:
+                pi_all[i:i + step] = pi
+            sums += statistic_units(vals[i:i + step][keep], lattice).sum(axis=0)
+            if self.mode == "paper":
+                score = m if self.paper_m == "raw" else eps_u
+                low_all = min(low_all, float(score.min()))
+                if keep.any():
+                    low = min(low, float(score[keep].min()))
+        if low == math.inf:  # nobody sampled: over all users (no users: m = 0)
+            low = low_all if n else 0.0
+        return sums, low, (float(pi_all.sum()) if pi_all is not None else math.nan)
+
+    def _noisy_release(self, n: int, sums: np.ndarray, epsilon: float, pi_sum: float,
+                       gen: np.random.Generator, lattice: Mapping[str, tuple[float, int]],
+                       internal: dict[str, Any]) -> Release:
+        """Stage 3 from the sample's lattice sums: the noise and the published statistics."""
         scales = self.noise_scales(epsilon)
         um = self.unit_sensitivity
-        lattice = statistic_lattice(self.query, self.k_target, self.lower, self.upper, um)
-        sums = statistic_units(sv, lattice).sum(axis=0)
         noisy_arr, variance = noisy_statistics(sums, self.query, self.k_target, self.lower,
                                                self.upper, epsilon, gen, um)
         noisy = {s: float(v) for s, v in noisy_arr.items()}
@@ -874,7 +967,7 @@ class OSPDPRR(_UnitBounded, Mechanism):
                         note=self._note("raw"))
         stats[self.query] = raw
         if self.query in RATIO_QUERIES and self.mode in ("sound-public", "paper"):
-            factor = float(n / pi.sum()) if n else 1.0
+            factor = float(n / pi_sum) if n else 1.0
             ratio = Statistic(float(value) * factor, self._stderr(sds, factor, public),
                               float(clipped) * factor, note=self._note("ratio"))
             stats[f"{self.query}_raw"] = raw
@@ -926,6 +1019,11 @@ class _UserRowsEstimator(Estimator):
         self.seed = seed
         self.fields = mechanism.report_fields
         self.width = len(self.fields)
+        # OSPDPRR's release without its per-user diagnostic arrays (the same statistics, with
+        # memory of a chunk of users rather than several arrays of one value per user)
+        lean = (isinstance(mechanism, OSPDPRR) and type(mechanism).sampling is OSPDPRR.sampling
+                and type(mechanism).scores is OSPDPRR.scores)  # not if a subclass changes them
+        self._lean = {"diagnostics": False} if lean else {}
 
     def create(self) -> np.ndarray:
         return np.empty((0, self.width), dtype=np.float64)
@@ -960,9 +1058,10 @@ class _UserRowsEstimator(Estimator):
 
     def _check_rows(self, rows: int) -> None:
         """The ``user_cells`` cap (:mod:`ldp_beam.limits`): rows x row width held at once."""
-        check_cap("user_cells", rows * self.width,
-                  f"{self.mechanism.name} users held by the curator ({rows:,} rows x "
-                  f"{self.width} cells each)")
+        if rows * self.width > cap("user_cells"):  # the message only when it is needed
+            check_cap("user_cells", rows * self.width,
+                      f"{self.mechanism.name} users held by the curator ({rows:,} rows x "
+                      f"{self.width} cells each)")
 
     def n_reports(self, acc: np.ndarray) -> int:
         return int(acc.shape[0])
@@ -995,7 +1094,8 @@ class _UserRowsEstimator(Estimator):
         acc = _canonical(acc)
         kt = self.mechanism.k_target
         rel = self.mechanism.release(acc[:, :kt], acc[:, kt:],
-                                     release_source(self.seed, acc, key), allow_empty=True)
+                                     release_source(self.seed, acc, key), allow_empty=True,
+                                     **getattr(self, "_lean", {}))
         # n_reports=None: the exact number of users is itself sensitive and is not released
         return Estimate(self.mechanism.name, None, rel.statistics, self.mechanism.guarantee,
                         self.mechanism.params())
@@ -1052,8 +1152,8 @@ def _grow(acc: np.ndarray, m: int, check: Callable[[int], None]) -> tuple[np.nda
                 and acc.strides == buf.strides):
             _BUFFER_ROWS[id(buf)] = n + m
             return buf[:n + m], buf[n:n + m]
-    cap = max(n + m, int(_GROWTH * (n + m)))
-    buf = np.empty((cap, acc.shape[1]), dtype=np.float64)
+    room = max(n + m, int(_GROWTH * (n + m)))
+    buf = np.empty((room, acc.shape[1]), dtype=np.float64)
     buf[:n] = acc
     with _BUFFER_LOCK:
         _BUFFER_ROWS[id(buf)] = n + m
