@@ -93,6 +93,7 @@ def test_terminal_gets_a_bar_with_eta_and_a_final_line():
 
 
 def test_experiment_progress_bar_on_a_terminal_lines_elsewhere():
+    progress.configure(enabled=True)  # as `ldp-beam reproduce` and `audit` do
     tty, plain = _Tty(), io.StringIO()
     for stream in (tty, plain):
         p = Progress("fam", total=3, stream=stream)
@@ -106,6 +107,12 @@ def test_experiment_progress_bar_on_a_terminal_lines_elsewhere():
     assert "3/3" in text and BAR.search(text) and ETA.search(text), text
     assert "[fam] done" in text
     assert re.search(r"\[fam\] 3 steps in [\d.]+ s \([\d.e+]+ steps/s\)\n$", text), text
+    progress.configure(enabled=False)  # the Python API: lines even on a terminal
+    tty = _Tty()
+    p = Progress("fam", total=1, stream=tty)
+    p.step("exp")
+    p.close()
+    assert tty.getvalue() == "[fam] exp (1/1)\n"
 
 
 def test_no_progress_from_the_python_api(table, tmp_path, capsys):

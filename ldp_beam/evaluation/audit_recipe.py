@@ -566,6 +566,8 @@ def run(quick: bool = False, progress: Any = None, seed: int | None = None,
         plan = [p for p in plan if p[0] in only]
     ALPHA = FAMILY_ALPHA / len(plan)  # a tight claim is "violated" by chance w.p. <= 5% per run
     children = np.random.SeedSequence(seed).spawn(len(plan))
+    if progress is not None:
+        progress.total = len(plan)  # a bar with an ETA on a terminal (issue 16)
     records: list[dict] = []
     audited = set()
     for (name, setting, fn), ss in zip(plan, children):
@@ -587,6 +589,8 @@ def run(quick: bool = False, progress: Any = None, seed: int | None = None,
         records.append(_record(name, setting, mech, exact, res, note, seed, claim=claim,
                                elapsed=time.perf_counter() - t0, **extra))
         audited.add(name)
+    if progress is not None and hasattr(progress, "close"):
+        progress.close()  # the bar ends before the caller prints the table
     for name in get_registry().names():
         if name not in audited and (not only or name in only):
             records.append(make_record(

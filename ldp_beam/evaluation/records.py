@@ -101,7 +101,8 @@ class Progress:
     ``step(label)`` advances the counter; ``note(text)`` prints without advancing.
     ``enabled=False`` makes it silent, and so does ``--quiet`` (:mod:`ldp_beam.progress`);
     ``sink`` (a callable taking the line) replaces the stream; ``bar=False`` forces lines
-    (None: a bar exactly when the stream is a terminal and no sink is given).
+    (None: a bar exactly when the command line asked for progress -- ``reproduce``, ``audit``,
+    see :func:`ldp_beam.progress.configure` -- the stream is a terminal and no sink is given).
     """
 
     def __init__(self, family: str, total: int | None = None, *, stream: TextIO | None = None,
@@ -128,9 +129,9 @@ class Progress:
             return False
         if self._bar_wanted is not None:
             return self._bar_wanted
-        from ..progress import is_terminal
+        from ..progress import SETTINGS, is_terminal
 
-        return is_terminal(self.stream)
+        return SETTINGS.enabled and is_terminal(self.stream)
 
     def _emit(self, line: str) -> None:
         if not self.enabled:
