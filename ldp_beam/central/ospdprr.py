@@ -75,8 +75,11 @@ distribution of the release is unchanged; a seeded release would then be address
 identities rather than by the sorted rows, so seeded outputs would differ from today's (each is
 bit-identical across runners and batch sizes). Until then the cap above bounds the memory.
 Measured peak RSS of ``ldp-beam estimate -m ospdprr`` (k = 1, DirectRunner, one process):
-484 MB and 1885 MB at 10^6 and 10^7 users before (per-batch concatenation), 411 MB and
-1681 MB after (63.6 s -> 41.6 s at 10^7), seeded releases identical.
+484 MB and 1885 MB at 10^6 and 10^7 users with the former per-batch concatenation, full-column
+lexsort and per-user arrays in the release; 403 MB and 1354 MB now (the 10^7 run 63.6 s -> 29.4
+s on the shared machine), the seeded releases identical. What still grows with users is the
+accumulator itself (16 bytes a user here) and the copies the runner makes of it (encoded for
+the shuffle and decoded) besides the sorted copy the release makes.
 
 **Privacy unit (issue 14; docs/person_level.md).** ``max_partitions_per_unit`` (L0) and
 ``max_rows_per_partition`` (Linf), both 1 by default (one row per user, as above), are the
