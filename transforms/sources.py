@@ -475,6 +475,9 @@ class PostgresSource(Source):
             if unit.label.startswith("pages ["):
                 # page ranges must come in physical order: a TID range scan, never a seq scan
                 cur.execute("SET enable_seqscan = off")
+            # batches of ~1 MiB of COPY data (the driver's default, 16 MiB, waits for that much
+            # before handing over a batch; smaller ones measured ~10% faster end to end)
+            cur.adbc_statement.set_options(**{_BATCH_HINT: str(_FETCH_BYTES)})
             cur.execute(unit.sql)
             for b in cur.fetch_record_batch():
                 for s in range(0, b.num_rows, batch_rows):
@@ -496,6 +499,8 @@ class PostgresSource(Source):
 
 
 _COUNT_BATCH = 256  # page ranges counted per planning statement
+_BATCH_HINT = "adbc.postgresql.batch_size_hint_bytes"
+_FETCH_BYTES = 1 << 20
 
 
 def _page_range(a: int, b: int | None) -> str:
