@@ -29,10 +29,11 @@ reshuffle, each read by one query:
   (its position in the table; stable while the table is not rewritten). Units are ``rowid``
   ranges of ``split_rows`` (DuckDB skips the other row groups).
 * **PostgreSQL table**: stream ``postgresql:<db>:<table>``, record number = the row's position
-  in physical (``ctid``) order. Units are ranges of heap pages read by TID range scans, their
-  row counts taken when planned (so every unit knows its first record number). Stable while the
-  table is not updated or vacuumed (``VACUUM FULL``, ``CLUSTER``): read a table that is not
-  being written, or a copy.
+  in physical (``ctid``) order. Units are ranges of heap pages (about ``split_rows`` rows each,
+  the last one open-ended) read by TID range scans; their row counts are taken when planned,
+  each by a TID range scan of its own pages (so every unit knows its first record number, and
+  planning reads the table once, never once per unit). Stable while the table is not updated
+  or vacuumed (``VACUUM FULL``, ``CLUSTER``): read a table that is not being written, or a copy.
 * **A query, or a table with ``order_by``** (DuckDB and PostgreSQL): stream
   ``<engine>:<db>:query:<text>`` (or ``:<table>``), record number = the row's position in a
   deterministic order: the ``order_by`` columns, then every other column as a tie-breaker (so
