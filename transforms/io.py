@@ -82,6 +82,7 @@ against their CRC where the writer stored one.
 """
 from __future__ import annotations
 
+import copy
 import csv
 import glob
 import json
@@ -546,6 +547,17 @@ class ReadUnit:
         return self.name or os.path.basename(self.path)
 
 
+def check_columns(columns: Any) -> tuple[str, ...] | None:
+    """A projection: None (every column) or a non-empty sequence of column names."""
+    if columns is None:
+        return None
+    if isinstance(columns, str) or not isinstance(columns, Sequence) or not columns or \
+            not all(isinstance(c, str) and c for c in columns):
+        raise ParameterError("columns", columns, "None (every column) or a non-empty list of "
+                             "column names")
+    return tuple(columns)
+
+
 def plan_units(files: list, flags: Sequence[str] = ()) -> list[ReadUnit]:
     """Work units of table files (paths or :class:`InputFile`): one per Parquet row group (a
     file whose footer cannot be read is one unit, dead-lettered by the reader), one per CSV
@@ -606,10 +618,12 @@ class ReadUnitFn(beam.DoFn):
     def __init__(self, batch_rows: int = DEFAULT_BATCH_ROWS,
                  null_values: Sequence[str] = DEFAULT_NULL_VALUES,
                  csv_options: Mapping[str, Any] | CsvOptions | None = None,
-                 partition_fields: Sequence[pa.Field] = (), flags: Sequence[str] = ()) -> None:
+                 partition_fields: Sequence[pa.Field] = (), flags: Sequence[str] = (),
+                 columns: Sequence[str] | None = None) -> None:
         if isinstance(batch_rows, bool) or not isinstance(batch_rows, int) or batch_rows < 1:
             raise ParameterError("batch_rows", batch_rows, "a whole number >= 1")
         self.batch_rows = batch_rows
+        self.columns = check_columns(columns)
         self.null_values = check_null_values(null_values)
         self.csv = csv_settings(csv_options)
         self.partition_fields = list(partition_fields)
@@ -650,6 +664,9 @@ class ReadUnitFn(beam.DoFn):
         unit = getattr(self, "_unit", None)
         if unit is not None and unit.partition:
             table = self._with_partition(table, unit)
+        if self.columns is not None:  # a projection: the columns asked for that the input has
+            names = table.schema.names
+            table = table.select([c for c in self.columns if c in names])
         return KeyedBatch(stream, offset, table, source)
 
     def _unreadable(self, source: str, error: BaseException | str, row: int | None,
@@ -734,7 +751,8 @@ class ReadUnitFn(beam.DoFn):
                 return  # the offsets of later groups are unknown
             emitted = 0
             try:
-                for b in pf.iter_batches(batch_size=self.batch_rows, row_groups=[rg]):
+                for b in pf.iter_batches(batch_size=self.batch_rows, row_groups=[rg],
+                                         columns=self._file_columns(pf)):
                     if emitted + b.num_rows > expected:
                         raise ValueError(f"it yields more rows than the {expected:,} its "
                                          "metadata records")
@@ -747,6 +765,13 @@ class ReadUnitFn(beam.DoFn):
                 yield self._unreadable(path, f"row group {rg}: {_error_text(exc)}",
                                        offset + emitted, expected - emitted)
             offset += expected
+
+    def _file_columns(self, pf: pq.ParquetFile) -> list[str] | None:
+        """The file's columns to decode: all of them, or those of the projection it has."""
+        if self.columns is None:
+            return None
+        names = set(pf.schema_arrow.names)
+        return [c for c in self.columns if c in names]
 
     # -- CSV: a whole file, streamed
     def _open_csv(self, path: str, names: list[str], block: int, skip: int, sink: list):
@@ -1027,6 +1052,13 @@ class ReadTable(beam.PTransform):
     options or arguments; their ``--s3_*`` settings (endpoint, credentials, region) configure
     object stores, else the environment does (see :func:`beam_flags`). ``table``, ``query``,
     ``order_by``, ``split_rows``, ``snapshot``: database settings, as in the URL.
+
+    ``columns``: a projection (files only): batches carry only these columns (those the input
+    has), with the same rows, record identities and reader dead letters as a whole read. Parquet
+    decodes only them, so a read of one column costs a fraction of a whole one (a page of
+    another column that is damaged is then not seen); CSV rows are still parsed whole (a row's
+    validity depends on all its cells) and projected after. :meth:`with_columns` gives a
+    projected copy of a reader.
     """
 
     def __init__(self, url: str, batch_rows: int = DEFAULT_BATCH_ROWS,
@@ -1034,17 +1066,22 @@ class ReadTable(beam.PTransform):
                  csv_options: Mapping[str, Any] | None = None, *, options: Any = None,
                  table: str | None = None, query: str | None = None,
                  order_by: str | Sequence[str] | None = None, split_rows: int | None = None,
-                 snapshot: int | None = None, allow_empty: bool = False) -> None:
+                 snapshot: int | None = None, allow_empty: bool = False,
+                 columns: Sequence[str] | None = None) -> None:
         super().__init__()
         from .sources import is_source_url, open_source
 
         self.url = url
+        self.columns = check_columns(columns)
         self.flags = beam_flags(options)
         self.batch_rows = batch_rows
         self.skipped: list[dict] = []
         self.files: list[str] = []
         self._schema: pa.Schema | None = None
         if is_source_url(url):
+            if self.columns is not None:
+                raise ParameterError("columns", columns, "None for duckdb://, postgresql:// and "
+                                     "iceberg:// sources (select the columns in query=)")
             self.source = open_source(url, table=table, query=query, order_by=order_by,
                                       split_rows=split_rows, snapshot=snapshot,
                                       allow_empty=allow_empty)
@@ -1067,8 +1104,8 @@ class ReadTable(beam.PTransform):
         if is_remote(url):
             check_object_store(url, self.flags)
         listing = list_input(url, self.flags)
-        self.fn = ReadUnitFn(batch_rows, null_values, csv_options,
-                             listing.partition_fields, self.flags)  # validates the options
+        self.fn = ReadUnitFn(batch_rows, null_values, csv_options, listing.partition_fields,
+                             self.flags, self.columns)  # validates the options
         self.inputs = listing.files
         self.files = [f.path for f in listing.files]
         self.partition_fields = listing.partition_fields
@@ -1083,6 +1120,18 @@ class ReadTable(beam.PTransform):
             self._schema = input_schema(self.inputs, self.csv_options, self.partition_fields,
                                         self.flags)
         return self._schema
+
+    def with_columns(self, columns: Sequence[str]) -> "ReadTable":
+        """A copy of this reader that reads only ``columns`` (see ``columns``): the same files,
+        plan and options. Database sources have no projection: a ParameterError."""
+        if self.source is not None:
+            raise ParameterError("columns", columns, "None for duckdb://, postgresql:// and "
+                                 "iceberg:// sources (select the columns in query=)")
+        out = copy.copy(self)
+        out.columns = check_columns(columns)
+        out.fn = copy.copy(self.fn)
+        out.fn.columns = out.columns
+        return out
 
     def expand(self, pbegin):
         units = pbegin | "Units" >> beam.Create(self.units)
