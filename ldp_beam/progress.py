@@ -81,13 +81,14 @@ def make_bar(total: int | None, desc: str, unit: str, stream: TextIO, **kw: Any)
                      **size, **kw)
 
 
-def rate_text(rows: int | None, seconds: float) -> str:
-    """``read 1,000,000 rows in 2.31 s (432,900 rows/s)``: the rate over the wall time."""
+def rate_text(rows: int | None, seconds: float, note: str = "") -> str:
+    """``read 1,000,000 rows in 2.31 s (432,900 rows/s)``: the rate over the wall time;
+    ``note`` says where the count comes from when it is not the reader's counter."""
     if rows is None:
         return (f"finished in {seconds:.2f} s (rows read unknown: the runner reports no "
                 "metrics)")
     rate = rows / seconds if seconds > 0 else float("inf")
-    return f"read {rows:,} rows in {seconds:.2f} s ({rate:,.0f} rows/s)"
+    return f"read {rows:,} rows{note} in {seconds:.2f} s ({rate:,.0f} rows/s)"
 
 
 class RunProgress:
@@ -111,6 +112,7 @@ class RunProgress:
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self.bar: Any = None
+        self.total: int | None = None  # the rows to read, once counted
         self.t0 = time.perf_counter()
 
     def start(self) -> "RunProgress":
@@ -135,10 +137,12 @@ class RunProgress:
                 total = self._total_fn()
             except Exception:  # counting is best effort: an unreadable file is the run's error
                 total = None
+            self.total = total
             if total is not None and not self._stop.is_set():
                 with self._lock:
                     self.bar.total = int(total)
                     self.bar.refresh()
+        ticks, counted = 0, False
         while not self._stop.wait(self.interval):
             with self._lock:
                 live = self._live
@@ -146,28 +150,46 @@ class RunProgress:
                 n = live() if live is not None else None
             except Exception:  # metrics unavailable at the moment: keep the elapsed time going
                 n = None
+            ticks += 1
             with self._lock:
                 if n is not None and n > self.bar.n:
                     self.bar.update(n - self.bar.n)
+                    if not counted:
+                        self.bar.set_postfix_str("", refresh=False)
+                    counted = True
+                elif not counted and ticks * self.interval >= 3.0:  # say why it stays at 0
+                    self.bar.set_postfix_str("the runner reports no rows until it ends")
                 else:
                     self.bar.refresh()
 
     def finish(self, rows: int | None, ok: bool = True) -> float:
         """Stop the bar (at ``rows`` when known) and, after a successful run, print the final
-        line. Returns the wall time in seconds."""
+        line. Without ``rows`` (a runner that reports no metrics), the rows of the input from
+        its metadata, said so. Returns the wall time in seconds."""
         seconds = time.perf_counter() - self.t0
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
+        note = ""
+        if rows is None and ok and self._total_fn is not None:
+            if self.total is None:
+                try:
+                    self.total = self._total_fn()
+                except Exception:  # best effort
+                    self.total = None
+            if self.total is not None:
+                rows, note = self.total, " (the input's rows, from its metadata: the runner " \
+                                         "reports no metrics)"
         if self.bar is not None:
             if ok and rows is not None:
                 if self.bar.total is not None and self.bar.total < rows:
                     self.bar.total = rows
                 self.bar.n = rows
+                self.bar.set_postfix_str("", refresh=False)
                 self.bar.refresh()
             self.bar.close()
         if ok and self.show_line:
-            self.stream.write(f"{self.label}: {rate_text(rows, seconds)}\n")
+            self.stream.write(f"{self.label}: {rate_text(rows, seconds, note)}\n")
             self.stream.flush()
         return seconds
 

@@ -300,8 +300,12 @@ def _running_rows(result: Any) -> int | None:
     """Rows read so far by a running job, from its metrics (attempted values)."""
     if result is None:
         return None
-    res = result.metrics().query(
-        MetricsFilter().with_namespace("ldp_beam").with_name("input_rows_read"))
+    try:
+        res = result.metrics().query(
+            MetricsFilter().with_namespace("ldp_beam").with_name("input_rows_read"))
+    finally:
+        if hasattr(result, "_metrics"):  # the PortableRunner keeps its first answer for good:
+            result._metrics = None       # forget it, or the final counters would stay empty
     vals = [c.attempted if c.attempted is not None else c.committed for c in res["counters"]]
     vals = [int(v) for v in vals if v is not None]
     return sum(vals) if vals else None

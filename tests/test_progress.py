@@ -160,3 +160,24 @@ def test_collect_on_a_pseudo_terminal_shows_the_bar(table, tmp_path):
     assert f"/{ROWS / 1000:.2f}k" in text or f"/{ROWS}" in text, text  # the total, from metadata
     m = RATE_LINE.search(text)
     assert m and int(m.group(1).replace(",", "")) == ROWS, text
+
+
+def test_a_runner_without_metrics_gets_the_inputs_row_count_said_so():
+    stream = io.StringIO()  # not a terminal: no bar, the line only
+    rp = progress.RunProgress("estimate", bar=False, line=True, stream=stream,
+                              total=lambda: 1234)
+    rp.start()
+    rp.finish(None)
+    assert re.fullmatch(r"estimate: read 1,234 rows \(the input's rows, from its metadata: the "
+                        r"runner reports no metrics\) in [\d.]+ s \([\d,]+ rows/s\)\n",
+                        stream.getvalue()), stream.getvalue()
+    stream = io.StringIO()
+    rp = progress.RunProgress("estimate", bar=False, line=True, stream=stream, total=None)
+    rp.start()
+    rp.finish(None)
+    assert "rows read unknown" in stream.getvalue()
+    stream = io.StringIO()
+    rp = progress.RunProgress("estimate", bar=False, line=True, stream=stream, total=lambda: 5)
+    rp.start()
+    rp.finish(None, ok=False)  # a failed run: its error says it all
+    assert stream.getvalue() == ""
