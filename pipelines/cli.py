@@ -245,6 +245,14 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--json", help="write the records here (default: stdout)")
     b.add_argument("--only", action="append", help="benchmark only this mechanism (repeatable)")
     b.add_argument("--no-pipeline", action="store_true", help="skip the Beam pipeline runs")
+    b.add_argument("--big", action="store_true",
+                   help="also `collect --keep` at 3x10^7 rows for the memory-growth records")
+    b.add_argument("--readme", metavar="README.md",
+                   help="rewrite this README's performance table (between its "
+                        "<!-- bench:start --> and <!-- bench:end --> markers) from the records")
+    b.add_argument("--from-json", metavar="F",
+                   help="no benchmark: take the records from F (written by --json), e.g. to "
+                        "regenerate the README's table with --readme")
     au = sub.add_parser("audit", help="privacy audits of every mechanism: exact worst case and an "
                         "empirical lower bound on epsilon beside each claim")
     au.add_argument("--quiet", "-q", action="store_true",
@@ -509,23 +517,44 @@ def cmd_stream(a: argparse.Namespace, beam_args: list[str]) -> int:
 
 
 def cmd_bench(a: argparse.Namespace) -> int:
-    from ldp_beam.evaluation import bench
-    from ldp_beam.evaluation.records import Progress
+    """Core micro benchmarks, then the pipelines (each path as a ratio to the plain-Beam reference
+    measured in the same run); the records as JSON, a summary on stderr, optionally the README's
+    generated performance table."""
+    import time
 
-    prog = Progress("bench")
-    records = bench.run(quick=a.quick, only=a.only, progress=prog)
-    if not a.no_pipeline:
-        from . import bench as pipeline_bench
+    from . import bench as pipeline_bench
 
-        records += pipeline_bench.run(quick=a.quick, progress=prog, only=a.only)
-    for r in records:
-        tgt = ""
-        if "target" in r:
-            tgt = f"  target {r['target']:.3g}: {'ok' if r['meets_target'] else 'MISSED'}"
-        label = r.get("estimator") or r.get("mode") or ""
-        print(f"  {r['stage']:<10} {r['method']:<22} {label:<14} {r['metric']:<22} "
-              f"{r['value']:>14.4g}{tgt}", file=sys.stderr)
-    _emit_records(records, a.json)
+    if a.from_json:
+        with open(a.from_json) as fh:
+            records = json.load(fh)
+        total = next((r["bench_seconds"] for r in records if "bench_seconds" in r), None)
+    else:
+        from ldp_beam.evaluation import bench
+        from ldp_beam.evaluation.records import Progress
+
+        t0 = time.perf_counter()
+        prog = Progress("bench")
+        records = bench.run(quick=a.quick, only=a.only, progress=prog)
+        if not a.no_pipeline:
+            records += pipeline_bench.run(quick=a.quick, progress=prog, only=a.only, big=a.big)
+        total = time.perf_counter() - t0
+        for r in records:
+            r["bench_seconds"] = total
+        for r in records:
+            tgt = ""
+            if r.get("target") is not None:
+                tgt = f"  target {r['target']:.3g}: {'ok' if r['meets_target'] else 'MISSED'}"
+            label = r.get("estimator") or r.get("mode") or ""
+            if "ratio_to_reference" in r:
+                label = f"{r.get('path', '')} {label} {r['rows']:,}"
+                tgt = f"  x{r['ratio_to_reference']:.2f} of the reference{tgt}"
+            print(f"  {r['stage']:<10} {r['method']:<22} {label:<14} {r['metric']:<22} "
+                  f"{r['value']:>14.4g}{tgt}", file=sys.stderr)
+        print(f"bench: {total:.0f} s in all ({total / 60:.1f} min)", file=sys.stderr)
+        _emit_records(records, a.json)
+    if a.readme:
+        pipeline_bench.write_readme(a.readme, records, total)
+        print(f"performance table rewritten in {a.readme}", file=sys.stderr)
     return 0
 
 

@@ -1,10 +1,13 @@
 """`ldp-beam bench` writes JSON records with the documented fields (no timing assertions:
 speed targets are measured by the benchmark itself, never by unit tests)."""
 import json
+import math
 
+import pytest
 from ldp_beam_test_helpers import run_cli
 
 from ldp_beam.evaluation import bench
+from ldp_beam.pipelines import bench as pipeline_bench
 
 
 def test_bench_core_records_have_the_documented_fields(monkeypatch):
@@ -30,3 +33,76 @@ def test_bench_cli_writes_json(tmp_path):
     assert code == 0, err
     recs = json.loads(out.read_text())
     assert {r["method"] for r in recs if r["stage"] != "reference"} == {"harmony"}
+
+
+def test_pipeline_bench_records_are_ratios_to_the_reference():
+    """One mechanism (grr) on every path, tiny inputs: each record names its path and carries
+    the reference's seconds, the ratio to it, the issue's target and whether it is met."""
+    recs = pipeline_bench.run(only=["grr"], sizes=(5_000,), element_records=4_000)
+    assert {(r["path"], r["mode"]) for r in recs} == {
+        ("api", "batched"), ("element", "element"), ("cli", "collect+estimate")}
+    for r in recs:
+        assert r["method"] == "grr" and r["stage"] == "pipeline"
+        assert r["seconds"] > 0 and r["reference_seconds"] > 0 and r["peak_rss_mb"] > 0
+        assert math.isclose(r["ratio_to_reference"], r["reference_seconds"] / r["seconds"])
+        assert math.isclose(r["rows_per_second"], r["rows"] / r["seconds"])
+        assert r["target_of"] == "ratio_to_reference"
+        if r["path"] == "cli":  # the CLI's target is stated at 10^7 rows (start-up counted)
+            assert r["target"] is None and r["meets_target"] is None
+            assert math.isclose(r["seconds"], r["collect_seconds"] + r["estimate_seconds"])
+            assert r["peak_rss_mb"] == max(r["collect_peak_rss_mb"], r["estimate_peak_rss_mb"])
+        else:
+            assert r["target"] == pipeline_bench.TARGETS[r["path"]]
+            assert r["meets_target"] == (r["ratio_to_reference"] >= r["target"])
+    assert next(r for r in recs if r["path"] == "element")["rows"] == 4_000
+    # the api and cli runs read the same file: one reference measurement serves both
+    assert len({r["reference_seconds"] for r in recs if r["path"] != "element"}) == 1
+
+
+def test_only_selects_sections_and_mechanisms():
+    assert pipeline_bench._selection(None)[0] == set(pipeline_bench.SECTIONS)
+    assert pipeline_bench._selection(["bounding"]) == ({"bounding"}, None)
+    assert pipeline_bench._selection(["grr", "api"]) == ({"api"}, {"grr"})
+    assert pipeline_bench._selection(["cprr"]) == ({"api", "cli", "element"}, {"cprr"})
+    assert pipeline_bench._selection(["harmony"]) == (set(), None)  # a core-only mechanism
+
+
+def _record(path, method, rows, secs, ref, target, **extra):
+    return {"experiment": "bench", "dataset": "synthetic", "method": method, "epsilon": 1.0,
+            "metric": "pipeline rows/s", "value": rows / secs, "stage": "pipeline", "path": path,
+            "rows": rows, "seconds": secs, "rows_per_second": rows / secs, "mode": "batched",
+            "ratio_to_reference": ref / secs, "reference_seconds": ref, "target": target,
+            "target_of": "ratio_to_reference",
+            "meets_target": None if target is None else ref / secs >= target,
+            "peak_rss_mb": 250.0, "runner": "DirectRunner", "machine": "2 cores, test",
+            "date": "2026-01-01 00:00 UTC", **extra}
+
+
+def test_readme_table_is_rewritten_between_the_markers_only(tmp_path):
+    recs = [_record("api", "grr", 1_000_000, 0.5, 0.4, 0.85),
+            _record("cli", "dphr", 10_000_000, 4.0, 1.0, 0.5, mode="release"),
+            {**_record("cli", "grr", 10_000_000, 2.0, 1.0, 0.15, mode="collect"),
+             "stage": "memory", "command": "collect", "rss_growth": 0.3, "target_of":
+             "rss_growth", "meets_target": False}]
+    readme = tmp_path / "README.md"
+    readme.write_text("# T\n\nbefore\n<!-- bench:start -->\nold table\n<!-- bench:end -->\n"
+                      "after\n")
+    records = tmp_path / "b.json"
+    records.write_text(json.dumps(recs + [{"experiment": "bench", "dataset": "synthetic",
+                                           "method": "grr", "epsilon": 1.0, "metric": "x",
+                                           "value": 1.0, "stage": "perturb", "bench_seconds":
+                                           600.0}]))
+    code, _, err = run_cli("bench", "--from-json", str(records), "--readme", str(readme))
+    assert code == 0, err
+    text = readme.read_text()
+    assert text.startswith("# T\n\nbefore\n<!-- bench:start -->\n")
+    assert text.endswith("<!-- bench:end -->\nafter\n") and "old table" not in text
+    rows = [line for line in text.splitlines() if line.startswith("| ")]
+    assert len(rows) == 1 + len(recs)  # a header, then one row per pipeline record
+    assert "| api | grr | batched | 10^6 | 2.00M | 0.80 | ≥ 0.85 | **no** | 250 |" in rows
+    assert "| cli | dphr | release | 10^7 | 2.50M | 0.25 | ≥ 0.5 | **no** | 250 |" in rows
+    assert any("RSS growth +30%" in r and "≤ 0.15" in r for r in rows)
+    assert "2 cores, test" in text and "10.0 min" in text
+    readme.write_text("no markers\n")
+    with pytest.raises(ValueError, match="bench:start"):
+        pipeline_bench.write_readme(str(readme), recs)
