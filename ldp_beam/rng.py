@@ -148,6 +148,39 @@ class RandomSource:
         # column-contiguous: mechanisms read whole columns, ~3x faster than strided views.
         return np.asfortranarray(gen.random((n, 2 * blocks))[:, :draws])
 
+    def keyed_uniforms(self, streams: np.ndarray, offsets: np.ndarray | int,
+                       draws: int) -> np.ndarray:
+        """Row ``i`` = ``uniforms(1, draws, stream=streams[i], offset=offsets[i])[0]`` for many
+        records at once (single records keyed by their own ids): bit for bit the same draws,
+        computed with one AES-ECB call over the records' counter blocks instead of one
+        generator per record (~35 us each). ``(n, draws)``, column-contiguous."""
+        streams = np.asarray(streams, dtype=np.uint64).reshape(-1)
+        n = streams.shape[0]
+        offs = np.broadcast_to(np.asarray(offsets, dtype=np.int64), (n,))
+        if draws == 0:
+            return np.empty((n, 0), order="F")
+        if self._key is None:
+            return self.uniforms(n, draws)
+        if n and offs.min() < 0:
+            raise ValueError("keyed_uniforms: offsets must be >= 0")
+        blocks = (draws + 1) // 2
+        ecb = _aes_ecb(self._key)
+        if ecb is None or (n and int(offs.max()) >= ((1 << 64) - blocks) // blocks):
+            if n == 0:
+                return np.empty((0, draws), order="F")
+            return np.asfortranarray(np.vstack([
+                self.uniforms(1, draws, stream=int(st), offset=int(o))
+                for st, o in zip(streams.tolist(), offs.tolist())]))
+        ctr = np.empty((n, blocks, 2), dtype="<u8")  # one AES block: (low, high) 64-bit words
+        ctr[:, :, 0] = (offs.astype(np.uint64) * np.uint64(blocks))[:, None] + \
+            np.arange(blocks, dtype=np.uint64)[None, :]  # no carry: offset bound above
+        ctr[:, :, 1] = streams[:, None]
+        raw = np.frombuffer(ecb.update(ctr.tobytes()), dtype="<u8").reshape(n, 2 * blocks)
+        # numpy's Generator.random on a 64-bit generator: (x >> 11) * 2^-53
+        u = (raw[:, :draws] >> np.uint64(11)).astype(np.float64)
+        u *= 1.0 / 9007199254740992.0
+        return np.asfortranarray(u)
+
     def generator(self) -> np.random.Generator:
         """A numpy Generator for non-mechanism uses (simulation data, bootstrap)."""
         if self._key is None:
@@ -157,6 +190,17 @@ class RandomSource:
         g = np.random.Generator(AESCounter(key=key, counter=self._next_generator << 64))
         self._next_generator += 1
         return g
+
+
+def _aes_ecb(key: int):
+    """An AES-128-ECB encryptor for ``key`` (as randomgen's AESCounter keys it: the integer's
+    16 little-endian bytes), or None without the ``cryptography`` package (a dependency of
+    apache-beam; the core falls back to one AESCounter per record)."""
+    try:
+        from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+    except ImportError:  # pragma: no cover - installed with apache-beam
+        return None
+    return Cipher(algorithms.AES(key.to_bytes(16, "little")), modes.ECB()).encryptor()
 
 
 RngLike = Union[None, int, str, RandomSource, np.random.Generator]

@@ -14,7 +14,7 @@ import numpy as np
 import pyarrow as pa
 from apache_beam.metrics import Metrics
 
-from ldp_beam.core import Estimator, Reasons
+from ldp_beam.core import CountEstimator, Estimator, Reasons
 from ldp_beam.errors import EmptyAccumulatorError
 
 from .batches import (KeyedBatch, check_report_field, get_column, is_batch, num_rows,
@@ -69,6 +69,89 @@ class EstimatorCombineFn(beam.CombineFn):
                                    self.estimator.n_reports(acc), str(exc))
 
 
+FOLD_RECORDS = 1024  # single reports folded into the accumulator together
+
+
+class _Folding:
+    """An accumulator with the single reports not yet folded into it (see
+    :class:`FoldingCombineFn`)."""
+
+    __slots__ = ("acc", "pending")
+
+    def __init__(self, acc: Any, pending: list | None = None) -> None:
+        self.acc = acc
+        self.pending = [] if pending is None else pending
+
+    def __reduce__(self):
+        return (_Folding, (self.acc, self.pending))
+
+
+class FoldingCombineFn(EstimatorCombineFn):
+    """:class:`EstimatorCombineFn` for streams of single reports (the element path): a count
+    accumulator's bincount is exact and additive, so single reports are folded
+    ``FOLD_RECORDS`` at a time with one vectorized ``add`` instead of one per report; the
+    accumulator is the same as if each had been added alone. Report batches, and estimators
+    whose ``add`` is not the count's, are added as they come."""
+
+    def __init__(self, estimator: Estimator, on_empty: str = "raise") -> None:
+        super().__init__(estimator, on_empty)
+        self.folds = type(estimator).add is CountEstimator.add
+
+    def create_accumulator(self):
+        return _Folding(self.estimator.create())
+
+    def add_input(self, acc, element):
+        if self.folds and type(element) is dict and not isinstance(
+                next(iter(element.values()), None), np.ndarray):
+            acc.pending.append(element)
+            if len(acc.pending) >= FOLD_RECORDS:
+                self._fold(acc)
+            return acc
+        self._fold(acc)
+        acc.acc = super().add_input(acc.acc, element)
+        return acc
+
+    def _fold(self, acc: _Folding) -> None:
+        pending = acc.pending
+        if not pending:
+            return
+        acc.pending = []
+        cols = {}
+        try:
+            for name, dtype in self.fields:
+                vals = [r[name] for r in pending]
+                types = set(map(type, vals))
+                if types == {int}:
+                    arr = np.array(vals, dtype=np.int64)
+                elif types == {float}:
+                    arr = np.array(vals, dtype=np.float64)
+                else:
+                    raise TypeError("mixed values")
+                chk = check_report_field(arr, name, dtype)
+                if chk.bad.any():
+                    raise TypeError("invalid values")
+                cols[name] = chk.values
+        except (KeyError, TypeError, OverflowError):  # one at a time, as they would have been
+            for r in pending:
+                acc.acc = super().add_input(acc.acc, r)
+            return
+        acc.acc = self.estimator.add(acc.acc, cols)
+
+    def merge_accumulators(self, accs):
+        accs = list(accs)
+        for a in accs:
+            self._fold(a)
+        return _Folding(self.estimator.merge([a.acc for a in accs]))
+
+    def compact(self, acc):
+        self._fold(acc)
+        return acc
+
+    def extract_output(self, acc):
+        self._fold(acc)
+        return super().extract_output(acc.acc)
+
+
 class Accumulate(beam.CombineFn):
     """Like EstimatorCombineFn but outputs the raw accumulator (for checkpoints and tests)."""
 
@@ -96,7 +179,7 @@ class EstimateGlobally(beam.PTransform):
         self.estimator, self.windowed = estimator, windowed
 
     def expand(self, pcoll):
-        combine = beam.CombineGlobally(EstimatorCombineFn(self.estimator))
+        combine = beam.CombineGlobally(FoldingCombineFn(self.estimator))
         if self.windowed:
             combine = combine.without_defaults()
         return pcoll | combine
@@ -110,7 +193,7 @@ class EstimatePerKey(beam.PTransform):
         self.estimator = estimator
 
     def expand(self, pcoll):
-        return pcoll | beam.CombinePerKey(EstimatorCombineFn(self.estimator))
+        return pcoll | beam.CombinePerKey(FoldingCombineFn(self.estimator))
 
 
 class SplitByKey(beam.DoFn):

@@ -31,6 +31,7 @@ import apache_beam as beam
 import numpy as np
 import pyarrow as pa
 from apache_beam.metrics import Metrics
+from apache_beam.pvalue import TaggedOutput
 from apache_beam.utils.windowed_value import WindowedValue
 
 from ldp_beam.core import Mechanism
@@ -173,6 +174,8 @@ class PerturbFn(beam.DoFn):
         self.passthrough_schema = passthrough_schema
         self.schema = report_schema(mechanism, passthrough_schema, seeded=self.run_key.seeded) \
             if passthrough_schema or not self.keep else None  # else: from the first batch
+        self._key_needed = bool(mechanism.draws)  # single records need key_column
+        self.tagged = False  # dead letters as a tagged output (set by Perturb.expand)
         # roles read as Arrow: 'category' roles of mechanisms that use the generic check
         self._arrow_roles = frozenset(
             r.name for r in mechanism.roles if r.kind == "category") \
@@ -272,52 +275,82 @@ class PerturbFn(beam.DoFn):
 
     # -- element path: single records are buffered per bundle and perturbed together
     def start_bundle(self) -> None:
-        self._buffer: list[tuple[Any, Any, Any]] = []
+        self._buffer: list[tuple[Any, WindowedValue]] = []
+
+    def _dead(self, entry: Any) -> Any:
+        """A dead letter (or a windowed one) as this DoFn emits it: tagged (``Perturb`` on
+        runners that separate tagged outputs) or marked for :func:`split_dead_letters`."""
+        if not self.tagged:
+            return entry
+        if isinstance(entry, WindowedValue):
+            return TaggedOutput(DEAD_LETTER, entry.with_value(dict(entry.value)))
+        return TaggedOutput(DEAD_LETTER, dict(entry))
 
     def _flush(self):
         buf, self._buffer = self._buffer, []
         if not buf:
             return
-        records = [r for r, _, _ in buf]
+        records = [r for r, _ in buf]
         n = len(records)
         self.n_in.inc(n)
         needed = list(self.columns.values()) + list(self.keep)
-        absent = [next((c for c in needed if c not in r), None) for r in records]
-        present = np.array([a is None for a in absent])
+        need = set(needed)
+        present = np.ones(n, dtype=bool)
+        absent: dict[int, str] = {}
+        for i, r in enumerate(records):
+            if not need <= r.keys():  # the first needed field it lacks, in order
+                present[i] = False
+                absent[i] = next(c for c in needed if c not in r)
         raw = {role: _column([r.get(col) for r in records]) for role, col in self.columns.items()}
         cols, reasons = self.mechanism.check(raw)
         reasons.flag(~present, lambda i: f"record has no field {absent[i]!r}", replace=True)
         bad = reasons.bad
         ok = np.flatnonzero(~bad)
-        msgs = reasons.as_dict()
-        for i in np.flatnonzero(bad).tolist():
-            _, ts, win = buf[i]
-            shown = None if self._shown is None else (
-                [self.key_column] if self.key_column else []) + self._shown  # id: its row
-            rec = dict(records[i]) if shown is None else \
-                {c: records[i][c] for c in shown if c in records[i]}
-            yield _tagged(dead_letter(msgs[i], rec), ts, win)
+        if bad.any():
+            msgs = reasons.as_dict()
+            for i in np.flatnonzero(bad).tolist():
+                shown = None if self._shown is None else (
+                    [self.key_column] if self.key_column else []) + self._shown  # id: its row
+                rec = dict(records[i]) if shown is None else \
+                    {c: records[i][c] for c in shown if c in records[i]}
+                yield self._dead(buf[i][1].with_value(dead_letter(msgs[i], rec)))
         self.n_invalid.inc(int(bad.sum()))
         self.n_valid.inc(int(ok.size))
         if ok.size == 0:
             return
-        if self.mechanism.draws:
-            u = np.vstack([self.source.uniforms(1, self.mechanism.draws,
-                                                stream=stream_id(records[i][self.key_column]),
-                                                offset=0) for i in ok.tolist()])
+        okl = ok.tolist()
+        draws = self.mechanism.draws
+        if draws:  # each record's own stream, named by its id: one vectorized AES call
+            key = self.key_column
+            streams = np.fromiter((stream_id(records[i][key]) for i in okl), dtype=np.uint64,
+                                  count=len(okl))
+            u = self.source.keyed_uniforms(streams, 0, draws)
         else:  # a mechanism that draws no noise (central-DP inputs are only checked here)
-            u = np.empty((int(ok.size), 0))
-        rep = self.mechanism.randomize({k: v[ok] for k, v in cols.items()}, np.asfortranarray(u))
-        lists = {k: v.tolist() for k, v in rep.items()}
-        for j, i in enumerate(ok.tolist()):
-            out = {k: v[j] for k, v in lists.items()}
-            for c in self.keep:
-                out[c] = records[i][c]
-            _, ts, win = buf[i]
-            yield WindowedValue(out, ts, (win,))
+            u = np.empty((len(okl), 0), order="F")
+        if ok.size < n:
+            cols = {k: v[ok] for k, v in cols.items()}
+        rep = self.mechanism.randomize(cols, u)
+        names = list(rep)
+        rows = zip(*(v.tolist() for v in rep.values()))
+        keep = self.keep
+        for vals, i in zip(rows, okl):
+            out = dict(zip(names, vals))
+            if keep:
+                rec = records[i]
+                for c in keep:
+                    out[c] = rec[c]
+            yield buf[i][1].with_value(out)  # the record's timestamp, windows and pane
 
-    def process(self, element: Any, timestamp=beam.DoFn.TimestampParam,
-                window=beam.DoFn.WindowParam):
+    def process(self, element: Any, windowed=beam.DoFn.WindowedValueParam, window=None):
+        """One element -> an iterable of outputs (empty while single records are buffered).
+        Beam passes the element's WindowedValue (a single record's report keeps its
+        timestamp, windows and pane); a caller driving the DoFn by hand may pass
+        ``(element, timestamp, window)`` instead."""
+        if window is not None:
+            windowed = WindowedValue(None, windowed, (window,))
+        if type(element) is dict and not isinstance(next(iter(element.values()), None),
+                                                    np.ndarray):
+            return self._buffered(element, windowed)  # a single record: the common case
         record = as_record(element)  # a schema'd row (beam.Row, NamedTuple): one record
         if record is not None:
             element = record
@@ -325,32 +358,42 @@ class PerturbFn(beam.DoFn):
             element = as_arrow(element)
         if isinstance(element, KeyedBatch):
             rows = None if element.rows is None else element.record_ids()
-            yield from self._perturb_batch(element.table, element.stream, element.offset,
-                                           element.source, rows)
+            out = self._perturb_batch(element.table, element.stream, element.offset,
+                                      element.source, rows)
         elif is_batch(element):
             if self.run_key.seeded:
                 raise ValueError("seeded perturbation needs keyed batches (KeyedBatch, as "
                                  "emitted by ReadTable): a bare batch's identity depends on how "
                                  "the runner batched it, so a seeded run would not be "
                                  "reproducible across runners")
-            yield from self._perturb_batch(element, None, None, "")
+            out = self._perturb_batch(element, None, None, "")
         elif isinstance(element, Mapping):
-            if self.mechanism.draws and (self.key_column is None
-                                         or self.key_column not in element):
-                raise ValueError(
-                    f"{self.mechanism.name} perturbs single records only with key_column naming "
-                    "a stable record id present in every record (missing here): the noise of a "
-                    "record is addressed by it, so that a runner's retry of the bundle sends "
-                    "the same report instead of spending the person's budget again; batches "
-                    "from ReadTable carry their own identity")
-            self._buffer.append((element, timestamp, window))
-            if len(self._buffer) >= ELEMENT_BUFFER:
-                yield from self._flush()
+            return self._buffered(element, windowed)
         else:
             self.n_in.inc()
             self.n_invalid.inc()
-            yield dead_letter(
-                f"unsupported element type {type(element).__name__}", repr(element)[:200])
+            out = [dead_letter(
+                f"unsupported element type {type(element).__name__}", repr(element)[:200])]
+        return (self._dead(item) if isinstance(item, DeadLetterRecord) else item
+                for item in out)
+
+    def _buffered(self, record: Mapping, windowed: Any) -> Any:
+        """Buffer one record; perturb the buffer when full (outputs), else nothing yet."""
+        if self._key_needed and (self.key_column is None or self.key_column not in record):
+            self._refuse_unkeyed()
+        buf = self._buffer
+        buf.append((record, windowed))
+        if len(buf) >= ELEMENT_BUFFER:
+            return self._flush()
+        return ()
+
+    def _refuse_unkeyed(self) -> None:
+        raise ValueError(
+            f"{self.mechanism.name} perturbs single records only with key_column naming "
+            "a stable record id present in every record (missing here): the noise of a "
+            "record is addressed by it, so that a runner's retry of the bundle sends "
+            "the same report instead of spending the person's budget again; batches "
+            "from ReadTable carry their own identity")
 
     def finish_bundle(self):
         yield from self._flush()
@@ -364,14 +407,32 @@ def _row_number(offset: int | None, rows: np.ndarray | None, i: int) -> int | No
 
 def _column(values: list) -> np.ndarray:
     """A column from record fields: numeric when every value is a (non-bool) number."""
-    if all(isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool)
-           for v in values):
+    if all(issubclass(t, _NUMBER) and not issubclass(t, bool) for t in set(map(type, values))):
         return np.asarray(values, dtype=np.float64)
     return np.asarray(values, dtype=object)
 
 
-def _tagged(value: Any, ts: Any, win: Any) -> Any:
-    return WindowedValue(value, ts, (win,))
+_NUMBER = (int, float, np.integer, np.floating)
+
+
+def separates_tagged_outputs(pipeline: Any) -> bool:
+    """Whether the pipeline's runner routes tagged outputs to their own PCollections. Beam's
+    Dask runner does not (each branch gets every element): there, one output and two filters
+    (:func:`split_dead_letters`) do the same job at the cost of two steps per element."""
+    runner = getattr(pipeline, "runner", None)
+    return runner is not None and not type(runner).__module__.startswith(
+        "apache_beam.runners.dask")
+
+
+def perturb_outputs(pcoll: Any, fn: PerturbFn) -> Outputs:
+    """``pcoll | ParDo(fn)`` as reports and dead letters: a tagged dead-letter output where the
+    runner separates tagged outputs, else :func:`split_dead_letters`."""
+    if not separates_tagged_outputs(pcoll.pipeline):
+        fn.tagged = False
+        return split_dead_letters(pcoll | "Perturb" >> beam.ParDo(fn), REPORTS)
+    fn.tagged = True
+    res = pcoll | "Perturb" >> beam.ParDo(fn).with_outputs(DEAD_LETTER, main=REPORTS)
+    return Outputs(REPORTS, res[REPORTS], res[DEAD_LETTER])
 
 
 OUTPUTS = ("batches", "rows")
@@ -407,7 +468,7 @@ class Perturb(beam.PTransform):
             fn = self.fn
             row_type = report_row_type(fn.mechanism, kept_types(
                 fn.keep, pcoll.element_type, fn.passthrough_schema))
-        out = split_dead_letters(pcoll | "Perturb" >> beam.ParDo(self.fn), REPORTS)
+        out = perturb_outputs(pcoll, self.fn)
         if row_type is None:
             return out
         names = [n for n, _ in row_type._fields]
