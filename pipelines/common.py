@@ -161,6 +161,7 @@ def run_pipeline(build: Callable[[beam.Pipeline], Sequence[Any]],
         terminals = [t for t in build(p) if t is not None]
         reads = _read_tables(p)
         prog = pipeline_progress(total=lambda: _total_rows(reads))
+        run_id = None
         if prog is not None and prog.show_bar and _in_process(args):
             run_id = _attach_live_count(reads)
             if run_id is not None:
@@ -192,6 +193,7 @@ def run_pipeline(build: Callable[[beam.Pipeline], Sequence[Any]],
             if prog is not None:
                 rows = counters(result).get("input_rows_read") if ok else None
                 prog.finish(rows, ok)
+                _LIVE.pop(run_id, None)
     return result
 
 
