@@ -56,6 +56,10 @@ from ldp_beam.errors import ParameterError
 
 from .io import SourceError, _error_text
 
+from .s3compat import apply as _s3_fixes
+
+_s3_fixes()  # empty objects and one boto3 client per settings on s3:// (see .s3compat)
+
 Z95 = 1.959963984540054  # the normal quantile of 0.975, as Statistic.ci uses
 
 TIDY_SCHEMA = pa.schema([

@@ -1,0 +1,203 @@
+"""Run outputs on an object store (issue 15), against moto's standalone S3 server started here:
+`collect -o s3://...` and `estimate -o s3://...` stage in the bucket, commit with the manifest last
+and leave no staging objects; the launcher reads the run's tally and estimate lines back from the
+bucket (nothing through its local disk); a failed re-run leaves the previous objects untouched; an
+existing object needs --force; a staging folder abandoned by a dead process is swept."""
+from __future__ import annotations
+
+import io
+import json
+import os
+import socket
+import time
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+import pytest
+
+from ldp_beam_test_helpers import run_cli
+
+boto3 = pytest.importorskip("boto3")
+moto_server = pytest.importorskip("moto.server")
+
+KEY, SECRET = "testing-key", "testing-secret"
+GRR = ("-m", "grr", "--epsilon", "1", "-p", "domain=a,b,c,d")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def s3_server():
+    port = _free_port()
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def s3(s3_server, monkeypatch, tmp_path):
+    """A fresh bucket; credentials from the environment only; the endpoint as a Beam option."""
+    for k in list(os.environ):
+        if k.startswith("AWS_") and k != "AWS_CA_BUNDLE":
+            monkeypatch.delenv(k)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-credentials"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-config"))
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", KEY)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", s3_server)  # the ledger's fingerprint (pyarrow.fs)
+    client = boto3.client("s3", endpoint_url=s3_server)
+    name = f"b{time.time_ns()}"
+    client.create_bucket(Bucket=name)
+    yield client, name, [f"--s3_endpoint_url={s3_server}", "--s3_region_name=us-east-1"]
+    from apache_beam.io.filesystems import FileSystems
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    FileSystems.set_options(PipelineOptions([]))  # the pipelines set the endpoint globally
+
+
+def _keys(client, bucket, prefix="") -> list[str]:
+    got = client.list_objects_v2(Bucket=bucket, Prefix=prefix).get("Contents", [])
+    return sorted(o["Key"] for o in got)
+
+
+def _get(client, bucket, key) -> bytes:
+    return client.get_object(Bucket=bucket, Key=key)["Body"].read()
+
+
+def _snapshot(client, bucket, prefix="out/") -> dict:
+    return {k: _get(client, bucket, k) for k in _keys(client, bucket, prefix)}
+
+
+def _input(client, bucket, n=1500, seed=0, key="in/t.parquet", bad=False) -> str:
+    rng = np.random.default_rng(seed)
+    v = rng.choice(list("abcd"), n).astype(object)
+    if bad:
+        v[:7] = "zz"  # not in the domain: dead-lettered
+    buf = io.BytesIO()
+    pq.write_table(pa.table({"v": v, "g": rng.choice(["n", "s"], n)}), buf)
+    client.put_object(Bucket=bucket, Key=key, Body=buf.getvalue())
+    return f"s3://{bucket}/{key}"
+
+
+def test_collect_and_estimate_commit_into_the_bucket(s3, tmp_path):
+    client, bucket, opts = s3
+    src = _input(client, bucket, bad=True)
+    out = f"s3://{bucket}/out/r.parquet"
+    code, so, se = run_cli("collect", "-i", src, "-c", "v", *GRR, "--keep", "g", "--public", "g",
+                           "-o", out, *opts)
+    assert code == 0, se
+    assert _keys(client, bucket, "out/") == ["out/r.parquet", "out/r.parquet.deadletter.jsonl",
+                                             "out/r.parquet.manifest.json"]
+    man = json.loads(_get(client, bucket, "out/r.parquet.manifest.json"))
+    assert man["files"]["reports"]["path"] == out and man["output"] == out
+    body = _get(client, bucket, "out/r.parquet")
+    assert man["files"]["reports"]["bytes"] == len(body)
+    reports = pq.read_table(io.BytesIO(body))
+    dead = _get(client, bucket, "out/r.parquet.deadletter.jsonl").decode().splitlines()
+    assert reports.num_rows == 1493 and len(dead) == 7
+    assert man["records"]["input"] == 1500 and man["records"]["reconciles"] is True
+    from ldp_beam.pipelines.outputs import verify
+
+    assert verify(out + ".manifest.json", opts) == []
+
+    # estimates: nested JSON, tidy Parquet and tidy CSV, grouped too, all in the bucket
+    for name, extra in (("e.json", ()), ("e.parquet", ()), ("g.csv", ("--by", "g"))):
+        code, so, se = run_cli("estimate", "-i", out, "-o", f"s3://{bucket}/est/{name}", *extra,
+                               *opts)
+        assert code == 0, se
+    nested = json.loads(_get(client, bucket, "est/e.json"))["estimate"]
+    assert nested["n_reports"] == 1493
+    tidy = pq.read_table(io.BytesIO(_get(client, bucket, "est/e.parquet"))).to_pylist()
+    freq = [r["value"] for r in tidy if r["statistic"] == "frequency"]
+    assert np.allclose(freq, nested["statistics"]["frequency"]["value"])
+    grouped = pacsv.read_csv(io.BytesIO(_get(client, bucket, "est/g.csv"))).to_pylist()
+    assert {r["group"] for r in grouped} == {"n", "s"}
+    assert sum({r["group"]: r["n_reports"] for r in grouped}.values()) == 1493
+    keys = _keys(client, bucket)
+    assert not [k for k in keys if ".ldp-beam-staging-" in k or "beam-temp" in k], keys
+    for name in ("e.json", "e.parquet", "g.csv"):
+        assert f"est/{name}.manifest.json" in keys
+        assert verify(f"s3://{bucket}/est/{name}.manifest.json", opts) == []
+
+
+def test_launcher_reads_results_back_through_the_filesystem(s3, tmp_path, monkeypatch):
+    """The tally and the estimate lines are written by the pipeline into the staging prefix in
+    the bucket and read from there: with the launcher's local file reads of them forbidden, the
+    run still commits (and a central release keeps its curator file in the bucket)."""
+    client, bucket, opts = s3
+    src = _input(client, bucket)
+    import builtins
+
+    real_open = builtins.open
+
+    def guarded(path, *a, **k):
+        if ".ldp-beam-staging-" in str(path):
+            raise AssertionError(f"read through the launcher's disk: {path}")
+        return real_open(path, *a, **k)
+
+    monkeypatch.setattr(builtins, "open", guarded)
+    code, so, se = run_cli("estimate", "-i", src, "-c", "v", "-m", "laplace-histogram",
+                           "--epsilon", "1", "-p", "categories=a,b,c,d",
+                           "-o", f"s3://{bucket}/rel/h.json", *opts)
+    assert code == 0, se
+    assert f"s3://{bucket}/rel/h.json.curator.json" in so
+    cur = json.loads(_get(client, bucket, "rel/h.json.curator.json"))
+    assert cur["records"]["input"] == 1500 and cur["records"]["reconciles"] is True
+    assert _keys(client, bucket, "rel/") == ["rel/h.json", "rel/h.json.curator.json",
+                                             "rel/h.json.deadletter.jsonl",
+                                             "rel/h.json.manifest.json"]
+
+
+def test_existing_objects_need_force_and_a_failed_rerun_changes_nothing(s3, tmp_path):
+    client, bucket, opts = s3
+    _input(client, bucket, key="in/a.parquet")
+    out = f"s3://{bucket}/out/r.parquet"
+    args = ("collect", "-i", f"s3://{bucket}/in/", "-c", "v", *GRR, "-o", out, *opts)
+    assert run_cli(*args)[0] == 0
+    before = _snapshot(client, bucket)
+    code, _, se = run_cli(*args)
+    assert code == 2 and "--force" in se and _snapshot(client, bucket) == before
+    # an output inside the input prefix is refused before anything runs
+    code, _, se = run_cli("collect", "-i", f"s3://{bucket}/in/", "-c", "v", *GRR,
+                          "-o", f"s3://{bucket}/in/r.parquet", *opts)
+    assert code == 2 and "inside an input" in se
+    # the re-run cannot read all of its input: nothing committed, nothing left behind
+    client.put_object(Bucket=bucket, Key="in/b.parquet", Body=b"PAR1 not parquet")
+    code, _, se = run_cli(*args, "--force")
+    assert code == 1 and "nothing was committed" in se
+    assert _snapshot(client, bucket) == before
+    assert not [k for k in _keys(client, bucket) if ".ldp-beam-staging-" in k]
+    client.delete_object(Bucket=bucket, Key="in/b.parquet")
+    code, _, se = run_cli(*args, "--force")
+    assert code == 0, se
+    after = _snapshot(client, bucket)
+    assert set(after) == set(before) and after["out/r.parquet"] != before["out/r.parquet"]
+
+
+def test_a_dead_runs_staging_prefix_is_swept_and_a_live_ones_kept(s3):
+    from ldp_beam.pipelines.outputs import OWNER_FILE, STAGING_PREFIX, sweep_stale
+
+    client, bucket, opts = s3
+    dead = {"pid": 2 ** 22 + 12345, "host": socket.gethostname(), "run_id": "dead"}
+    live = {"pid": os.getpid(), "host": socket.gethostname(), "run_id": "live"}
+    other = {"pid": 1, "host": "another-host", "run_id": "other"}
+    for owner in (dead, live, other):
+        pre = f"out/{STAGING_PREFIX}{owner['run_id']}/"
+        client.put_object(Bucket=bucket, Key=pre + OWNER_FILE, Body=json.dumps(owner).encode())
+        client.put_object(Bucket=bucket, Key=pre + "reports.parquet", Body=b"partial")
+    removed = sweep_stale(f"s3://{bucket}/out", opts)
+    assert removed == [f"s3://{bucket}/out/{STAGING_PREFIX}dead"]
+    left = _keys(client, bucket, "out/")
+    assert not [k for k in left if "dead" in k]
+    # another host's run may be alive: kept until it is a day old
+    assert len([k for k in left if "live" in k]) == 2 and len([k for k in left if "other" in k]) == 2
