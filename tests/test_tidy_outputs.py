@@ -1,16 +1,26 @@
 """Estimates and releases as tidy tables (issue 15): `-o X.parquet` / `X.csv` write one row per
 statistic and cell with value, SE, CI, n and the guarantee; `-o X.json` keeps the nested form; the
-same numbers either way."""
+same numbers either way; `-o duckdb:///FILE?table=T` and `-o postgresql://...?table=T` write the
+same rows into a database table when the run commits (a real PostgreSQL server, started here)."""
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
+import pytest
 
 from ldp_beam_test_helpers import run_cli
+
+_spec = importlib.util.spec_from_file_location(
+    "ldp_beam_postgres_server_tidy", Path(__file__).with_name("postgres_server.py"))
+pgs = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(pgs)
 
 
 def _reports(tmp_path):
@@ -56,3 +66,147 @@ def test_tidy_by_group_and_a_release(tmp_path):
     rel = pacsv.read_csv(tmp_path / "h.csv").to_pylist()
     assert rel and all("central-DP" in r["guarantee"] for r in rel)
     assert {r["label"] for r in rel if r["label"]} >= {"a", "b", "c"}
+
+
+# --------------------------------------------------------------------------- database tables
+HIST = ("-m", "laplace-histogram", "--epsilon", "1", "-p", "categories=a,b,c")
+
+
+def _raw(tmp_path):
+    """Raw rows for central releases: a value, a group and a person."""
+    rng = np.random.default_rng(5)
+    n = 2000
+    pq.write_table(pa.table({"v": rng.choice(list("abc"), n), "g": rng.choice(["n", "s"], n),
+                             "uid": rng.integers(0, 700, n)}), tmp_path / "raw.parquet")
+    return str(tmp_path / "raw.parquet")
+
+
+def _duck(path, sql):
+    import duckdb
+
+    con = duckdb.connect(str(path), read_only=True)
+    try:
+        return con.execute(sql).fetchall()
+    finally:
+        con.close()
+
+
+TIDY_COLS = ("statistic", "value", "stderr", "ci_low", "ci_high", "n_reports", "group",
+             "guarantee")
+
+
+def test_estimates_and_releases_into_duckdb_tables(tmp_path):
+    """`-o duckdb:///FILE?table=T`: the tidy rows in a table, written only when the run commits;
+    an existing table needs --force and is then replaced whole; --by and central releases
+    (per key too) alike; the manifest and dead letters beside the database file."""
+    pytest.importorskip("duckdb")
+    rep = _reports(tmp_path)
+    db = tmp_path / "out.duckdb"
+    url = f"duckdb://{db}?table=est"
+    assert run_cli("estimate", "-i", rep, "-o", str(tmp_path / "e.json"))[0] == 0
+    code, so, se = run_cli("estimate", "-i", rep, "-o", url)
+    assert code == 0, se
+    cols = [r[0] for r in _duck(db, "SELECT column_name FROM information_schema.columns "
+                                    "WHERE table_name = 'est'")]
+    assert set(TIDY_COLS) <= set(cols)
+    rows = _duck(db, "SELECT label, value, n_reports, guarantee, run_id FROM est "
+                     "WHERE statistic = 'frequency' ORDER BY i")
+    assert [r[0] for r in rows] == ["a", "b", "c"] and {r[2] for r in rows} == {3000}
+    assert all(r[3].startswith("LDP with epsilon=2") for r in rows)
+    man = json.loads((tmp_path / "out.duckdb.est.manifest.json").read_text())
+    assert man["files"]["estimate"] == {"table": url, "rows": 3}
+    assert rows[0][4] == man["run_id"]
+    assert (tmp_path / "out.duckdb.est.deadletter.jsonl").exists()
+    # the table exists: refused without --force, untouched
+    code, _, se = run_cli("estimate", "-i", rep, "--by", "g", "-o", url)
+    assert code == 2 and "--force" in se and "est" in se
+    assert _duck(db, "SELECT count(*) FROM est")[0][0] == 3
+    code, _, se = run_cli("estimate", "-i", rep, "--by", "g", "-o", url, "--force")
+    assert code == 0, se
+    grouped = _duck(db, 'SELECT "group", group_by, count(*), min(n_reports) FROM est '
+                        'GROUP BY ALL ORDER BY 1')
+    assert [(g, by, k) for g, by, k, _ in grouped] == [("n", "g", 3), ("s", "g", 3)]
+    assert sum(n for *_, n in grouped) == 3000
+    # a central release, and one per key, into tables of the same file
+    code, _, se = run_cli("estimate", "-i", _raw(tmp_path), "-c", "v", *HIST,
+                          "-o", f"duckdb://{db}?table=rel")
+    assert code == 0, se
+    rel = _duck(db, "SELECT label, n_reports, guarantee_kind FROM rel ORDER BY i")
+    assert [r[0] for r in rel] == ["a", "b", "c"] and {r[1] for r in rel} == {None}
+    assert {r[2] for r in rel} == {"central-DP"}
+    assert json.loads((tmp_path / "out.duckdb.rel.curator.json").read_text())[
+        "records"]["input"] == 2000
+    code, _, se = run_cli("estimate", "-i", str(tmp_path / "raw.parquet"), "-c", "v", *HIST,
+                          "--privacy-unit", "uid", "--by", "g", "--keys", "n,s",
+                          "-o", f"duckdb://{db}?table=rel_by")
+    assert code == 0, se
+    assert _duck(db, 'SELECT DISTINCT "group" FROM rel_by ORDER BY 1') == [("n",), ("s",)]
+
+
+def test_a_failed_run_leaves_the_table_untouched(tmp_path):
+    pytest.importorskip("duckdb")
+    d = tmp_path / "in"
+    d.mkdir()
+    raw = _raw(tmp_path)
+    (d / "a.parquet").write_bytes(open(raw, "rb").read())
+    url = f"duckdb://{tmp_path / 'o.duckdb'}?table=rel"
+    assert run_cli("estimate", "-i", str(d), "-c", "v", *HIST, "-o", url)[0] == 0
+    before = _duck(tmp_path / "o.duckdb", "SELECT * FROM rel ORDER BY i")
+    (d / "b.parquet").write_bytes(b"PAR1 not parquet")  # the re-run cannot read all its input
+    code, _, se = run_cli("estimate", "-i", str(d), "-c", "v", *HIST, "-o", url, "--force")
+    assert code == 1 and "nothing was committed" in se
+    assert _duck(tmp_path / "o.duckdb", "SELECT * FROM rel ORDER BY i") == before
+    assert not [p for p in os.listdir(tmp_path) if p.startswith(".ldp-beam-staging-")]
+    # the table an input names is never an output
+    code, _, se = run_cli("estimate", "-i", url, "-c", "label", *HIST, "-o", url, "--force")
+    assert code == 2 and "is an input table" in se
+
+
+@pytest.fixture(scope="module")
+def pg_url():
+    if pgs.find_binaries() is None:
+        pytest.skip("no PostgreSQL binaries: install the Debian package postgresql")
+    pytest.importorskip("adbc_driver_postgresql")
+    server = pgs.PostgresServer.start(start_timeout=30.0)
+    try:
+        yield server.create_database("tidy")
+    finally:
+        server.stop()
+
+
+def test_estimates_and_per_key_releases_into_postgres(tmp_path, pg_url, monkeypatch):
+    """`-o postgresql://USER@HOST:PORT/DB?table=T` from the CLI against a real server: the LDP
+    estimate by group and a per-key central release; --force replaces the table in one
+    transaction; side outputs default to ./DB.T (here under --side-outputs)."""
+    import psycopg
+
+    rep = _reports(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    url = f"{pg_url}?table=estimates"
+    code, so, se = run_cli("estimate", "-i", rep, "--by", "g", "-o", url)
+    assert code == 0, se
+    assert (tmp_path / "tidy.estimates.manifest.json").exists()
+    with psycopg.connect(pg_url) as conn:
+        got = conn.execute('SELECT "group", statistic, label, value, stderr, ci_low, ci_high, '
+                           "n_reports, guarantee FROM estimates ORDER BY 1, i").fetchall()
+    assert [(g, lab) for g, _, lab, *_ in got] == [(g, c) for g in "ns" for c in "abc"]
+    assert all(lo < v < hi for *_, v, se_, lo, hi, n, g in got)
+    assert sum({g: n for g, *_, n, _ in got}.values()) == 3000
+    code, _, se = run_cli("estimate", "-i", rep, "-o", url)
+    assert code == 2 and "--force" in se
+    code, _, se = run_cli("estimate", "-i", rep, "-o", url, "--force")
+    assert code == 0, se
+    with psycopg.connect(pg_url) as conn:
+        assert conn.execute("SELECT count(*), count(DISTINCT run_id) FROM estimates"
+                            ).fetchone() == (3, 1)
+    code, _, se = run_cli("estimate", "-i", _raw(tmp_path), "-c", "v", *HIST,
+                          "--privacy-unit", "uid", "--by", "g", "--keys", "n,s",
+                          "-o", f"{pg_url}?table=releases",
+                          "--side-outputs", str(tmp_path / "side" / "rel"))
+    assert code == 0, se
+    assert json.loads((tmp_path / "side" / "rel.curator.json").read_text())["by"] == "g"
+    with psycopg.connect(pg_url) as conn:
+        rows = conn.execute('SELECT "group", label, n_reports, guarantee_kind FROM releases '
+                            'ORDER BY 1, i').fetchall()
+    assert [(g, lab) for g, lab, *_ in rows] == [(g, c) for g in "ns" for c in "abc"]
+    assert {(n, k) for *_, n, k in rows} == {(None, "central-DP")}
