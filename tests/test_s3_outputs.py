@@ -201,3 +201,23 @@ def test_a_dead_runs_staging_prefix_is_swept_and_a_live_ones_kept(s3):
     assert not [k for k in left if "dead" in k]
     # another host's run may be alive: kept until it is a day old
     assert len([k for k in left if "live" in k]) == 2 and len([k for k in left if "other" in k]) == 2
+
+
+def test_beams_s3_filesystem_writes_empty_objects_and_shares_its_client(s3):
+    """An empty output (no dead letters) is an empty object, not a failed multipart upload; one
+    boto3 client serves every call with the same settings, another for other settings."""
+    import ldp_beam.transforms  # noqa: F401  (applies the fixes, as on every worker)
+    from apache_beam.io.aws.clients.s3.boto3_client import Client
+    from apache_beam.io.filesystem import CompressionTypes
+    from apache_beam.io.filesystems import FileSystems
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    client, bucket, opts = s3
+    FileSystems.set_options(PipelineOptions(opts))
+    path = f"s3://{bucket}/empty/dead.jsonl"
+    FileSystems.create(path, compression_type=CompressionTypes.UNCOMPRESSED).close()
+    assert _get(client, bucket, "empty/dead.jsonl") == b""
+    a, b = Client(PipelineOptions(opts)), Client(PipelineOptions(opts))
+    assert a.client is b.client
+    other = Client(PipelineOptions(opts + ["--s3_region_name=eu-west-1"]))
+    assert other.client is not a.client

@@ -161,6 +161,35 @@ def test_parquet_and_csv_round_trip_every_value(estimates, tmp_path):
     _same(c, rows)  # doubles are written with their shortest round-trip text
 
 
+def test_tidy_bytes_are_the_files_write_tidy_writes(estimates, tmp_path):
+    import io
+
+    from ldp_beam.transforms.sinks import tidy_bytes
+
+    rows = _all_rows(estimates)
+    _same(pq.read_table(io.BytesIO(tidy_bytes(rows, "parquet"))), rows)
+    write_tidy(rows, str(tmp_path / "e.csv"))
+    assert tidy_bytes(rows, "csv") == (tmp_path / "e.csv").read_bytes()
+    with pytest.raises(Exception, match="fmt"):
+        tidy_bytes(rows, "json")
+
+
+def test_table_exists_for_duckdb(estimates, tmp_path):
+    pytest.importorskip("duckdb")
+    from ldp_beam.transforms.sinks import tidy_table_exists
+
+    url = f"duckdb://{tmp_path}/t.duckdb?table=estimates"
+    assert tidy_table_exists(url) is False  # no database file yet: no table, none created
+    assert not (tmp_path / "t.duckdb").exists()
+    write_tidy(_all_rows(estimates)[:2], url)
+    assert tidy_table_exists(url) is True
+    assert tidy_table_exists(f"duckdb://{tmp_path}/t.duckdb?table=other") is False
+    assert tidy_table_exists(f"duckdb://{tmp_path}/t.duckdb?table=main.estimates") is True
+    (tmp_path / "junk.duckdb").write_bytes(b"not a database at all" * 100)
+    with pytest.raises(SourceError, match="junk.duckdb"):
+        tidy_table_exists(f"duckdb://{tmp_path}/junk.duckdb?table=t")
+
+
 def test_duckdb_round_trip_replace_and_append(estimates, tmp_path):
     duckdb = pytest.importorskip("duckdb")
     rows = _all_rows(estimates)
@@ -232,3 +261,10 @@ def test_postgres_round_trip_in_one_transaction(estimates, pg_url):
     port = pgs.free_port()
     with pytest.raises(SourceError, match="cannot be reached"):
         write_tidy(rows, f"postgresql://ldpbeam@127.0.0.1:{port}/x?table=t")
+    from ldp_beam.transforms.sinks import tidy_table_exists
+
+    assert tidy_table_exists(f"{pg_url}?table=estimates") is True
+    assert tidy_table_exists(f"{pg_url}?table=public.estimates") is True
+    assert tidy_table_exists(f"{pg_url}?table=nothing_here") is False
+    with pytest.raises(SourceError, match="cannot be reached"):
+        tidy_table_exists(f"postgresql://ldpbeam@127.0.0.1:{port}/x?table=t")
