@@ -373,12 +373,15 @@ def cmd_estimate(a: argparse.Namespace, beam_args: list[str]) -> int:
                        unit=a.privacy_unit, keys=_keys(a.keys),
                        selection=_selection(a.partition_selection),
                        side_outputs=a.side_outputs, **ledger_args(a))
+    from ldp_beam.transforms.sources import redact
+
+    shown = redact(a.output)  # a database URL's password is never printed
     if "curator" in out:
-        return _print_release(out, a.output)
+        return _print_release(out, shown)
     ests = out["estimates"].values() if a.by else [out["estimate"]]
     errors = [e["error"] for e in ests if "error" in e]
     if a.by:
-        print(f"{len(out['estimates'])} estimates by {a.by!r} written to {a.output}; "
+        print(f"{len(out['estimates'])} estimates by {a.by!r} written to {shown}; "
               f"privacy: {out['guarantee']['summary']}")
     elif not errors:
         parts = [_stat_text(k, st) for k, st in out["estimate"]["statistics"].items()]
@@ -386,7 +389,7 @@ def cmd_estimate(a: argparse.Namespace, beam_args: list[str]) -> int:
         table = joint_table_text(out["estimate"])
         if table:
             print(table)
-        print(f"guarantee: {out['guarantee']['summary']}; written to {a.output}")
+        print(f"guarantee: {out['guarantee']['summary']}; written to {shown}")
     if out["reports"]["invalid"]:
         print(f"{out['reports']['invalid']:,} malformed reports dead-lettered to "
               f"{out['reports']['dead_letter']}")
