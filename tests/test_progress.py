@@ -2,6 +2,7 @@
 line otherwise, nothing but errors with --quiet."""
 from __future__ import annotations
 
+import dataclasses
 import io
 import os
 import re
@@ -119,6 +120,7 @@ def test_no_progress_from_the_python_api(table, tmp_path, capsys):
     """The library is silent unless the command line asks (progress.configure)."""
     from ldp_beam.pipelines.collect import build, run_collect
 
+    progress.configure(**dataclasses.asdict(progress.Settings()))  # the library's defaults
     mech = build("bisample-md", {"epsilon": 1, "lower": 0, "upper": 100}, False)
     run_collect(table, str(tmp_path / "r.parquet"), mech, {"value": "age"}, seed="1")
     assert "rows/s" not in capsys.readouterr().err
