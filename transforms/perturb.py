@@ -286,10 +286,13 @@ class PerturbFn(beam.DoFn):
             return TaggedOutput(DEAD_LETTER, entry.with_value(dict(entry.value)))
         return TaggedOutput(DEAD_LETTER, dict(entry))
 
-    def _flush(self):
+    def _flush(self) -> list:
+        """Perturb the buffered single records together: their outputs (dead letters first,
+        then reports in record order), each with its record's timestamp, windows and pane."""
         buf, self._buffer = self._buffer, []
         if not buf:
-            return
+            return []
+        out: list = []
         records = [r for r, _ in buf]
         n = len(records)
         self.n_in.inc(n)
@@ -313,33 +316,35 @@ class PerturbFn(beam.DoFn):
                     [self.key_column] if self.key_column else []) + self._shown  # id: its row
                 rec = dict(records[i]) if shown is None else \
                     {c: records[i][c] for c in shown if c in records[i]}
-                yield self._dead(buf[i][1].with_value(dead_letter(msgs[i], rec)))
+                out.append(self._dead(buf[i][1].with_value(dead_letter(msgs[i], rec))))
         self.n_invalid.inc(int(bad.sum()))
         self.n_valid.inc(int(ok.size))
         if ok.size == 0:
-            return
+            return out
+        whole = ok.size == n
         okl = ok.tolist()
+        kept = records if whole else [records[i] for i in okl]
         draws = self.mechanism.draws
         if draws:  # each record's own stream, named by its id: one vectorized AES call
-            key = self.key_column
-            streams = np.fromiter((stream_id(records[i][key]) for i in okl), dtype=np.uint64,
-                                  count=len(okl))
-            u = self.source.keyed_uniforms(streams, 0, draws)
+            u = self.source.keyed_uniforms(_streams([r[self.key_column] for r in kept]), 0,
+                                           draws)
         else:  # a mechanism that draws no noise (central-DP inputs are only checked here)
             u = np.empty((len(okl), 0), order="F")
-        if ok.size < n:
+        if not whole:
             cols = {k: v[ok] for k, v in cols.items()}
         rep = self.mechanism.randomize(cols, u)
+        windowed = [w for _, w in buf] if whole else [buf[i][1] for i in okl]
         names = list(rep)
-        rows = zip(*(v.tolist() for v in rep.values()))
-        keep = self.keep
-        for vals, i in zip(rows, okl):
-            out = dict(zip(names, vals))
-            if keep:
-                rec = records[i]
-                for c in keep:
-                    out[c] = rec[c]
-            yield buf[i][1].with_value(out)  # the record's timestamp, windows and pane
+        if len(names) == 1 and not self.keep:
+            f = names[0]
+            out.extend([w.with_value({f: v}) for v, w in zip(rep[f].tolist(), windowed)])
+            return out
+        columns = [v.tolist() for v in rep.values()]
+        columns += [[r[c] for r in kept] for c in self.keep]
+        names += list(self.keep)
+        out.extend([w.with_value(dict(zip(names, vals)))
+                    for vals, w in zip(zip(*columns), windowed)])
+        return out
 
     def process(self, element: Any, windowed=beam.DoFn.WindowedValueParam, window=None):
         """One element -> an iterable of outputs (empty while single records are buffered).
@@ -403,6 +408,17 @@ def _row_number(offset: int | None, rows: np.ndarray | None, i: int) -> int | No
     if rows is not None:
         return int(rows[i])
     return None if offset is None else offset + i
+
+
+def _streams(ids: list) -> np.ndarray:
+    """``stream_id`` of every record id (uint64): integer ids as their 64-bit two's
+    complement at once, anything else one hash each."""
+    if set(map(type, ids)) == {int}:
+        try:
+            return np.array(ids, dtype=np.int64).view(np.uint64)
+        except OverflowError:  # beyond int64: stream_id masks to 64 bits
+            pass
+    return np.fromiter((stream_id(k) for k in ids), dtype=np.uint64, count=len(ids))
 
 
 def _column(values: list) -> np.ndarray:
