@@ -138,8 +138,8 @@ class RunProgress:
             except Exception:  # counting is best effort: an unreadable file is the run's error
                 total = None
             self.total = total
-            if total is not None and not self._stop.is_set():
-                with self._lock:
+            with self._lock:
+                if total is not None and not self._stop.is_set():
                     self.bar.total = int(total)
                     self.bar.refresh()
         ticks, counted = 0, False
@@ -152,6 +152,8 @@ class RunProgress:
                 n = None
             ticks += 1
             with self._lock:
+                if self._stop.is_set():
+                    break
                 if n is not None and n > self.bar.n:
                     self.bar.update(n - self.bar.n)
                     if not counted:
@@ -167,12 +169,13 @@ class RunProgress:
         line. Without ``rows`` (a runner that reports no metrics), the rows of the input from
         its metadata, said so. Returns the wall time in seconds."""
         seconds = time.perf_counter() - self.t0
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
+        with self._lock:
+            self._stop.set()
+        if self._thread is not None:  # a slow count or metrics call need not hold the run up:
+            self._thread.join(timeout=5.0)  # once stopped, the thread leaves the bar alone
         note = ""
         if rows is None and ok and self._total_fn is not None:
-            if self.total is None:
+            if self.total is None and (self._thread is None or not self._thread.is_alive()):
                 try:
                     self.total = self._total_fn()
                 except Exception:  # best effort
