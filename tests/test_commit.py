@@ -312,3 +312,49 @@ def test_no_finite_guarantee_needs_the_opt_in_and_says_so(tmp_path):
     assert code == 0 and "no finite guarantee" in so
     est = json.loads((tmp_path / "e.json").read_text())
     assert est["estimate"]["guarantee"]["summary"].startswith("no finite guarantee")
+
+
+def test_a_commit_that_fails_half_way_leaves_no_manifest_and_the_old_files(tmp_path):
+    """The old manifest goes first; a table write that fails at commit (here: the DuckDB file is
+    not a database) stops the commit before any file is moved, so the previous files stay and no
+    manifest vouches for anything; the staging folder is removed."""
+    pytest.importorskip("duckdb")
+    from ldp_beam.pipelines.outputs import OutputError, RunOutputs
+    from ldp_beam.transforms import SourceError
+    from ldp_beam.transforms.sinks import tidy_bytes
+
+    dead, man = tmp_path / "x.deadletter.jsonl", tmp_path / "x.manifest.json"
+    outs = RunOutputs({"dead_letter": str(dead)}, str(man), "run-1")
+    with outs:
+        outs.write(outs.staged("dead_letter"), b'{"old": 1}\n')
+        outs.commit({"command": "test"})
+    assert json.loads(man.read_text())["run_id"] == "run-1" and verify(str(man)) == []
+    junk = tmp_path / "junk.duckdb"
+    junk.write_bytes(b"not a database" * 200)
+    url = f"duckdb://{junk}?table=t"
+    with pytest.raises(SourceError, match="junk.duckdb"):  # checked before anything runs
+        RunOutputs({"estimate": url, "dead_letter": str(dead)}, str(man), "run-2", force=True)
+    db = tmp_path / "ok.duckdb"
+    url = f"duckdb://{db}?table=t"
+    tidy = tidy_bytes([{"statistic": "mean", "value": 0.5}], "parquet")
+    # a staged table that cannot be read: the commit stops before touching anything
+    outs = RunOutputs({"estimate": url, "dead_letter": str(dead)}, str(man), "run-3", force=True)
+    with outs:
+        outs.write(outs.staged("dead_letter"), b'{"new": 1}\n')
+        outs.write(outs.staged("estimate"), b"PAR1 not parquet")
+        with pytest.raises(Exception):
+            outs.commit({"command": "test"})
+    assert json.loads(man.read_text())["run_id"] == "run-1" and verify(str(man)) == []
+    # the database cannot be written at commit (its path became a folder): the old manifest is
+    # already gone, no file was moved, no new manifest is written
+    outs = RunOutputs({"estimate": url, "dead_letter": str(dead)}, str(man), "run-4", force=True)
+    with outs:
+        outs.write(outs.staged("dead_letter"), b'{"new": 1}\n')
+        outs.write(outs.staged("estimate"), tidy)
+        db.mkdir()
+        with pytest.raises(SourceError, match="ok.duckdb"):
+            outs.commit({"command": "test"})
+    assert not man.exists() and dead.read_bytes() == b'{"old": 1}\n'
+    assert _no_staging(tmp_path)
+    with pytest.raises(OutputError, match="not a database table"):
+        RunOutputs({"dead_letter": str(dead)}, url, "run-5", force=True)
