@@ -457,28 +457,52 @@ def run(quick: bool = False, progress=None, only: list[str] | None = None,
     sections, mechs = _selection(only)
     t0 = time.perf_counter()
     out: list[dict] = []
+    failed: list[str] = []
     with tempfile.TemporaryDirectory(prefix="ldp-beam-bench-") as tmp:
         b = _Bench(tmp, progress, rounds=1 if quick else 2)
+
+        def section(name, fn):
+            """One section's records; a failing section is reported, the others still run
+            (their records are kept) and the bench fails at the end."""
+            try:
+                out.extend(fn())
+            except Exception as exc:  # noqa: BLE001 - re-raised below as BenchFailed
+                failed.append(f"{name}: {type(exc).__name__}: {str(exc)[-1500:]}")
+                b.note(f"section {name} FAILED: {type(exc).__name__}: {str(exc)[-300:]}")
+
         if "api" in sections:
-            out += _api(b, sizes, mechs)
+            section("api", lambda: _api(b, sizes, mechs))
         if "element" in sections and (mechs is None or ELEMENT_MECHANISM in mechs):
-            out += _element(b, element_records)
+            section("element", lambda: _element(b, element_records))
         if "cli" in sections:
             cli_mechs = mechs if mechs is not None else (set(QUICK_CLI) if quick else None)
-            out += _cli(b, sizes, cli_mechs, big)
+            section("cli", lambda: _cli(b, sizes, cli_mechs, big))
         if "runners" in sections and not quick:
-            out += _runners(b, sizes[0], mechs)
+            section("runners", lambda: _runners(b, sizes[0], mechs))
         if "bounding" in sections:
-            out += _bounding(sizes, tmp, b.script, progress, bench=b)
+            section("bounding", lambda: _bounding(sizes, tmp, b.script, progress, bench=b))
         if "sources" in sections:
-            from ldp_beam.pipelines.bench_sources import run as sources
+            def sources_section():
+                from ldp_beam.pipelines.bench_sources import run as sources
 
-            out += _with_reference(b, sources(sizes, tmp, progress), tmp)
+                return _with_reference(b, sources(sizes, tmp, progress), tmp)
+            section("sources", sources_section)
     total = time.perf_counter() - t0
     for r in out:
         r.setdefault("pipeline_bench_seconds", total)
     b.note(f"pipeline benchmarks: {total:.0f} s")
+    if failed:
+        raise BenchFailed(out, failed)
     return out
+
+
+class BenchFailed(RuntimeError):
+    """Some sections failed: ``records`` holds the others' records, ``failures`` each failure."""
+
+    def __init__(self, records: list[dict], failures: list[str]) -> None:
+        super().__init__("pipeline bench sections failed:\n" + "\n".join(failures))
+        self.records = records
+        self.failures = failures
 
 
 def _with_reference(b: _Bench, recs: list[dict], tmp: str) -> list[dict]:
