@@ -110,22 +110,21 @@ def test_collect_and_estimate_commit_into_the_bucket(s3, tmp_path):
 
     assert verify(out + ".manifest.json", opts) == []
 
-    # estimates: nested JSON, tidy Parquet and tidy CSV, grouped too, all in the bucket
-    for name, extra in (("e.json", ()), ("e.parquet", ()), ("g.csv", ("--by", "g"))):
+    # estimates: the nested JSON, and the tidy table by group, both into the bucket
+    for name, extra in (("e.json", ()), ("g.csv", ("--by", "g"))):
         code, so, se = run_cli("estimate", "-i", out, "-o", f"s3://{bucket}/est/{name}", *extra,
                                *opts)
         assert code == 0, se
     nested = json.loads(_get(client, bucket, "est/e.json"))["estimate"]
     assert nested["n_reports"] == 1493
-    tidy = pq.read_table(io.BytesIO(_get(client, bucket, "est/e.parquet"))).to_pylist()
-    freq = [r["value"] for r in tidy if r["statistic"] == "frequency"]
-    assert np.allclose(freq, nested["statistics"]["frequency"]["value"])
     grouped = pacsv.read_csv(io.BytesIO(_get(client, bucket, "est/g.csv"))).to_pylist()
     assert {r["group"] for r in grouped} == {"n", "s"}
+    assert {r["statistic"] for r in grouped} == set(nested["statistics"])
     assert sum({r["group"]: r["n_reports"] for r in grouped}.values()) == 1493
+    assert all(r["ci_low"] < r["value"] < r["ci_high"] for r in grouped)
     keys = _keys(client, bucket)
     assert not [k for k in keys if ".ldp-beam-staging-" in k or "beam-temp" in k], keys
-    for name in ("e.json", "e.parquet", "g.csv"):
+    for name in ("e.json", "g.csv"):
         assert f"est/{name}.manifest.json" in keys
         assert verify(f"s3://{bucket}/est/{name}.manifest.json", opts) == []
 
@@ -148,14 +147,17 @@ def test_launcher_reads_results_back_through_the_filesystem(s3, tmp_path, monkey
     monkeypatch.setattr(builtins, "open", guarded)
     code, so, se = run_cli("estimate", "-i", src, "-c", "v", "-m", "laplace-histogram",
                            "--epsilon", "1", "-p", "categories=a,b,c,d",
-                           "-o", f"s3://{bucket}/rel/h.json", *opts)
+                           "-o", f"s3://{bucket}/rel/h.parquet", *opts)
     assert code == 0, se
-    assert f"s3://{bucket}/rel/h.json.curator.json" in so
-    cur = json.loads(_get(client, bucket, "rel/h.json.curator.json"))
+    assert f"s3://{bucket}/rel/h.parquet.curator.json" in so
+    cur = json.loads(_get(client, bucket, "rel/h.parquet.curator.json"))
     assert cur["records"]["input"] == 1500 and cur["records"]["reconciles"] is True
-    assert _keys(client, bucket, "rel/") == ["rel/h.json", "rel/h.json.curator.json",
-                                             "rel/h.json.deadletter.jsonl",
-                                             "rel/h.json.manifest.json"]
+    rel = pq.read_table(io.BytesIO(_get(client, bucket, "rel/h.parquet"))).to_pylist()
+    assert [r["label"] for r in rel] == list("abcd")
+    assert {(r["n_reports"], r["guarantee_kind"]) for r in rel} == {(None, "central-DP")}
+    assert _keys(client, bucket, "rel/") == ["rel/h.parquet", "rel/h.parquet.curator.json",
+                                             "rel/h.parquet.deadletter.jsonl",
+                                             "rel/h.parquet.manifest.json"]
 
 
 def test_existing_objects_need_force_and_a_failed_rerun_changes_nothing(s3, tmp_path):
