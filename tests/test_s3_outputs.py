@@ -223,3 +223,25 @@ def test_beams_s3_filesystem_writes_empty_objects_and_shares_its_client(s3):
     assert a.client is b.client
     other = Client(PipelineOptions(opts + ["--s3_region_name=eu-west-1"]))
     assert other.client is not a.client
+
+
+def test_outputs_on_two_file_systems_commit_together(s3, tmp_path):
+    """A local dead-letter file beside reports in the bucket (collect --dead-letter): staged in
+    the bucket with the manifest, copied out at commit, every file in the manifest verified."""
+    from ldp_beam.pipelines.outputs import RunOutputs, verify
+
+    client, bucket, opts = s3
+    rep, dead = f"s3://{bucket}/two/r.parquet", str(tmp_path / "dead.jsonl")
+    man = rep + ".manifest.json"
+    outs = RunOutputs({"reports": rep, "dead_letter": dead}, man, "run-1", options=opts)
+    assert outs.staging.startswith(f"s3://{bucket}/two/.ldp-beam-staging-")
+    with outs:
+        outs.write(outs.staged("reports"), b"reports")
+        outs.write(outs.staged("dead_letter"), b'{"reason": "x"}\n')
+        written = outs.commit({"command": "test"})
+    assert _get(client, bucket, "two/r.parquet") == b"reports"
+    assert open(dead, "rb").read() == b'{"reason": "x"}\n'
+    assert written["files"]["dead_letter"]["path"] == dead and verify(man, opts) == []
+    assert _keys(client, bucket, "two/") == ["two/r.parquet", "two/r.parquet.manifest.json"]
+    with pytest.raises(ValueError, match="--force"):
+        RunOutputs({"reports": rep, "dead_letter": dead}, man, "run-2", options=opts)
