@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 
 import apache_beam as beam
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 from scipy.stats import chi2
+
+from ldp_beam.errors import ParameterError
 
 from ldp_beam.pipelines.common import run_pipeline
 from ldp_beam.rng import RunKey
@@ -107,3 +111,91 @@ def test_rows_without_a_unit_are_dead_lettered_and_counted(tmp_path):
     pairs, dead, dropped = _kept(tmp_path / "t.parquet", RunKey.new(), tmp_path)
     assert len(pairs) == 2 and len(dead) == 2 and dropped == 1
     assert all("uid" in d["reason"] for d in dead)
+
+
+def _oracle(u, prio, s, rid):
+    """One row per unit by sorting (the general path's reduce_candidates): (unit, stream, rid)."""
+    from ldp_beam.transforms.units import reduce_candidates
+
+    c, units = reduce_candidates({"u": u, "rh": prio, "s": s, "rid": rid}, 1, 1, False)
+    return units, sorted(zip(c["u"].tolist(), c["s"].tolist(), c["rid"].tolist()))
+
+
+def test_one_row_table_matches_the_sorting_sketch_in_any_batches_with_ties():
+    """The hash-table sketch (Linf = 1) keeps exactly the rows the sorting sketch keeps, whatever
+    the batches and merges, including rows of one unit with equal priorities (drawn from 4
+    values here, so most units have ties) and the largest priority (the empty-slot value)."""
+    from ldp_beam.transforms.units import _MinSketch
+
+    rng = np.random.default_rng(5)
+    n = 60_000
+    u = rng.integers(1, 2**63, 9000, dtype=np.uint64)[rng.integers(0, 9000, n)] | np.uint64(1)
+    u[:5000] = (np.arange(5000, dtype=np.uint64) << np.uint64(40)) | np.uint64(1)  # top bits
+    prio = rng.integers(0, 4, n).astype(np.uint64)
+    prio[rng.random(n) < 0.01] = np.uint64(2**64 - 1)
+    s = rng.integers(0, 3, n).astype(np.uint64)
+    rid = rng.permutation(n).astype(np.int64)
+    want = _oracle(u, prio, s, rid)
+    for trial in range(3):
+        cuts = np.sort(rng.integers(0, n, 12 + 40 * trial))
+        parts = [_MinSketch(), _MinSketch()]
+        for j, (a, b) in enumerate(zip(np.r_[0, cuts], np.r_[cuts, n])):
+            parts[j % 2].add(u[a:b], prio[a:b], s[a:b], rid[a:b])
+        sketch = pickle.loads(pickle.dumps(parts[0]))
+        sketch.merge(parts[1])
+        k = sketch.kept()
+        got = sorted(zip(k["u"].tolist(), k["s"].tolist(), k["rid"].tolist()))
+        assert (sketch.units, got) == want
+
+
+def test_too_many_units_fail_naming_the_column(tmp_path):
+    from ldp_beam.transforms.units import UnitLimitError
+
+    _units_table(tmp_path / "t.parquet", units=300, rows=2)
+    def build(p):
+        b = p | BoundContributions("uid", RunKey.new(), max_units=100,
+                                   source=ReadTable(str(tmp_path / "t.parquet")))
+        return [b.batches | beam.Map(lambda x: None)]
+
+    with pytest.raises(Exception) as e:
+        run_pipeline(build, [])
+    err = e.value
+    while not isinstance(err, UnitLimitError) and (err.__cause__ or err.__context__):
+        err = err.__cause__ or err.__context__
+    text = str(err)
+    assert "'uid'" in text and "300" in text and "100" in text, text[:500]
+
+
+def test_integer_units_are_one_unit_whatever_their_type():
+    from ldp_beam.transforms.units import hash_units
+
+    ik, tk = b"i" * 16, (1, 2)
+    h = [hash_units(tk, ik, a)[0] for a in (pa.array([42]), pa.array(["42"]), pa.array([42.0]),
+                                           pa.array([42], pa.uint64()))]
+    assert len(set(h)) == 1 and h[0] & np.uint64(1)
+    others = hash_units(tk, ik, pa.array(["042", "+42", "43", "x"]))
+    assert len(set(others.tolist()) | {int(h[0])}) == 5
+    assert hash_units(tk, b"j" * 16, pa.array([42]))[0] != h[0]  # keyed
+
+
+def test_read_table_projection_keeps_rows_and_identities(tmp_path):
+    pq.write_table(pa.table({"uid": np.arange(1000) % 7, "x": np.arange(1000.0)}),
+                   tmp_path / "t.parquet", row_group_size=300)
+    whole = ReadTable(str(tmp_path / "t.parquet"), batch_rows=128)
+    proj = whole.with_columns(["uid", "nope"])
+    assert whole.fn.columns is None and proj.fn.columns == ("uid", "nope")
+    a = sorted((b.offset, b.table.column("uid").to_pylist(), b.table.schema.names)
+               for b in _batches_of(whole))
+    b = sorted((b.offset, b.table.column("uid").to_pylist(), b.table.schema.names)
+               for b in _batches_of(proj))
+    assert [x[:2] for x in a] == [x[:2] for x in b] and sum(len(x[1]) for x in b) == 1000
+    assert {tuple(x[2]) for x in a} == {("uid", "x")} and {tuple(x[2]) for x in b} == {("uid",)}
+    with pytest.raises(ParameterError, match="columns"):
+        ReadTable(str(tmp_path / "t.parquet"), columns="uid")
+
+
+def _batches_of(read):
+    out = []
+    for unit in read.units:
+        out += [x for x in read.fn.process(unit) if hasattr(x, "offset")]
+    return out

@@ -31,22 +31,27 @@ step keeps the same rows, and every runner keeps the same rows:
 * a row's priority is the first 64 bits of ``AES_k(stream * 2**64 + record)`` (the AES-128
   block at the record's counter, keyed by ``run_key.derive("bounding/rows")``: the addressable
   AES-CTR stream that draws the noise, under a key of its own);
-* a unit is represented by its keyed SipHash-2-4 (64 bits, keys from
-  ``run_key.derive("bounding/units")``), computed where the batch is read; only this keyed hash
-  travels through the combine and the side input, never the unit's value;
-* a partition's priority for a unit is ``SipHash-2-4_k'(unit hash, partition)``.
+* a unit is represented by its keyed hash (64 bits, lowest bit set): an integer unit (see
+  below) by the first 64 bits of ``AES_k(v || 0)`` under ``run_key.derive("bounding/units/int")``,
+  a text unit by SipHash-2-4 of its UTF-8 bytes under ``run_key.derive("bounding/units")``;
+  computed where the batch is read, only this keyed hash travels through the sketch and the
+  side input, never the unit's value;
+* a partition's priority for a unit is the first 64 bits of ``AES_k'(unit hash || partition)``
+  (``k'`` from ``run_key.derive("bounding/partitions")``).
 
-AES and SipHash are pseudorandom functions: on distinct inputs (a unit's distinct rows, its
-distinct partitions) their outputs are indistinguishable from independent uniform 64-bit values
-to anyone without the key. For i.i.d. continuous priorities every ordering of a unit's ``n`` rows
-is equally likely, so the ``k`` rows of smallest priority are a uniformly random ``k``-subset of
-them. Equal 64-bit priorities (about ``n^2 / 2^65`` per unit) are broken by the record identity
-``(stream, record)``, which is unique, so the order is total: the choice is deterministic and
-each bound holds exactly. The same holds for partitions (ties broken by the partition code). The
-choice for a unit depends only on its own rows and the key, so each unit contributes at most
-``L0 x Linf`` rows whatever the other units do. A different run key gives an independent choice;
-a seeded run key (``RunKey.new(seed)``) gives a reproducible one, like its noise, and is as
-little private.
+AES (a pseudorandom permutation, hence a pseudorandom function up to a switching distance of
+``q^2 / 2^129`` for ``q`` blocks) and SipHash are pseudorandom functions: on distinct inputs (a
+unit's distinct rows, its distinct partitions) their outputs are indistinguishable from
+independent uniform 64-bit values to anyone without the key. For i.i.d. continuous priorities
+every ordering of a unit's ``n`` rows is equally likely, so the ``k`` rows of smallest priority
+are a uniformly random ``k``-subset of them. Equal 64-bit priorities (about ``n^2 / 2^65`` per
+unit) are broken by the record identity ``(stream, record)``, which is unique, so the order is
+total: the choice is deterministic and each bound holds exactly. The same holds for partitions
+(ties broken by the partition code). The choice for a unit depends only on its own rows and the
+key, so each unit contributes at most ``L0 x Linf`` rows whatever the other units do. A
+different run key gives an independent choice; a seeded run key (``RunKey.new(seed)``) gives a
+reproducible one, like its noise, and is as little private. The unit hash only groups rows (its
+keying keeps unit values out of the sketch); the uniformity rests on the row priorities.
 
 Units are compared as text, numbers by their decimal form: ``42`` in a Parquet integer column,
 ``42.0`` in a float column and ``"42"`` in a CSV file are one unit (a person split across files
@@ -63,14 +68,25 @@ Two passes over the rows, vectorized per batch (no per-row Python except dead le
 
 1. every batch -> its *candidates* ``(unit hash, row priority, stream, record)`` (plus
    ``(partition, partition priority)`` with ``partition_fn``) for the rows with a unit and a
-   partition >= 0, already reduced within the batch; a ``CombineGlobally`` merges them into, per
-   unit, its ``L0`` partitions of smallest priority and, in each, its ``Linf`` rows of smallest
-   priority (a mergeable sketch: what is not among the smallest in a part of the data cannot be
-   among the smallest in all of it). The sketch is split in 64 shards by unit hash, each reduced
-   on its own when its unreduced entries outgrow twice its reduced ones (amortized O(n log n),
-   one quicksort of a 64-bit key per reduction). It holds O(units x L0 + unit-partitions x
-   Linf) entries of 32 bytes (48 with partitions), never the rows: at most ~3x the reduced
-   sketch, e.g. ~100 MB for 10^6 units at one row each.
+   partition >= 0; a ``CombineGlobally`` merges them into the *sketch*: per unit, its ``L0``
+   partitions of smallest priority and, in each, its ``Linf`` rows of smallest priority (what
+   is not among the smallest in a part of the data cannot be among the smallest in all of it,
+   so parts merge in any order). With ``source=`` and no ``partition_fn`` this read decodes only
+   the unit column (``ReadTable.with_columns``).
+
+   * One row per unit (``Linf = 1``, no ``partition_fn``: an LDP collection's default) uses a
+     hash table (:class:`_MinSketch`): 64 shards by unit hash, each an open-addressing table
+     (linear probing, at most 3/4 full) whose slots hold a unit hash and its best row so far,
+     updated by vectorized probing and ``np.minimum.at``: no sort, O(1) per row, each shard's
+     table small enough to stay in cache. 32 bytes a slot, 1.33-4 slots a unit: ~64 MB per
+     million units (~512 MB at the 10^7 cap), plus at most 32 MB of queued rows.
+   * Otherwise each batch's candidates are first reduced within the batch and the sketch is
+     split in 64 shards by unit hash, each reduced (sorted) on its own when its unreduced
+     entries outgrow twice its reduced ones (amortized O(n log n)); it holds O(units x L0 +
+     unit-partitions x Linf) entries of 32 bytes (48 with partitions), at most ~3x the reduced
+     sketch, e.g. ~100 MB for 10^6 units at one row each.
+
+   Neither holds rows: memory grows with the units, not the rows.
 2. the kept rows' record numbers per stream (sorted, with their unit hash and partition to
    check) are a side input (16-24 bytes per kept row); each batch keeps its rows found there
    (consecutive record numbers: by subtraction, else ``searchsorted``).
@@ -80,7 +96,10 @@ PCollections in memory between stages (the DirectRunner) holds the input batches
 ``source=`` avoids that: ``p | BoundContributions(..., source=ReadTable(url))`` reads the input
 twice (the first read only feeds the combine) and the second read streams through the filter, so
 memory grows with the units, not the rows. A row whose unit or partition differs between the two
-reads (a source that changed while it was read) is dead-lettered, not kept.
+reads (a source that changed while it was read) is dead-lettered, not kept. The first read decoding
+only the unit column, a Parquet page damaged in another column is seen by the second read
+alone: its rows are the reader's dead letters (in ``.read``), and a unit whose kept row was
+among them keeps none.
 
 Limits: at most ``max_units`` distinct units (default: the ``units`` cap,
 ``LDP_BEAM_MAX_UNITS``, 10,000,000): a run with more fails with a
@@ -696,11 +715,11 @@ class _MinTable:
     def add(self, u: np.ndarray, prio: np.ndarray, s: np.ndarray, rid: np.ndarray) -> None:
         """Insert candidate rows: unit hashes, priorities, streams, record numbers. Rows go in
         by chunks that cannot fill the table past 3/4 even if each is a new unit; the table
-        doubles when that room is below an eighth of it, so it stays 3/8 to 3/4 full."""
+        doubles when that room is below a quarter of it, so it stays 1/4 to 3/4 full."""
         i, n = 0, int(u.size)
         while i < n:
             room = int(_TABLE_LOAD * self.keys.size) - self.units
-            if room < min(n - i, self.keys.size // 8):
+            if room < min(n - i, self.keys.size // 4):
                 self._grow()
                 continue
             j = min(n, i + room)
