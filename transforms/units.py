@@ -734,8 +734,11 @@ class _MinTable:
         ws = slot[win]
         held = self.rid[ws] != _EMPTY_RID
         tie_held = held & (prio[win] == old[win])  # equal to the row the slot held already
-        sorted_ws = np.sort(ws)
-        tie_batch = sorted_ws[1:][sorted_ws[1:] == sorted_ws[:-1]]  # two new rows at a minimum
+        # two new rows at one slot's minimum: one of them loses a scatter of row numbers
+        mark = np.empty(self.keys.size, np.int32)  # only the slots written are read back
+        nums = np.arange(ws.size, dtype=np.int32)
+        mark[ws] = nums
+        tie_batch = ws[mark[ws] != nums]
         if tie_held.any() or tie_batch.size:
             contested = np.unique(np.concatenate([ws[tie_held], tie_batch]))
             self._settle(contested, set(ws[tie_held].tolist()), win, ws, s, rid)
