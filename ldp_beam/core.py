@@ -656,10 +656,16 @@ class CountEstimator(Estimator):
     def add(self, acc: np.ndarray, reports: Mapping[str, np.ndarray]) -> np.ndarray:
         codes = np.asarray(self.cells(reports), dtype=np.int64)
         if codes.size:
-            if codes.min() < 0 or codes.max() >= self.n_cells:
+            bad = codes.max() >= self.n_cells
+            if not bad:
+                try:
+                    counts = np.bincount(codes, minlength=self.n_cells)
+                except ValueError:  # a negative code
+                    bad = True
+            if bad:
                 raise ValueError(f"{self.mechanism.name}: report codes outside [0, {self.n_cells})"
                                  " — validate reports with check_reports() first")
-            acc += np.bincount(codes, minlength=self.n_cells)
+            acc += counts
         return acc
 
     def n_reports(self, acc: np.ndarray) -> int:

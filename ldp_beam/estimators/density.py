@@ -60,10 +60,15 @@ class BinnedDensity:
         y = np.asarray(y, dtype=np.float64).ravel()
         if y.size == 0:
             return acc
-        idx = np.floor((y - self.lo) / self.width).astype(np.int64)
+        t = np.subtract(y, self.lo)  # floor((y - lo) / width), in one buffer
+        t /= self.width
+        np.floor(t, out=t)
+        idx = t.astype(np.int64)
+        del t
         idx[y == self.hi] = self.bins - 1  # the closed right end belongs to the last bin
         np.clip(idx, -1, self.bins, out=idx)  # -1: below the grid, bins: above it
-        counts = np.bincount(idx + 1, minlength=self.bins + 2)
+        idx += 1
+        counts = np.bincount(idx, minlength=self.bins + 2)
         acc[: self.bins] += counts[1:-1]
         acc[self.bins] += counts[0]
         acc[self.bins + 1] += counts[-1]

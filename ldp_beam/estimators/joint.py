@@ -74,9 +74,11 @@ class LinearFrequencyEstimator(CountEstimator):
         self.n_cells = int(np.prod(self.shape))
 
     def cells(self, reports: Mapping[str, np.ndarray]) -> np.ndarray:
-        code = np.zeros(len(reports[self.fields[0][0]]), dtype=np.int64)
-        for name, size in self.fields:
-            code = code * size + np.asarray(reports[name], dtype=np.int64)
+        (first, _), rest = self.fields[0], self.fields[1:]
+        code = np.array(reports[first], dtype=np.int64)  # a copy, updated in place
+        for name, size in rest:
+            code *= size
+            code += np.asarray(reports[name], dtype=np.int64)
         return code
 
     def check_reports(self, reports: Mapping[str, Any], n: int | None = None) -> Reasons:

@@ -73,6 +73,14 @@ def urr_sample(codes: np.ndarray, tables: tuple[np.ndarray, ...], sens: np.ndarr
     sensitive labels (drawn among s - 1, skipping its own position); a non-sensitive one to any
     of the s sensitive labels."""
     keep_p, choices, skip = tables
+    if sens.size == keep_p.shape[0]:  # every label sensitive (GRR, JD-GRR): constant tables
+        # the same arithmetic without the per-row lookups: choices = s - 1, skip[c] = c and
+        # sens[j] = j (sens = 0..s-1), keep_p = a
+        s = sens.size
+        j = (u1 * choices[0]).astype(np.int64)
+        j += j >= codes
+        np.minimum(j, s - 1, out=j)
+        return np.where(u0 < keep_p[0], codes, j)
     j = (u1 * choices[codes]).astype(np.int64)  # truncation = floor: u1 * choices >= 0
     j += j >= skip[codes]
     np.minimum(j, sens.size - 1, out=j)

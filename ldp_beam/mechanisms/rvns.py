@@ -144,13 +144,26 @@ class RVNS(Mechanism):
     def randomize(self, cols: dict[str, np.ndarray], u: np.ndarray) -> Reports:
         a, b, d = self.lower, self.upper, self.d
         x = cols["value"]
-        lo = np.maximum(0.0, x + d - b)
-        hi = np.minimum(d, x - a)
-        left = x - (lo + u[:, 0] * (hi - lo))  # window [left, left + d] inside [a, b]
+        # left = x - (lo + u0 (hi - lo)) with lo = max(0, x + d - b), hi = min(d, x - a): the
+        # same operations in place (products and sums commute exactly in IEEE arithmetic)
+        lo = np.add(x, d)
+        lo -= b
+        np.maximum(0.0, lo, out=lo)
+        left = np.subtract(x, a)
+        np.minimum(d, left, out=left)
+        left -= lo
+        left *= u[:, 0]
+        left += lo
+        np.subtract(x, left, out=left)  # window [left, left + d] inside [a, b]
+        del lo
         out = {}
+        span = b - a - d
         for j in range(self.k):
-            y = a + u[:, 1 + j] * (b - a - d)
-            out[f"y{j + 1}"] = np.where(y < left, y, y + d)
+            y = np.multiply(u[:, 1 + j], span)
+            y += a
+            z = y + d
+            np.copyto(z, y, where=y < left)
+            out[f"y{j + 1}"] = z
         return out
 
     def density(self, x: np.ndarray, y: np.ndarray) -> np.ndarray:
