@@ -188,7 +188,7 @@ def _user() -> str:
 _GLOB_CHARS = "*?["
 
 
-def dataset_identity(input: str) -> dict:
+def dataset_identity(input: str, options: Any = ()) -> dict:
     """The identity of the data a run reads: ``{"uri", "fingerprint", "files", "bytes"}``.
 
     The fingerprint identifies the *data*, not the path: a copy of the same file elsewhere has the
@@ -205,13 +205,15 @@ def dataset_identity(input: str) -> dict:
 
     Local paths, folders and globs are read as ``ReadTable`` reads them (a folder's entries whose
     names start with ``.`` or ``_`` are skipped; sub-folders are read recursively); a URI with a
-    scheme (``gs://``, ``s3://``, ``file://``, ...) through ``pyarrow.fs``."""
+    scheme (``gs://``, ``s3://``, ``file://``, ...) through ``pyarrow.fs`` (for ``s3://``, the
+    endpoint, region and keys among Beam's ``--s3_...`` arguments in ``options``, if any, else
+    the environment's)."""
     if not isinstance(input, str) or not input:
         raise ParameterError("--input", input, "a file, folder, glob or URI")
     if input.split("://", 1)[0].lower() in DATABASE_SCHEMES:
         return _database_identity(input)
     if "://" in input:
-        files = _remote_files(input)
+        files = _remote_files(input, options)
     else:
         files = _local_files(input)
     h = hashlib.sha256(b"ldp-beam/dataset/v1\n")
@@ -300,11 +302,38 @@ def _local_files(input: str) -> list[tuple[str, int, str]]:
     return out
 
 
-def _remote_files(input: str) -> list[tuple[str, int, str]]:
+def _s3_settings(options: Any) -> dict:
+    """pyarrow S3FileSystem keywords from Beam's ``--s3_...`` arguments in a list (read here
+    without Beam; empty: the environment's settings)."""
+    args = [str(a) for a in (options or ())]
+    got: dict = {}
+    for i, a in enumerate(args):
+        for name in ("s3_endpoint_url", "s3_region_name", "s3_access_key_id",
+                     "s3_secret_access_key", "s3_session_token"):
+            if a.startswith(f"--{name}="):
+                got[name] = a.split("=", 1)[1]
+            elif a == f"--{name}" and i + 1 < len(args):
+                got[name] = args[i + 1]
+    kw: dict = {}
+    if got.get("s3_endpoint_url"):
+        kw["endpoint_override"] = got["s3_endpoint_url"]
+    if got.get("s3_region_name"):
+        kw["region"] = got["s3_region_name"]
+    if got.get("s3_access_key_id") and got.get("s3_secret_access_key"):
+        kw.update(access_key=got["s3_access_key_id"], secret_key=got["s3_secret_access_key"],
+                  session_token=got.get("s3_session_token"))
+    return kw
+
+
+def _remote_files(input: str, options: Any = ()) -> list[tuple[str, int, str]]:
     import pyarrow.fs as pafs
 
     try:
-        fs, path = pafs.FileSystem.from_uri(input)
+        kw = _s3_settings(options) if input.startswith("s3://") else {}
+        if kw:
+            fs, path = pafs.S3FileSystem(**kw), input[len("s3://"):]
+        else:
+            fs, path = pafs.FileSystem.from_uri(input)
         info = fs.get_file_info(path)
     except Exception as exc:  # an unknown scheme, no credentials, an unreachable store
         raise ParameterError("--input", input, "a URI pyarrow.fs can read (file://, s3://, "

@@ -108,7 +108,8 @@ def run_collect(input: str, output: str, mechanism: Mechanism, columns: Mapping[
     guarantee = run_guarantee(mechanism.guarantee, seeded=run.seeded, public=keep, unit=unit,
                               bounds=max_reports_per_unit if unit else None)
     with Ledger.open(ledger) as led, led.reserve(
-            run.run_id, dataset_identity(input), command="collect", mechanism=mechanism.name,
+            run.run_id, dataset_identity(input, beam_args), command="collect",
+            mechanism=mechanism.name,
             params=mechanism.params(), epsilon=_finite(guarantee["epsilon"]),
             delta=guarantee["delta"], kind=guarantee["kind"], unit=unit,
             budget=budget, budget_delta=budget_delta, seeded=run.seeded) as entry, outs:

@@ -156,7 +156,8 @@ def run_estimate(input: str, output: str, mechanism: Mechanism | None = None,
                       options=beam_args)
     # post-processing of LDP reports: recorded (epsilon 0) against the reports' own fingerprint
     with Ledger.open(ledger) as led, led.reserve(
-            run.run_id, dataset_identity(input), command="estimate", mechanism=mech.name,
+            run.run_id, dataset_identity(input, beam_args), command="estimate",
+            mechanism=mech.name,
             params=mech.params(), epsilon=0.0, unit=unit, seeded=bool(seeded_reports),
             note="post-processing of LDP reports") as entry, outs:
         parts, tally_path = outs.scratch("estimates.jsonl"), outs.scratch("tally.jsonl")
@@ -380,7 +381,7 @@ def run_release(input: str, output: str, mech: Mechanism, columns: Mapping[str, 
     curator_path = side + ".curator.json"
     roles = {"release": output, "curator": curator_path, "dead_letter": dead_letter}
     guarantee = run_guarantee(mech.guarantee, seeded=run.seeded, unit=unit, bounds=bounds)
-    ds = dataset_identity(input)
+    ds = dataset_identity(input, beam_args)
     request = release_request(mech.name, mech.params(), cols, options, unit=unit or "record",
                               seed=run.seed)
     outs = RunOutputs(roles, side + ".manifest.json", run.run_id, inputs=[input], force=force,
@@ -576,7 +577,7 @@ def run_release_by(input: str, output: str, mech: Mechanism, columns: Mapping[st
     est = estimator_for(mech, seed=release_seed, **options)
     side = side_prefix(output, side_outputs)
     dead_letter, curator_path = side + ".deadletter.jsonl", side + ".curator.json"
-    ds = dataset_identity(input)
+    ds = dataset_identity(input, beam_args)
     outs = RunOutputs({"release": output, "curator": curator_path,
                        "dead_letter": dead_letter}, side + ".manifest.json", run.run_id,
                       inputs=[input], force=force, options=beam_args)
