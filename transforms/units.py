@@ -656,7 +656,7 @@ class _MinTable:
     record)`` in a per-slot loop, so the result is the exact minimum whatever the order the rows
     arrive in: merging tables, or inserting rows in any batches, gives the same table."""
 
-    __slots__ = ("keys", "prio", "s", "rid", "units")
+    __slots__ = ("keys", "prio", "s", "rid", "units", "packed")
 
     def __init__(self, bits: int = _TABLE_MIN_BITS) -> None:
         size = 1 << bits
@@ -665,12 +665,33 @@ class _MinTable:
         self.s = np.zeros(size, U64)
         self.rid = np.full(size, _EMPTY_RID, np.int64)
         self.units = 0
+        self.packed = None
 
+    # Pickled as its held entries only (32 bytes a unit, not a slot); unpickled, it stays so
+    # until a row is added (extracting the kept rows needs no table).
     def __getstate__(self):
-        return (self.keys, self.prio, self.s, self.rid, self.units)
+        return self.entries() + (self.units,)
 
     def __setstate__(self, state):
-        self.keys, self.prio, self.s, self.rid, self.units = state
+        self.keys = self.prio = self.s = self.rid = None
+        self.packed, self.units = tuple(state[:4]), state[4]
+
+    def entries(self) -> tuple:
+        """The held units: (unit hashes, priorities, streams, record numbers)."""
+        if self.packed is not None:
+            return self.packed
+        occ = np.flatnonzero(self.keys)
+        return (self.keys[occ], self.prio[occ], self.s[occ], self.rid[occ])
+
+    def _thaw(self) -> None:
+        if self.packed is None:
+            return
+        held, units = self.packed, self.units
+        bits = max(_TABLE_MIN_BITS, int(units / _TABLE_LOAD).bit_length())
+        self.__init__(bits)
+        slots = self._slots(held[0])  # distinct units: no two rows contend for a slot
+        self.prio[slots], self.s[slots], self.rid[slots] = held[1:]
+        self.units = units
 
     def _slots(self, u: np.ndarray) -> np.ndarray:
         """The slot of each unit hash, claiming empty slots for new units (vectorized linear
@@ -716,6 +737,7 @@ class _MinTable:
         """Insert candidate rows: unit hashes, priorities, streams, record numbers. Rows go in
         by chunks that cannot fill the table past 3/4 even if each is a new unit; the table
         doubles when that room is below a quarter of it, so it stays 1/4 to 3/4 full."""
+        self._thaw()
         i, n = 0, int(u.size)
         while i < n:
             room = int(_TABLE_LOAD * self.keys.size) - self.units
@@ -763,12 +785,11 @@ class _MinTable:
             self.units += int(fresh)
 
     def merge(self, other: "_MinTable") -> None:
-        occ = np.flatnonzero(other.keys)
-        self.add(other.keys[occ], other.prio[occ], other.s[occ], other.rid[occ])
+        self.add(*other.entries())
 
     def kept(self) -> dict:
-        occ = np.flatnonzero(self.keys)
-        return {"u": self.keys[occ], "s": self.s[occ], "rid": self.rid[occ]}
+        u, _, s, rid = self.entries()
+        return {"u": u, "s": s, "rid": rid}
 
 
 def _order_of(rid: np.ndarray) -> np.ndarray:
@@ -923,8 +944,10 @@ def _nbytes(x: Any) -> int:
         return sum(_nbytes(v) for v in x.values())
     if isinstance(x, (list, tuple)):
         return sum(_nbytes(v) for v in x)
-    if hasattr(x, "__getstate__") and hasattr(x, "__slots__"):
-        return _nbytes(x.__getstate__())
+    if isinstance(x, _MinSketch):
+        return sum(32 * t.units for t in x.tables if t is not None) + 32 * sum(x.queued)
+    if isinstance(x, _Acc):
+        return _nbytes(x.shards)
     return 64
 
 
