@@ -27,6 +27,12 @@ Memory records (``stage="memory"``) give each command's ``rss_growth`` = peak RS
 size / peak RSS at 10^6 - 1 (target 0.15). Every pipeline runs in a fresh child process, which
 times its own run (imports excluded, the pipeline's graph construction and Beam's start-up
 included) and reports its own peak RSS; CLI commands are timed from outside (start-up included).
+
+Sections (``--only`` takes their names, mechanism names, or both): ``api``, ``cli``,
+``element``, ``runners`` (not with ``--quick``), ``bounding`` and ``sources`` (DuckDB and
+PostgreSQL beside Parquet, :mod:`ldp_beam.pipelines.bench_sources`, whose records get a
+``ratio_to_reference`` here too). A failing section is reported and fails the run at the end;
+the other sections' records are still written.
 """
 from __future__ import annotations
 
@@ -236,7 +242,6 @@ RUNNERS = {
     "DirectRunner": ["--runner=DirectRunner"],
     "DirectRunner (2 processes)": ["--runner=DirectRunner", "--direct_num_workers=2",
                                    "--direct_running_mode=multi_processing"],
-    "DaskRunner (2 workers)": ["--runner=dask", "--dask_workers=2"],
 }
 
 #: runners measured against the reference on the same runner besides the DirectRunner (Beam
@@ -561,9 +566,7 @@ def _runners(b: _Bench, n: int, mechs) -> list[dict]:
     runner (10^6 rows; not repeated at 10^7: the graph is the same)."""
     out = []
     names = [m for m in ("grr", "bisample-md") if mechs is None or m in mechs]
-    for runner in RUNNERS:
-        if runner not in RATIO_RUNNERS or not names:
-            continue
+    for runner in RATIO_RUNNERS:
         for m in names:
             file = CASES[m][2]
             ref = b.reference(file, n, runner)
