@@ -379,6 +379,9 @@ class Reasons:
     def flag(self, mask: np.ndarray, message: Any, replace: bool = False) -> None:
         """Mark rows in ``mask``; ``message`` is a str or ``f(row) -> str``. A row keeps its first
         reason unless ``replace`` (for a reason that explains the others, e.g. an absent field)."""
+        mask = np.asarray(mask, dtype=bool)
+        if not mask.any():  # the common case: nothing to flag (one pass)
+            return
         new = np.flatnonzero(mask if replace else mask & ~self.bad)
         if new.size == 0:
             return
