@@ -1134,9 +1134,9 @@ class ReadTable(beam.PTransform):
         return out
 
     def expand(self, pbegin):
+        # beam.Create reshuffles its elements itself when it has more than one (MaybeReshuffle),
+        # which spreads the units over workers; a second Reshuffle only added a stage
         units = pbegin | "Units" >> beam.Create(self.units)
-        if len(self.units) > 1:
-            units = units | "Spread" >> beam.Reshuffle()
         return split_dead_letters(units | "Read" >> beam.ParDo(self.fn), "batches")
 
 
