@@ -26,6 +26,7 @@ import pytest
 
 from ldp_beam import build_mechanism
 from ldp_beam.pipelines.collect import run_collect
+from ldp_beam.pipelines.bench_sources import _tail, _wait_for_port  # the bench's own service start-up
 from ldp_beam.pipelines.estimate import run_estimate
 
 STARTUP_SECONDS = 60
@@ -35,28 +36,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def _wait_for_port(port: int, proc: subprocess.Popen, what: str, log: str) -> None:
-    deadline = time.monotonic() + STARTUP_SECONDS
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{what} exited with {proc.returncode}: {_tail(log)}")
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return
-        except OSError:
-            time.sleep(0.2)
-    raise RuntimeError(f"{what} did not listen on 127.0.0.1:{port} within {STARTUP_SECONDS} s: "
-                       f"{_tail(log)}")
-
-
-def _tail(log: str) -> str:
-    try:
-        with open(log) as fh:
-            return fh.read()[-2000:]
-    except OSError:
-        return "(no log)"
 
 
 def _under_tmp(path: str) -> bool:
