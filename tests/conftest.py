@@ -57,6 +57,28 @@ def run_cli(*args: str):
     return code, out.getvalue(), err.getvalue()
 
 
+def free_port() -> int:
+    """A port free on the loopback address now (for servers the tests start)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def s3_server():
+    """moto's standalone S3-compatible server on the loopback address, stopped after the module."""
+    moto_server = pytest.importorskip("moto.server")
+    port = free_port()
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.stop()
+
+
 def write_file(folder, name, lines):
     """Write a JSON-lines file the way producers must: elsewhere, then an atomic rename."""
     tmp = os.path.join(folder, "." + name + ".tmp")

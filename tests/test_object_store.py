@@ -9,7 +9,6 @@ from __future__ import annotations
 import gzip
 import io
 import os
-import socket
 import time
 
 import apache_beam as beam
@@ -19,6 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 
+from ldp_beam_test_helpers import free_port
 from ldp_beam import build_mechanism
 from ldp_beam.rng import RunKey
 from ldp_beam.transforms import (Perturb, ReadTable, SourceError, WriteParquetFile, report_schema,
@@ -29,23 +29,6 @@ boto3 = pytest.importorskip("boto3")
 moto_server = pytest.importorskip("moto.server")
 
 KEY, SECRET = "testing-key", "testing-secret"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def s3_server():
-    port = _free_port()
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.stop()
 
 
 @pytest.fixture
@@ -179,7 +162,7 @@ def test_tidy_output_written_to_the_bucket(bucket, s3_server):
 
 
 def test_unreachable_endpoint_fails_at_once_naming_the_source(aws_env):
-    port = _free_port()
+    port = free_port()
     started = time.monotonic()
     with pytest.raises(SourceError, match=rf"s3://bkt/data/: the object store at "
                        rf"http://127.0.0.1:{port} cannot be reached"):

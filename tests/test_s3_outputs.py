@@ -26,23 +26,6 @@ KEY, SECRET = "testing-key", "testing-secret"
 GRR = ("-m", "grr", "--epsilon", "1", "-p", "domain=a,b,c,d")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def s3_server():
-    port = _free_port()
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.stop()
-
-
 @pytest.fixture
 def s3(s3_server, monkeypatch, tmp_path):
     """A fresh bucket; credentials from the environment only; the endpoint as a Beam option."""
