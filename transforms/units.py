@@ -76,10 +76,17 @@ Two passes over the rows, vectorized per batch (no per-row Python except dead le
 
    * One row per unit (``Linf = 1``, no ``partition_fn``: an LDP collection's default) uses a
      hash table (:class:`_MinSketch`): 16 shards by unit hash, each an open-addressing table
-     (linear probing, at most 3/4 full) whose slots hold a unit hash and its best row so far,
-     updated by vectorized probing and ``np.minimum.at``: no sort, O(1) per row, each shard's
-     table small enough to stay mostly in cache. 32 bytes a slot, 1.33-4 slots a unit: ~64 MB per
-     million units (~512 MB at the 10^7 cap), plus at most 32 MB of queued rows.
+     (linear probing, 1/2 to 3/4 full: it grows by half) whose slots hold a unit hash, its best
+     priority so far and that row's reference (stream index and record number packed in one
+     word), updated by vectorized probing; only rows at or below their unit's best go on to
+     ``np.minimum.at`` (about 3 of a unit's 10 rows): no sort, O(1) per row, each shard's table
+     small enough to stay mostly in cache. 24 bytes a slot, 1.33-2 slots a unit: 32-48 MB per
+     million units (~320-480 MB at the 10^7 cap), plus at most 12 MB of queued rows (24 bytes
+     each). Before Beam encodes it (the combine's ``compact``) the sketch becomes its held
+     entries sorted by reference, table by table (the slots are freed as they are read), and is
+     encoded as its unit hashes and the gaps between references: ~10 bytes a unit (the
+     priorities are recomputed from the run key, one AES block a unit, only if a decoded sketch
+     takes more rows). The kept rows (step 2) are slices of those sorted arrays: no copy.
    * Otherwise each batch's candidates are first reduced within the batch and the sketch is
      split in 64 shards by unit hash, each reduced (sorted) on its own when its unreduced
      entries outgrow twice its reduced ones (amortized O(n log n)); it holds O(units x L0 +
@@ -88,8 +95,18 @@ Two passes over the rows, vectorized per batch (no per-row Python except dead le
 
    Neither holds rows: memory grows with the units, not the rows.
 2. the kept rows' record numbers per stream (sorted, with their unit hash and partition to
-   check) are a side input (16-24 bytes per kept row); each batch keeps its rows found there
+   check) are a side input (16-24 bytes per kept row in memory, encoded as the unit hashes and
+   the gaps between record numbers: ~10 bytes); each batch keeps its rows found there
    (consecutive record numbers: by subtraction, else ``searchsorted``).
+
+   Measured (``ldp-beam bench --only bounding``: 10 rows a unit, one kept, against the same
+   pipeline unbounded, DirectRunner, 2 cores shared with other jobs at load 8-10,
+   medians of 3) at 10^6 rows: 1.6x the unbounded time, peak RSS 294 MB (264 unbounded); at
+   10^7 rows (10^6 units): 2.7x the time (2.0x its CPU time), 385 MB (+31% over 10^6 rows;
+   the previous layout of 32-byte slots, 4 slots a unit at worst and a 32-byte encoding:
+   535 MB, 3.2x). The first pass's table inserts are most of the remaining time (~1 s of CPU
+   for 10^7 rows: ~100 ns a row in numpy); the rest is the second read and the runner's copies
+   of the encoded sketch and side input.
 
 The second pass reads its main input after the first has finished: a runner that keeps
 PCollections in memory between stages (the DirectRunner) holds the input batches meanwhile.
@@ -133,7 +150,8 @@ UNITS_ENV = "LDP_BEAM_MAX_UNITS"
 DEFAULT_MAX_UNITS = 10_000_000
 UNITS_WHAT = ("distinct privacy units of a bounded collection or release: the bounding holds up "
               "to max_partitions_per_unit x max_rows_per_partition entries of 32-48 bytes per "
-              "unit while it runs (about 100 MB per million units at one row each)")
+              "unit while it runs (one row per unit: a hash table of 32-48 bytes a unit, about "
+              "40 MB per million units; otherwise about 100 MB per million units)")
 _COMPACT_MIN = 1 << 16  # pending candidate entries before an accumulator is first reduced
 _AES_GAP = 1 << 13  # records: drawing a gap this long costs about what a new AES generator does
 
@@ -278,33 +296,44 @@ def aes_prf(key: bytes, lo: np.ndarray, hi: np.ndarray | int) -> np.ndarray:
     permutation, hence a pseudorandom function of the block (the switching distance,
     ``q^2 / 2^129`` for ``q`` blocks, is negligible); OpenSSL's AES-NI code (through
     ``cryptography``, which Beam depends on) takes ~5 ns a block, ~30x less than SipHash in
-    numpy."""
+    numpy. The blocks are encrypted in place (one buffer)."""
     from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
     n = int(np.size(lo))
     if n == 0:
         return np.empty(0, U64)
-    blk = np.empty((n, 2), U64)
-    blk[:, 0] = lo
-    blk[:, 1] = hi
+    blk = np.empty((n + 1, 2), U64)  # update_into asks for one spare block
+    blk[:n, 0] = lo
+    blk[:n, 1] = hi
     if sys.byteorder != "little":
         blk = blk.byteswap()
-    out = np.empty((n + 1, 2), U64)  # update_into asks for one spare block
+    buf = memoryview(blk).cast("B")
     enc = Cipher(algorithms.AES(key[:16]), modes.ECB()).encryptor()
-    enc.update_into(memoryview(blk).cast("B"), memoryview(out).cast("B"))
+    enc.update_into(buf[:16 * n], buf)
     enc.finalize()
-    first = out[:n, 0]
+    first = blk[:n, 0]
     return first.byteswap() if sys.byteorder != "little" else first.copy()
 
 
 def row_priorities(key: int, stream: int, ids: np.ndarray) -> np.ndarray:
     """The first 64 bits of the AES-128 block ``AES_key(stream * 2**64 + id)`` for each record
     number in ``ids`` (increasing): one block per record, so a record's priority does not
-    depend on the batch or subset it arrives in."""
-    from randomgen import AESCounter
-
+    depend on the batch or subset it arrives in. ``key`` is the integer randomgen's
+    ``AESCounter`` takes (its bytes are the key little-endian first), and the block of counter
+    ``stream * 2**64 + id`` (``0 <= id < 2**64``) is ``id || stream`` in little-endian words:
+    the same blocks, encrypted by :func:`aes_prf` (no generator to build, any gaps)."""
     if ids.size == 0:
         return np.empty(0, U64)
+    if int(ids[0]) >= 0:  # no borrow into the stream word: one block per record, as the counter
+        return aes_prf(int(key).to_bytes(16, "little"), ids.astype(np.int64, copy=False)
+                       .view(U64), U64(int(stream) & _MASK64))
+    return _row_priorities_ctr(key, stream, ids)
+
+
+def _row_priorities_ctr(key: int, stream: int, ids: np.ndarray) -> np.ndarray:
+    """:func:`row_priorities` by randomgen's AES counter generator (any record numbers)."""
+    from randomgen import AESCounter
+
     base = (int(stream) & _MASK64) << 64
     # A new generator costs about as much as drawing ~8,000 blocks: the span is drawn whole,
     # except across gaps longer than that (so a sparse subset costs at most ~2x its best plan).
@@ -459,6 +488,7 @@ class _Spec:
         self.int_key = run_key.derive("bounding/units/int")[:16]
         self.part_key = run_key.derive("bounding/partitions")[:16]
         self.row_key = int.from_bytes(run_key.derive("bounding/rows")[:16], "big")
+        self.row_aes_key = self.row_key.to_bytes(16, "little")  # see row_priorities
 
     @property
     def partitioned(self) -> bool:
@@ -638,158 +668,253 @@ class _Acc:
         return sh
 
 
-_EMPTY_RID = -1  # a slot of _MinTable that holds no row yet
-_MAX64 = U64(_MASK64)
-_TABLE_MIN_BITS = 12
+_EMPTY = U64(_MASK64)  # a slot's row reference while it holds no row (and its priority)
+_MAX64 = _EMPTY
+_REF_BITS = 48  # a packed row reference: stream index << 48 | record number
+_REF_MASK = U64((1 << _REF_BITS) - 1)
+_MAX_STREAMS = (1 << (64 - _REF_BITS)) - 1  # indices 0..65534: a packed reference is never _EMPTY
+_TABLE_MIN = 4096  # slots of a new table
 _TABLE_LOAD = 0.75  # most units per slot: linear probing stays short (8.5 probes a miss at 3/4)
+_TABLE_GROW = 1.5  # a full table grows by half: it holds 1/2 to 3/4 of its slots
+_TABLE_PAD = 64  # slots past the last home slot, so a sorted rebuild needs no wrap-around
+_WINDOW = 32  # slots a probing round reads per row once few rows are left
+_SLOT = np.dtype((np.void, 16))  # a slot's unit hash and priority as one item: one gather
+
+
+def _home(u: np.ndarray, size: int) -> np.ndarray:
+    """The home slot of each unit hash in a table of ``size`` slots: bits 1-32 of the hash
+    (above its fixed lowest bit; the top bits choose the shard of a _MinSketch) scaled to
+    ``size`` by a multiply and shift, so any size works and the slot grows with the hash."""
+    return ((((u >> U64(1)) & U64(0xFFFFFFFF)) * U64(size)) >> U64(32)).astype(np.int64)
 
 
 class _MinTable:
     """The bounding sketch for one row per unit and one partition (``Linf = 1``, no
     ``partition_fn``, the LDP default): per unit, the row of smallest ``(priority, stream,
     record)``. An open-addressing hash table (linear probing, at most 3/4 full) indexed by the
-    keyed unit hash, whose slots hold the unit hash (0: empty; hashes have their low bit set),
-    the smallest priority seen and that row's stream and record: 32 bytes a slot, 43-85 bytes a
-    unit (~64 MB for a million units), never the rows. A batch of candidates is inserted with
-    vectorized probing and ``np.minimum.at``: no sort, O(1) per row. Two rows of a unit with the
-    same 64-bit priority (about ``rows^2 / 2^65`` per unit) are told apart by ``(stream,
-    record)`` in a per-slot loop, so the result is the exact minimum whatever the order the rows
-    arrive in: merging tables, or inserting rows in any batches, gives the same table."""
+    keyed unit hash, whose slots hold the unit hash (0: empty; hashes have their low bit set) and
+    the smallest priority seen, side by side (one 16-byte gather reads both), and that row's
+    reference: 24 bytes a slot (32 in wide mode, see :class:`_MinSketch`), 32-48 bytes a unit,
+    never the rows. A batch of candidates is inserted with vectorized probing; only the rows at
+    or below their unit's current priority (about ``H_n / n`` of a unit's ``n`` rows) go on to
+    ``np.minimum.at``: no sort, O(1) per row. Two rows of a unit with the same 64-bit priority
+    (about ``rows^2 / 2^65`` per unit) are told apart by ``(stream, record)`` in a per-slot loop,
+    so the result is the exact minimum whatever the order the rows arrive in: merging tables, or
+    inserting rows in any batches, gives the same table.
 
-    __slots__ = ("keys", "prio", "s", "rid", "units", "packed")
+    A table grows by half when full, rebuilt by placing its units in the order of their home
+    slots (then each one's slot is a running maximum: no probing, no wrap-around). Frozen
+    (:meth:`freeze`), it keeps only its held entries and rebuilds itself when a row comes."""
 
-    def __init__(self, bits: int = _TABLE_MIN_BITS) -> None:
-        size = 1 << bits
-        self.keys = np.zeros(size, U64)
-        self.prio = np.full(size, _MAX64, U64)
-        self.s = np.zeros(size, U64)
-        self.rid = np.full(size, _EMPTY_RID, np.int64)
+    __slots__ = ("size", "kp", "slots", "keys", "prio", "ref", "s", "units", "frozen",
+                 "streams")
+
+    def __init__(self, streams: list | None = None, wide: bool = False,
+                 size: int = _TABLE_MIN) -> None:
+        self.streams = streams if streams is not None else []  # packed stream index -> stream
         self.units = 0
-        self.packed = None
+        self.frozen = None
+        self._alloc(size, size + _TABLE_PAD, wide)
 
-    # Pickled as its held entries only (32 bytes a unit, not a slot); unpickled, it stays so
+    def _alloc(self, size: int, alloc: int, wide: bool) -> None:
+        kp = np.empty((alloc, 2), U64)
+        kp[:, 0] = 0
+        kp[:, 1] = _EMPTY
+        self.size, self.kp = size, kp
+        self.slots = kp.view(_SLOT).reshape(alloc)
+        self.keys, self.prio = kp[:, 0], kp[:, 1]
+        self.ref = np.full(alloc, _EMPTY, U64)
+        self.s = np.zeros(alloc, U64) if wide else None
+
+    def _drop(self) -> None:
+        self.kp = self.slots = self.keys = self.prio = self.ref = self.s = None
+
+    @property
+    def wide(self) -> bool:
+        return (self.frozen[3] if self.frozen is not None else self.s) is not None
+
+    # Pickled as its held entries only (24 bytes a unit, not a slot); unpickled, it stays so
     # until a row is added (extracting the kept rows needs no table).
     def __getstate__(self):
         return self.entries() + (self.units,)
 
     def __setstate__(self, state):
-        self.keys = self.prio = self.s = self.rid = None
-        self.packed, self.units = tuple(state[:4]), state[4]
+        self._drop()
+        self.streams = []
+        self.frozen, self.units = tuple(state[:4]), state[4]
 
     def entries(self) -> tuple:
-        """The held units: (unit hashes, priorities, streams, record numbers)."""
-        if self.packed is not None:
-            return self.packed
+        """The held units: (unit hashes, priorities, references, streams or None)."""
+        if self.frozen is not None:
+            return self.frozen
         occ = np.flatnonzero(self.keys)
-        return (self.keys[occ], self.prio[occ], self.s[occ], self.rid[occ])
+        return (self.keys[occ], self.prio[occ], self.ref[occ],
+                None if self.s is None else self.s[occ])
+
+    def freeze(self) -> None:
+        """Keep the held entries only (the table's slots are freed)."""
+        if self.frozen is None:
+            self.frozen = self.entries()
+            self._drop()
 
     def _thaw(self) -> None:
-        if self.packed is None:
+        if self.frozen is not None:
+            held, self.frozen = self.frozen, None
+            self._place(held, max(_TABLE_MIN, int(held[0].size / _TABLE_LOAD) + 1))
+
+    def _place(self, held: tuple, size: int) -> None:
+        """A table of ``size`` slots holding ``held`` (distinct units): units in the order of
+        their home slots, each at the first slot past the previous one's and not before its
+        home (a running maximum), which is where linear probing would put them."""
+        u, p, ref, s = held
+        h = _home(u, size)
+        order = np.argsort(h, kind="stable")  # nearly sorted when rebuilt from a table: runs
+        h = h[order]
+        ar = np.arange(h.size, dtype=np.int64)
+        pos = ar + np.maximum.accumulate(h - ar) if h.size else h
+        self._alloc(size, max(size, int(pos[-1]) + 1 if h.size else 0) + _TABLE_PAD,
+                    s is not None)
+        self.keys[pos], self.prio[pos], self.ref[pos] = u[order], p[order], ref[order]
+        if s is not None:
+            self.s[pos] = s[order]
+        self.units = int(h.size)
+
+    def widen(self) -> None:
+        """Packed references -> (stream, record) in two columns (see :class:`_MinSketch`)."""
+        if self.wide:
             return
-        held, units = self.packed, self.units
-        bits = max(_TABLE_MIN_BITS, int(units / _TABLE_LOAD).bit_length())
-        self.__init__(bits)
-        slots = self._slots(held[0])  # distinct units: no two rows contend for a slot
-        self.prio[slots], self.s[slots], self.rid[slots] = held[1:]
-        self.units = units
+        names = np.array(self.streams + [0], U64)
+        if self.frozen is not None:
+            u, p, ref, _ = self.frozen
+            self.frozen = (u, p, ref & _REF_MASK, names[(ref >> U64(_REF_BITS)).astype(np.int64)])
+            return
+        self.s = np.zeros(self.ref.size, U64)
+        occ = np.flatnonzero(self.ref != _EMPTY)
+        r = self.ref[occ]
+        self.s[occ] = names[(r >> U64(_REF_BITS)).astype(np.int64)]
+        self.ref[occ] = r & _REF_MASK
 
-    def _slots(self, u: np.ndarray) -> np.ndarray:
-        """The slot of each unit hash, claiming empty slots for new units (vectorized linear
-        probing: each round resolves the rows whose slot holds their unit or was empty; rows
-        racing for one empty slot: the unit written last holds it, the others probe on)."""
-        keys = self.keys
-        mask = keys.size - 1
-        # the home slot: low bits of the hash above its fixed lowest bit (the top bits choose
-        # the shard of a _MinSketch, so they are all alike in one table)
-        pos = ((u >> U64(1)) & U64(mask)).astype(np.int64)
-        out = np.empty(u.size, np.int64)
-        idx = None  # all rows
-        while True:
-            k = keys[pos]
-            hit = k == u
-            free = k == 0
-            if free.any():
-                fp, fu = pos[free], u[free]
-                keys[fp] = fu
-                hit[free] = keys[fp] == fu
-            if idx is None:
-                out[hit] = pos[hit]
-            else:
-                out[idx[hit]] = pos[hit]
-            miss = np.flatnonzero(~hit)
-            if miss.size == 0:
-                return out
-            idx = miss if idx is None else idx[miss]
-            u = u[miss]
-            pos = (pos[miss] + 1) & mask
-
-    def _grow(self) -> None:
-        """Double the table, rehashing the units it holds."""
-        size = 2 * self.keys.size
-        occ = np.flatnonzero(self.keys)
-        held = (self.keys[occ], self.prio[occ], self.s[occ], self.rid[occ])
-        self.__init__(size.bit_length() - 1)
-        slots = self._slots(held[0])  # distinct units: no two rows contend for a slot
-        self.prio[slots], self.s[slots], self.rid[slots] = held[1:]
-        self.units = int(occ.size)
-
-    def add(self, u: np.ndarray, prio: np.ndarray, s: np.ndarray, rid: np.ndarray) -> None:
-        """Insert candidate rows: unit hashes, priorities, streams, record numbers. Rows go in
-        by chunks that cannot fill the table past 3/4 even if each is a new unit; the table
-        doubles when that room is below a quarter of it, so it stays 1/4 to 3/4 full."""
+    def add(self, u: np.ndarray, prio: np.ndarray, ref: np.ndarray,
+            s: np.ndarray | None = None) -> None:
+        """Insert candidate rows: unit hashes, priorities, references (and streams in wide
+        mode). Rows go in by chunks that cannot fill the table past 3/4 even if each is a new
+        unit; the table grows by half (or more) when that room is below 1/16 of it."""
         self._thaw()
         i, n = 0, int(u.size)
         while i < n:
-            room = int(_TABLE_LOAD * self.keys.size) - self.units
-            if room < min(n - i, self.keys.size // 4):
-                self._grow()
+            room = int(_TABLE_LOAD * self.size) - self.units
+            if room < min(n - i, max(self.size // 16, 256)):
+                need = self.units + min(n - i, max(self.size // 16, 256))
+                self._place(self.entries(), max(int(self.size * _TABLE_GROW),
+                                                int(need / _TABLE_LOAD) + 1))
                 continue
             j = min(n, i + room)
-            self._add(u[i:j], prio[i:j], s[i:j], rid[i:j])
+            self._add(u[i:j], prio[i:j], ref[i:j], None if s is None else s[i:j])
             i = j
 
-    def _add(self, u: np.ndarray, prio: np.ndarray, s: np.ndarray, rid: np.ndarray) -> None:
-        slot = self._slots(u)
-        old = self.prio[slot]
-        np.minimum.at(self.prio, slot, prio)
-        win = np.flatnonzero(prio == self.prio[slot])  # rows at their unit's minimum
-        ws = slot[win]
-        held = self.rid[ws] != _EMPTY_RID
-        tie_held = held & (prio[win] == old[win])  # equal to the row the slot held already
+    def _slots(self, u: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The slot of each unit hash and the priority it holds, claiming empty slots for new
+        units (vectorized linear probing: each round resolves the rows whose slot holds their
+        unit or was empty; rows racing for one empty slot: the unit written last holds it, the
+        others probe on)."""
+        keys, alloc = self.keys, self.keys.size
+        pos = _home(u, self.size)
+        g = self.slots[pos].view(U64)  # the home slots' (unit, priority) pairs
+        k, cur = g[0::2], g[1::2]
+        slot = pos
+        idx = np.flatnonzero(k != u)
+        if idx.size == 0:
+            return slot, cur
+        u, pos = u[idx], pos[idx] - 1  # the others probe on from their home slot
+        while True:  # the others: the next slot a round, then a window once few rows are left
+            w = 1 if idx.size > 1024 else _WINDOW
+            if w == 1:
+                pos += 1
+                pos[pos == alloc] = 0
+                q, win = pos, keys[pos]
+                eq = win == u
+                stop = eq | (win == 0)  # its unit, or an empty slot: the unit is not held
+                found, at, first_eq = stop, pos, eq
+                nxt = pos
+            else:
+                q = pos[:, None] + np.arange(1, w + 1, dtype=np.int64)
+                q[q >= alloc] -= alloc
+                win = keys[q]
+                eq = win == u[:, None]
+                stop = eq | (win == 0)
+                j = stop.argmax(axis=1)
+                r = np.arange(idx.size)
+                found, at, first_eq = stop[r, j], q[r, j], eq[r, j]
+                nxt = pos + w
+            new = np.flatnonzero(found & ~first_eq)
+            if new.size:  # claim the empty slots; of units racing for one, the last written wins
+                fp, fu = at[new], u[new]
+                keys[fp] = fu
+                lost = new[keys[fp] != fu]
+                if lost.size:
+                    found = found.copy()
+                    found[lost] = False
+                    nxt = nxt.copy()
+                    nxt[lost] = at[lost]  # probe on past the slot another unit took
+            done = np.flatnonzero(found)
+            ph = at[done]
+            slot[idx[done]] = ph
+            cur[idx[done]] = self.prio[ph]
+            if done.size == idx.size:
+                return slot, cur
+            rest = np.flatnonzero(~found)
+            idx, u, pos = idx[rest], u[rest], nxt[rest]
+            pos[pos >= alloc] -= alloc
+
+    def _add(self, u: np.ndarray, prio: np.ndarray, ref: np.ndarray,
+             s: np.ndarray | None) -> None:
+        slot, cur = self._slots(u)
+        c = np.flatnonzero(prio <= cur)  # the others cannot be their unit's minimum
+        if c.size == 0:
+            return
+        sc, pc_ = slot[c], prio[c]
+        np.minimum.at(self.prio, sc, pc_)
+        w = np.flatnonzero(pc_ == self.prio[sc])  # rows at their unit's minimum
+        win, ws = c[w], sc[w]
+        held = self.ref[ws] != _EMPTY
+        tie_held = held & (prio[win] == cur[win])  # equal to the row the slot held already
         # two new rows at one slot's minimum: one of them loses a scatter of row numbers
-        mark = np.empty(self.keys.size, np.int32)  # only the slots written are read back
+        mark = np.empty(self.ref.size, np.int32)  # only the slots written are read back
         nums = np.arange(ws.size, dtype=np.int32)
         mark[ws] = nums
         tie_batch = ws[mark[ws] != nums]
         if tie_held.any() or tie_batch.size:
             contested = np.unique(np.concatenate([ws[tie_held], tie_batch]))
-            self._settle(contested, set(ws[tie_held].tolist()), win, ws, s, rid)
+            self._settle(contested, set(ws[tie_held].tolist()), win, ws, ref, s)
             keep = ~np.isin(ws, contested)
             win, ws, held = win[keep], ws[keep], held[keep]
-        self.units += int(win.size - held.sum())
-        self.s[ws] = s[win]
-        self.rid[ws] = rid[win]
+        self.units += int(win.size - np.count_nonzero(held))
+        self.ref[ws] = ref[win]
+        if s is not None:
+            self.s[ws] = s[win]
+
+    def _ident(self, ref: int, s: int | None) -> tuple[int, int]:
+        """A row's identity ``(stream, record)`` from its reference."""
+        if s is not None:
+            return s, ref - (1 << 64) if ref >= 1 << 63 else ref  # the record number, signed
+        return int(self.streams[ref >> _REF_BITS]), ref & ((1 << _REF_BITS) - 1)
 
     def _settle(self, contested: np.ndarray, held_ties: set, win: np.ndarray, ws: np.ndarray,
-                s: np.ndarray, rid: np.ndarray) -> None:
+                ref: np.ndarray, s: np.ndarray | None) -> None:
         """Slots where several rows share the smallest priority: the smallest ``(stream,
         record)`` among them takes the slot (with the row it held, when that one ties too:
         ``held_ties``)."""
         for slot in contested.tolist():
-            rows = [(int(s[j]), int(rid[j])) for j in win[ws == slot].tolist()]
-            fresh = int(self.rid[slot]) == _EMPTY_RID
+            rows = [(int(ref[j]), None if s is None else int(s[j]))
+                    for j in win[ws == slot].tolist()]
+            fresh = int(self.ref[slot]) == _MASK64
             if slot in held_ties:
-                rows.append((int(self.s[slot]), int(self.rid[slot])))
-            best = min(rows)
-            self.s[slot], self.rid[slot] = U64(best[0]), best[1]
+                rows.append((int(self.ref[slot]), None if s is None else int(self.s[slot])))
+            r, st = min(rows, key=lambda x: self._ident(*x))
+            self.ref[slot] = U64(r)
+            if st is not None:
+                self.s[slot] = U64(st)
             self.units += int(fresh)
-
-    def merge(self, other: "_MinTable") -> None:
-        self.add(*other.entries())
-
-    def kept(self) -> dict:
-        u, _, s, rid = self.entries()
-        return {"u": u, "s": s, "rid": rid}
 
 
 def _order_of(rid: np.ndarray) -> np.ndarray:
@@ -804,45 +929,123 @@ def _order_of(rid: np.ndarray) -> np.ndarray:
     return packed & ((1 << bits) - 1)
 
 
-_FLUSH = 1 << 16  # pending rows of a shard before they go into its table
+_FLUSH = 1 << 15  # pending rows of a shard before they go into its table
 _MIN_SHARD_BITS = 4  # 16 shards: the top 4 bits of the unit hash
 
 
 class _MinSketch:
     """:class:`_MinTable` split in 16 shards by the top 4 bits of the unit hash. Rows wait in
-    their shard's queue (at most 65,536, 32 bytes each: at most 32 MB in all) and go into the
-    shard's table together: each table is 1/16 of the sketch (~4 MB for a million units), so its
-    probing and updates mostly hit the processor's cache instead of missing it at every row,
-    and each insert is large enough to amortize its Python steps (16 shards of 65,536 measured
-    ~25% faster than 64 of 16,384, and than one table). Same result as one table: a unit lives
-    in one shard."""
+    their shard's queue (at most 32,768, 24 bytes each: at most 12 MB in all) and go into the
+    shard's table together: each table is 1/16 of the sketch (~3 MB for a million units), so its
+    probing and updates mostly hit the processor's cache, a table that grows copies 1/16 of the
+    sketch, and each insert is large enough to amortize its Python steps. Same result as one
+    table: a unit lives in one shard.
 
-    __slots__ = ("tables", "pending", "queued")
+    A row is referenced by one 64-bit word, its stream's index in :attr:`streams` (the sketch's
+    own numbering, in order of arrival) above its record number (48 bits). A record number
+    outside ``[0, 2^48)`` or more than 65,535 streams turn the sketch *wide* for good: streams
+    and record numbers in two columns (32 bytes a slot). The choice of rows does not depend on
+    the mode: ties are broken on the decoded ``(stream, record)``.
 
-    def __init__(self) -> None:
+    :meth:`freeze` (the combine's ``compact``, before Beam encodes the sketch) replaces the
+    tables by their held entries sorted by reference (by stream, then record number: the order
+    :class:`KeptRows` wants), table by table so the slots are freed as the entries are
+    gathered. Encoded, a frozen sketch is its unit hashes (8 bytes a unit) and the gaps between
+    its sorted references (2 bytes a unit when kept rows are < 65,536 records apart, else 4 or
+    8); the priorities are left out when the sketch knows the row key (:attr:`key`, set by the
+    combine, never encoded), which recomputes them (one AES block a unit) only if rows are added
+    or sketches merged after decoding. A frozen sketch thaws back into tables when rows come."""
+
+    __slots__ = ("tables", "pending", "queued", "streams", "index", "wide", "frozen", "key")
+
+    def __init__(self, key: bytes | None = None) -> None:
         self.tables: list = [None] * (1 << _MIN_SHARD_BITS)
         self.pending: list = [[] for _ in range(1 << _MIN_SHARD_BITS)]
         self.queued = [0] * (1 << _MIN_SHARD_BITS)
+        self.streams: list[int] = []  # stream index -> stream
+        self.index: dict[int, int] = {}  # stream -> stream index
+        self.wide = False
+        self.frozen = None  # (u, priorities or None, references, streams or None, units)
+        self.key = key  # the row key's AES key (see row_priorities), or None
 
     def __getstate__(self):
-        self.flush()
-        return self.tables
+        self.freeze()
+        u, p, ref, s, units = self.frozen
+        if not self.wide:  # sorted references: their gaps, in the narrowest integers
+            gaps = np.diff(ref, prepend=U64(0))
+            top = int(gaps.max()) if gaps.size else 0
+            ref = gaps.astype(np.uint16 if top < 1 << 16 else np.uint32 if top < 1 << 32
+                              else U64)
+            if self.key is not None:
+                p = None  # recomputed from the key if ever needed
+        return self.streams, self.wide, units, u, p, ref, s
 
     def __setstate__(self, state):
-        self.tables = state
+        self.streams, self.wide, units, u, p, ref, s = state
+        if not self.wide:
+            ref = np.cumsum(ref, dtype=U64)
+        self.frozen = (u, p, ref, s, units)
+        self.index = {x: i for i, x in enumerate(self.streams)}
+        self.tables = [None] * (1 << _MIN_SHARD_BITS)
         self.pending = [[] for _ in range(1 << _MIN_SHARD_BITS)]
         self.queued = [0] * (1 << _MIN_SHARD_BITS)
+        self.key = None
 
     @property
     def units(self) -> int:
+        if self.frozen is not None:
+            return self.frozen[4]
         return sum(t.units for t in self.tables if t is not None)
 
+    def _stream_index(self, stream: int) -> int | None:
+        i = self.index.get(stream)
+        if i is None:
+            if len(self.streams) >= _MAX_STREAMS:
+                return None
+            i = self.index[stream] = len(self.streams)
+            self.streams.append(stream)
+        return i
+
+    def _refs(self, s: np.ndarray, rid: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        """Row references (and streams, in wide mode) of rows of streams ``s`` (one per row, or
+        one for all) and record numbers ``rid``; turns the sketch wide when they do not pack."""
+        s = np.asarray(s, U64).reshape(-1)
+        rid = np.asarray(rid, np.int64)
+        n = rid.size
+        if not self.wide and n:
+            if s.size == 1 or not (s != s[0]).any():
+                code = self._stream_index(int(s[0]))
+                codes = None if code is None else U64(code)
+            else:
+                names, inv = np.unique(s, return_inverse=True)
+                idx = [self._stream_index(int(x)) for x in names.tolist()]
+                codes = None if None in idx else np.array(idx, U64)[inv.reshape(-1)]
+            if codes is not None and int(rid.min()) >= 0 and int(rid.max()) <= int(_REF_MASK):
+                if s.size == 1 and codes == 0:
+                    return rid.view(U64), None
+                return rid.view(U64) | (codes << U64(_REF_BITS)), None
+            self._widen()
+        if not self.wide:
+            return rid.view(U64), None
+        return rid.view(U64), (np.full(n, s[0], U64) if s.size == 1 and n != 1 else s)
+
+    def _widen(self) -> None:
+        self._thaw()
+        self.flush()
+        for t in self.tables:
+            if t is not None:
+                t.widen()
+        self.wide = True
+
     def add(self, u: np.ndarray, prio: np.ndarray, s: np.ndarray, rid: np.ndarray) -> bool:
-        """Queue candidate rows; True when a shard's table took rows (units may have grown)."""
+        """Queue candidate rows (``s``: each row's stream, or one stream for all); True when a
+        shard's table took rows (units may have grown)."""
+        self._thaw()
+        ref, sw = self._refs(s, rid)
         shard = (u >> U64(64 - _MIN_SHARD_BITS)).astype(np.uint8)
         order = np.argsort(shard, kind="stable")  # a radix sort for 8-bit keys
         ends = np.cumsum(np.bincount(shard, minlength=1 << _MIN_SHARD_BITS)).tolist()
-        cols = (u[order], prio[order], s[order], rid[order])
+        cols = (u[order], prio[order], ref[order]) + (() if sw is None else (sw[order],))
         grew, a = False, 0
         for k, b in enumerate(ends):
             if b > a:
@@ -859,30 +1062,132 @@ class _MinSketch:
         if not parts:
             return
         cols = parts[0] if len(parts) == 1 else \
-            tuple(np.concatenate([p[j] for p in parts]) for j in range(4))
-        if self.tables[k] is None:
-            self.tables[k] = _MinTable()
-        self.tables[k].add(*cols)
+            tuple(np.concatenate([p[j] for p in parts]) for j in range(len(parts[0])))
         self.pending[k], self.queued[k] = [], 0
+        if self.tables[k] is None:
+            self.tables[k] = _MinTable(self.streams, self.wide)
+        self.tables[k].add(*cols)
 
     def flush(self) -> None:
         for k in range(len(self.tables)):
             self._flush(k)
 
+    def freeze(self) -> None:
+        """Flush the queues and replace the tables by their held entries, sorted by reference
+        in the narrow mode (see the class)."""
+        self.flush()
+        if self.frozen is not None:
+            return
+        n = self.units
+        keep_p = self.key is None or self.wide
+        u, ref = np.empty(n, U64), np.empty(n, U64)
+        p = np.empty(n, U64) if keep_p else None
+        s = np.empty(n, U64) if self.wide else None
+        at = 0
+        for k, t in enumerate(self.tables):
+            if t is None:
+                continue
+            e = t.entries()
+            m = e[0].size
+            u[at: at + m], ref[at: at + m] = e[0], e[2]
+            if p is not None:
+                p[at: at + m] = e[1]
+            if s is not None:
+                s[at: at + m] = e[3]
+            at += m
+            self.tables[k] = e = t = None  # the table's slots go now
+        if not self.wide and n:
+            bits = max(n - 1, 1).bit_length()
+            if int(ref.max()) < 1 << (63 - bits):  # reference and position in one word
+                packed = np.left_shift(ref.view(np.int64), bits)
+                packed |= np.arange(n, dtype=np.int64)
+                packed.sort()
+                order = packed & ((1 << bits) - 1)
+                np.right_shift(packed, bits, out=packed)
+                ref = packed.view(U64)
+            else:
+                order = np.argsort(ref, kind="stable")
+                ref = ref[order]
+            u = u[order]
+            if p is not None:
+                p = p[order]
+        self.frozen = (u, p, ref, s, n)
+
+    def _thaw(self) -> None:
+        """A frozen sketch back into tables (priorities recomputed from the key if left out)."""
+        if self.frozen is None:
+            return
+        u, p, ref, s, _ = self.frozen
+        if p is None:
+            if self.key is None:
+                raise RuntimeError("a decoded bounding sketch without priorities needs its row "
+                                   "key to take more rows")
+            p = np.empty(u.size, U64)
+            cuts = np.searchsorted(ref, np.arange(len(self.streams) + 1, dtype=U64)
+                                   << U64(_REF_BITS)).tolist() + [u.size]
+            for i, name in enumerate(self.streams):
+                lo, hi = cuts[i], cuts[i + 1]
+                if hi > lo:
+                    p[lo:hi] = aes_prf(self.key, ref[lo:hi] & _REF_MASK, U64(name))
+        self.frozen = None
+        shard = (u >> U64(64 - _MIN_SHARD_BITS)).astype(np.uint8)
+        order = np.argsort(shard, kind="stable")
+        ends = np.cumsum(np.bincount(shard, minlength=1 << _MIN_SHARD_BITS)).tolist()
+        a = 0
+        for k, b in enumerate(ends):
+            if b > a:
+                part = order[a:b]
+                t = self.tables[k] = _MinTable(self.streams, self.wide)
+                t.freeze()
+                t.frozen = (u[part], p[part], ref[part], None if s is None else s[part])
+                t.units = b - a
+            a = b
+
+    def _decoded(self, t: _MinTable | None = None) -> tuple:
+        """A table's entries (the frozen sketch's when ``t`` is None) as (unit hashes,
+        priorities, streams, record numbers)."""
+        u, p, ref, s = t.entries() if t is not None else self.frozen[:4]
+        if s is not None:
+            return u, p, s, ref.view(np.int64)
+        names = np.array(self.streams + [0], U64)
+        return u, p, names[(ref >> U64(_REF_BITS)).astype(np.int64)], \
+            (ref & _REF_MASK).view(np.int64)
+
     def merge(self, other: "_MinSketch") -> None:
+        other._thaw()
         other.flush()
-        for k, t in enumerate(other.tables):
+        for t in other.tables:
             if t is not None:
-                if self.tables[k] is None:
-                    self.tables[k] = _MinTable()
-                self.tables[k].merge(t)
+                self.add(*other._decoded(t))
+        self.flush()
 
     def kept(self) -> dict:
+        """The kept rows: {"u": unit hashes, "s": streams, "rid": record numbers}."""
         self.flush()
-        parts = [t.kept() for t in self.tables if t is not None]
+        parts = [self._decoded()] if self.frozen is not None else \
+            [self._decoded(t) for t in self.tables if t is not None]
         if not parts:
             return {"u": np.empty(0, U64), "s": np.empty(0, U64), "rid": np.empty(0, np.int64)}
-        return {f: np.concatenate([p[f] for p in parts]) for f in ("u", "s", "rid")}
+        return {f: np.concatenate([p[j] for p in parts]) for j, f in ((0, "u"), (2, "s"),
+                                                                      (3, "rid"))}
+
+    def kept_rows(self) -> "KeptRows":
+        """The kept rows as :class:`KeptRows`, sharing the frozen sketch's arrays: its
+        references sort by stream index, then record number, so each stream's record numbers
+        are a slice of them (the first stream's as they are, the others' less their index)."""
+        self.freeze()
+        if self.wide:
+            return KeptRows.of(self.kept(), self.units, False)
+        u, _, ref, _, units = self.frozen
+        cuts = np.searchsorted(ref, np.arange(len(self.streams) + 1, dtype=U64)
+                               << U64(_REF_BITS)).tolist() + [ref.size]
+        streams = {}
+        for i, name in enumerate(self.streams):
+            lo, hi = cuts[i], cuts[i + 1]
+            if hi > lo:
+                seg = ref[lo:hi] if i == 0 else ref[lo:hi] - U64(i << _REF_BITS)
+                streams[name] = (seg.view(np.int64), u[lo:hi], None)
+        return KeptRows(streams, units, int(ref.size))
 
 
 class KeptRows:
@@ -893,6 +1198,30 @@ class KeptRows:
     def __init__(self, streams: dict | None = None, units: int = 0, rows: int = 0) -> None:
         self.streams = streams or {}
         self.units, self.rows = units, rows
+
+    # Encoded (a side input) with each stream's sorted record numbers as their gaps, in the
+    # narrowest unsigned integers that hold them (2 bytes a row when kept rows are < 65,536
+    # records apart): ~10 bytes a kept row instead of 16.
+    def __getstate__(self):
+        streams = {}
+        for name, (rid, u, p) in self.streams.items():
+            gaps = np.diff(rid, prepend=rid[:1]) if rid.size else rid
+            top = int(gaps.max()) if rid.size else 0
+            if rid.size and top < 1 << 32:
+                first, rid = int(rid[0]), gaps.astype(np.uint16 if top < 1 << 16 else np.uint32)
+            else:
+                first = None
+            streams[name] = (first, rid, u, p)
+        return streams, self.units, self.rows
+
+    def __setstate__(self, state):
+        streams, self.units, self.rows = state
+        self.streams = {}
+        for name, (first, rid, u, p) in streams.items():
+            if first is not None:
+                rid = np.cumsum(rid, dtype=np.int64)
+                rid += first
+            self.streams[name] = (rid, u, p)
 
     @classmethod
     def of(cls, c: dict, units: int, partitioned: bool) -> "KeptRows":
@@ -948,7 +1277,7 @@ def _nbytes(x: Any) -> int:
     if isinstance(x, (list, tuple)):
         return sum(_nbytes(v) for v in x)
     if isinstance(x, _MinSketch):
-        return sum(32 * t.units for t in x.tables if t is not None) + 32 * sum(x.queued)
+        return 24 * (x.units + sum(x.queued))
     if isinstance(x, _Acc):
         return _nbytes(x.shards)
     return 64
@@ -1000,7 +1329,13 @@ class BoundingCombineFn(beam.CombineFn):
         return _ArraysCoder()
 
     def create_accumulator(self) -> _Acc | _MinSketch:
-        return _MinSketch() if self.spec.one_row else _Acc()
+        return _MinSketch(self.spec.row_aes_key) if self.spec.one_row else _Acc()
+
+    def _keyed(self, acc: Any) -> Any:
+        """A sketch decoded without its row key gets it back (it is never encoded)."""
+        if isinstance(acc, _MinSketch):
+            acc.key = self.spec.row_aes_key
+        return acc
 
     def _reduce_shard(self, acc: _Acc, shard: int) -> None:
         sh = acc.shards[shard]
@@ -1020,7 +1355,7 @@ class BoundingCombineFn(beam.CombineFn):
         if c["u"].size == 0:
             return acc
         if isinstance(acc, _MinSketch):
-            if acc.add(c["u"], c["rh"], c["s"], c["rid"]):
+            if self._keyed(acc).add(c["u"], c["rh"], c["s"], c["rid"]):
                 self.spec.too_many(acc.units)
             return acc
         shard = shard_of(c["u"])
@@ -1037,10 +1372,10 @@ class BoundingCombineFn(beam.CombineFn):
 
     def merge_accumulators(self, accs) -> _Acc | _MinSketch:
         accs = iter(accs)
-        out = next(accs)
+        out = self._keyed(next(accs))
         for a in accs:
             if isinstance(out, _MinSketch):
-                out.merge(a)
+                out.merge(self._keyed(a))
                 self.spec.too_many(out.units)
                 continue
             for k, (parts, pending, reduced, units) in a.shards.items():
@@ -1056,7 +1391,7 @@ class BoundingCombineFn(beam.CombineFn):
 
     def compact(self, acc: _Acc | _MinSketch) -> _Acc | _MinSketch:
         if isinstance(acc, _MinSketch):
-            acc.flush()
+            self._keyed(acc).freeze()  # its tables' slots are freed before Beam encodes it
             return acc
         for k in list(acc.shards):
             self._maybe_reduce(acc, k, force=True)
@@ -1064,9 +1399,8 @@ class BoundingCombineFn(beam.CombineFn):
 
     def extract_output(self, acc: _Acc | _MinSketch) -> KeptRows:
         if isinstance(acc, _MinSketch):
-            kept = acc.kept()
             self.spec.too_many(acc.units)
-            return KeptRows.of(kept, acc.units, False)
+            return self._keyed(acc).kept_rows()
         self.compact(acc)
         units = sum(x[3] for x in acc.shards.values())
         self.spec.too_many(units)
@@ -1088,12 +1422,15 @@ class CandidatesFn(beam.DoFn):
         if idx.size == 0:
             return
         spec = self.spec
-        ids = rows.ids[idx]
+        ids = rows.ids if idx.size == rows.n else rows.ids[idx]
+        stream = U64(int(b.stream) & _MASK64)
         c = {"u": rows.units(spec, idx), "rh": row_priorities(spec.row_key, b.stream, ids),
-             "s": np.full(idx.size, U64(int(b.stream) & _MASK64)), "rid": ids}
+             "rid": ids}
         if spec.one_row:  # the table takes the batch as it is (a reduction would sort it)
+            c["s"] = np.full(1, stream)  # one stream for all the rows
             yield Candidates(c)
             return
+        c["s"] = np.full(idx.size, stream)
         if spec.partitioned:
             c["p"] = rows.parts[idx]
             c["pp"] = spec.part_priorities(c["u"], c["p"])

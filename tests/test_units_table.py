@@ -1,0 +1,176 @@
+"""The one-row bounding sketch's packed references, its encoding and the AES row priorities
+(transforms/units.py: _MinSketch, _MinTable, row_priorities)."""
+import pickle
+
+import numpy as np
+import pytest
+
+from ldp_beam.rng import RunKey
+from ldp_beam.transforms import units
+from ldp_beam.transforms.units import (KeptRows, _ArraysCoder, _MinSketch, _row_priorities_ctr,
+                                       reduce_candidates, row_priorities)
+
+U64 = np.uint64
+
+
+def _oracle(u, prio, s, rid):
+    """One row per unit by sorting (the general path): (units, [(unit, stream, record)])."""
+    c, n = reduce_candidates({"u": u, "rh": prio, "s": s, "rid": rid}, 1, 1, False)
+    return n, sorted(zip(c["u"].tolist(), c["s"].tolist(), c["rid"].tolist()))
+
+
+def _got(sketch):
+    k = sketch.kept()
+    return sketch.units, sorted(zip(k["u"].tolist(), k["s"].tolist(), k["rid"].tolist()))
+
+
+def _rows(rng, n, units, streams, rid_lo=0, ties=True):
+    u = rng.integers(1, 2**63, units, dtype=U64)[rng.integers(0, units, n)] | U64(1)
+    prio = (rng.integers(0, 4, n) if ties else rng.integers(0, 2**63, n)).astype(U64)
+    s = np.asarray(streams, U64)[rng.integers(0, len(streams), n)]
+    rid = rid_lo + rng.permutation(n).astype(np.int64)
+    return u, prio, s, rid
+
+
+def test_row_priorities_are_the_counter_generator_blocks():
+    key = int.from_bytes(RunKey.new(7).derive("bounding/rows")[:16], "big")
+    rng = np.random.default_rng(1)
+    for stream in (0, 5, 2**64 - 1, 0x1234567890ABCDEF):
+        dense = np.arange(1000, 3000, dtype=np.int64)
+        sparse = np.unique(rng.integers(0, 2**62, 300))
+        edge = np.array([0, 1, 2**48 - 1, 2**48, 2**63 - 1], np.int64)
+        for ids in (dense, sparse, edge):
+            assert np.array_equal(row_priorities(key, stream, ids),
+                                  _row_priorities_ctr(key, stream, ids))
+
+
+@pytest.mark.parametrize("case", ["huge_record", "negative_record", "many_streams"])
+def test_references_that_do_not_pack_turn_the_sketch_wide_with_the_same_rows(case, monkeypatch):
+    rng = np.random.default_rng(3)
+    u, prio, s, rid = _rows(rng, 30_000, 4000, [11, 2**64 - 2, 7])
+    late = slice(20_000, None)  # rows arriving after the sketch has packed references
+    if case == "huge_record":
+        rid[late] += 2**48
+    elif case == "negative_record":
+        rid[late] = -2 - rid[late]
+    else:
+        monkeypatch.setattr(units, "_MAX_STREAMS", 3)
+        s[late] = rng.integers(100, 110, 10_000).astype(U64)
+    want = _oracle(u, prio, s, rid)
+    sketch = _MinSketch()
+    for a in range(0, 30_000, 2500):
+        sketch.add(u[a:a + 2500], prio[a:a + 2500], s[a:a + 2500], rid[a:a + 2500])
+        assert sketch.wide == (a >= 20_000)
+    assert _got(sketch) == want
+    again = pickle.loads(pickle.dumps(sketch))
+    assert again.wide and _got(again) == want
+    kept = sketch.kept_rows()  # wide: built from the decoded rows
+    assert kept.rows == len(want[1]) and kept.units == want[0]
+
+
+def test_packed_sketch_keeps_the_same_rows_as_the_sorting_sketch_across_streams():
+    rng = np.random.default_rng(4)
+    u, prio, s, rid = _rows(rng, 50_000, 6000, [3, 2**63 + 5, 0], rid_lo=2**48 - 60_000)
+    sketch = _MinSketch()
+    for a in range(0, 50_000, 7000):
+        sketch.add(u[a:a + 7000], prio[a:a + 7000], s[a:a + 7000], rid[a:a + 7000])
+    assert not sketch.wide and _got(sketch) == _oracle(u, prio, s, rid)
+
+
+def test_one_stream_for_all_rows_is_the_same_as_a_column_of_it():
+    rng = np.random.default_rng(5)
+    u, prio, _, rid = _rows(rng, 20_000, 3000, [9])
+    a, b = _MinSketch(), _MinSketch()
+    for i in range(0, 20_000, 3000):
+        a.add(u[i:i + 3000], prio[i:i + 3000], np.full(1, 9, U64), rid[i:i + 3000])
+        b.add(u[i:i + 3000], prio[i:i + 3000], np.full(min(3000, 20_000 - i), 9, U64),
+              rid[i:i + 3000])
+    assert _got(a) == _got(b) == _oracle(u, prio, np.full(20_000, 9, U64), rid)
+
+
+def _keyed_rows(rng, key, n, pool, stream, lo):
+    rid = lo + np.arange(n, dtype=np.int64)
+    prio = row_priorities(key, stream, rid)
+    return pool[rng.integers(0, pool.size, n)], prio, np.full(n, stream, U64), rid
+
+
+def test_coder_round_trip_drops_priorities_only_when_the_key_can_recompute_them():
+    key = int.from_bytes(RunKey.new(8).derive("bounding/rows")[:16], "big")
+    aes = key.to_bytes(16, "little")
+    rng = np.random.default_rng(6)
+    pool = rng.integers(1, 2**63, 2000, dtype=U64) | U64(1)  # the later rows' units are held
+    first = [_keyed_rows(rng, key, 9000, pool, st, lo) for st, lo in ((5, 0), (2**64 - 3, 70))]
+    later = _keyed_rows(rng, key, 9000, pool, 5, 9000)
+    everything = [np.concatenate(x) for x in zip(*first, later)]
+    want = _oracle(*everything)
+    coder = _ArraysCoder()
+
+    keyed = _MinSketch(aes)
+    for rows in first:
+        keyed.add(*rows)
+    plain = _MinSketch()
+    for rows in first:
+        plain.add(*rows)
+    enc_keyed, enc_plain = coder.encode(keyed), coder.encode(plain)
+    assert len(enc_keyed) < len(enc_plain)  # no priorities
+    back = coder.decode(enc_keyed)
+    assert back.frozen[1] is None and back.key is None
+    assert _got(back) == _got(keyed)  # the kept rows need no priorities
+    with pytest.raises(RuntimeError, match="row key"):
+        back.add(*later)
+    back.key = aes  # as the combine gives it back
+    back.add(*later)
+    assert _got(back) == want
+    again = coder.decode(enc_plain)  # priorities kept: takes rows without the key
+    again.add(*later)
+    assert _got(again) == want
+    # merging decoded sketches: priorities recomputed for both
+    x, y = coder.decode(enc_keyed), coder.decode(coder.encode(_sketch_of(aes, [later])))
+    x.key = y.key = aes
+    x.merge(y)
+    assert _got(x) == want
+
+
+def _sketch_of(aes, batches):
+    sk = _MinSketch(aes)
+    for rows in batches:
+        sk.add(*rows)
+    return sk
+
+
+def test_kept_rows_of_a_frozen_sketch_match_the_generic_build():
+    rng = np.random.default_rng(7)
+    u, prio, s, rid = _rows(rng, 40_000, 5000, [1, 2**64 - 9, 40], ties=False)
+    sketch = _MinSketch()
+    sketch.add(u, prio, s, rid)
+    generic = KeptRows.of(sketch.kept(), sketch.units, False)
+    fast = pickle.loads(pickle.dumps(sketch)).kept_rows()
+    assert (fast.units, fast.rows) == (generic.units, generic.rows)
+    assert set(fast.streams) == set(generic.streams)
+    for name, (r, uu, p) in generic.streams.items():
+        fr, fu, fp = fast.streams[name]
+        assert np.array_equal(fr, r) and np.array_equal(fu, uu) and p is None and fp is None
+        ids = np.arange(int(r.min()), int(r.max()) + 1, dtype=np.int64)
+        h1, e1 = fast.lookup(name, ids)
+        h2, e2 = generic.lookup(name, ids)
+        assert np.array_equal(h1, h2) and np.array_equal(e1[0], e2[0])
+
+
+def test_kept_rows_round_trip_through_their_compact_encoding():
+    rng = np.random.default_rng(8)
+    near = np.unique(rng.integers(0, 10**6, 5000))  # gaps < 2^16
+    mid = np.unique(rng.integers(0, 2**40, 300))  # gaps < 2^32 mostly, some not
+    far = np.array([-5, 3, 2**62], np.int64)  # gaps beyond 2^32: kept as they are
+    streams = {s: (r.astype(np.int64), rng.integers(1, 2**63, r.size, dtype=U64),
+                   None if s != 3 else rng.integers(0, 9, r.size, dtype=U64))
+               for s, r in ((1, near), (2, mid), (3, far), (4, np.array([7], np.int64)))}
+    kept = KeptRows(streams, 123, sum(v[0].size for v in streams.values()))
+    enc = pickle.dumps(kept)
+    back = pickle.loads(enc)
+    assert (back.units, back.rows) == (123, kept.rows)
+    for name, (r, u, p) in streams.items():
+        br, bu, bp = back.streams[name]
+        assert br.dtype == np.int64 and np.array_equal(br, r) and np.array_equal(bu, u)
+        assert (bp is None) == (p is None) and (p is None or np.array_equal(bp, p))
+    # the near stream's record numbers as 2-byte gaps: 10 bytes a row, not 16
+    assert len(enc) < 11 * near.size + 24 * (mid.size + far.size + 1) + 4096
