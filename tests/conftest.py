@@ -79,6 +79,40 @@ def s3_server():
         server.stop()
 
 
+def _postgres_server_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "ldp_beam_postgres_server_conftest", os.path.join(os.path.dirname(__file__),
+                                                          "postgres_server.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="session")
+def pg_server():
+    """One real PostgreSQL server (tests/postgres_server.py, the machine's own packages) for the
+    session, started when a test first needs it and stopped at the end; modules and tests make
+    databases of their own on it (``create_database``), so nothing leaks between them."""
+    pgs = _postgres_server_module()
+    if pgs.find_binaries() is None:
+        pytest.skip("no PostgreSQL binaries (initdb, postgres, pg_ctl) in /usr/lib/postgresql/*/"
+                    "bin or on PATH: install the Debian package postgresql (.ci/run does)")
+    server = pgs.PostgresServer.start(start_timeout=30.0)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def pg_url(pg_server, request):
+    """A fresh database for this test module (named after it) on the session's server."""
+    pytest.importorskip("adbc_driver_postgresql")
+    return pg_server.create_database(request.module.__name__.rsplit(".", 1)[-1].lower())
+
+
 def write_file(folder, name, lines):
     """Write a JSON-lines file the way producers must: elsewhere, then an atomic rename."""
     tmp = os.path.join(folder, "." + name + ".tmp")

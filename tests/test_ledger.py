@@ -34,16 +34,6 @@ _spec.loader.exec_module(pgs)
 
 
 # ------------------------------------------------------------------------------ fixtures
-@pytest.fixture(scope="session")
-def pg_server():
-    if pgs.find_binaries() is None:
-        pytest.skip("no PostgreSQL binaries (initdb, postgres, pg_ctl) in /usr/lib/postgresql/*/"
-                    "bin or on PATH: install the Debian package postgresql (.ci/run does)")
-    server = pgs.PostgresServer.start(start_timeout=30.0)
-    yield server
-    server.stop()
-
-
 _db_counter = iter(range(10 ** 6))
 
 

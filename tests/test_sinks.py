@@ -223,18 +223,6 @@ def test_write_tidy_from_a_beam_step(estimates, tmp_path):
           tidy_table(rows).sort_by([(k, "ascending") for k in key]).to_pylist())
 
 
-@pytest.fixture(scope="module")
-def pg_url():
-    if pgs.find_binaries() is None:
-        pytest.skip("no PostgreSQL binaries: install the Debian package postgresql")
-    pytest.importorskip("adbc_driver_postgresql")
-    server = pgs.PostgresServer.start(start_timeout=30.0)
-    try:
-        yield server.create_database("sinks")
-    finally:
-        server.stop()
-
-
 def test_postgres_round_trip_in_one_transaction(estimates, pg_url):
     import psycopg
 

@@ -4,10 +4,8 @@ same numbers either way; `-o duckdb:///FILE?table=T` and `-o postgresql://...?ta
 same rows into a database table when the run commits (a real PostgreSQL server, started here)."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
-from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -17,10 +15,6 @@ import pytest
 
 from ldp_beam_test_helpers import run_cli
 
-_spec = importlib.util.spec_from_file_location(
-    "ldp_beam_postgres_server_tidy", Path(__file__).with_name("postgres_server.py"))
-pgs = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(pgs)
 
 
 def _reports(tmp_path):
@@ -162,18 +156,6 @@ def test_a_failed_run_leaves_the_table_untouched(tmp_path):
     assert code == 2 and "is an input table" in se
 
 
-@pytest.fixture(scope="module")
-def pg_url():
-    if pgs.find_binaries() is None:
-        pytest.skip("no PostgreSQL binaries: install the Debian package postgresql")
-    pytest.importorskip("adbc_driver_postgresql")
-    server = pgs.PostgresServer.start(start_timeout=30.0)
-    try:
-        yield server.create_database("tidy")
-    finally:
-        server.stop()
-
-
 def test_estimates_and_per_key_releases_into_postgres(tmp_path, pg_url, monkeypatch):
     """`-o postgresql://USER@HOST:PORT/DB?table=T` from the CLI against a real server: the LDP
     estimate by group and a per-key central release; --force replaces the table in one
@@ -185,7 +167,8 @@ def test_estimates_and_per_key_releases_into_postgres(tmp_path, pg_url, monkeypa
     url = f"{pg_url}?table=estimates"
     code, so, se = run_cli("estimate", "-i", rep, "--by", "g", "-o", url)
     assert code == 0, se
-    assert (tmp_path / "tidy.estimates.manifest.json").exists()
+    db = pg_url.rsplit("/", 1)[-1]  # side outputs are named DB.TABLE by default
+    assert (tmp_path / f"{db}.estimates.manifest.json").exists()
     with psycopg.connect(pg_url) as conn:
         got = conn.execute('SELECT "group", statistic, label, value, stderr, ci_low, ci_high, '
                            "n_reports, guarantee FROM estimates ORDER BY 1, i").fetchall()
