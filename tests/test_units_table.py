@@ -174,3 +174,17 @@ def test_kept_rows_round_trip_through_their_compact_encoding():
         assert (bp is None) == (p is None) and (p is None or np.array_equal(bp, p))
     # the near stream's record numbers as 2-byte gaps: 10 bytes a row, not 16
     assert len(enc) < 11 * near.size + 24 * (mid.size + far.size + 1) + 4096
+
+
+def test_freezing_hands_the_freed_heap_back_once(monkeypatch):
+    calls = []
+    monkeypatch.setattr(units, "_LIBC", lambda pad: calls.append(pad))
+    rng = np.random.default_rng(9)
+    u, prio, s, rid = _rows(rng, 5000, 800, [2], ties=False)
+    sketch = _MinSketch()
+    sketch.add(u, prio, s, rid)
+    want = _got(sketch)
+    sketch.freeze()
+    sketch.freeze()  # already frozen: nothing to free
+    assert calls == [0] and sketch.tables == [None] * len(sketch.tables)
+    assert _got(sketch) == want

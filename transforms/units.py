@@ -100,13 +100,15 @@ Two passes over the rows, vectorized per batch (no per-row Python except dead le
    (consecutive record numbers: by subtraction, else ``searchsorted``).
 
    Measured (``ldp-beam bench --only bounding``: 10 rows a unit, one kept, against the same
-   pipeline unbounded, DirectRunner, 2 cores shared with other jobs at load 8-10,
-   medians of 3) at 10^6 rows: 1.6x the unbounded time, peak RSS 294 MB (264 unbounded); at
-   10^7 rows (10^6 units): 2.7x the time (2.0x its CPU time), 385 MB (+31% over 10^6 rows;
-   the previous layout of 32-byte slots, 4 slots a unit at worst and a 32-byte encoding:
-   535 MB, 3.2x). The first pass's table inserts are most of the remaining time (~1 s of CPU
-   for 10^7 rows: ~100 ns a row in numpy); the rest is the second read and the runner's copies
-   of the encoded sketch and side input.
+   pipeline unbounded, DirectRunner, 2 cores shared with other jobs at load 7-10, medians of
+   3): at 10^6 rows 1.6-1.85x the unbounded time (1.3x its CPU time), peak RSS 281-294 MB
+   (252-264 unbounded); at 10^7 rows (10^6 units) 2.7-2.85x the time (1.8-2.0x its CPU
+   time), peak RSS 357 MB, +27% over 10^6 rows (the previous layout, 32-byte slots up to 4 a
+   unit and a 32-byte encoding: 535 MB, +75%, and 3.2x). Freezing frees the tables before Beam encodes the sketch
+   and hands the heap back (:func:`_trim_heap`); the peak is then in the second pass: the
+   runner's copies of the encoded sketch and side input (~10 bytes a unit each) and the
+   decoded :class:`KeptRows` (16 bytes a kept row). Most of the remaining time is the first
+   pass's table inserts (~1 s of CPU for 10^7 rows: ~100 ns a row in numpy).
 
 The second pass reads its main input after the first has finished: a runner that keeps
 PCollections in memory between stages (the DirectRunner) holds the input batches meanwhile.
@@ -930,6 +932,26 @@ def _order_of(rid: np.ndarray) -> np.ndarray:
 
 
 _FLUSH = 1 << 15  # pending rows of a shard before they go into its table
+
+
+def _trim_heap() -> None:
+    """Hand the freed heap back to the operating system (glibc's ``malloc_trim``), where there
+    is one: the tables' slots are freed shard by shard, and glibc keeps arrays of a few MB in
+    its heap once it has raised its mmap threshold, so the next stage (the filter, its reads)
+    would otherwise run on top of the first pass's peak."""
+    global _LIBC
+    if _LIBC is None:
+        try:
+            import ctypes
+
+            _LIBC = ctypes.CDLL("libc.so.6").malloc_trim
+        except (OSError, AttributeError):
+            _LIBC = False
+    if _LIBC:
+        _LIBC(0)
+
+
+_LIBC: Any = None
 _MIN_SHARD_BITS = 4  # 16 shards: the top 4 bits of the unit hash
 
 
@@ -1112,6 +1134,7 @@ class _MinSketch:
             if p is not None:
                 p = p[order]
         self.frozen = (u, p, ref, s, n)
+        _trim_heap()
 
     def _thaw(self) -> None:
         """A frozen sketch back into tables (priorities recomputed from the key if left out)."""
