@@ -10,6 +10,13 @@ PostgreSQL, then again) and repeated, each source's median time kept, so the rat
 compare runs made under the same load (``ratio_to_parquet``: the median of each repeat's ratio
 to the Parquet run just before it). Target: a database source within 1.5x of Parquet.
 
+Wall times on a shared machine move with its load; CPU seconds much less. Each record also has
+``cpu_seconds`` (the pipeline process, all threads, median), for PostgreSQL
+``server_cpu_seconds`` (the server's processes during the run, from /proc) and
+``wall_floor_seconds``: the CPU seconds over the machine's cores, the least wall time the work
+can take here however well client and server overlap (see
+:class:`~ldp_beam.transforms.sources.PostgresSource` for what that means for the target).
+
 The portable-runner record runs the Parquet pipeline at the smallest size on Beam's
 PortableRunner, submitted to Beam's own Python job service (``local_job_service_main``) with an
 external worker pool (``worker_pool_main``), both started here, each run paired with a
@@ -75,15 +82,22 @@ def main():
         return [(n, dead) | "Counts" >> beam.Flatten()
                 | beam.io.WriteToText(cfg["out"], num_shards=1, shard_name_template="")]
 
-    t = time.perf_counter()
+    t, c = time.perf_counter(), cpu()
     run_pipeline(build, cfg["beam_args"])
-    secs = time.perf_counter() - t
+    secs, cpu_secs = time.perf_counter() - t, cpu() - c
     got = {}
     with open(cfg["out"]) as fh:
         for line in fh:
             if line.strip():
                 got.update(json.loads(line))
-    print(json.dumps({"seconds": secs, "peak_rss_mb": peak_rss_mb(), **got}))
+    print(json.dumps({"seconds": secs, "cpu_seconds": cpu_secs, "peak_rss_mb": peak_rss_mb(),
+                      **got}))
+
+
+def cpu():
+    """CPU seconds of this process so far, all its threads (user + system)."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
 
 
 def peak_rss_mb():
@@ -140,13 +154,21 @@ def run(sizes: tuple[int, ...], tmp: str, progress=None, *,
                     pg_skip = skipped["postgresql"] = str(exc)
             del table
             times: dict[str, list[float]] = {s: [] for s in urls}
+            cpus: dict[str, list[float]] = {s: [] for s in urls}
+            server_cpus: list[float] = []
             last: dict[str, dict] = {}
             for rep in range(reps):
                 for source, url in urls.items():
                     _note(progress, f"sources: {source} ({n:,} rows, run {rep + 1} of {reps})")
+                    before = server.cpu_seconds() if source == "postgresql" and server else None
                     got = _child(script, url, ["--runner=DirectRunner"], tmp)
+                    if before is not None:
+                        after = server.cpu_seconds(settle=True)
+                        if after is not None:
+                            server_cpus.append(after - before)
                     _check_rows(got, n, source)
                     times[source].append(got["seconds"])
+                    cpus[source].append(got["cpu_seconds"])
                     last[source] = got
             for source in SOURCES:
                 if source in skipped:
@@ -154,6 +176,7 @@ def run(sizes: tuple[int, ...], tmp: str, progress=None, *,
                     continue
                 secs = statistics.median(times[source])
                 rec = _record(source, n, secs, last[source], reps, all_seconds=times[source])
+                _cpu_fields(rec, cpus[source], server_cpus if source == "postgresql" else None)
                 if source != "parquet":  # each run against the Parquet run next to it
                     ratio = statistics.median(
                         a / b for a, b in zip(times[source], times["parquet"]))
@@ -165,6 +188,20 @@ def run(sizes: tuple[int, ...], tmp: str, progress=None, *,
                          repeats if repeats is not None else
                          (3 if min(sizes) >= 1_000_000 else 1)))
     return out
+
+
+def _cpu_fields(rec: dict, cpus: list[float], server_cpus: list[float] | None) -> None:
+    """CPU accounting of a record: ``cpu_seconds`` (the pipeline process, all its threads,
+    median of the repeats), for PostgreSQL ``server_cpu_seconds`` (the server's processes
+    during each run, median), and ``wall_floor_seconds``: their sum over the machine's cores,
+    the least wall time that work can take here however well it overlaps."""
+    rec["cpu_seconds"] = statistics.median(cpus)
+    total = rec["cpu_seconds"]
+    if server_cpus is not None:
+        rec["server_cpu_seconds"] = statistics.median(server_cpus) if server_cpus else None
+        total += rec["server_cpu_seconds"] or 0.0
+    rec["cores"] = os.cpu_count()
+    rec["wall_floor_seconds"] = total / (os.cpu_count() or 1)
 
 
 def _note(progress, text: str) -> None:
@@ -409,6 +446,51 @@ class _PostgresServer:
                 cur.execute(f'VACUUM (FREEZE, ANALYZE) "{name}"')
         return f"{self.url()}?table={name}"
 
+    def cpu_seconds(self, settle: bool = False) -> float | None:
+        """CPU seconds (user + system) the server's processes have used so far: the
+        postmaster's own and its ended children's (ended backends are added to the
+        postmaster's once reaped), plus its running children's; None where /proc cannot tell.
+        ``settle``: first wait (up to 5 s) for the backends of ended sessions to be reaped."""
+        try:
+            with open(os.path.join(self.data, "postmaster.pid")) as fh:
+                pid = int(fh.readline())
+        except (OSError, ValueError):
+            return None
+        tick = os.sysconf("SC_CLK_TCK")
+
+        def stat(p: int) -> list[str] | None:
+            try:
+                with open(f"/proc/{p}/stat") as fh:
+                    return fh.read().rsplit(")", 1)[1].split()
+            except OSError:
+                return None
+
+        def children() -> list[int]:
+            out = []
+            for d in os.listdir("/proc"):
+                if d.isdigit():
+                    st = stat(int(d))
+                    if st is not None and int(st[1]) == pid:
+                        out.append(int(d))
+            return out
+
+        if settle:
+            # background processes have no client address in their command line; a backend
+            # of an ended session (or a zombie not yet reaped) is waited for
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline and any(
+                    (stat(c) or ["Z"])[0] == "Z" or _is_backend(c) for c in children()):
+                time.sleep(0.05)
+        own = stat(pid)
+        if own is None:
+            return None
+        total = sum(int(x) for x in own[11:15])  # utime, stime, cutime, cstime
+        for c in children():
+            st = stat(c)
+            if st is not None:
+                total += int(st[11]) + int(st[12])
+        return total / tick
+
     def stop(self) -> None:
         try:
             if self.proc is not None and self.proc.poll() is None:
@@ -426,6 +508,17 @@ class _PostgresServer:
         finally:
             self.proc = None
             shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def _is_backend(pid: int) -> bool:
+    """A client session's backend (its title names the client address), not one of the
+    server's background processes."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            title = fh.read().decode(errors="replace")
+    except OSError:
+        return False
+    return "127.0.0.1(" in title or "[local]" in title
 
 
 # ------------------------------------------------------------------------------ portable runner

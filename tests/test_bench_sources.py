@@ -31,6 +31,12 @@ def test_sources_bench_records_and_rows(tmp_path):
         # the same rows in each source: every one perturbed and estimated, none dead-lettered
         assert r["reports"] == n and r["dead_letters"] == 0
         assert r["seconds"] > 0 and len(r["all_seconds"]) == r["repeats"] == 1
+        # CPU accounting: the pipeline process; for PostgreSQL also the server's processes
+        assert r["cpu_seconds"] > 0 and r["cores"] >= 1
+        server = r.get("server_cpu_seconds") or 0.0
+        assert ("server_cpu_seconds" in r) == (r["source"] == "postgresql")
+        assert server >= 0
+        assert r["wall_floor_seconds"] == pytest.approx((r["cpu_seconds"] + server) / r["cores"])
         if r["source"] != "parquet":
             assert r["ratio_to_parquet"] == pytest.approx(r["seconds"] / direct[0]["seconds"])
             assert r["target"] == 1.5 and r["meets_target"] == (r["ratio_to_parquet"] <= 1.5)
