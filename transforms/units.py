@@ -104,11 +104,12 @@ Two passes over the rows, vectorized per batch (no per-row Python except dead le
    3): at 10^6 rows 1.6-1.85x the unbounded time (1.3x its CPU time), peak RSS 281-294 MB
    (252-264 unbounded); at 10^7 rows (10^6 units) 2.7-2.85x the time (1.8-2.0x its CPU
    time), peak RSS 357 MB, +27% over 10^6 rows (the previous layout, 32-byte slots up to 4 a
-   unit and a 32-byte encoding: 535 MB, +75%, and 3.2x). Freezing frees the tables before Beam encodes the sketch
-   and hands the heap back (:func:`_trim_heap`); the peak is then in the second pass: the
-   runner's copies of the encoded sketch and side input (~10 bytes a unit each) and the
-   decoded :class:`KeptRows` (16 bytes a kept row). Most of the remaining time is the first
-   pass's table inserts (~1 s of CPU for 10^7 rows: ~100 ns a row in numpy).
+   unit and a 32-byte encoding: 535 MB, +75%, and 3.2x). Freezing frees the tables before
+   Beam encodes the sketch and hands the heap back (:func:`_trim_heap`); the peak is then in
+   the second pass: the runner's copies of the encoded sketch and side input (~10 bytes a
+   unit each) and the decoded :class:`KeptRows` (16 bytes a kept row). Most of the remaining
+   time is the first pass's table inserts (~1 s of CPU for 10^7 rows: ~100 ns a row in
+   numpy).
 
 The second pass reads its main input after the first has finished: a runner that keeps
 PCollections in memory between stages (the DirectRunner) holds the input batches meanwhile.
@@ -326,7 +327,7 @@ def row_priorities(key: int, stream: int, ids: np.ndarray) -> np.ndarray:
     the same blocks, encrypted by :func:`aes_prf` (no generator to build, any gaps)."""
     if ids.size == 0:
         return np.empty(0, U64)
-    if int(ids[0]) >= 0:  # no borrow into the stream word: one block per record, as the counter
+    if int(ids.min()) >= 0:  # no borrow into the stream word: one block a record, as the counter
         return aes_prf(int(key).to_bytes(16, "little"), ids.astype(np.int64, copy=False)
                        .view(U64), U64(int(stream) & _MASK64))
     return _row_priorities_ctr(key, stream, ids)
