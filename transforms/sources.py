@@ -534,20 +534,23 @@ class PostgresSource(Source):
         errors: list[BaseException] = []
         todo = list(range(len(statements)))[::-1]
 
-        def work():
+        def run(cur) -> None:
+            while todo and not errors:
+                try:
+                    i = todo.pop()
+                except IndexError:
+                    break
+                cur.execute(statements[i])
+                results[i] = cur.fetchall()
+
+        def work():  # a helper thread, on a pooled connection
             con, ok = None, False
             try:
                 con = self._acquire()
                 cur = con.cursor()
                 try:
                     cur.execute("SET enable_seqscan = off")
-                    while todo and not errors:
-                        try:
-                            i = todo.pop()
-                        except IndexError:
-                            break
-                        cur.execute(statements[i])
-                        results[i] = cur.fetchall()
+                    run(cur)
                     ok = True
                 finally:
                     cur.close()
@@ -561,7 +564,15 @@ class PostgresSource(Source):
                    for _ in range(min(_STREAMS, len(statements)) - 1)]
         for th in threads:
             th.start()
-        work()
+        try:  # this thread on the planning connection (no connection opened for it)
+            with self._tid_scans():
+                cur = self._connect().cursor()
+                try:
+                    run(cur)
+                finally:
+                    cur.close()
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
         for th in threads:
             th.join()
         if errors:
