@@ -310,7 +310,9 @@ def _encode_arrow(col: Any, labels: tuple[str, ...]) -> tuple[np.ndarray, np.nda
         return codes, missing, (codes < 0) & ~missing
     if pa.types.is_string(t) or pa.types.is_large_string(t):
         found = pc.index_in(col, value_set=pa.array(list(labels), type=t))
-        codes = found.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+        if found.null_count:  # unknown labels or nulls: -1 (else one copy less)
+            found = found.fill_null(-1)
+        codes = found.to_numpy(zero_copy_only=False).astype(np.int64)
         missing = np.zeros(n, dtype=bool)
         bad = np.flatnonzero(codes < 0)
         if bad.size:  # null or "" is a missing value, any other text an unknown label
@@ -689,7 +691,9 @@ class MomentEstimator(Estimator):
 
     def add(self, acc: np.ndarray, reports: Mapping[str, np.ndarray]) -> np.ndarray:
         y = np.asarray(reports[self.value_field], dtype=np.float64)
-        acc += (y.size, y.sum(), np.dot(y, y))
+        # sum of squares by numpy's pairwise sum, not np.dot (a threaded BLAS call: see
+        # estimators.density.sum_of_squares)
+        acc += (y.size, y.sum(), float(np.multiply(y, y).sum()))
         return acc
 
     def n_reports(self, acc: np.ndarray) -> int:
