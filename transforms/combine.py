@@ -74,13 +74,13 @@ FOLD_RECORDS = 1024  # single reports folded into the accumulator together
 
 class _Folding:
     """An accumulator with the single reports not yet folded into it (see
-    :class:`FoldingCombineFn`)."""
+    :class:`FoldingCombineFn`): ``pending`` holds one list of values per report field."""
 
     __slots__ = ("acc", "pending")
 
     def __init__(self, acc: Any, pending: list | None = None) -> None:
         self.acc = acc
-        self.pending = [] if pending is None else pending
+        self.pending = pending
 
     def __reduce__(self):
         return (_Folding, (self.acc, self.pending))
@@ -91,11 +91,16 @@ class FoldingCombineFn(EstimatorCombineFn):
     accumulator's bincount is exact and additive, so single reports are folded
     ``FOLD_RECORDS`` at a time with one vectorized ``add`` instead of one per report; the
     accumulator is the same as if each had been added alone. Report batches, and estimators
-    whose ``add`` is not the count's, are added as they come."""
+    whose ``add`` is not the count's, are added as they come.
+
+    Pending reports are kept as their field values, not as the report dicts: values (numbers)
+    are not tracked by Python's garbage collector, dicts kept alive are (see
+    :class:`~ldp_beam.transforms.perturb._RecordBuffer`)."""
 
     def __init__(self, estimator: Estimator, on_empty: str = "raise") -> None:
         super().__init__(estimator, on_empty)
         self.folds = type(estimator).add is CountEstimator.add
+        self.names = tuple(name for name, _ in self.fields)
 
     def create_accumulator(self):
         return _Folding(self.estimator.create())
@@ -103,23 +108,41 @@ class FoldingCombineFn(EstimatorCombineFn):
     def add_input(self, acc, element):
         if self.folds and type(element) is dict and not isinstance(
                 next(iter(element.values()), None), np.ndarray):
-            acc.pending.append(element)
-            if len(acc.pending) >= FOLD_RECORDS:
-                self._fold(acc)
-            return acc
+            names = self.names
+            if len(names) == 1:
+                name = names[0]
+                if name in element:
+                    pending = acc.pending
+                    if pending is None:
+                        pending = acc.pending = [[]]
+                    col = pending[0]
+                    col.append(element[name])
+                    if len(col) >= FOLD_RECORDS:
+                        self._fold(acc)
+                    return acc
+            elif all(name in element for name in names):
+                pending = acc.pending
+                if pending is None:
+                    pending = acc.pending = [[] for _ in names]
+                for name, col in zip(names, pending):
+                    col.append(element[name])
+                if len(pending[0]) >= FOLD_RECORDS:
+                    self._fold(acc)
+                return acc
+            # a report without every field: after those before it, alone (it fails there,
+            # as it would have in a fold)
         self._fold(acc)
         acc.acc = super().add_input(acc.acc, element)
         return acc
 
     def _fold(self, acc: _Folding) -> None:
         pending = acc.pending
-        if not pending:
+        if not pending or not pending[0]:
             return
-        acc.pending = []
+        acc.pending = None
         cols = {}
         try:
-            for name, dtype in self.fields:
-                vals = [r[name] for r in pending]
+            for (name, dtype), vals in zip(self.fields, pending):
                 types = set(map(type, vals))
                 if types == {int}:
                     arr = np.array(vals, dtype=np.int64)
@@ -132,8 +155,8 @@ class FoldingCombineFn(EstimatorCombineFn):
                     raise TypeError("invalid values")
                 cols[name] = chk.values
         except (KeyError, TypeError, OverflowError):  # one at a time, as they would have been
-            for r in pending:
-                acc.acc = super().add_input(acc.acc, r)
+            for vals in zip(*pending):
+                acc.acc = super().add_input(acc.acc, dict(zip(self.names, vals)))
             return
         acc.acc = self.estimator.add(acc.acc, cols)
 

@@ -24,6 +24,7 @@ or a stage (all of them do, on failure or speculatively) reproduces the same rep
 """
 from __future__ import annotations
 
+import bisect
 import hashlib
 from typing import Any, Mapping
 
@@ -171,6 +172,9 @@ class PerturbFn(beam.DoFn):
         self.dead_letter_columns = dead_letter_columns
         self._shown = None if dead_letter_columns == "all" else \
             list(dict.fromkeys(self.columns.values()))
+        # the fields a buffered single record keeps: its id, the mechanism's inputs, the kept
+        self._fields = list(dict.fromkeys(([key_column] if key_column else [])
+                                          + list(self.columns.values()) + list(self.keep)))
         self.passthrough_schema = passthrough_schema
         self.schema = report_schema(mechanism, passthrough_schema, seeded=self.run_key.seeded) \
             if passthrough_schema or not self.keep else None  # else: from the first batch
@@ -275,7 +279,7 @@ class PerturbFn(beam.DoFn):
 
     # -- element path: single records are buffered per bundle and perturbed together
     def start_bundle(self) -> None:
-        self._buffer: list[tuple[Any, WindowedValue]] = []
+        self._buffer = _RecordBuffer(self._fields, keep_records=self._shown is None)
 
     def _dead(self, entry: Any) -> Any:
         """A dead letter (or a windowed one) as this DoFn emits it: tagged (``Perturb`` on
@@ -286,65 +290,69 @@ class PerturbFn(beam.DoFn):
             return TaggedOutput(DEAD_LETTER, entry.with_value(dict(entry.value)))
         return TaggedOutput(DEAD_LETTER, dict(entry))
 
-    def _flush(self) -> list:
+    def _flush(self) -> Any:
         """Perturb the buffered single records together: their outputs (dead letters first,
-        then reports in record order), each with its record's timestamp, windows and pane."""
-        buf, self._buffer = self._buffer, []
-        if not buf:
-            return []
-        out: list = []
-        records = [r for r, _ in buf]
-        n = len(records)
+        then reports in record order), each with its record's timestamp, windows and pane.
+
+        The reports are computed here, at once; their elements are made one at a time as Beam
+        takes them (a generator), so that none outlives its trip downstream (see
+        :class:`_RecordBuffer` on the garbage collector)."""
+        buf = self._buffer
+        if not buf.n:
+            return ()
+        self._buffer = _RecordBuffer(self._fields, keep_records=self._shown is None)
+        n = buf.n
         self.n_in.inc(n)
+        values = buf.columns()
         needed = list(self.columns.values()) + list(self.keep)
-        need = set(needed)
         present = np.ones(n, dtype=bool)
         absent: dict[int, str] = {}
-        for i, r in enumerate(records):
-            if not need <= r.keys():  # the first needed field it lacks, in order
-                present[i] = False
-                absent[i] = next(c for c in needed if c not in r)
-        raw = {role: _column([r.get(col) for r in records]) for role, col in self.columns.items()}
+        for c in dict.fromkeys(needed):  # the first needed field a record lacks, in order
+            col = values[c]
+            for i in [i for i, v in enumerate(col) if v is _ABSENT]:
+                if i not in absent:
+                    present[i] = False
+                    absent[i] = c
+        raw = {role: _column(_present_values(values[col]) if absent else values[col])
+               for role, col in self.columns.items()}
         cols, reasons = self.mechanism.check(raw)
         reasons.flag(~present, lambda i: f"record has no field {absent[i]!r}", replace=True)
         bad = reasons.bad
         ok = np.flatnonzero(~bad)
+        dead: list = []
         if bad.any():
             msgs = reasons.as_dict()
+            shown = None if self._shown is None else (
+                [self.key_column] if self.key_column else []) + self._shown  # id: its row
             for i in np.flatnonzero(bad).tolist():
-                shown = None if self._shown is None else (
-                    [self.key_column] if self.key_column else []) + self._shown  # id: its row
-                rec = dict(records[i]) if shown is None else \
-                    {c: records[i][c] for c in shown if c in records[i]}
-                out.append(self._dead(buf[i][1].with_value(dead_letter(msgs[i], rec))))
+                if shown is None:
+                    rec = dict(buf.records[i])
+                else:
+                    rec = {c: values[c][i] for c in shown if values[c][i] is not _ABSENT}
+                dead.append(self._dead(buf.windowed(i).with_value(dead_letter(msgs[i], rec))))
         self.n_invalid.inc(int(bad.sum()))
         self.n_valid.inc(int(ok.size))
         if ok.size == 0:
-            return out
+            return dead
         whole = ok.size == n
         okl = ok.tolist()
-        kept = records if whole else [records[i] for i in okl]
         draws = self.mechanism.draws
         if draws:  # each record's own stream, named by its id: one vectorized AES call
-            u = self.source.keyed_uniforms(_streams([r[self.key_column] for r in kept]), 0,
-                                           draws)
+            ids = values[self.key_column]
+            u = self.source.keyed_uniforms(_streams(ids if whole else [ids[i] for i in okl]),
+                                           0, draws)
         else:  # a mechanism that draws no noise (central-DP inputs are only checked here)
             u = np.empty((len(okl), 0), order="F")
         if not whole:
             cols = {k: v[ok] for k, v in cols.items()}
         rep = self.mechanism.randomize(cols, u)
-        windowed = [w for _, w in buf] if whole else [buf[i][1] for i in okl]
+        del u
         names = list(rep)
-        if len(names) == 1 and not self.keep:
-            f = names[0]
-            out.extend([w.with_value({f: v}) for v, w in zip(rep[f].tolist(), windowed)])
-            return out
         columns = [v.tolist() for v in rep.values()]
-        columns += [[r[c] for r in kept] for c in self.keep]
+        for c in self.keep:
+            columns.append(values[c] if whole else [values[c][i] for i in okl])
         names += list(self.keep)
-        out.extend([w.with_value(dict(zip(names, vals)))
-                    for vals, w in zip(zip(*columns), windowed)])
-        return out
+        return _windowed_outputs(dead, names, columns, buf.windowed_runs(None if whole else ok))
 
     def process(self, element: Any, windowed=beam.DoFn.WindowedValueParam, window=None):
         """One element -> an iterable of outputs (empty while single records are buffered).
@@ -386,9 +394,7 @@ class PerturbFn(beam.DoFn):
         """Buffer one record; perturb the buffer when full (outputs), else nothing yet."""
         if self._key_needed and (self.key_column is None or self.key_column not in record):
             self._refuse_unkeyed()
-        buf = self._buffer
-        buf.append((record, windowed))
-        if len(buf) >= ELEMENT_BUFFER:
+        if self._buffer.add(record, windowed) >= ELEMENT_BUFFER:
             return self._flush()
         return ()
 
@@ -402,6 +408,100 @@ class PerturbFn(beam.DoFn):
 
     def finish_bundle(self):
         yield from self._flush()
+
+
+_ABSENT = object()  # a field a buffered record does not have
+
+
+class _RecordBuffer:
+    """Single records waiting to be perturbed together, kept as what the flush reads: one list
+    of values per field it needs (``_ABSENT`` where a record lacks one) and, for each run of
+    consecutive records with the same timestamp, windows and pane, its first record's windowed
+    value. Whole records are kept only when dead letters show whole records.
+
+    Why not the records themselves with their windowed values: every container that stays
+    alive across the garbage collector's young collections is promoted to its oldest
+    generation, and enough promotions trigger a full collection over every object of the
+    process (all of Beam's, a few hundred thousand). Buffering a dict, a tuple and a windowed
+    value per record cost one such collection per ~30,000 records, more than the perturbation
+    itself; field values (numbers, texts) are not tracked by the collector."""
+
+    __slots__ = ("fields", "lists", "records", "starts", "wins", "n")
+
+    def __init__(self, fields: list[str], keep_records: bool) -> None:
+        self.fields = fields
+        self.lists = [(f, []) for f in fields]
+        self.records: list | None = [] if keep_records else None
+        self.starts: list[int] = []
+        self.wins: list = []
+        self.n = 0
+
+    def add(self, record: Mapping, windowed: Any) -> int:
+        """Keep one record; returns how many are buffered."""
+        if type(record) is dict:  # (a Mapping's __getitem__ may make up missing fields)
+            try:
+                for f, col in self.lists:
+                    col.append(record[f])
+            except KeyError:  # a field missing: the flush dead-letters the record
+                self._add_absent(record)
+        else:
+            self._add_absent(record)
+        if self.records is not None:
+            self.records.append(record)
+        wins = self.wins
+        if not wins or not _same_window(windowed, wins[-1]):
+            self.starts.append(self.n)
+            wins.append(windowed)
+        self.n += 1
+        return self.n
+
+    def _add_absent(self, record: Mapping) -> None:
+        n = self.n
+        for f, col in self.lists:
+            del col[n:]
+            col.append(record.get(f, _ABSENT))
+
+    def columns(self) -> dict[str, list]:
+        """Field -> its values, in record order."""
+        return dict(self.lists)
+
+    def windowed(self, i: int) -> Any:
+        """The windowed value whose timestamp, windows and pane record ``i`` has."""
+        return self.wins[bisect.bisect_right(self.starts, i) - 1]
+
+    def windowed_runs(self, rows: np.ndarray | None) -> list:
+        """The windowed value of each record (of ``rows``, when given), in order."""
+        wins, starts = self.wins, self.starts
+        if len(wins) == 1:
+            return wins * (self.n if rows is None else len(rows))
+        if rows is None:
+            rows = np.arange(self.n)
+        run = np.searchsorted(np.asarray(starts), rows, side="right") - 1
+        return [wins[j] for j in run.tolist()]
+
+
+def _same_window(a: Any, b: Any) -> bool:
+    """Whether two windowed values have the same timestamp, windows and pane (the elements of
+    one bundle usually share the very same window and pane objects)."""
+    return (a.timestamp_micros == b.timestamp_micros
+            and (a.windows is b.windows or a.windows == b.windows)
+            and (a.pane_info is b.pane_info or a.pane_info == b.pane_info))
+
+
+def _present_values(values: list) -> list:
+    return [None if v is _ABSENT else v for v in values]
+
+
+def _windowed_outputs(dead: list, names: list[str], columns: list[list], wins: list):
+    """Dead letters, then one report per record (a dict of ``names``) with its windowed value."""
+    yield from dead
+    if len(names) == 1:
+        f = names[0]
+        for v, w in zip(columns[0], wins):
+            yield w.with_value({f: v})
+        return
+    for vals, w in zip(zip(*columns), wins):
+        yield w.with_value(dict(zip(names, vals)))
 
 
 def _row_number(offset: int | None, rows: np.ndarray | None, i: int) -> int | None:
