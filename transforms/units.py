@@ -100,16 +100,17 @@ Two passes over the rows, vectorized per batch (no per-row Python except dead le
    (consecutive record numbers: by subtraction, else ``searchsorted``).
 
    Measured (``ldp-beam bench --only bounding``: 10 rows a unit, one kept, against the same
-   pipeline unbounded, DirectRunner, 2 cores shared with other jobs at load 7-10, medians of
+   pipeline unbounded, DirectRunner, 2 cores shared with other jobs at load 6-10, medians of
    3): at 10^6 rows 1.6-1.85x the unbounded time (1.3x its CPU time), peak RSS 281-294 MB
    (252-264 unbounded); at 10^7 rows (10^6 units) 2.7-2.85x the time (1.8-2.0x its CPU
-   time), peak RSS 357 MB, +27% over 10^6 rows (the previous layout, 32-byte slots up to 4 a
-   unit and a 32-byte encoding: 535 MB, +75%, and 3.2x). Freezing frees the tables before
-   Beam encodes the sketch and hands the heap back (:func:`_trim_heap`); the peak is then in
-   the second pass: the runner's copies of the encoded sketch and side input (~10 bytes a
-   unit each) and the decoded :class:`KeptRows` (16 bytes a kept row). Most of the remaining
-   time is the first pass's table inserts (~1 s of CPU for 10^7 rows: ~100 ns a row in
-   numpy).
+   time), peak RSS 357-364 MB, +27-30% over 10^6 rows. The previous layout (32-byte slots, up
+   to 4 a unit, encoded at 32 bytes a unit) measured 525-535 MB (+75%) and 2.6-3.2x in the
+   same runs: the time is unchanged within this machine's noise. Freezing frees the tables
+   before Beam encodes the sketch and hands the heap back (:func:`_trim_heap`); the peak is
+   then in the second pass: the runner's copies of the encoded sketch and side input (~10
+   bytes a unit each) and the decoded :class:`KeptRows` (16 bytes a kept row). Most of the
+   remaining time is the first pass's table inserts (~1 s of CPU for 10^7 rows: ~100 ns a
+   row in numpy, the probing of a table that does not fit the cache).
 
 The second pass reads its main input after the first has finished: a runner that keeps
 PCollections in memory between stages (the DirectRunner) holds the input batches meanwhile.
