@@ -28,7 +28,7 @@ from ldp_beam.transforms import (Perturb, ReadTable, WriteJsonLines, WriteParque
 
 from .common import Tally, check_readable, check_reconciles, reconcile, run_pipeline
 from .ledger_cli import ledger_outputs
-from .outputs import OutputError, RunOutputs, is_table_url, location
+from .outputs import OutputError, RunFailed, RunOutputs, is_table_url, location
 
 
 def resolve_columns(mech: Mechanism, schema: pa.Schema, columns: Mapping[str, str],
@@ -165,9 +165,15 @@ def run_collect(input: str, output: str, mechanism: Mechanism, columns: Mapping[
 
 def read_tally(outs: RunOutputs, path: str) -> dict:
     """The run's tally (one JSON line the pipeline wrote into the staging folder), read back
-    through the staging folder's file system."""
-    vals = outs.read_json_lines(path)
-    return vals[0] if vals else {}
+    through the staging folder's file system. The pipeline always writes that line (``{}`` for
+    an empty input), so a run without it fails: its counts would otherwise read as all zeros
+    and "reconcile"."""
+    vals = outs.read_json_lines(path) if outs.exists(path) else []
+    if len(vals) != 1:
+        raise RunFailed(f"the run wrote {len(vals)} tally lines instead of one (the runner lost "
+                        "or repeated part of the pipeline's output); its counts cannot be "
+                        "checked and nothing was committed")
+    return vals[0]
 
 
 def parquet_bytes(table: pa.Table) -> bytes:
