@@ -200,19 +200,10 @@ def test_duckdb_seeded_reports_are_runner_independent(duck, tmp_path):
 
 # ------------------------------------------------------------------------------ PostgreSQL
 @pytest.fixture(scope="module")
-def pg_server():
-    if pgs.find_binaries() is None:
-        pytest.skip("no PostgreSQL binaries (initdb, postgres, pg_ctl): install the Debian "
-                    "package postgresql (.ci/run does)")
-    pytest.importorskip("adbc_driver_postgresql")
-    server = pgs.PostgresServer.start(start_timeout=30.0)
-    yield server
-    server.stop()
-
-
-@pytest.fixture(scope="module")
-def pg(pg_server):
+def pg(pg_server):  # pg_server: the session's real server (tests/conftest.py)
     import psycopg
+
+    pytest.importorskip("adbc_driver_postgresql")
 
     url = pg_server.create_database("sources")
     t = sample_table()
