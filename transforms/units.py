@@ -76,12 +76,12 @@ Two passes over the rows, vectorized per batch (no per-row Python except dead le
 
    * One row per unit (``Linf = 1``, no ``partition_fn``: an LDP collection's default) uses a
      hash table (:class:`_MinSketch`): 16 shards by unit hash, each an open-addressing table
-     (linear probing, 1/2 to 3/4 full: it grows by half) whose slots hold a unit hash, its best
+     (linear probing, 2/5 to 3/5 full: it grows by half) whose slots hold a unit hash, its best
      priority so far and that row's reference (stream index and record number packed in one
      word), updated by vectorized probing; only rows at or below their unit's best go on to
      ``np.minimum.at`` (about 3 of a unit's 10 rows): no sort, O(1) per row, each shard's table
-     small enough to stay mostly in cache. 24 bytes a slot, 1.33-2 slots a unit: 32-48 MB per
-     million units (~320-480 MB at the 10^7 cap), plus at most 12 MB of queued rows (24 bytes
+     small enough to stay mostly in cache. 24 bytes a slot, 1.67-2.5 slots a unit: 40-60 MB per
+     million units (~400-600 MB at the 10^7 cap), plus at most 12 MB of queued rows (24 bytes
      each). Before Beam encodes it (the combine's ``compact``) the sketch becomes its held
      entries sorted by reference, table by table (the slots are freed as they are read), and is
      encoded as its unit hashes and the gaps between references: ~10 bytes a unit (the
@@ -100,17 +100,18 @@ Two passes over the rows, vectorized per batch (no per-row Python except dead le
    (consecutive record numbers: by subtraction, else ``searchsorted``).
 
    Measured (``ldp-beam bench --only bounding``: 10 rows a unit, one kept, against the same
-   pipeline unbounded, DirectRunner, 2 cores shared with other jobs at load 6-10, medians of
-   3): at 10^6 rows 1.6-1.85x the unbounded time (1.3x its CPU time), peak RSS 281-294 MB
-   (252-264 unbounded); at 10^7 rows (10^6 units) 2.7-2.85x the time (1.8-2.0x its CPU
-   time), peak RSS 357-364 MB, +27-30% over 10^6 rows. The previous layout (32-byte slots, up
-   to 4 a unit, encoded at 32 bytes a unit) measured 525-535 MB (+75%) and 2.6-3.2x in the
-   same runs: the time is unchanged within this machine's noise. Freezing frees the tables
-   before Beam encodes the sketch and hands the heap back (:func:`_trim_heap`); the peak is
-   then in the second pass: the runner's copies of the encoded sketch and side input (~10
-   bytes a unit each) and the decoded :class:`KeptRows` (16 bytes a kept row). Most of the
-   remaining time is the first pass's table inserts (~1 s of CPU for 10^7 rows: ~100 ns a
-   row in numpy, the probing of a table that does not fit the cache).
+   pipeline unbounded, DirectRunner, 2 cores shared with other jobs at load 5-10, medians of
+   3, interleaved with the previous layout): at 10^6 rows 1.6-1.85x the unbounded time
+   (1.26-1.36x its CPU time; previous layout 1.5-1.55x, 1.22-1.41x), peak RSS 281-294 MB
+   (previous 305-311, unbounded 252-264); at 10^7 rows (10^6 units) 2.7-3.5x the time
+   (1.8-2.0x its CPU time; previous 2.6-3.8x, 1.8-2.1x), peak RSS 354-364 MB, +24-30% over
+   10^6 rows (previous 525-535 MB, +75%). Time ratios move by +-30% with the load; CPU times
+   by less. Freezing frees the tables before Beam encodes the sketch and hands the heap back
+   (:func:`_trim_heap`); the peak is then in the second pass: the runner's copies of the
+   encoded sketch and side input (~10 bytes a unit each) and the decoded :class:`KeptRows`
+   (16 bytes a kept row). Most of the remaining time is the first pass's table inserts
+   (~0.9 s of CPU for 10^7 rows: ~90 ns a row in numpy, the probing of a table that does not
+   fit the cache).
 
 The second pass reads its main input after the first has finished: a runner that keeps
 PCollections in memory between stages (the DirectRunner) holds the input batches meanwhile.
@@ -154,8 +155,8 @@ UNITS_ENV = "LDP_BEAM_MAX_UNITS"
 DEFAULT_MAX_UNITS = 10_000_000
 UNITS_WHAT = ("distinct privacy units of a bounded collection or release: the bounding holds up "
               "to max_partitions_per_unit x max_rows_per_partition entries of 32-48 bytes per "
-              "unit while it runs (one row per unit: a hash table of 32-48 bytes a unit, about "
-              "40 MB per million units; otherwise about 100 MB per million units)")
+              "unit while it runs (one row per unit: a hash table of 40-60 bytes a unit, about "
+              "50 MB per million units; otherwise about 100 MB per million units)")
 _COMPACT_MIN = 1 << 16  # pending candidate entries before an accumulator is first reduced
 _AES_GAP = 1 << 13  # records: drawing a gap this long costs about what a new AES generator does
 
@@ -678,8 +679,9 @@ _REF_BITS = 48  # a packed row reference: stream index << 48 | record number
 _REF_MASK = U64((1 << _REF_BITS) - 1)
 _MAX_STREAMS = (1 << (64 - _REF_BITS)) - 1  # indices 0..65534: a packed reference is never _EMPTY
 _TABLE_MIN = 4096  # slots of a new table
-_TABLE_LOAD = 0.75  # most units per slot: linear probing stays short (8.5 probes a miss at 3/4)
-_TABLE_GROW = 1.5  # a full table grows by half: it holds 1/2 to 3/4 of its slots
+_TABLE_LOAD = 0.6  # most units per slot after an insert: probing stays short (3.6 probes a miss)
+_TABLE_FULL = 0.9  # most units per slot while a chunk goes in (each row could be a new unit)
+_TABLE_GROW = 1.5  # a full table grows by half: it holds 2/5 to 3/5 of its slots
 _TABLE_PAD = 64  # slots past the last home slot, so a sorted rebuild needs no wrap-around
 _WINDOW = 32  # slots a probing round reads per row once few rows are left
 _SLOT = np.dtype((np.void, 16))  # a slot's unit hash and priority as one item: one gather
@@ -695,16 +697,17 @@ def _home(u: np.ndarray, size: int) -> np.ndarray:
 class _MinTable:
     """The bounding sketch for one row per unit and one partition (``Linf = 1``, no
     ``partition_fn``, the LDP default): per unit, the row of smallest ``(priority, stream,
-    record)``. An open-addressing hash table (linear probing, at most 3/4 full) indexed by the
-    keyed unit hash, whose slots hold the unit hash (0: empty; hashes have their low bit set) and
-    the smallest priority seen, side by side (one 16-byte gather reads both), and that row's
-    reference: 24 bytes a slot (32 in wide mode, see :class:`_MinSketch`), 32-48 bytes a unit,
-    never the rows. A batch of candidates is inserted with vectorized probing; only the rows at
-    or below their unit's current priority (about ``H_n / n`` of a unit's ``n`` rows) go on to
-    ``np.minimum.at``: no sort, O(1) per row. Two rows of a unit with the same 64-bit priority
-    (about ``rows^2 / 2^65`` per unit) are told apart by ``(stream, record)`` in a per-slot loop,
-    so the result is the exact minimum whatever the order the rows arrive in: merging tables, or
-    inserting rows in any batches, gives the same table.
+    record)``. An open-addressing hash table (linear probing, at most 3/5 full between inserts)
+    indexed by the keyed unit hash, whose slots hold the unit hash (0: empty; hashes have their
+    low bit set) and the smallest priority seen, side by side (one 16-byte gather reads both),
+    and that row's reference: 24 bytes a slot (32 in wide mode, see :class:`_MinSketch`),
+    40-60 bytes a unit, never the rows. A batch of candidates is inserted with vectorized
+    probing; only the rows at or below their unit's current priority (about ``H_n / n`` of a
+    unit's ``n`` rows) go on to ``np.minimum.at``: no sort, O(1) per row. Two rows of a unit
+    with the same 64-bit priority (about ``rows^2 / 2^65`` per unit) are told apart by
+    ``(stream, record)`` in a per-slot loop, so the result is the exact minimum whatever the
+    order the rows arrive in: merging tables, or inserting rows in any batches, gives the same
+    table.
 
     A table grows by half when full, rebuilt by placing its units in the order of their home
     slots (then each one's slot is a running maximum: no probing, no wrap-around). Frozen
@@ -801,20 +804,28 @@ class _MinTable:
     def add(self, u: np.ndarray, prio: np.ndarray, ref: np.ndarray,
             s: np.ndarray | None = None) -> None:
         """Insert candidate rows: unit hashes, priorities, references (and streams in wide
-        mode). Rows go in by chunks that cannot fill the table past 3/4 even if each is a new
-        unit; the table grows by half (or more) when that room is below 1/16 of it."""
+        mode). Rows go in by chunks that cannot fill the table past 9/10 even if each is a new
+        unit (most are not: a unit's later rows find it held), and the table grows by half (or
+        more) when an insert has left it more than 3/5 full, or before a chunk when its room is
+        below 1/16 of it: so it is 2/5 to 3/5 full between inserts and chunks stay large (at
+        3/4, probing a table as it fills measured ~30% slower)."""
         self._thaw()
         i, n = 0, int(u.size)
         while i < n:
-            room = int(_TABLE_LOAD * self.size) - self.units
+            room = int(_TABLE_FULL * self.size) - self.units
             if room < min(n - i, max(self.size // 16, 256)):
-                need = self.units + min(n - i, max(self.size // 16, 256))
-                self._place(self.entries(), max(int(self.size * _TABLE_GROW),
-                                                int(need / _TABLE_LOAD) + 1))
+                self._grow(n - i)
                 continue
             j = min(n, i + room)
             self._add(u[i:j], prio[i:j], ref[i:j], None if s is None else s[i:j])
             i = j
+            if self.units > _TABLE_LOAD * self.size:
+                self._grow(n - i)
+
+    def _grow(self, rows: int) -> None:
+        need = self.units + min(rows, max(self.size // 16, 256))
+        self._place(self.entries(), max(int(self.size * _TABLE_GROW),
+                                        int(need / _TABLE_LOAD) + 1))
 
     def _slots(self, u: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The slot of each unit hash and the priority it holds, claiming empty slots for new
