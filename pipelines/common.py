@@ -398,7 +398,12 @@ class Tally(beam.PTransform):
                       lambda d: {"invalid": 1, "dead_letter_lines": 1})]
         if bounded:  # rows a privacy unit's contribution bound left out: {"bounded_out": n}
             counts.append(bounded[0] | "TallyBounded" >> beam.Map(dict))
-        return (tuple(counts)
+        # each branch is summed where it is produced, and only the sums are flattened: Beam's
+        # DirectRunner materializes a multi-input Flatten in memory (it never fuses one), so
+        # flattening per-record counts would hold one dict per dead letter
+        sums = [c | f"TallySum{i}" >> beam.CombineGlobally(_sum_counts)
+                for i, c in enumerate(counts)]
+        return (tuple(sums)
                 | "TallyAll" >> beam.Flatten()
                 | "TallySum" >> beam.CombineGlobally(_sum_counts)
                 | "TallyWrite" >> WriteJsonLines(self.path))

@@ -31,7 +31,8 @@ from ldp_beam.transforms.sinks import tidy_bytes, tidy_format, tidy_output
 
 from ldp_beam.privacy import ContributionBounds
 
-from .collect import _finite, _read_options, check_unit_column, read_bounded, read_tally
+from .collect import (_finite, _read_options, check_unit_column, invalid_rows, read_bounded,
+                      read_tally, tally_inputs)
 from .common import Tally, check_readable, check_reconciles, reconcile, run_pipeline
 from .ledger_cli import ledger_outputs
 from .outputs import RunOutputs, location
@@ -179,7 +180,7 @@ def run_estimate(input: str, output: str, mechanism: Mechanism | None = None,
                            | "PerUnitSE" >> beam.Map(widen)
                            | "ToJson" >> beam.Map(_result))
             return [results | "WriteEstimates" >> WriteJsonLines(parts),
-                    (rd.dead_letter, valid.dead_letter) | "AllDeadLetters" >> beam.Flatten()
+                    (rd.dead_letter, valid.dead_letter)
                     | "WriteDeadLetters" >> WriteJsonLines(staged_dead),
                     (rd.batches, rd.dead_letter, valid.reports, valid.dead_letter)
                     | "Tally" >> Tally(tally_path)]
@@ -282,9 +283,9 @@ def _mark(est: dict, guarantee: dict) -> dict:
 def _bookkeeping(rd: Any, accepted: Any, invalid: Any, dropped: Any, dead_letter_path: str,
                  tally_path: str) -> list:
     """A release pipeline's dead letters (reader's and validation's) and its tally."""
-    return [(rd.dead_letter, invalid) | "AllDeadLetters" >> beam.Flatten()
+    return [(rd.dead_letter, invalid)
             | "WriteDeadLetters" >> WriteJsonLines(dead_letter_path),
-            (rd.batches, rd.dead_letter, accepted, invalid, dropped)
+            tally_inputs(rd, accepted, invalid, dropped)
             | "Tally" >> Tally(tally_path)]
 
 
@@ -419,7 +420,7 @@ def run_release(input: str, output: str, mech: Mechanism, columns: Mapping[str, 
             rd, rows, unit_dead, dropped = read_bounded(
                 p, read, unit, run, 1, bounds.max_rows_per_partition if bounds else 1)
             rec = rows | "Validate" >> Perturb(mech, columns=cols, run_key=run)
-            invalid = (rec.dead_letter, unit_dead) | "InvalidRows" >> beam.Flatten()
+            invalid = invalid_rows(rec.dead_letter, unit_dead)
             return [rec.reports
                     | "Release" >> beam.CombineGlobally(EstimatorCombineFn(est, on_empty="report"))
                     | "ToJson" >> beam.Map(_result) | "WriteRelease" >> WriteJsonLines(parts),
@@ -593,7 +594,7 @@ def run_release_by(input: str, output: str, mech: Mechanism, columns: Mapping[st
             rd, rows, unit_dead, dropped = read_bounded(p, read, unit, run, cb.l0, cb.linf,
                                                          key_codes(by))
             rec = rows | "Validate" >> Perturb(mech, columns=cols, run_key=run, keep=(by, unit))
-            invalid = (rec.dead_letter, unit_dead) | "InvalidRows" >> beam.Flatten()
+            invalid = invalid_rows(rec.dead_letter, unit_dead)
             released = (rec.reports | "SplitKeys" >> beam.ParDo(SplitByKey(by))
                         | "KeyParts" >> beam.Map(_per_key_part(unit, by))
                         | "PerKey" >> beam.CombinePerKey(PerKeyCombineFn(est))

@@ -8,6 +8,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import re
 
 import apache_beam as beam
 import numpy as np
@@ -31,12 +32,14 @@ def _batch(j: int, n: int = 100) -> pa.Table:
     return pa.table({"i": np.arange(j * n, (j + 1) * n), "s": [f"r{j}"] * n}, schema=SCHEMA)
 
 
-def _data_groupings(write) -> list[str]:
-    """Labels of the GroupByKey steps that receive the written elements themselves (or anything
-    computed from them before a write step turned them into file results)."""
+def _data_groupings(write, inputs: int = 1) -> list[str]:
+    """Labels of the GroupByKey and multi-input Flatten steps (the DirectRunner materializes
+    both in memory) that receive the written elements themselves (or anything computed from
+    them before a write step turned them into file names)."""
     p = beam.Pipeline()
-    src = p | "Seeds" >> beam.Create(range(3)) | "Make" >> beam.Map(_batch)
-    _ = src | "W" >> write
+    srcs = [p | f"Seeds{i}" >> beam.Create(range(3)) | f"Make{i}" >> beam.Map(_batch)
+            for i in range(inputs)]
+    _ = (srcs[0] if inputs == 1 else tuple(srcs)) | "W" >> write
     nodes = []
 
     class Visit(PipelineVisitor):
@@ -44,19 +47,21 @@ def _data_groupings(write) -> list[str]:
             nodes.append(node)
 
     p.visit(Visit())
-    data = {src}
+    data = set(srcs)
     changed = True
     while changed:
         changed = False
         for node in nodes:
-            if node.full_label.endswith(("/WriteParts", "/WriteBundles")):
+            if re.search(r"/(WriteParts\d*|WriteBundles)$", node.full_label):
                 continue  # its outputs are file results, not data
             if any(i in data for i in node.inputs):
                 for o in node.outputs.values():
                     if o not in data:
                         data.add(o)
                         changed = True
-    return [n.full_label for n in nodes if isinstance(n.transform, beam.GroupByKey)
+    return [n.full_label for n in nodes
+            if (isinstance(n.transform, beam.GroupByKey)
+                or isinstance(n.transform, beam.Flatten) and len(n.inputs) > 1)
             and any(i in data for i in n.inputs)]
 
 
@@ -66,6 +71,17 @@ def _data_groupings(write) -> list[str]:
 def test_no_groupbykey_carries_the_written_data(write):
     # the old num_shards=1 write grouped every element under one key: W/Write/WriteImpl/GroupByKey
     assert _data_groupings(write()) == []
+
+
+def test_dead_letters_of_several_sources_are_written_without_a_flatten():
+    # collect used to Flatten the reader's and validation's dead letters before writing them
+    assert _data_groupings(WriteJsonLines("/tmp/unused.jsonl"), inputs=2) == []
+    assert _data_groupings(_FlattenThenWrite(), inputs=2) == ["W/Flatten"]
+
+
+class _FlattenThenWrite(beam.PTransform):
+    def expand(self, pcolls):
+        return pcolls | beam.Flatten() | WriteJsonLines("/tmp/unused.jsonl")
 
 
 def test_join_parquet_parts_streams_row_groups_in_part_order_and_removes_the_parts(tmp_path):

@@ -1336,14 +1336,23 @@ class WriteJsonLines(beam.PTransform):
     """Dicts -> one JSON-lines file at ``path`` (created even when empty), in memory that does
     not grow with the data: each bundle writes a part file of its own, then a last step
     concatenates the parts into ``path``, as :class:`WriteParquetFile` does. Returns a
-    PCollection holding ``path`` once it is complete."""
+    PCollection holding ``path`` once it is complete.
+
+    Apply it to a tuple of PCollections (``(a, b) | WriteJsonLines(path)``) rather than to
+    their ``beam.Flatten()``: each is then written where it is produced and only the part
+    names are flattened, whereas Beam's DirectRunner materializes a multi-input Flatten in
+    memory (it never fuses one), i.e. would hold every line."""
 
     def __init__(self, path: str) -> None:
         super().__init__()
         self.path = path
 
-    def expand(self, pcoll):
-        return (pcoll | "Json" >> beam.Map(to_json_line)
-                | "WriteParts" >> beam.ParDo(_WritePartFn(self.path))
-                | "AllParts" >> beam.combiners.ToList()
+    def expand(self, pcolls):
+        if not isinstance(pcolls, (tuple, list)):
+            pcolls = (pcolls,)
+        names = [pc | f"Json{i or ''}" >> beam.Map(to_json_line)
+                 | f"WriteParts{i or ''}" >> beam.ParDo(_WritePartFn(self.path))
+                 for i, pc in enumerate(pcolls)]
+        names = names[0] if len(names) == 1 else tuple(names) | "PartNames" >> beam.Flatten()
+        return (names | "AllParts" >> beam.combiners.ToList()
                 | "JoinParts" >> beam.Map(join_text_parts, self.path))
