@@ -138,6 +138,47 @@ def runner_context(beam_args: Iterable[str] = ()) -> Iterator[list[str]]:
         cluster.close()
 
 
+def _dask_client_kwargs(args: Sequence[str]) -> dict:
+    address = [a.split("=", 1)[1] for a in args if a.startswith("--dask_client_address=")]
+    if address:
+        return {"address": address[-1]}
+    sched = [a.split("=", 1)[1] for a in args if a.startswith("--dask_scheduler_file=")]
+    return {"scheduler_file": sched[-1]} if sched else {}
+
+
+def _set_filesystem_options(args: list) -> None:
+    """On a Dask worker: Beam's FileSystems get the run's options (endpoint, region, keys)."""
+    import ldp_beam.transforms  # noqa: F401  (its fixes to Beam's S3 FileSystem)
+    from apache_beam.io.filesystems import FileSystems
+
+    FileSystems.set_options(PipelineOptions(args))
+
+
+def share_filesystem_options(args: Sequence[str]) -> None:
+    """Give every worker of the Dask cluster the run's Beam options for Beam's FileSystems, now
+    and for workers that join later (a dask ``WorkerPlugin``). Beam's Dask runner never calls
+    ``FileSystems.set_options`` in its workers, so an ``s3://`` output there had no endpoint,
+    region or credentials from ``--s3_endpoint_url`` and friends, and every write failed ("Must
+    provide one of client or options")."""
+    kwargs = _dask_client_kwargs(args)
+    if not kwargs:
+        return
+    from distributed import Client
+    from distributed.diagnostics.plugin import WorkerPlugin
+
+    class FileSystemOptions(WorkerPlugin):
+        name = "ldp-beam-filesystem-options"
+
+        def __init__(self, run_args: list) -> None:
+            self.args = list(run_args)
+
+        def setup(self, worker) -> None:
+            _set_filesystem_options(self.args)
+
+    with Client(timeout=60, **kwargs) as client:
+        client.register_plugin(FileSystemOptions(list(args)), name=FileSystemOptions.name)
+
+
 def run_pipeline(build: Callable[[beam.Pipeline], Sequence[Any]],
                  beam_args: Iterable[str] = ()) -> Any:
     """Build a pipeline with ``build(p)`` (which returns every terminal PCollection, e.g. the
@@ -157,6 +198,8 @@ def run_pipeline(build: Callable[[beam.Pipeline], Sequence[Any]],
     from ldp_beam.progress import pipeline_progress
 
     with runner_context(beam_args) as args:
+        if runner_name(args) == DASK_RUNNER:
+            share_filesystem_options(args)
         p = beam.Pipeline(options=PipelineOptions(args))
         terminals = [t for t in build(p) if t is not None]
         reads = _read_tables(p)

@@ -114,11 +114,6 @@ def _comparable(man: dict, label: str) -> dict:
     return out
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "Beam's Dask runner never calls FileSystems.set_options in its workers, so every s3:// "
-    "write there fails ('Must provide one of client or options', exit 2); needs "
-    "pipelines/common.run_pipeline to register a distributed WorkerPlugin that sets the run's "
-    "Beam options on every worker (issue 15). Remove this mark with that fix."))
 def test_collect_and_estimate_on_dask_commit_what_the_direct_runner_commits(
         bucket, private_dask, tmp_path):
     client, name, opts = bucket
