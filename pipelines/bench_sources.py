@@ -544,6 +544,20 @@ def _tail(log: str) -> str:
         return "(no log)"
 
 
+def stop_processes(procs: list, wait: float = 15.0) -> None:
+    """SIGTERM every process still running, then SIGKILL whichever has not exited ``wait``
+    seconds later (each is waited for: no zombies, no stray servers)."""
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+    for p in procs:
+        try:
+            p.wait(wait)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(5)
+
+
 @contextlib.contextmanager
 def portable_services(tmp: str) -> Iterator[list[str]]:
     """Beam's Python job service and an external worker pool (``sys.executable``), each its own
@@ -567,15 +581,7 @@ def portable_services(tmp: str) -> Iterator[list[str]]:
         yield ["--runner=PortableRunner", f"--job_endpoint=localhost:{job_port}",
                "--environment_type=EXTERNAL", f"--environment_config=localhost:{pool_port}"]
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.terminate()
-        for p in procs:
-            try:
-                p.wait(15)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait(5)
+        stop_processes(procs)
 
 
 def _portable(n: int, tmp: str, script: str, progress, reps: int) -> dict:

@@ -79,6 +79,33 @@ def s3_server():
         server.stop()
 
 
+def s3_bucket(endpoint):
+    """A fresh bucket on the S3 server at ``endpoint``: yields (boto3 client, bucket name, the
+    Beam options naming the endpoint); afterwards Beam's FileSystems forget the endpoint (the
+    pipelines set it process-wide)."""
+    import time
+
+    import boto3
+
+    client = boto3.client("s3", endpoint_url=endpoint)
+    name = f"b{time.time_ns()}"
+    client.create_bucket(Bucket=name)
+    yield client, name, [f"--s3_endpoint_url={endpoint}", "--s3_region_name=us-east-1"]
+    from apache_beam.io.filesystems import FileSystems
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    FileSystems.set_options(PipelineOptions([]))
+
+
+def s3_keys(client, bucket, prefix="") -> list:
+    got = client.list_objects_v2(Bucket=bucket, Prefix=prefix).get("Contents", [])
+    return sorted(o["Key"] for o in got)
+
+
+def s3_get(client, bucket, key) -> bytes:
+    return client.get_object(Bucket=bucket, Key=key)["Body"].read()
+
+
 def _postgres_server_module():
     import importlib.util
 

@@ -26,7 +26,7 @@ import pytest
 
 from ldp_beam import build_mechanism
 from ldp_beam.pipelines.collect import run_collect
-from ldp_beam.pipelines.bench_sources import _tail, _wait_for_port  # the bench's own service start-up
+from ldp_beam.pipelines.bench_sources import _tail, _wait_for_port, stop_processes  # the bench's own service start-up
 from ldp_beam.pipelines.estimate import run_estimate
 
 STARTUP_SECONDS = 60
@@ -76,15 +76,7 @@ def _processes():
     try:
         yield procs
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.terminate()
-        for p in procs:
-            try:
-                p.wait(15)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait(5)
+        stop_processes(procs)
 
 
 @pytest.fixture(scope="module")

@@ -12,14 +12,14 @@ import json
 import os
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from ldp_beam_test_helpers import run_cli
+from ldp_beam.pipelines.bench_sources import stop_processes
+from ldp_beam_test_helpers import run_cli, s3_bucket, s3_get, s3_keys
 
 boto3 = pytest.importorskip("boto3")
 pytest.importorskip("moto.server")
@@ -71,36 +71,16 @@ def private_dask(aws_env, tmp_path_factory):
             client.wait_for_workers(2, timeout=60)
         yield [f"--dask_client_address={cluster.scheduler_address}", "--runner=dask"], dirs
     finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(20)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait(5)
+        stop_processes(procs, wait=20)
         cluster.close()
 
 
 @pytest.fixture
 def bucket(s3_server, aws_env):
-    client = boto3.client("s3", endpoint_url=s3_server)
-    name = f"b{time.time_ns()}"
-    client.create_bucket(Bucket=name)
-    yield client, name, [f"--s3_endpoint_url={s3_server}", "--s3_region_name=us-east-1"]
-    from apache_beam.io.filesystems import FileSystems
-    from apache_beam.options.pipeline_options import PipelineOptions
-
-    FileSystems.set_options(PipelineOptions([]))  # the pipelines set the endpoint globally
+    yield from s3_bucket(s3_server)
 
 
-def _keys(client, bucket, prefix="") -> list[str]:
-    got = client.list_objects_v2(Bucket=bucket, Prefix=prefix).get("Contents", [])
-    return sorted(o["Key"] for o in got)
-
-
-def _get(client, bucket, key) -> bytes:
-    return client.get_object(Bucket=bucket, Key=key)["Body"].read()
+_keys, _get = s3_keys, s3_get
 
 
 def _comparable(man: dict, label: str) -> dict:

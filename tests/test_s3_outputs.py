@@ -9,7 +9,6 @@ import io
 import json
 import os
 import socket
-import time
 
 import numpy as np
 import pyarrow as pa
@@ -17,7 +16,7 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 import pytest
 
-from ldp_beam_test_helpers import run_cli
+from ldp_beam_test_helpers import run_cli, s3_bucket, s3_get, s3_keys
 
 boto3 = pytest.importorskip("boto3")
 moto_server = pytest.importorskip("moto.server")
@@ -38,23 +37,10 @@ def s3(s3_server, monkeypatch, tmp_path):
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
     monkeypatch.setenv("AWS_ENDPOINT_URL_S3", s3_server)  # the ledger's fingerprint (pyarrow.fs)
-    client = boto3.client("s3", endpoint_url=s3_server)
-    name = f"b{time.time_ns()}"
-    client.create_bucket(Bucket=name)
-    yield client, name, [f"--s3_endpoint_url={s3_server}", "--s3_region_name=us-east-1"]
-    from apache_beam.io.filesystems import FileSystems
-    from apache_beam.options.pipeline_options import PipelineOptions
-
-    FileSystems.set_options(PipelineOptions([]))  # the pipelines set the endpoint globally
+    yield from s3_bucket(s3_server)
 
 
-def _keys(client, bucket, prefix="") -> list[str]:
-    got = client.list_objects_v2(Bucket=bucket, Prefix=prefix).get("Contents", [])
-    return sorted(o["Key"] for o in got)
-
-
-def _get(client, bucket, key) -> bytes:
-    return client.get_object(Bucket=bucket, Key=key)["Body"].read()
+_keys, _get = s3_keys, s3_get
 
 
 def _snapshot(client, bucket, prefix="out/") -> dict:
