@@ -136,6 +136,7 @@ def test_folding_equals_adding_each_report(name, params):
 
     merged = fold.merge_accumulators([pickle.loads(pickle.dumps(a)) for a in accs])
     np.testing.assert_array_equal(merged.acc, want)
+    assert fold.extract_output(merged).to_dict() == one.extract_output(want).to_dict()
     # a report batch between single reports: added in order, the same counts
     a = fold.create_accumulator()
     a = fold.add_input(a, singles[0])

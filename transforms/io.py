@@ -1181,18 +1181,14 @@ def _sep(path: str) -> str:
     return "/" if "://" in path else os.sep
 
 
-def _fs_open(path: str):
+def fs_open(path: str, mode: str = "r"):
+    """A binary stream reading (``mode="r"``) or writing (``"w"``) a local path or any Beam
+    FileSystems URL, as stored (no compression guessed from the name)."""
     from apache_beam.io.filesystem import CompressionTypes
     from apache_beam.io.filesystems import FileSystems
 
-    return FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED)
-
-
-def _fs_create(path: str):
-    from apache_beam.io.filesystem import CompressionTypes
-    from apache_beam.io.filesystems import FileSystems
-
-    return FileSystems.create(path, compression_type=CompressionTypes.UNCOMPRESSED)
+    fn = FileSystems.create if mode == "w" else FileSystems.open
+    return fn(path, compression_type=CompressionTypes.UNCOMPRESSED)
 
 
 class _WritePartFn(beam.DoFn):
@@ -1210,7 +1206,7 @@ class _WritePartFn(beam.DoFn):
 
         name = (_parts_folder(self.path) + _sep(self.path) + "part-" + uuid.uuid4().hex
                 + (".parquet" if self.schema is not None else ".jsonl"))
-        self.fh = _fs_create(name)
+        self.fh = fs_open(name, "w")
         if self.schema is not None:
             self.writer = pq.ParquetWriter(self.fh, self.schema, **_PARQUET_ENCODING)
         return name
@@ -1259,7 +1255,7 @@ def _join_parts(parts: Sequence[str], path: str, stream: Callable[[list[str], An
             FileSystems.delete([path])
         FileSystems.rename(parts, [path])
     else:
-        with _fs_create(path) as out:
+        with fs_open(path, "w") as out:
             stream(present, out)
     folder = _parts_folder(path)
     try:
@@ -1281,7 +1277,7 @@ def join_parquet_parts(parts: Sequence[str], path: str, schema: pa.Schema) -> st
         writer = pq.ParquetWriter(out, schema, **_PARQUET_ENCODING)
         try:
             for f in files:
-                with _fs_open(f) as fh:
+                with fs_open(f) as fh:
                     pf = pq.ParquetFile(fh)
                     for i in range(pf.num_row_groups):
                         writer.write_table(pf.read_row_group(i))
@@ -1298,7 +1294,7 @@ def join_text_parts(parts: Sequence[str], path: str) -> str:
 
     def stream(files: list[str], out: Any) -> None:
         for f in files:
-            with _fs_open(f) as fh:
+            with fs_open(f) as fh:
                 shutil.copyfileobj(fh, out, 1 << 22)
 
     return _join_parts(parts, path, stream)

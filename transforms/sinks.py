@@ -54,7 +54,7 @@ import pyarrow as pa
 
 from ldp_beam.errors import ParameterError
 
-from .io import SourceError, _error_text
+from .io import SourceError, _error_text, fs_open
 
 from .s3compat import apply as _s3_fixes
 
@@ -287,14 +287,6 @@ def tidy_format(url: str) -> str:
                          "duckdb:///FILE.db?table=T or postgresql://USER@HOST:PORT/DB?table=T")
 
 
-def _create(path: str):
-    """A writable binary stream for a local path or any Beam FileSystems URL."""
-    from apache_beam.io.filesystem import CompressionTypes
-    from apache_beam.io.filesystems import FileSystems
-
-    return FileSystems.create(path, compression_type=CompressionTypes.UNCOMPRESSED)
-
-
 def _table_setting(url: str) -> str:
     from .sources import parse_settings, quote_ident, redact
 
@@ -418,12 +410,12 @@ def write_tidy(rows: Iterable[Mapping[str, Any]] | pa.Table, url: str,
     if fmt == "parquet":
         import pyarrow.parquet as pq
 
-        with _create(url) as fh:
+        with fs_open(url, "w") as fh:
             pq.write_table(table, fh)
     elif fmt == "csv":
         import pyarrow.csv as pacsv
 
-        with _create(url) as fh:
+        with fs_open(url, "w") as fh:
             pacsv.write_csv(table, fh)
     elif fmt == "duckdb":
         _write_duckdb(table, url, mode)

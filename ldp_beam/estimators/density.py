@@ -17,7 +17,7 @@ from typing import Mapping
 
 import numpy as np
 
-from ..core import Estimator, Statistic
+from ..core import Estimator, Statistic, sum_of_squares
 from ..errors import ParameterError
 from ..limits import check_cap
 
@@ -26,17 +26,6 @@ from ..limits import check_cap
 KERNEL_BLOCK = 1 << 22
 QUANTILES = (0.01, 0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99)
 _TAIL = 5  # below, above, n, sum, sumsq
-
-
-def sum_of_squares(y: np.ndarray, out: np.ndarray | None = None) -> float:
-    """sum(y * y) by numpy's pairwise summation (``out``: a spare buffer of y's shape).
-
-    Not ``np.dot(y, y)``: a BLAS call, which OpenBLAS spreads over its threads; on a busy
-    machine (or one process per core, as Beam's workers are) their hand-offs cost ~15 ms for
-    65,536 values instead of ~50 us, and the rounding of the sum would follow the thread count.
-    """
-    sq = np.multiply(y, y, out=out)
-    return float(sq.sum())
 
 
 @dataclass(frozen=True)
