@@ -512,7 +512,7 @@ class PostgresSource(Source):
             if n:
                 label = f"pages [{a}, {b})" if b is not None else f"pages [{a}, end)"
                 mid = (a + min(pages if b is None else b, pages)) // 2
-                self.units.append(SourceUnit(label, f"SELECT * FROM {t} WHERE {_page_range(a, b)}",
+                self.units.append(SourceUnit(label, _page_select(t, a, b),
                                              off, n, stream=stream,
                                              pages=(a, b, mid if a < mid else None)))
             off += n
@@ -608,7 +608,7 @@ class PostgresSource(Source):
             a, b, mid = unit.pages
             t = quote_ident(self.table)
             cuts = [(a, b)] if mid is None else [(a, mid), (mid, b)]
-            parts = [(f"SELECT * FROM {t} WHERE {_page_range(x, y)}", True) for x, y in cuts]
+            parts = [(_page_select(t, x, y), True) for x, y in cuts]
         readers = [_Prefetch(self, sql, tid) for sql, tid in parts]
         try:
             for r in readers:
@@ -710,6 +710,12 @@ class _Prefetch:
     def cancel(self) -> None:
         self.stop.set()
         self.thread.join()
+
+
+def _page_select(table: str, a: int, b: int | None) -> str:
+    """Every row on the heap pages [a, b) of ``table`` (quoted), in physical order when run as
+    a TID range scan (``enable_seqscan`` off)."""
+    return f"SELECT * FROM {table} WHERE {_page_range(a, b)}"
 
 
 def _page_range(a: int, b: int | None) -> str:
