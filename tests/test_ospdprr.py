@@ -42,12 +42,15 @@ def table(n, k, g, lower=0.0, upper=100.0, sensitive=0.4, importance=True):
 
 
 def rows_of(mech, data):
-    """Validated reports -> (values (n, k_T), weights or flags (n, k))."""
-    rep = mech.perturb(data)
-    kt = mech.k_target
-    names = [f for f, _ in mech.report_fields]
-    arr = np.column_stack([rep[f] for f in names]).astype(float)
-    return arr[:, :kt], arr[:, kt:]
+    """Validated rows -> (values (n, k_T), weights (n, k) or sensitivity flags (n, k_T)), as
+    the mechanism's check computes them (sound-self reports carry the sampling decision
+    instead of the weights)."""
+    cols, reasons = mech.check(data)
+    assert not reasons.bad.any(), reasons.as_dict()
+    other = ([f"weight{i}" for i in range(1, mech.k + 1)] if isinstance(mech, OSPDPRR)
+             else [f"sensitive{i}" for i in mech.target])
+    vals = np.column_stack([cols[f"value{i}"] for i in mech.target]).astype(float)
+    return vals, np.column_stack([cols[f] for f in other]).astype(float)
 
 
 # --------------------------------------------------------------------------- stage 1
@@ -163,12 +166,18 @@ def test_query_answer_formulas():
     assert exact_answer("count", x) == 4 and exact_answer("sum", x) == 12
 
 
+def _reports(mech, vals, w, seed):
+    """The reports of validated rows, as the pipeline makes them: randomize with the rows'
+    uniforms (sound-self: the sampling decision; the other modes: the weights)."""
+    cols = {f"value{i}": vals[:, j] for j, i in enumerate(mech.target)}
+    cols.update({f"weight{i}": w[:, i - 1] for i in range(1, mech.k + 1)})
+    return mech.randomize(cols, np.random.default_rng(seed).random((len(vals), mech.draws)))
+
+
 def _laplace_draws(mech, vals, w, reps, seed):
     """``reps`` finalizes through the estimator (fresh seeds): answer - exact sample sum."""
     est = OSPDPRREstimator(mech)
-    rep = {f"value{i}": vals[:, j] for j, i in enumerate(mech.target)}
-    rep.update({f"weight{i}": w[:, i - 1] for i in range(1, mech.k + 1)})
-    acc = est.add(est.create(), rep)
+    acc = est.add(est.create(), _reports(mech, vals, w, seed))
     truth = vals.sum()
     out = np.empty(reps)
     for r in range(reps):
@@ -520,20 +529,22 @@ def test_empty_dataset_is_a_clear_error():
 def test_one_user_releases():
     for mode in ("sound-self", "sound-public", "paper"):
         mech = OSPDPRR(t=0.6, mode=mode, lower=0, upper=10)
-        e = OSPDPRREstimator(mech, seed=1).finalize(np.array([[5.0, 0.4]]))
-        assert np.isfinite(e["sum"].value)
+        est = OSPDPRREstimator(mech, seed=1)
+        acc = est.add(est.create(), _reports(mech, np.array([[5.0]]), np.array([[0.4]]), 1))
+        assert est.n_reports(acc) == 1
+        assert np.isfinite(est.finalize(acc)["sum"].value)
 
 
 def test_custom_sensitivity_function_is_pluggable():
     mech = OSPDPRR(t=0.6, k=2, lower=0, upper=10, sensitivity=max_level)
     data = {"value1": [1.0, 2.0], "value2": [3.0, 4.0], "level1": [0.2, 0.0],
             "level2": [0.7, 0.0]}
-    rep = mech.perturb(data)
-    np.testing.assert_allclose(rep["weight1"], [0.7, 0.0])
-    np.testing.assert_allclose(rep["weight2"], [0.7, 0.0])
+    cols, _ = mech.check(data)
+    np.testing.assert_allclose(cols["weight1"], [0.7, 0.0])
+    np.testing.assert_allclose(cols["weight2"], [0.7, 0.0])
     assert mech.params()["sensitivity"].endswith("test_ospdprr.max_level")
-    lv = OSPDPRR(t=0.6, k=2, lower=0, upper=10, sensitivity="level").perturb(
-        {**data, "importance1": [0.5, 1.0], "importance2": [1.0, 1.0]})
+    lv = OSPDPRR(t=0.6, k=2, lower=0, upper=10, sensitivity="level", mode="sound-public"
+                 ).perturb({**data, "importance1": [0.5, 1.0], "importance2": [1.0, 1.0]})
     np.testing.assert_allclose(lv["weight2"], [0.7, 0.0])
     # a function that returns weights outside [0, 1]: those rows are dead-lettered
     bad = OSPDPRR(t=0.6, k=2, lower=0, upper=10, sensitivity=doubled)
@@ -629,13 +640,21 @@ def test_bad_records_are_dead_lettered_with_reasons():
 
 
 def test_check_reports_flags_malformed_reports():
-    mech = OSPDPRR(t=0.6, k=1, lower=0, upper=10)
+    mech = OSPDPRR(t=0.6, k=1, lower=0, upper=10, mode="sound-public")
     est = OSPDPRREstimator(mech)
     r = est.check_reports({"value1": np.array([1.0, 12.0, np.nan]),
                            "weight1": np.array([0.5, 0.5, 2.0])}).as_dict()
     assert list(r) == [1, 2] and "not in [0, 10]" in r[1]
     r = est.check_reports({"value1": np.array([1.0])}).as_dict()
     assert r == {0: "report field 'weight1' is missing"}
+    # sound-self reports: values and the 0/1 sampling decision
+    one = OSPDPRREstimator(OSPDPRR(t=0.6, k=1, lower=0, upper=10))
+    r = one.check_reports({"value1": np.array([1.0, 2.0, 11.0]),
+                           "sampled": np.array([1, 2, 0])}).as_dict()
+    assert r == {1: "report field 'sampled': 2.0 is not 0 or 1",
+                 2: "report field 'value1': 11.0 is not in [0, 10]"}
+    assert one.check_reports({"value1": np.array([1.0])}).as_dict() == {
+        0: "report field 'sampled' is missing"}
     base = OsdpRREstimator(OsdpRR(epsilon=1.0, lower=0, upper=10))
     r = base.check_reports({"value1": np.array([1.0, 2.0]),
                             "sensitive1": np.array([1, 3])}).as_dict()
@@ -648,10 +667,14 @@ def test_roles_follow_k_and_target():
     assert names == ["value2", "level1", "level2", "level3", "importance1", "importance2",
                      "importance3"]
     assert [r.required for r in mech.roles][-3:] == [False] * 3
-    assert [f for f, _ in mech.report_fields] == ["value2", "weight1", "weight2", "weight3"]
+    # sound-self: the row's sampling decision (one uniform per row); the other modes: weights
+    assert [f for f, _ in mech.report_fields] == ["value2", "sampled"] and mech.draws == 1
+    public = OSPDPRR(t=0.6, k=3, target=(2,), mode="sound-public", **U)
+    assert [f for f, _ in public.report_fields] == ["value2", "weight1", "weight2", "weight3"]
+    assert public.draws == 0
     assert mech.k_target == 1 and mech.target == (2,)
     assert OSPDPRR(t=0.6, k=2, **U).target == (1, 2)
     assert [r.name for r in OsdpRR(epsilon=1, k=2, **U).roles] == ["value1", "value2",
                                                                   "level1", "level2"]
     assert OSPDPRR.roles[0].name == "value<i>"  # the class shows a template
-    assert mech.draws == 0 and mech.central
+    assert mech.central

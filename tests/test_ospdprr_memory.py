@@ -13,6 +13,7 @@ from ldp_beam import progress
 from ldp_beam.errors import LimitError
 
 U = {"lower": 0.0, "upper": 100.0}
+PUBLIC = {"mode": "sound-public"}  # a data-reference mode: the estimator holds one row per user
 
 
 def _reports(mech, n, seed):
@@ -30,7 +31,7 @@ def test_batches_are_appended_with_amortized_growth():
     """2,000 batches of 3 rows: the rows are right, and the accumulator moved to a new buffer
     only O(log n) times (growth by 1.5: at most log_1.5(6000) + 1 = 23 buffers), where the old
     code allocated (and copied every row into) a new array for each of the 2,000 batches."""
-    mech = OSPDPRR(t=0.5, k=2, **U)
+    mech = OSPDPRR(t=0.5, k=2, **PUBLIC, **U)
     est = OSPDPRREstimator(mech, seed=3)
     rep = _reports(mech, 6000, 1)
     acc = est.create()
@@ -66,7 +67,7 @@ def test_forks_of_one_accumulator_do_not_share_appended_rows():
 
 
 def test_merge_copies_each_row_once_into_one_buffer():
-    mech = OSPDPRR(t=0.5, k=1, **U)
+    mech = OSPDPRR(t=0.5, k=1, **PUBLIC, **U)
     est = OSPDPRREstimator(mech)
     parts = [est.add(est.create(), _reports(mech, n, n)) for n in (300, 7, 50, 1)]
     merged = est.merge(parts)  # 58 rows fit in the room after the first one's 300 (of 450)
@@ -83,7 +84,7 @@ def test_merge_copies_each_row_once_into_one_buffer():
 def test_rows_held_are_capped_with_a_clear_error(monkeypatch, kind):
     """users x row width <= LDP_BEAM_MAX_USER_CELLS, checked before the rows are stored."""
     if kind == "ospdprr":
-        mech = OSPDPRR(t=0.5, k=3, target=(1,), **U)
+        mech = OSPDPRR(t=0.5, k=3, target=(1,), **PUBLIC, **U)
         est = OSPDPRREstimator(mech)
     else:
         mech = OsdpRR(epsilon=0.5, k=2, **U)
@@ -109,7 +110,7 @@ def _lexsorted(acc):
 
 def test_canonical_order_is_the_lexicographic_order_of_the_rows():
     g = np.random.default_rng(11)
-    est = OSPDPRREstimator(OSPDPRR(t=0.5, k=3, **U))
+    est = OSPDPRREstimator(OSPDPRR(t=0.5, k=3, **PUBLIC, **U))
     for trial in range(60):
         n, w = int(g.integers(0, 300)), int(g.integers(1, 5))
         if trial % 3 == 0:  # continuous: no ties
@@ -127,7 +128,7 @@ def test_canonical_order_is_the_lexicographic_order_of_the_rows():
 def test_negative_zero_does_not_make_the_release_depend_on_row_order():
     """-0.0 equals 0.0, so a sort may put either first; the canonical rows write it as 0.0, and
     a seeded release is the same for any order of the rows."""
-    mech = OSPDPRR(t=0.5, k=1, lower=-1.0, upper=1.0, query="sum")
+    mech = OSPDPRR(t=0.5, k=1, lower=-1.0, upper=1.0, query="sum", **PUBLIC)
     est = OSPDPRREstimator(mech, seed=9)
     rows = np.array([[0.0, 0.5], [-0.0, 0.5], [0.25, 0.5], [-0.0, 0.5]])
     canon = est.canonical(rows)
@@ -151,18 +152,25 @@ def test_the_cap_inside_a_release_is_a_configuration_error(tmp_path, monkeypatch
     pq.write_table(pa.table({"income": g.uniform(0, 250, 500), "lv": g.uniform(0, 1, 500)}),
                    path)
     monkeypatch.setenv("LDP_BEAM_MAX_USER_CELLS", "600")  # 300 users of 2 cells
-    before = progress.configure()
-    try:
-        code = main(["estimate", "-i", path, "-m", "ospdprr", "-p", "t=0.8", "-p", "k=1",
-                     "-p", "lower=0", "-p", "upper=250", "--role", "value1=income",
-                     "--role", "level1=lv", "-o", str(tmp_path / "r.json"), "--quiet",
-                     "--ledger", str(tmp_path / "ledger")])
-    finally:
-        progress.restore(before)  # --quiet set it for the rest of this process
+
+    def release(mode, out):
+        before = progress.configure()
+        try:
+            return main(["estimate", "-i", path, "-m", "ospdprr", "-p", "t=0.8", "-p", "k=1",
+                         "-p", f"mode={mode}", "-p", "lower=0", "-p", "upper=250",
+                         "--role", "value1=income", "--role", "level1=lv", "-o", out,
+                         "--quiet", "--ledger", str(tmp_path / "ledger")])
+        finally:
+            progress.restore(before)  # --quiet set it for the rest of this process
+
+    code = release("sound-public", str(tmp_path / "r.json"))
     err = capsys.readouterr().err
     assert code == 2, err
     assert "ldp-beam estimate: error:" in err and "LDP_BEAM_MAX_USER_CELLS" in err, err
     assert not (tmp_path / "r.json").exists()
+    # sound-self holds no rows (one pass, four integers): the same 500 users under the same cap
+    assert release("sound-self", str(tmp_path / "s.json")) == 0, capsys.readouterr().err
+    assert (tmp_path / "s.json").exists()
 
 
 def _release_config():

@@ -533,8 +533,10 @@ def _ospdprr_roles(m: "OSPDPRR") -> tuple[Role, ...]:
 
 
 def _ospdprr_fields(m: "OSPDPRR") -> tuple[tuple[str, str], ...]:
-    return (tuple((f"value{i}", "float64") for i in m.target)
-            + tuple((f"weight{i}", "float64") for i in range(1, m.k + 1)))
+    values = tuple((f"value{i}", "float64") for i in m.target)
+    if m.one_pass:  # sound-self: the row's sampling decision, drawn where the row is read
+        return values + (("sampled", "uint8"),)
+    return values + tuple((f"weight{i}", "float64") for i in range(1, m.k + 1))
 
 
 class _UnitBounded:
@@ -582,7 +584,9 @@ class OSPDPRR(_UnitBounded, Mechanism):
         Role("value<i>", help="one per target item i: a number in [lower, upper]"),
         Role("level<i>", help="one per item i = 1..k: sensitivity level in [0, 1]"),
         Role("importance<i>", required=False, help="one per item i = 1..k: importance in (0, 1]")))
-    report_fields = _ByItem(_ospdprr_fields, (("value<i>", "float64"), ("weight<i>", "float64")))
+    report_fields = _ByItem(_ospdprr_fields, (
+        ("value<i>", "float64"), ("sampled", "uint8 (sound-self)"),
+        ("weight<i>", "float64 (sound-public, paper)")))
 
     t: float
     query: str = "sum"
@@ -673,8 +677,18 @@ class OSPDPRR(_UnitBounded, Mechanism):
         return p
 
     @property
+    def one_pass(self) -> bool:
+        """sound-self: M_u, hence pi_u, is a function of user u's own row, so the row's
+        sampling is drawn where the row is read (one uniform, addressed by the row's identity)
+        and the estimator keeps only the sample's lattice sums (see the module docstring). The
+        data-reference modes need every user's weights for pi_u and keep the rows."""
+        return self.mode == "sound-self"
+
+    @property
     def draws(self) -> int:
-        return 0  # the sampling and the noise happen once, in the release
+        # sound-self: the uniform of the row's Bernoulli(pi_u) sampling; the other modes sample
+        # at release time (pi_u needs every user) and draw nothing per row
+        return 1 if self.one_pass else 0
 
     # -- the guarantee (spec §5)
     def no_guarantee_reason(self) -> tuple[tuple[str, ...], str]:
@@ -802,7 +816,26 @@ class OSPDPRR(_UnitBounded, Mechanism):
         return w
 
     def randomize(self, cols: dict[str, np.ndarray], u: np.ndarray) -> Reports:
-        return {name: np.asarray(cols[name], dtype=np.float64) for name, _ in self.report_fields}
+        """The report of each valid row: its target values and, in the data-reference modes,
+        its weights (sampled at release time); in sound-self (:attr:`one_pass`) its sampling
+        decision ``sampled = u < pi_u`` instead of the weights, ``u`` the row's one uniform
+        (per record, from the run's secret key and the row's identity in a pipeline) -- the
+        same Bernoulli(pi_u) as :meth:`release` draws, and never published."""
+        out = {f"value{i}": np.asarray(cols[f"value{i}"], dtype=np.float64) for i in self.target}
+        if not self.one_pass:
+            out.update({f"weight{i}": np.asarray(cols[f"weight{i}"], dtype=np.float64)
+                        for i in range(1, self.k + 1)})
+            return out
+        u = np.asarray(u)
+        n = out[f"value{self.target[0]}"].shape[0]
+        if u.ndim != 2 or u.shape[0] != n or u.shape[1] < 1:
+            raise ValueError(f"{self.name} (mode sound-self) samples each row with one uniform: "
+                             f"randomize needs an ({n}, 1) array of uniforms, not shape {u.shape}")
+        w = np.column_stack([np.asarray(cols[f"weight{i}"], dtype=np.float64)
+                             for i in range(1, self.k + 1)]) if n else np.zeros((0, self.k))
+        _, _, pi = self.sampling(w)
+        out["sampled"] = (u[:, 0] < pi).astype(np.uint8)
+        return out
 
     # -- stages 1-3 and the one release
     def scores(self, weights: np.ndarray) -> np.ndarray:
@@ -867,6 +900,23 @@ class OSPDPRR(_UnitBounded, Mechanism):
             epsilon = float(self.t)
         sums = statistic_units(sv, lattice).sum(axis=0)
         return self._noisy_release(n, sums, epsilon, float(pi.sum()), gen, lattice, internal)
+
+    def release_sums(self, n: int, sums: np.ndarray, rng: RngLike = None, *,
+                     allow_empty: bool = False) -> Release:
+        """Stage 3 of the one-pass release (sound-self, :attr:`one_pass`): the noise and the
+        published statistics from the sample's lattice sums ``sums`` (N, S, Q in the units of
+        :func:`statistic_lattice`, as :func:`statistic_units` sums them) over ``n`` users,
+        each sampled with her own pi_u where her row was read (:meth:`randomize`). The same
+        noise, budget and statistics as :meth:`release` on those users with that sample."""
+        if not self.one_pass:
+            raise ParameterError("mode", self.mode, "'sound-self' for a release from sums (in "
+                                 "the other modes pi_u depends on every user: use release())")
+        if n == 0 and not allow_empty:
+            raise EmptyAccumulatorError(f"{self.name}: no reports (users) to release from")
+        lattice = statistic_lattice(self.query, self.k_target, self.lower, self.upper,
+                                    self.unit_sensitivity)
+        return self._noisy_release(n, np.asarray(sums, dtype=np.int64), float(self.t),
+                                   math.nan, as_generator(rng), lattice, {})
 
     #: rows per chunk of the release's lean path (:meth:`_sample_in_chunks`)
     CHUNK_ROWS: ClassVar[int] = 1 << 16
@@ -1078,7 +1128,7 @@ class _UserRowsEstimator(Estimator):
         raise NotImplementedError("a central release is made by finalize(), once")
 
     def finalize(self, acc: np.ndarray) -> Estimate:
-        if acc.shape[0] == 0:
+        if self.n_reports(acc) == 0:
             raise EmptyAccumulatorError(f"{self.mechanism.name}: no reports (users) were "
                                         "accumulated; there is nothing to release")
         return self._release(acc, UNKEYED)
@@ -1105,17 +1155,109 @@ class _UserRowsEstimator(Estimator):
 
 
 class OSPDPRREstimator(_UserRowsEstimator):
-    """Accumulates users' rows (target values and item weights); ``finalize`` runs the three
-    stages and makes the one release.
+    """The one release of OSPDPRR.
 
-    The accumulator is a float64 array of shape (users, k_T + k): O(users), unlike the LDP
-    estimators, because the normalization, the ideal points and A/B need all users and the sample
-    is drawn at release time (capped by ``LDP_BEAM_MAX_USER_CELLS``). ``merge`` appends the
-    rows once; ``finalize`` sorts the rows first, so the
-    release is the same whatever the split or merge order. ``seed`` makes the release
-    reproducible (a function of the seed and the rows; for tests only: whoever knows the seed can
-    remove the noise); default: OS entropy. Each ``finalize`` is one release (see the module
-    docstring for per-key / per-window budgets)."""
+    **sound-self (one pass, bounded).** Each report carries its row's sampling decision
+    (:meth:`OSPDPRR.randomize`: ``sampled = u < pi_u``, u drawn where the row was read); the
+    accumulator is four int64 numbers, ``[users, N, S, Q]``: the users seen (the curator's
+    count, never released) and the sample's statistics summed exactly on the integer lattice
+    (:func:`statistic_lattice`). ``add`` and ``merge`` add integers (exact, so any split and
+    merge order gives the same accumulator, bit for bit); ``finalize`` draws the one discrete
+    Laplace noise (:meth:`OSPDPRR.release_sums`). The memory does not grow with users.
+
+    **sound-public, paper (O(users)).** The accumulator is a float64 array of shape (users, k_T
+    + k), the target values and item weights, because the normalization, the ideal points and
+    A/B need all users and the sample is drawn at release time (capped by
+    ``LDP_BEAM_MAX_USER_CELLS``). ``merge`` appends the rows once; ``finalize`` sorts the rows
+    first, so the release is the same whatever the split or merge order.
+
+    ``seed`` makes the release's noise reproducible (a function of the seed and the
+    accumulator; for tests only: whoever knows the seed can remove the noise); default: OS
+    entropy. Each ``finalize`` is one release (see the module docstring for per-key /
+    per-window budgets)."""
+
+    def __init__(self, mechanism: Any, seed: int | None = None) -> None:
+        super().__init__(mechanism, seed)
+        self.one_pass = bool(getattr(mechanism, "one_pass", False))
+        # the one-pass accumulator is four integers; the other modes' holds one row per user
+        self.accumulates_rows = not self.one_pass
+        if self.one_pass:
+            self.lattice = statistic_lattice(mechanism.query, mechanism.k_target,
+                                             mechanism.lower, mechanism.upper,
+                                             mechanism.unit_sensitivity)
+            # |S| and Q of one row are at most k_T 2^LATTICE_BITS units: int64 sums are exact
+            # for up to this many users (about 8.8e12 / k_T)
+            self.max_users = ((1 << 63) - 1) // (mechanism.k_target << LATTICE_BITS)
+
+    # -- the one-pass (sound-self) accumulator: [users, N, S, Q], int64
+    def create(self) -> np.ndarray:
+        if not self.one_pass:
+            return super().create()
+        return np.zeros(4, dtype=np.int64)
+
+    def add(self, acc: np.ndarray, reports: Mapping[str, np.ndarray]) -> np.ndarray:
+        """sound-self: ``acc`` plus the users of ``reports`` and the lattice sums of the
+        sampled ones (a new array of four integers); else the rows appended (see
+        :class:`_UserRowsEstimator`)."""
+        if not self.one_pass:
+            return super().add(acc, reports)
+        m = self.mechanism
+        keep = np.asarray(reports["sampled"]).reshape(-1) != 0
+        n = keep.size
+        if not n:
+            return acc
+        if keep.all():
+            vals = np.column_stack([np.asarray(reports[f"value{i}"], dtype=np.float64)
+                                    .reshape(-1) for i in m.target])
+        else:
+            vals = np.column_stack([np.asarray(reports[f"value{i}"], dtype=np.float64)
+                                    .reshape(-1)[keep] for i in m.target])
+        out = np.empty(4, dtype=np.int64)
+        out[0] = self._users(int(acc[0]) + n)
+        out[1:] = np.asarray(acc[1:], dtype=np.int64) + statistic_units(
+            vals, self.lattice).sum(axis=0)
+        return out
+
+    def merge(self, accs: Iterable[np.ndarray]) -> np.ndarray:
+        if not self.one_pass:
+            return super().merge(accs)
+        accs = [np.asarray(a, dtype=np.int64) for a in accs]
+        if not accs:
+            return self.create()
+        self._users(sum(int(a[0]) for a in accs))
+        return np.sum(accs, axis=0, dtype=np.int64)
+
+    def _users(self, users: int) -> int:
+        if users > self.max_users:
+            raise ParameterError("users", users, f"at most {self.max_users:,} users in one "
+                                 "release (the int64 lattice sums must stay exact)")
+        return users
+
+    def n_reports(self, acc: np.ndarray) -> int:
+        return int(acc[0]) if self.one_pass else super().n_reports(acc)
+
+    def canonical(self, acc: np.ndarray) -> np.ndarray:
+        """The accumulator in the form ``finalize`` releases from, equal for any split of the
+        reports into batches and any merge order: the sums themselves (sound-self), the rows
+        in lexicographic order (the other modes)."""
+        if self.one_pass:
+            return np.array(acc, dtype=np.int64)
+        return super().canonical(acc)
+
+    def finalize_key(self, acc: np.ndarray | None, key: Any) -> Estimate:
+        if not self.one_pass:
+            return super().finalize_key(acc, key)
+        return self._release(self.create() if acc is None else np.asarray(acc, np.int64), key)
+
+    def _release(self, acc: np.ndarray, key: Any) -> Estimate:
+        if not self.one_pass:
+            return super()._release(acc, key)
+        acc = np.asarray(acc, dtype=np.int64)
+        rel = self.mechanism.release_sums(int(acc[0]), acc[1:],
+                                          release_source(self.seed, acc, key), allow_empty=True)
+        # n_reports=None: the exact number of users is itself sensitive and is not released
+        return Estimate(self.mechanism.name, None, rel.statistics, self.mechanism.guarantee,
+                        self.mechanism.params())
 
     def check_reports(self, reports: Mapping[str, Any], n: int | None = None) -> Reasons:
         reasons = super().check_reports(reports, n)
@@ -1124,6 +1266,10 @@ class OSPDPRREstimator(_UserRowsEstimator):
             if name not in reports:
                 continue
             v, _ = coerce_numeric(reports[name])  # non-numeric entries -> NaN, flagged below
+            if name == "sampled":
+                reasons.flag(~np.isin(v, (0.0, 1.0)), lambda r, v=v: f"report field "
+                             f"'sampled': {float(v[r])!r} is not 0 or 1")
+                continue
             lo, hi = (m.lower, m.upper) if name.startswith("value") else (0.0, 1.0)
             with np.errstate(invalid="ignore"):
                 bad = ~np.isfinite(v) | (v < lo) | (v > hi)
