@@ -13,6 +13,38 @@ from ldp_beam.transforms.units import (KeptRows, _ArraysCoder, _MinSketch, _row_
 U64 = np.uint64
 
 
+def _c_module():
+    try:
+        from ldp_beam import _minsketch
+    except ImportError:
+        return None
+    return _minsketch
+
+
+@pytest.fixture(autouse=True, params=["c", "numpy"])
+def insert(request, monkeypatch):
+    """Every test runs with the C insert loop (ldp_beam/_minsketch.c) and with the numpy
+    rounds it replaces: the two must keep the same rows."""
+    if request.param == "numpy":
+        monkeypatch.setattr(units, "_NATIVE", None)
+    else:
+        mod = _c_module()
+        if mod is None:
+            _no_c_module()
+        monkeypatch.setattr(units, "_NATIVE", mod)
+    return request.param
+
+
+def _no_c_module():
+    import shutil
+    import sysconfig
+
+    if shutil.which(sysconfig.get_config_var("CC").split()[0] or "cc") is None:
+        pytest.skip("ldp_beam._minsketch is not built: no C compiler here (the numpy path runs)")
+    pytest.fail("a C compiler is here but ldp_beam._minsketch is not built: reinstall the "
+                "package (pip install -e .)")
+
+
 def _oracle(u, prio, s, rid):
     """One row per unit by sorting (the general path): (units, [(unit, stream, record)])."""
     c, n = reduce_candidates({"u": u, "rh": prio, "s": s, "rid": rid}, 1, 1, False)
@@ -188,3 +220,57 @@ def test_freezing_hands_the_freed_heap_back_once(monkeypatch):
     sketch.freeze()  # already frozen: nothing to free
     assert calls == [0] and sketch.tables == [None] * len(sketch.tables)
     assert _got(sketch) == want
+
+
+def test_many_small_batches_with_ties_keep_the_sorting_oracles_rows():
+    """Tables that grow many times, rows of one unit spread over batches, priorities in 0..3
+    (ties broken by (stream, record)): the per-unit minimum, as the sort finds it."""
+    rng = np.random.default_rng(10)
+    u, prio, s, rid = _rows(rng, 200_000, 30_000, [4, 2**64 - 2, 12])
+    sketch = _MinSketch()
+    for a in range(0, u.size, 1500):
+        sketch.add(u[a:a + 1500], prio[a:a + 1500], s[a:a + 1500], rid[a:a + 1500])
+    assert _got(sketch) == _oracle(u, prio, s, rid)
+
+
+def test_a_sketch_pickled_right_after_a_batch_holds_that_batch():
+    rng = np.random.default_rng(11)
+    u, prio, s, rid = _rows(rng, 60_000, 9000, [2, 3], ties=False)
+    sketch = _MinSketch()
+    sketch.add(u[:30_000], prio[:30_000], s[:30_000], rid[:30_000])
+    sketch.add(u[30_000:], prio[30_000:], s[30_000:], rid[30_000:])  # may still be going in
+    back = pickle.loads(pickle.dumps(sketch))
+    assert _got(back) == _oracle(u, prio, s, rid)
+
+
+def test_the_c_insert_reports_a_bad_row_at_the_next_step(insert):
+    if insert != "c":
+        pytest.skip("the numpy rounds never see a zero hash either (hashes have their low bit "
+                    "set); the C loop checks it")
+    sketch = _MinSketch()
+    u = np.array([3, 0, 5], U64)
+    sketch.add(u, np.arange(3, dtype=U64), np.full(1, 1, U64), np.arange(3, dtype=np.int64))
+    with pytest.raises(ValueError, match="unit hash of 0"):
+        sketch.units
+
+
+def test_the_c_module_refuses_tables_it_cannot_use():
+    mod = _c_module()
+    if mod is None:
+        _no_c_module()
+    kp, ref = np.zeros((100, 2), U64), np.zeros(100, U64)
+    rows = (np.array([3], U64), np.array([1], U64), np.array([0], U64), None)
+    names = np.array([1], U64)
+    with pytest.raises(ValueError, match="size 200"):
+        mod.insert([(kp, ref, None, 200)], names, *rows)
+    with pytest.raises(ValueError, match="power of two"):
+        mod.insert([(kp, ref, None, 90)] * 3, names, *rows)
+    with pytest.raises(ValueError, match="expected 100"):
+        mod.insert([(kp, np.zeros(99, U64), None, 90)], names, *rows)
+    with pytest.raises(TypeError, match="64-bit"):
+        mod.insert([(kp, np.zeros(100, np.uint32), None, 90)], names, *rows)
+    with pytest.raises(ValueError, match="stream index"):
+        mod.insert([(kp, ref, None, 90)], names, rows[0], rows[1], np.array([1 << 48], U64),
+                   None)
+    assert not kp.any()  # refused rows leave the table as it was
+    assert mod.insert([(kp, ref, None, 90)], names, *rows) == [1]

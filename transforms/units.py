@@ -130,6 +130,7 @@ it, as soon as a shard's reduction has counted more.
 """
 from __future__ import annotations
 
+import os
 import pickle
 import sys
 from typing import Any, Callable
@@ -157,6 +158,12 @@ UNITS_WHAT = ("distinct privacy units of a bounded collection or release: the bo
               "to max_partitions_per_unit x max_rows_per_partition entries of 32-48 bytes per "
               "unit while it runs (one row per unit: a hash table of 40-60 bytes a unit, about "
               "50 MB per million units; otherwise about 100 MB per million units)")
+try:  # the insert loop in C (ldp_beam/_minsketch.c: an optional extension; numpy otherwise)
+    from ldp_beam import _minsketch as _NATIVE
+except ImportError:  # not compiled (no compiler where the package was built)
+    _NATIVE = None
+if os.environ.get("LDP_BEAM_NO_NATIVE"):  # the numpy rounds, for comparison (bench, tests)
+    _NATIVE = None
 _COMPACT_MIN = 1 << 16  # pending candidate entries before an accumulator is first reduced
 _AES_GAP = 1 << 13  # records: drawing a gap this long costs about what a new AES generator does
 
@@ -694,6 +701,30 @@ def _home(u: np.ndarray, size: int) -> np.ndarray:
     return ((((u >> U64(1)) & U64(0xFFFFFFFF)) * U64(size)) >> U64(32)).astype(np.int64)
 
 
+_POOL: Any = None  # (process id, executor)
+
+
+def _background() -> Any:
+    """The one thread that runs the C inserts of every sketch in this process (each sketch
+    waits for its own insert before the next, so one thread is enough). A forked worker
+    process gets its own (the parent's thread does not exist there)."""
+    global _POOL
+    if _POOL is None or _POOL[0] != os.getpid():
+        from concurrent.futures import ThreadPoolExecutor
+
+        _POOL = (os.getpid(), ThreadPoolExecutor(1, thread_name_prefix="ldp-beam-bounding"))
+    return _POOL[1]
+
+
+def _native_insert(tables: list, names: np.ndarray | None, u: np.ndarray, prio: np.ndarray,
+                   ref: np.ndarray, s: np.ndarray | None) -> list[int]:
+    """Rows into ``tables`` (a power of two of :class:`_MinTable`, row ``i`` into the one the
+    top bits of ``u[i]`` name) by the C loop; the units each table claimed."""
+    c = np.ascontiguousarray
+    return _NATIVE.insert([(t.kp, t.ref, t.s, t.size) for t in tables], names, c(u, U64),
+                          c(prio, U64), c(ref, U64), None if s is None else c(s, U64))
+
+
 class _MinTable:
     """The bounding sketch for one row per unit and one partition (``Linf = 1``, no
     ``partition_fn``, the LDP default): per unit, the row of smallest ``(priority, stream,
@@ -714,11 +745,12 @@ class _MinTable:
     (:meth:`freeze`), it keeps only its held entries and rebuilds itself when a row comes."""
 
     __slots__ = ("size", "kp", "slots", "keys", "prio", "ref", "s", "units", "frozen",
-                 "streams")
+                 "streams", "names")
 
     def __init__(self, streams: list | None = None, wide: bool = False,
                  size: int = _TABLE_MIN) -> None:
         self.streams = streams if streams is not None else []  # packed stream index -> stream
+        self.names = None  # self.streams as an array, for the C insert's ties
         self.units = 0
         self.frozen = None
         self._alloc(size, size + _TABLE_PAD, wide)
@@ -747,7 +779,7 @@ class _MinTable:
 
     def __setstate__(self, state):
         self._drop()
-        self.streams = []
+        self.streams, self.names = [], None
         self.frozen, self.units = tuple(state[:4]), state[4]
 
     def entries(self) -> tuple:
@@ -774,6 +806,10 @@ class _MinTable:
         their home slots, each at the first slot past the previous one's and not before its
         home (a running maximum), which is where linear probing would put them."""
         u, p, ref, s = held
+        if _NATIVE is not None:  # distinct units into an empty table: probing claims, in C
+            self._alloc(size, size + _TABLE_PAD, s is not None)
+            self.units = _native_insert([self], self._names(), u, p, ref, s)[0]
+            return
         h = _home(u, size)
         order = np.argsort(h, kind="stable")  # nearly sorted when rebuilt from a table: runs
         h = h[order]
@@ -881,8 +917,20 @@ class _MinTable:
             idx, u, pos = idx[rest], u[rest], nxt[rest]
             pos[pos >= alloc] -= alloc
 
+    def _names(self) -> np.ndarray | None:
+        """The streams by packed index, as an array (for the C insert's ties; None when
+        wide)."""
+        if self.s is not None:
+            return None
+        if self.names is None or self.names.size != len(self.streams):
+            self.names = np.array(self.streams, U64)
+        return self.names
+
     def _add(self, u: np.ndarray, prio: np.ndarray, ref: np.ndarray,
              s: np.ndarray | None) -> None:
+        if _NATIVE is not None:  # the same table, one C loop (ldp_beam/_minsketch.c)
+            self.units += _native_insert([self], self._names(), u, prio, ref, s)[0]
+            return
         slot, cur = self._slots(u)
         c = np.flatnonzero(prio <= cur)  # the others cannot be their unit's minimum
         if c.size == 0:
@@ -991,7 +1039,8 @@ class _MinSketch:
     combine, never encoded), which recomputes them (one AES block a unit) only if rows are added
     or sketches merged after decoding. A frozen sketch thaws back into tables when rows come."""
 
-    __slots__ = ("tables", "pending", "queued", "streams", "index", "wide", "frozen", "key")
+    __slots__ = ("tables", "pending", "queued", "streams", "index", "wide", "frozen", "key",
+                 "inflight")
 
     def __init__(self, key: bytes | None = None) -> None:
         self.tables: list = [None] * (1 << _MIN_SHARD_BITS)
@@ -1002,6 +1051,7 @@ class _MinSketch:
         self.wide = False
         self.frozen = None  # (u, priorities or None, references, streams or None, units)
         self.key = key  # the row key's AES key (see row_priorities), or None
+        self.inflight = None  # the C insert running in the background, if any
 
     def __getstate__(self):
         self.freeze()
@@ -1025,9 +1075,18 @@ class _MinSketch:
         self.pending = [[] for _ in range(1 << _MIN_SHARD_BITS)]
         self.queued = [0] * (1 << _MIN_SHARD_BITS)
         self.key = None
+        self.inflight = None
+
+    def _settle(self) -> None:
+        """Wait for the C insert running in the background (its error, if any, is raised
+        here): every method that reads or changes the tables calls this first."""
+        f, self.inflight = self.inflight, None
+        if f is not None:
+            f.result()
 
     @property
     def units(self) -> int:
+        self._settle()
         if self.frozen is not None:
             return self.frozen[4]
         return sum(t.units for t in self.tables if t is not None)
@@ -1072,11 +1131,15 @@ class _MinSketch:
                 t.widen()
         self.wide = True
 
-    def add(self, u: np.ndarray, prio: np.ndarray, s: np.ndarray, rid: np.ndarray) -> bool:
-        """Queue candidate rows (``s``: each row's stream, or one stream for all); True when a
-        shard's table took rows (units may have grown)."""
+    def add(self, u: np.ndarray, prio: np.ndarray, s: np.ndarray, rid: np.ndarray
+            ) -> int | None:
+        """Queue candidate rows (``s``: each row's stream, or one stream for all). Returns the
+        units to check against the cap when tables took rows (else None): with the C insert,
+        the units before this batch, which then goes in in the background."""
         self._thaw()
         ref, sw = self._refs(s, rid)
+        if _NATIVE is not None:
+            return self._add_native(u, prio, ref, sw)
         shard = (u >> U64(64 - _MIN_SHARD_BITS)).astype(np.uint8)
         order = np.argsort(shard, kind="stable")  # a radix sort for 8-bit keys
         ends = np.cumsum(np.bincount(shard, minlength=1 << _MIN_SHARD_BITS)).tolist()
@@ -1090,7 +1153,43 @@ class _MinSketch:
                     self._flush(k)
                     grew = True
             a = b
-        return grew
+        return self.units if grew else None
+
+    def _add_native(self, u: np.ndarray, prio: np.ndarray, ref: np.ndarray,
+                    sw: np.ndarray | None) -> int:
+        """:meth:`add` by one C call for all the shards: no queues, no sort by shard (the C
+        loop prefetches each row's slot a few rows ahead, which hides the misses the queues
+        were there to avoid). Each table first grows, if need be, to take all its rows as new
+        units below 9/10 full, and after the insert when it is more than 3/5 full (as
+        :meth:`_MinTable.add`).
+
+        The insert runs on a background thread (the C loop releases the GIL), so it overlaps
+        the reading and hashing of the next batch; the next call to any method waits for it
+        (:meth:`_settle`), so the tables change in the order the rows came, and the result is
+        the per-unit minimum, which does not depend on that order anyway."""
+        nt = 1 << _MIN_SHARD_BITS
+        counts = np.bincount((u >> U64(64 - _MIN_SHARD_BITS)).astype(np.intp), minlength=nt)
+        for k in range(nt):
+            t = self.tables[k]
+            if t is None:
+                t = self.tables[k] = _MinTable(self.streams, self.wide)
+            t._thaw()
+            c = int(counts[k])
+            while t.units + c > _TABLE_FULL * t.size:
+                t._grow(c)
+        tables = list(self.tables)
+        names = tables[0]._names()
+        before = sum(t.units for t in tables)
+
+        def insert() -> None:
+            got = _native_insert(tables, names, u, prio, ref, sw)
+            for t, g in zip(tables, got):
+                t.units += g
+                if t.units > _TABLE_LOAD * t.size:
+                    t._grow(0)
+
+        self.inflight = _background().submit(insert)
+        return before
 
     def _flush(self, k: int) -> None:
         parts = self.pending[k]
@@ -1104,6 +1203,7 @@ class _MinSketch:
         self.tables[k].add(*cols)
 
     def flush(self) -> None:
+        self._settle()
         for k in range(len(self.tables)):
             self._flush(k)
 
@@ -1151,6 +1251,7 @@ class _MinSketch:
 
     def _thaw(self) -> None:
         """A frozen sketch back into tables (priorities recomputed from the key if left out)."""
+        self._settle()
         if self.frozen is None:
             return
         u, p, ref, s, _ = self.frozen
@@ -1391,8 +1492,9 @@ class BoundingCombineFn(beam.CombineFn):
         if c["u"].size == 0:
             return acc
         if isinstance(acc, _MinSketch):
-            if self._keyed(acc).add(c["u"], c["rh"], c["s"], c["rid"]):
-                self.spec.too_many(acc.units)
+            units = self._keyed(acc).add(c["u"], c["rh"], c["s"], c["rid"])
+            if units is not None:  # with the C insert: the units before this batch
+                self.spec.too_many(units)
             return acc
         shard = shard_of(c["u"])
         order = np.argsort(shard, kind="stable")  # a radix sort for 8-bit keys
