@@ -9,7 +9,9 @@ ospdprr_one_sided_personalized_dp.txt``: abstract and the Algorithm 1 box only).
 
 The curator sees every user's ``k`` items. A user's row holds the values of the *target* items
 ``T`` (the query's input) and, for every item, a sensitivity level and an importance. Three
-stages, all in :meth:`OSPDPRR.release` (called once per release by the estimator's finalize):
+stages, all in :meth:`OSPDPRR.release` on arrays of every user (the estimator's finalize in the
+data-reference modes; in sound-self, stage 2's draw is made per row by :meth:`OSPDPRR.randomize`
+and stage 3 by :meth:`OSPDPRR.release_sums`, see below):
 
 1. **Sensitivity weights and the comprehensive weight** (spec §2). A pluggable *sensitivity
    specification function* ``S(importance, level) -> weight`` (default: importance relative to the
@@ -46,40 +48,58 @@ sample, what the paper appears to do; biased for count/sum by ``sum pi / n``) an
 (count/sum times ``n / sum pi``; only where ``pi`` is public, i.e. ``sound-public``, or in the
 claim-free ``paper`` mode).
 
-**Accumulators are O(users), bounded and never copied quadratically.** Unlike the LDP families,
-the estimators here keep every user's row (the target values and the k weights): the
-normalization, the ideal points and A/B of stages 1-2 need all users at once, and the sample is
-drawn at release time. ``add`` appends a batch's rows into the spare capacity of the
-accumulator's buffer (grown by a factor 1.5 when full), ``merge`` appends all accumulators once,
-so n rows cost O(n) copying in all (it was a full copy per batch: quadratic). The rows held are
-capped by ``LDP_BEAM_MAX_USER_CELLS`` (:mod:`ldp_beam.limits`, ``user_cells``: users x row width,
-1 GiB of rows by default), checked before rows are stored, with a
-:class:`~ldp_beam.errors.LimitError` naming the variable. ``finalize`` sorts the rows into a
-canonical order first, so the release does not depend on how the rows were split or merged. One
-row must be one user: the pipeline groups a user's items into one row before estimating (the
-user-level sensitivities assume it).
+**sound-self: one pass, memory that does not grow with users (issue 16).** M_u is a function
+of user u's own row, so so is pi_u, and the row's sampling Bernoulli(pi_u) is drawn where the
+row is read: the mechanism draws one uniform per row (``draws = 1``), and :meth:`OSPDPRR.randomize`
+reports the row's target values and ``sampled = u < pi_u`` (not its weights). In a pipeline,
+``Perturb`` addresses that uniform exactly as ``collect`` addresses LDP noise: by the run's
+secret key (:class:`~ldp_beam.rng.RunKey`, fresh OS entropy; never a fixed default seed) and
+the row's identity (its input stream and record offset, from ``ReadTable``'s ``KeyedBatch``),
+so the sample is secret, a runner's retry reproduces it, and a seeded run (reproducible, and
+saying it is not private) samples the same rows whatever the runner or batch size. The
+estimator's accumulator is four int64 numbers ``[users, N, S, Q]``: the users seen (curator
+bookkeeping, never released) and the sample's statistics summed exactly on the integer lattice
+(:func:`statistic_lattice`), so ``add`` and ``merge`` are integer additions (exact in any split
+and merge order; at most (2^63 - 1) / (k_T 2^20) users, checked), and ``finalize`` draws the one
+discrete Laplace noise (:meth:`OSPDPRR.release_sums`). The release's distribution is that of
+:meth:`OSPDPRR.release` (the same pi_u, the same noise, budget and statistics); its seeded
+outputs differ from the former row accumulator's, whose sample was addressed by the hash of all
+sorted rows. :meth:`OSPDPRR.release` itself (numpy arrays of every user, the paper
+reproduction's path) is unchanged and O(users) in process.
 
-*Why not one bounded pass, and the plan for one.* A bounded sample (a reservoir or bottom-k)
-would change the release: every user is sampled independently with her own pi_u (Poisson
-sampling), so the sample's size is itself random and unbounded. None is needed either: the
-release uses only the sampled users' sums N, S, Q (and, in paper mode, their smallest score).
-But in the data-reference modes pi_u depends on every other user, and today's seeded release is
-addressed by the hash of all sorted rows. What is exact is a multi-pass plan whose memory does
-not grow with users: (1) one combine of O(k) numbers, the weight columns' sums of squares, minima and
-maxima (the TOPSIS normalization and ideal points of ``ref="data"``); (2) a pass computing each
-user's M_u from them and combining A = max M, B = min M; (3) a pass drawing each user's sampling
-Bernoulli(pi_u) from randomness addressed by the row's identity (its input stream and offset, as
-``collect`` addresses LDP noise) and summing N, S, Q on the lattice (three integers), then the
-one noise draw. ``sound-self`` needs pass 3 alone (M_u is a function of the user's own row). The
-distribution of the release is unchanged; a seeded release would then be addressed by the rows'
-identities rather than by the sorted rows, so seeded outputs would differ from today's (each is
-bit-identical across runners and batch sizes). Until then the cap above bounds the memory.
-Measured peak RSS of ``ldp-beam estimate -m ospdprr`` (k = 1, DirectRunner, one process):
-484 MB and 1885 MB at 10^6 and 10^7 users with the former per-batch concatenation, full-column
-lexsort and per-user arrays in the release; 403 MB and 1354 MB now (the 10^7 run 63.6 s -> 29.4
-s on the shared machine), the seeded releases identical. What still grows with users is the
-accumulator itself (16 bytes a user here) and the copies the runner makes of it (encoded for
-the shuffle and decoded) besides the sorted copy the release makes.
+Measured (``ldp-beam bench --only cli --only ospdprr``: ``ldp-beam estimate -m ospdprr`` from
+raw rows, t = 0.8, sum, k = 1, DirectRunner, one process, peak RSS = the process's VmHWM, on the
+shared 2-core machine): with the former row accumulator 375 MB / 4.8 s at 10^6 rows and 1340 MB
+/ 13.4 s at 10^7 (RSS growth +257%, load 1.7); one pass, 331 MB / 5.5 s and 319 MB / 7.2 s
+(growth -4%, load 4.0; the issue's target is +15%). What remains of the memory is Beam's and
+the batches in flight, not users.
+
+**sound-public, paper: O(users), bounded and never copied quadratically.** Here the estimator
+keeps every user's row (the target values and the k weights): the normalization, the ideal
+points and A/B of stages 1-2 need all users, and the sample is drawn at release time. These two
+modes are the only ones that hold rows. ``add`` appends a batch's rows into the spare capacity
+of the accumulator's buffer (grown by a factor 1.5 when full), ``merge`` appends all
+accumulators once, so n rows cost O(n) copying in all. The rows held are capped by
+``LDP_BEAM_MAX_USER_CELLS`` (:mod:`ldp_beam.limits`, ``user_cells``: users x row width, 1 GiB of
+rows by default), checked before rows are stored, with a :class:`~ldp_beam.errors.LimitError`
+naming the variable. ``finalize`` sorts the rows into a canonical order first, so the release
+does not depend on how the rows were split or merged, and releases a chunk of users at a time
+(:meth:`OSPDPRR._sample_in_chunks`). One row must be one user in every mode: the pipeline groups
+a user's items into one row before estimating (the user-level sensitivities assume it).
+
+*The plan for the data-reference modes (not implemented).* A bounded sample (a reservoir or
+bottom-k) would change the release: every user is sampled independently with her own pi_u
+(Poisson sampling), so the sample's size is itself random and unbounded. None is needed: the
+release uses only the sampled users' sums N, S, Q, their sum of pi (the ratio estimator) and,
+in paper mode, their smallest score. An exact plan whose memory does not grow with users reads
+the rows three times: (1) one combine of O(k) numbers, the weight columns' sums of squares,
+minima and maxima (the TOPSIS normalization of ``ref="data"``), then the ideal points from
+them (the column minima and maxima of the normalized matrix are the normalized minima and
+maxima); (2) a pass computing each user's M_u from them and combining A = max M, B = min M;
+(3) the sound-self pass above with pi_u from M'_u = (M_u - B)/(A - B), also summing pi and, in
+paper mode, keeping the smallest sampled score. Each pass needs the previous one's few numbers
+as a side input, so on a runner that materializes a PCollection read by several stages the
+input would be read three times rather than kept. Until then the cap above bounds the memory.
 
 **Privacy unit (issue 14; docs/person_level.md).** ``max_partitions_per_unit`` (L0) and
 ``max_rows_per_partition`` (Linf), both 1 by default (one row per user, as above), are the
@@ -572,9 +592,11 @@ class OSPDPRR(_UnitBounded, Mechanism):
     over the ``raw`` scores M, default, or the ``rescaled`` M'); ``mean_floor`` (cv only: a public
     lower bound > 0 on the mean; default ``lower``, which must then be > 0).
 
-    Curator side: ``check``/``randomize`` only validate the rows and compute the item weights
-    (``draws == 0``); invalid rows are dead-lettered. :class:`OSPDPRREstimator` accumulates the
-    rows and makes the one release in ``finalize``.
+    Curator side: ``check`` validates the rows and computes the item weights; invalid rows are
+    dead-lettered. In sound-self, ``randomize`` also draws each row's sampling (``draws == 1``:
+    ``sampled = u < pi_u``) and :class:`OSPDPRREstimator` sums the sample in one pass; in the
+    other modes ``randomize`` passes the weights on (``draws == 0``) and the estimator keeps the
+    rows. Either way the one release is made in ``finalize``.
     """
 
     NAME: ClassVar[str] = "ospdprr"
