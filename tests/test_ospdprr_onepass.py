@@ -292,3 +292,13 @@ def test_user_count_bound_keeps_the_int64_sums_exact():
         est.add(near, {"value1": np.zeros(1), "value2": np.zeros(1),
                        "sampled": np.ones(1, np.uint8)})
     assert est.n_reports(est.merge([near, est.create()])) == est.max_users
+
+
+def test_weight_reports_are_refused_by_the_one_pass_estimator():
+    """A sound-self estimator fed the data-reference modes' reports (weights, no sampling
+    decision) says so rather than releasing an unsampled sum."""
+    from ldp_beam.errors import ParameterError
+
+    est = OSPDPRREstimator(OSPDPRR(t=0.8, k=1, **U))
+    with pytest.raises(ParameterError, match="sampled"):
+        est.add(est.create(), {"value1": np.ones(3), "weight1": np.zeros(3)})

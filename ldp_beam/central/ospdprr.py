@@ -71,7 +71,8 @@ Measured (``ldp-beam bench --only cli --only ospdprr``: ``ldp-beam estimate -m o
 raw rows, t = 0.8, sum, k = 1, DirectRunner, one process, peak RSS = the process's VmHWM, on the
 shared 2-core machine): with the former row accumulator 375 MB / 4.8 s at 10^6 rows and 1340 MB
 / 13.4 s at 10^7 (RSS growth +257%, load 1.7); one pass, 331 MB / 5.5 s and 319 MB / 7.2 s
-(growth -4%, load 4.0; the issue's target is +15%). What remains of the memory is Beam's and
+(growth -4%, load 4.0), and in a second run 299 MB / 4.9 s and 312 MB / 6.1 s (growth +4%, load
+2.3; the issue's target is +15%). What remains of the memory is Beam's and
 the batches in flight, not users.
 
 **sound-public, paper: O(users), bounded and never copied quadratically.** Here the estimator
@@ -1224,6 +1225,10 @@ class OSPDPRREstimator(_UserRowsEstimator):
         if not self.one_pass:
             return super().add(acc, reports)
         m = self.mechanism
+        if "sampled" not in reports:
+            raise ParameterError("reports", sorted(reports), "sound-self reports: value<i> and "
+                                 "the row's sampling decision 'sampled' (made by "
+                                 "OSPDPRR.perturb/randomize), not the weights")
         keep = np.asarray(reports["sampled"]).reshape(-1) != 0
         n = keep.size
         if not n:
