@@ -673,6 +673,11 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO if a.verbose else logging.ERROR)
     if not a.verbose:
         logging.getLogger().setLevel(logging.ERROR)
+    if a.command in ("demo", "collect", "estimate", "stream"):  # commands that build pipelines
+        # exact shortcuts in Beam's pipeline construction (a verified Beam only; see the module)
+        from ldp_beam.transforms.beam_speed import install
+
+        install()
     try:
         if a.command == "demo":
             from .demo import run_demo

@@ -1,0 +1,225 @@
+"""ldp_beam.transforms.beam_speed: the memoized Beam argument inspection and the IPython check
+return exactly what Beam's own functions return, and nothing is installed when Beam differs."""
+import functools
+import inspect
+import sys
+import types
+
+import apache_beam as beam
+import pytest
+from apache_beam.runners.common import MethodWrapper
+from apache_beam.transforms import core, userstate
+from apache_beam.utils import interactive_utils
+
+from ldp_beam.transforms import beam_speed
+
+
+@pytest.fixture
+def pristine():
+    """Beam as shipped for the test; the shortcuts re-installed after it if they were before
+    (the command line's tests install them in this process)."""
+    was = beam_speed.status() == "installed"
+    beam_speed.uninstall()
+    yield
+    beam_speed.uninstall()
+    if was:
+        assert beam_speed.install()
+
+
+def _same(a, b):
+    """Equal argument names, and the very same default objects."""
+    assert a[0] == b[0]
+    assert len(a[1]) == len(b[1]) and all(x is y for x, y in zip(a[1], b[1])), (a, b)
+
+
+class _Stateful(beam.DoFn):
+    BUF = userstate.BagStateSpec("buf", beam.coders.VarIntCoder())
+    TIMER = userstate.TimerSpec("t", beam.TimeDomain.WATERMARK)
+
+    def process(self, kv, buf=beam.DoFn.StateParam(BUF), t=beam.DoFn.TimerParam(TIMER),
+                w=beam.DoFn.WindowParam, *rest, key_only=1, **kw):
+        yield kv
+
+    @userstate.on_timer(TIMER)
+    def fire(self, buf=beam.DoFn.StateParam(BUF)):
+        return []
+
+
+class _Wrapped(beam.DoFn):
+    @staticmethod
+    def helper(a, b=2):
+        return a
+
+    def process(self, x, y=3):
+        yield x
+
+
+def _decorated(fn):
+    @functools.wraps(fn)
+    def inner(*a, **k):
+        return fn(*a, **k)
+    return inner
+
+
+def _callables():
+    """Every method Beam inspects on a range of DoFns (Beam's own, ours, stateful), and other
+    callables: bound and plain functions, wrappers, partials, builtins, classes, lambdas."""
+    from ldp_beam import build_mechanism
+    from ldp_beam.transforms import PerturbFn
+
+    dofns = [_Stateful(), _Wrapped(), core.CallableWrapperDoFn(lambda x, k=5: x),
+             PerturbFn(build_mechanism("grr", epsilon=1.0, domain=("a", "b")), {"value": "x"})]
+    out = []
+    for d in dofns:
+        for name in dir(d):
+            m = getattr(d, name, None)
+            if isinstance(m, types.MethodType):
+                out.append(m)
+    out += [_decorated(lambda a, b=1: a), functools.partial(lambda a, b, c=1: a, 1), len,
+            str.strip, dict, lambda *a, **k: None, lambda a, /, b=1, *, c=2: a, _Wrapped.helper,
+            MethodWrapper.__init__]
+    return out
+
+
+def test_memo_returns_beams_own_answer(pristine):
+    original = core.get_function_args_defaults
+    assert beam_speed.install()
+    calls = _callables()
+    assert len(calls) > 60
+    for f in calls:
+        want = original(f)
+        _same(beam_speed._args_defaults(f), want)
+        _same(beam_speed._args_defaults(f), want)  # from the memo
+        # fresh lists every time, as Beam's function gives: a caller may change its copy
+        got = beam_speed._args_defaults(f)
+        got[0].append("x")
+        _same(beam_speed._args_defaults(f), want)
+
+
+def test_memo_follows_changed_functions(pristine):
+    assert beam_speed.install()
+
+    def f(a, b=1, c=2):
+        return a
+
+    first = beam_speed._args_defaults(f)
+    assert first == (["a", "b", "c"], [1, 2])
+    f.__defaults__ = (7,)
+    assert beam_speed._args_defaults(f) == (["a", "b", "c"], [7])
+    f.__code__ = (lambda x, y=0: x).__code__
+    f.__defaults__ = (0,)
+    assert beam_speed._args_defaults(f) == (["x", "y"], [0])
+    f.__signature__ = inspect.Signature([inspect.Parameter("z", inspect.Parameter.POSITIONAL_ONLY)])
+    assert beam_speed._args_defaults(f) == (["z"], [])
+    del f.__signature__
+
+    def g(q, r=5):
+        return q
+
+    f.__wrapped__ = g
+    assert beam_speed._args_defaults(f) == (["q", "r"], [5])
+    del f.__wrapped__
+    assert beam_speed._args_defaults(f) == (["x", "y"], [0])
+    # a bound method: the function's answer without its first parameter, memoized apart
+    obj = _Wrapped()
+    assert beam_speed._args_defaults(obj.process) == (["x", "y"], [3])
+    assert beam_speed._args_defaults(_Wrapped.process) == (["self", "x", "y"], [3])
+
+
+def _shown(x):
+    """A default value comparable across two builds of the same pipeline (not by address)."""
+    if x is None or isinstance(x, (bool, int, float, str)):
+        return x
+    spec = getattr(x, "state_spec", None) or getattr(x, "timer_spec", None)
+    return (type(x).__name__, getattr(spec, "name", None))
+
+
+def test_pipeline_inspection_identical(pristine):
+    """Every ParDo of a real ldp-beam pipeline: Beam's state/timer specs and each method's
+    wrapper (argument names and defaults, DoFn parameters among them) are the same with the
+    shortcuts."""
+    from ldp_beam import build_mechanism, estimator_for
+    from ldp_beam.transforms import EstimateGlobally, Perturb
+
+    mech = build_mechanism("grr", epsilon=1.0, domain=("a", "b", "c"))
+
+    def pardos():
+        p = beam.Pipeline()
+        _ = (p | beam.Create([{"x": "a"}, {"x": "b"}]) | Perturb(mech, columns={"value": "x"})
+             ).reports | EstimateGlobally(estimator_for(mech))
+        _ = p | "S" >> beam.Create([(1, 2)]) | beam.ParDo(_Stateful())
+        found = []
+
+        class V(beam.pipeline.PipelineVisitor):
+            def visit_transform(self, node):
+                if isinstance(node.transform, beam.ParDo):
+                    found.append((node.full_label, node.transform.dofn))
+
+        p.visit(V())
+        return found
+
+    def inspect_all(found):
+        rows = []
+        for label, d in found:
+            state, timers = userstate.get_dofn_specs(d)
+            methods = {}
+            for name in dir(d):
+                if isinstance(getattr(d, name, None), types.MethodType):
+                    w = MethodWrapper(d, name)
+                    methods[name] = (list(w.args), [_shown(x) for x in w.defaults])
+            rows.append((label, type(d).__name__, sorted(s.name for s in state),
+                         sorted(t.name for t in timers), methods))
+        return rows
+
+    before = inspect_all(pardos())
+    assert beam_speed.install()
+    after = inspect_all(pardos())
+    assert len(before) > 10
+    assert before == after
+    assert any(r[2] for r in after)  # the stateful DoFn's specs were seen
+
+
+def test_ipython_check(pristine, monkeypatch):
+    assert beam_speed.install()
+    assert beam.pipeline.is_in_ipython is beam_speed._is_in_ipython
+    monkeypatch.delitem(sys.modules, "IPython", raising=False)
+    assert interactive_utils.is_in_ipython() is False
+    assert "IPython" not in sys.modules  # answered without importing it
+    # IPython imported and a shell running: Beam's own check answers (True)
+    fake = types.ModuleType("IPython")
+    fake.get_ipython = lambda: object()
+    monkeypatch.setitem(sys.modules, "IPython", fake)
+    assert interactive_utils.is_in_ipython() is True
+    fake.get_ipython = lambda: None
+    assert interactive_utils.is_in_ipython() is False
+
+
+def test_not_installed_when_beam_differs(pristine, monkeypatch):
+    original = core.get_function_args_defaults
+    original_ipython = interactive_utils.is_in_ipython
+    monkeypatch.setattr(beam, "__version__", "2.99.0")
+    assert not beam_speed.install()
+    assert "not a verified version" in beam_speed.status()
+    assert core.get_function_args_defaults is original
+    monkeypatch.undo()
+
+    def changed(f):  # a Beam whose function reads something else
+        sig = inspect.signature(f)
+        return list(sig.parameters), []
+
+    monkeypatch.setattr(core, "get_function_args_defaults", changed)
+    assert not beam_speed.install()
+    assert "get_function_args_defaults is not the verified one" in beam_speed.status()
+    assert core.get_function_args_defaults is changed
+    assert interactive_utils.is_in_ipython is original_ipython  # nothing half-installed
+    monkeypatch.undo()
+
+    monkeypatch.setenv("LDP_BEAM_NO_BEAM_SPEEDUPS", "1")
+    assert not beam_speed.install()
+    assert core.get_function_args_defaults is original
+    monkeypatch.delenv("LDP_BEAM_NO_BEAM_SPEEDUPS")
+    assert beam_speed.install() and beam_speed.status() == "installed"
+    beam_speed.uninstall()
+    assert core.get_function_args_defaults is original
+    assert interactive_utils.is_in_ipython is original_ipython
+    assert beam.pipeline.is_in_ipython is original_ipython
