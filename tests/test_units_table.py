@@ -179,8 +179,9 @@ def test_kept_rows_of_a_frozen_sketch_match_the_generic_build():
     fast = pickle.loads(pickle.dumps(sketch)).kept_rows()
     assert (fast.units, fast.rows) == (generic.units, generic.rows)
     assert set(fast.streams) == set(generic.streams)
-    for name, (r, uu, p) in generic.streams.items():
-        fr, fu, fp = fast.streams[name]
+    for name in generic.streams:
+        r, uu, p = generic.stream(name)
+        fr, fu, fp = fast.stream(name)
         assert np.array_equal(fr, r) and np.array_equal(fu, uu) and p is None and fp is None
         ids = np.arange(int(r.min()), int(r.max()) + 1, dtype=np.int64)
         h1, e1 = fast.lookup(name, ids)
@@ -195,17 +196,29 @@ def test_kept_rows_round_trip_through_their_compact_encoding():
     far = np.array([-5, 3, 2**62], np.int64)  # gaps beyond 2^32: kept as they are
     streams = {s: (r.astype(np.int64), rng.integers(1, 2**63, r.size, dtype=U64),
                    None if s != 3 else rng.integers(0, 9, r.size, dtype=U64))
-               for s, r in ((1, near), (2, mid), (3, far), (4, np.array([7], np.int64)))}
+               for s, r in ((1, near), (2, mid), (3, far), (4, np.array([7], np.int64)),
+                            (5, np.arange(-70_000, 3_000_000, 3, dtype=np.int64)))}
     kept = KeptRows(streams, 123, sum(v[0].size for v in streams.values()))
     enc = pickle.dumps(kept)
     back = pickle.loads(enc)
     assert (back.units, back.rows) == (123, kept.rows)
     for name, (r, u, p) in streams.items():
-        br, bu, bp = back.streams[name]
-        assert br.dtype == np.int64 and np.array_equal(br, r) and np.array_equal(bu, u)
+        br, bu, bp = back.stream(name)
+        assert br.dtype == np.int64 and np.array_equal(br, r)
+        assert np.array_equal(bu, units.unit_fingerprint(u))
         assert (bp is None) == (p is None) and (p is None or np.array_equal(bp, p))
-    # the near stream's record numbers as 2-byte gaps: 10 bytes a row, not 16
-    assert len(enc) < 11 * near.size + 24 * (mid.size + far.size + 1) + 4096
+    # the near stream's record numbers as 2-byte gaps and 4-byte fingerprints: ~6 bytes a row
+    big = streams[5][0].size
+    assert len(enc) < 6.2 * (near.size + big) + 24 * (mid.size + far.size + 1) + 4096
+    # any range of a stream decodes on its own, across the marks
+    ids = back.streams[5][0]
+    for lo, hi in ((-70_000, -69_999), (-1, 5), (1020 * 3 - 70_000, 1030 * 3 - 70_000),
+                   (2_999_990, 4_000_000), (5_000_000, 6_000_000), (-10**9, -10**8)):
+        a, vals = ids.span(lo, hi)
+        full = streams[5][0]
+        want = full[(full >= lo) & (full <= hi)]
+        assert np.array_equal(vals, want)
+        assert a == int(np.searchsorted(full, lo))
 
 
 def test_freezing_hands_the_freed_heap_back_once(monkeypatch):

@@ -1010,6 +1010,7 @@ def _trim_heap() -> None:
             _LIBC = False
     if _LIBC:
         _LIBC(0)
+    pa.default_memory_pool().release_unused()  # Arrow's own pool (the first read's buffers)
 
 
 _LIBC: Any = None
@@ -1056,7 +1057,10 @@ class _MinSketch:
     def __getstate__(self):
         self.freeze()
         u, p, ref, s, units = self.frozen
-        if not self.wide:  # sorted references: their gaps, in the narrowest integers
+        if not self.wide and isinstance(ref, _Ids):  # sorted references, as their gaps
+            if self.key is not None:
+                p = None  # recomputed from the key if ever needed
+        elif not self.wide:  # references past 2^63 (over 32,767 streams): gaps here
             gaps = np.diff(ref, prepend=U64(0))
             top = int(gaps.max()) if gaps.size else 0
             ref = gaps.astype(np.uint16 if top < 1 << 16 else np.uint32 if top < 1 << 32
@@ -1067,7 +1071,7 @@ class _MinSketch:
 
     def __setstate__(self, state):
         self.streams, self.wide, units, u, p, ref, s = state
-        if not self.wide:
+        if not self.wide and not isinstance(ref, _Ids):
             ref = np.cumsum(ref, dtype=U64)
         self.frozen = (u, p, ref, s, units)
         self.index = {x: i for i, x in enumerate(self.streams)}
@@ -1246,6 +1250,8 @@ class _MinSketch:
             u = u[order]
             if p is not None:
                 p = p[order]
+            if int(ref[-1]) < 1 << 63:  # as gaps (~2 bytes a unit, not 8): see _Ids
+                ref = _Ids(ref.view(np.int64))
         self.frozen = (u, p, ref, s, n)
         _trim_heap()
 
@@ -1254,7 +1260,8 @@ class _MinSketch:
         self._settle()
         if self.frozen is None:
             return
-        u, p, ref, s, _ = self.frozen
+        u, p, _, s, _ = self.frozen
+        ref = self._frozen_ref()
         if p is None:
             if self.key is None:
                 raise RuntimeError("a decoded bounding sketch without priorities needs its row "
@@ -1283,12 +1290,18 @@ class _MinSketch:
     def _decoded(self, t: _MinTable | None = None) -> tuple:
         """A table's entries (the frozen sketch's when ``t`` is None) as (unit hashes,
         priorities, streams, record numbers)."""
-        u, p, ref, s = t.entries() if t is not None else self.frozen[:4]
+        u, p, ref, s = t.entries() if t is not None else \
+            self.frozen[:2] + (self._frozen_ref(),) + self.frozen[3:4]
         if s is not None:
             return u, p, s, ref.view(np.int64)
         names = np.array(self.streams + [0], U64)
         return u, p, names[(ref >> U64(_REF_BITS)).astype(np.int64)], \
             (ref & _REF_MASK).view(np.int64)
+
+    def _frozen_ref(self) -> np.ndarray:
+        """The frozen sketch's sorted references as one array (decoded from gaps if held so)."""
+        ref = self.frozen[2]
+        return ref.decode().view(U64) if isinstance(ref, _Ids) else ref
 
     def merge(self, other: "_MinSketch") -> None:
         other._thaw()
@@ -1316,6 +1329,20 @@ class _MinSketch:
         if self.wide:
             return KeptRows.of(self.kept(), self.units, False)
         u, _, ref, _, units = self.frozen
+        if isinstance(ref, _Ids):  # each stream's record numbers: a range of the gaps
+            n = ref.n
+            cuts = [ref.position(i << _REF_BITS) for i in range(len(self.streams))] + [n]
+            streams = {}
+            for i, name in enumerate(self.streams):
+                lo, hi = cuts[i], cuts[i + 1]
+                if hi > lo:
+                    off = i << _REF_BITS
+                    ids = ref if (lo, hi, off) == (0, n, 0) else \
+                        _Ids(ref.ids[lo:hi] - off) if ref.ids is not None else \
+                        _Ids.of_chunks((c - off for c in ref.chunks(lo, hi)), hi - lo,
+                                       ref.gaps.dtype)
+                    streams[name] = (ids, u[lo:hi], None)
+            return KeptRows(streams, units, n)
         cuts = np.searchsorted(ref, np.arange(len(self.streams) + 1, dtype=U64)
                                << U64(_REF_BITS)).tolist() + [ref.size]
         streams = {}
@@ -1327,38 +1354,152 @@ class _MinSketch:
         return KeptRows(streams, units, int(ref.size))
 
 
-class KeptRows:
-    """The first pass's result: per stream, the kept record numbers (sorted) with their unit
-    hashes and partitions (None for one partition), and how many units and rows it holds
-    (16-24 bytes per kept row)."""
+_MARK = 1024  # kept record numbers per absolute mark in _Ids
 
-    def __init__(self, streams: dict | None = None, units: int = 0, rows: int = 0) -> None:
-        self.streams = streams or {}
-        self.units, self.rows = units, rows
 
-    # Encoded (a side input) with each stream's sorted record numbers as their gaps, in the
-    # narrowest unsigned integers that hold them (2 bytes a row when kept rows are < 65,536
-    # records apart): ~10 bytes a kept row instead of 16.
+class _Ids:
+    """A sorted run of distinct record numbers (int64), held as the gaps between them in the
+    narrowest unsigned integers that hold them (2 bytes each when kept rows are < 65,536
+    records apart) plus every 1,024th number whole, so a range is decoded on its own
+    (:meth:`span`, :meth:`chunks`) and the whole run never needs to be: ~2 bytes a kept row in
+    memory and encoded, not 8. Gaps of 2^32 or more keep the numbers whole."""
+
+    __slots__ = ("n", "marks", "gaps", "ids")
+    STEP = 1 << 16  # numbers decoded or encoded at a time: no whole-run temporary
+
+    def __init__(self, rid: np.ndarray | None = None) -> None:
+        rid = np.empty(0, np.int64) if rid is None else np.asarray(rid, np.int64)
+        n, step = int(rid.size), self.STEP
+        top = max((int(np.diff(rid[a:a + step + 1]).max()) for a in range(0, n - 1, step)),
+                  default=0)
+        if top >= 1 << 32:
+            self.n, self.marks, self.gaps, self.ids = n, None, None, rid
+            return
+        self._fill((rid[a:a + step] for a in range(0, n, step)), n,
+                   np.uint16 if top < 1 << 16 else np.uint32)
+
+    @classmethod
+    def of_chunks(cls, chunks, n: int, dtype: Any) -> "_Ids":
+        """From the run's numbers in increasing chunks (``n`` in all), gaps of ``dtype``."""
+        out = cls.__new__(cls)
+        out._fill(chunks, n, dtype)
+        return out
+
+    def _fill(self, chunks, n: int, dtype: Any) -> None:
+        gaps = np.empty(n, dtype)
+        marks = np.empty(-(-n // _MARK), np.int64)
+        at, prev = 0, None
+        for c in chunks:
+            k = int(c.size)
+            if k == 0:
+                continue
+            gaps[at] = 0 if prev is None else int(c[0]) - prev
+            gaps[at + 1:at + k] = np.diff(c)
+            first = -(-at // _MARK)  # the marks in [at, at + k)
+            marks[first:-(-(at + k) // _MARK)] = c[first * _MARK - at::_MARK]
+            at, prev = at + k, int(c[-1])
+        if at != n:
+            raise ValueError(f"_Ids: {at} numbers, {n} announced")
+        self.n, self.marks, self.gaps, self.ids = n, marks, gaps, None
+
     def __getstate__(self):
-        streams = {}
-        for name, (rid, u, p) in self.streams.items():
-            gaps = np.diff(rid, prepend=rid[:1]) if rid.size else rid
-            top = int(gaps.max()) if rid.size else 0
-            if rid.size and top < 1 << 32:
-                first, rid = int(rid[0]), gaps.astype(np.uint16 if top < 1 << 16 else np.uint32)
-            else:
-                first = None
-            streams[name] = (first, rid, u, p)
-        return streams, self.units, self.rows
+        return self.n, self.marks, self.gaps, self.ids
 
     def __setstate__(self, state):
-        streams, self.units, self.rows = state
-        self.streams = {}
-        for name, (first, rid, u, p) in streams.items():
-            if first is not None:
-                rid = np.cumsum(rid, dtype=np.int64)
-                rid += first
-            self.streams[name] = (rid, u, p)
+        self.n, self.marks, self.gaps, self.ids = state
+
+    @property
+    def nbytes(self) -> int:
+        return sum(int(x.nbytes) for x in (self.marks, self.gaps, self.ids) if x is not None)
+
+    def span(self, lo: int, hi: int) -> tuple[int, np.ndarray]:
+        """The numbers in ``[lo, hi]``: (index of the first, the numbers)."""
+        if self.ids is not None:
+            a = int(np.searchsorted(self.ids, lo, side="left"))
+            b = int(np.searchsorted(self.ids, hi, side="right"))
+            return a, self.ids[a:b]
+        if self.n == 0:
+            return 0, np.empty(0, np.int64)
+        i = max(int(np.searchsorted(self.marks, lo, side="right")) - 1, 0)
+        j = int(np.searchsorted(self.marks, hi, side="right"))
+        a0, b0 = i * _MARK, min(j * _MARK, self.n)
+        if b0 <= a0:  # the range ends before the first number
+            return 0, np.empty(0, np.int64)
+        g = self.gaps[a0:b0].astype(np.int64)
+        g[0] = self.marks[i]
+        vals = np.cumsum(g, out=g)
+        a = int(np.searchsorted(vals, lo, side="left"))
+        b = int(np.searchsorted(vals, hi, side="right"))
+        return a0 + a, vals[a:b]
+
+    def chunks(self, a: int, b: int):
+        """The numbers at positions ``[a, b)``, decoded a slice at a time."""
+        for x in range(a, b, self.STEP):
+            y = min(b, x + self.STEP)
+            if self.ids is not None:
+                yield self.ids[x:y]
+                continue
+            blk = x // _MARK
+            g = self.gaps[blk * _MARK:y].astype(np.int64)
+            g[0] = self.marks[blk]
+            yield np.cumsum(g, out=g)[x - blk * _MARK:]
+
+    def position(self, v: int) -> int:
+        """How many numbers are below ``v``."""
+        if self.ids is not None:
+            return int(np.searchsorted(self.ids, v, side="left"))
+        i = int(np.searchsorted(self.marks, v, side="right")) - 1
+        if i < 0:
+            return 0
+        a0 = i * _MARK
+        g = self.gaps[a0:min(a0 + _MARK, self.n)].astype(np.int64)
+        g[0] = self.marks[i]
+        return a0 + int(np.searchsorted(np.cumsum(g, out=g), v, side="left"))
+
+    def decode(self) -> np.ndarray:
+        """All the numbers (int64)."""
+        if self.ids is not None:
+            return self.ids
+        parts = list(self.chunks(0, self.n))
+        return parts[0] if len(parts) == 1 else np.concatenate(parts) if parts else \
+            np.empty(0, np.int64)
+
+
+def unit_fingerprint(u: np.ndarray) -> np.ndarray:
+    """The top 32 bits of keyed unit hashes: what :class:`KeptRows` keeps to check that a kept
+    row still belongs to its unit in the second read (a row whose unit changed between the
+    reads goes unnoticed with probability 2^-32)."""
+    return (np.asarray(u, U64) >> U64(32)).astype(np.uint32)
+
+
+class KeptRows:
+    """The first pass's result: per stream, the kept record numbers (sorted, as :class:`_Ids`:
+    ~2 bytes a row) with their units' fingerprints (:func:`unit_fingerprint`, 4 bytes) and
+    partitions (None for one partition), and how many units and rows it holds. Built from
+    ``{stream: (record numbers int64 sorted, unit hashes, partitions or None)}``."""
+
+    def __init__(self, streams: dict | None = None, units: int = 0, rows: int = 0) -> None:
+        self.streams = {name: (rid if isinstance(rid, _Ids) else _Ids(rid),
+                               unit_fingerprint(u), p)
+                        for name, (rid, u, p) in (streams or {}).items()}
+        self.units, self.rows = units, rows
+
+    # Encoded (a side input) as it is held: the gaps, the fingerprints, the partitions.
+    def __getstate__(self):
+        return self.streams, self.units, self.rows
+
+    def __setstate__(self, state):
+        self.streams, self.units, self.rows = state
+
+    @property
+    def nbytes(self) -> int:
+        return sum(ids.nbytes + int(fp.nbytes) + (0 if p is None else int(p.nbytes))
+                   for ids, fp, p in self.streams.values())
+
+    def stream(self, name: int) -> tuple[np.ndarray, np.ndarray, Any]:
+        """One stream's kept rows decoded: (record numbers, unit fingerprints, partitions)."""
+        ids, fp, p = self.streams[name]
+        return ids.decode(), fp, p
 
     @classmethod
     def of(cls, c: dict, units: int, partitioned: bool) -> "KeptRows":
@@ -1379,16 +1520,16 @@ class KeptRows:
 
     def lookup(self, stream: int, ids: np.ndarray) -> tuple[np.ndarray, Any]:
         """For rows with record numbers ``ids`` (increasing) of ``stream``: which are kept,
-        and the kept entries ``(rid, u, p)`` of those rows, in the same order."""
+        and the kept entries ``(unit fingerprints, partitions)`` of those rows, in the same
+        order."""
         hit = np.zeros(ids.size, bool)
         entry = self.streams.get(int(stream) & _MASK64)
         if entry is None or ids.size == 0:
             return hit, None
-        rid, u, p = entry
-        lo = int(np.searchsorted(rid, ids[0], side="left"))
-        hi = int(np.searchsorted(rid, ids[-1], side="right"))
-        rid, u = rid[lo:hi], u[lo:hi]
-        p = p[lo:hi] if p is not None else None
+        seq, u, p = entry
+        lo, rid = seq.span(int(ids[0]), int(ids[-1]))
+        u = u[lo:lo + rid.size]
+        p = p[lo:lo + rid.size] if p is not None else None
         if rid.size == 0:
             return hit, None
         if ids[-1] - ids[0] + 1 == ids.size:  # consecutive records: positions by subtraction
@@ -1417,6 +1558,8 @@ def _nbytes(x: Any) -> int:
         return 24 * (x.units + sum(x.queued))
     if isinstance(x, _Acc):
         return _nbytes(x.shards)
+    if isinstance(x, KeptRows):
+        return x.nbytes
     return 64
 
 
@@ -1442,6 +1585,11 @@ class _ArraysCoder(beam.coders.Coder):
         return Any
 
 
+# KeptRows (the sketch's output, a side input) are encoded once: Beam's default coder for them
+# (pickle) would also encode each one twice more only to estimate its size for its metrics.
+beam.coders.registry.register_coder(KeptRows, _ArraysCoder)
+
+
 class Candidates(dict):
     """A batch's bounding candidates: field name -> numpy array (see :class:`CandidatesFn`)."""
 
@@ -1449,6 +1597,7 @@ class Candidates(dict):
 beam.coders.registry.register_coder(Candidates, _ArraysCoder)
 
 
+@beam.typehints.with_output_types(KeptRows)  # its coder (below): one encode, no size encodes
 class BoundingCombineFn(beam.CombineFn):
     """Merges candidates into the bounding sketch and returns :class:`KeptRows`.
 
@@ -1538,7 +1687,9 @@ class BoundingCombineFn(beam.CombineFn):
     def extract_output(self, acc: _Acc | _MinSketch) -> KeptRows:
         if isinstance(acc, _MinSketch):
             self.spec.too_many(acc.units)
-            return self._keyed(acc).kept_rows()
+            kept = self._keyed(acc).kept_rows()
+            _trim_heap()  # the merge's decoding left garbage: back before the side input's
+            return kept
         self.compact(acc)
         units = sum(x[3] for x in acc.shards.values())
         self.spec.too_many(units)
@@ -1607,7 +1758,7 @@ class FilterFn(beam.DoFn):
             hits = np.flatnonzero(hit)
             sel = rows.cand[hits]
             hi = hits[sel]
-            same = rows.units(spec, hi) == entry[0][sel]
+            same = unit_fingerprint(rows.units(spec, hi)) == entry[0][sel]
             if spec.partitioned:
                 same &= rows.parts[hi] == entry[1][sel]
             keep[hi[same]] = True
@@ -1745,7 +1896,7 @@ class BoundContributions(beam.PTransform):
         kept = (first | "Candidates" >> beam.ParDo(CandidatesFn(self.spec))
                 .with_output_types(Candidates)
                 | "Sketch" >> beam.CombineGlobally(BoundingCombineFn(self.spec))
-                .without_defaults())
+                .without_defaults().with_output_types(KeptRows))
         out = rows | "Filter" >> beam.ParDo(
             FilterFn(self.spec), beam.pvalue.AsSingleton(kept, default_value=KeptRows()))
         return BoundedRows(out | "Kept" >> beam.FlatMap(_kept_part),
