@@ -209,9 +209,9 @@ def run_pipeline(build: Callable[[beam.Pipeline], Sequence[Any]],
             run_id = _attach_live_count(reads)
             if run_id is not None:
                 prog.set_live(lambda: _LIVE.get(run_id, 0))
-        if len(terminals) > 1:
+        if len(terminals) > 1:  # one last step (a Map: one Beam step, not Count's eight)
             _ = (tuple(terminals) | "AllOutputs" >> beam.Flatten()
-                 | "OutputsDone" >> beam.combiners.Count.Globally())
+                 | "OutputsDone" >> beam.Map(_done))
         if prog is not None:
             prog.start()
         ok = False
@@ -238,6 +238,10 @@ def run_pipeline(build: Callable[[beam.Pipeline], Sequence[Any]],
                 prog.finish(rows, ok)
                 _LIVE.pop(run_id, None)
     return result
+
+
+def _done(_: Any) -> None:
+    return None
 
 
 def _our_error(exc: BaseException) -> BaseException | None:
@@ -419,6 +423,60 @@ def _sum_counts(items: Iterable[dict]) -> dict:
     return out
 
 
+def _count_read(batch: Any) -> dict:
+    return {"read": _rows(batch)}
+
+
+def _count_accepted(batch: Any) -> dict:
+    return {"accepted": _rows(batch)}
+
+
+def _count_invalid(_dead_letter: Any) -> dict:
+    return {"invalid": 1, "dead_letter_lines": 1}
+
+
+class _CountFn(beam.CombineFn):
+    """One branch of a :class:`Tally`: ``count(element)`` ({name: n}) summed over the branch's
+    elements where they are produced, into one small dict."""
+
+    def __init__(self, count: Callable[[Any], dict]) -> None:
+        self.count = count
+
+    def create_accumulator(self) -> dict:
+        return {}
+
+    def add_input(self, acc: dict, element: Any) -> dict:
+        for k, v in self.count(element).items():
+            acc[k] = acc.get(k, 0) + int(v)
+        return acc
+
+    def merge_accumulators(self, accs: Iterable[dict]) -> dict:
+        return _sum_counts(accs)
+
+    def extract_output(self, acc: dict) -> dict:
+        return acc
+
+
+class WriteOneLine:
+    """``beam.Map(WriteOneLine(path))`` on a PCollection of exactly one element (the output of a
+    ``CombineGlobally`` with its default: one per run) writes the JSON-lines file ``path`` holding
+    that one line, through Beam's FileSystems where the element is, and passes ``path`` on: the
+    bytes :class:`~ldp_beam.transforms.WriteJsonLines` writes for one element, in one step
+    instead of its eleven (part files, ``ToList``, join; measured: each Beam step costs the
+    command line's start-up ~10 ms to build, check and translate). A re-executed step rewrites
+    the same line; a lost one leaves no file, which the launcher refuses (:func:`read_tally`)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __call__(self, obj: Any) -> str:
+        from ldp_beam.transforms.io import fs_open, to_json_line
+
+        with fs_open(self.path, "w") as fh:
+            fh.write(to_json_line(obj).encode("utf-8") + b"\n")
+        return self.path
+
+
 class Tally(beam.PTransform):
     """Counts of a run taken from the data itself, the same on every runner and under retries
     (Beam commits each bundle's outputs once; attempted metrics would count a retried bundle
@@ -432,24 +490,22 @@ class Tally(beam.PTransform):
 
     def expand(self, parts):
         batches, reader_dead, accepted, invalid, *bounded = parts
-        from ldp_beam.transforms import WriteJsonLines
-
-        counts = [batches | "TallyRead" >> beam.Map(lambda b: {"read": _rows(b)}),
-                  reader_dead | "TallySource" >> beam.Map(_reader_part),
-                  accepted | "TallyAccepted" >> beam.Map(lambda b: {"accepted": _rows(b)}),
-                  invalid | "TallyInvalid" >> beam.Map(
-                      lambda d: {"invalid": 1, "dead_letter_lines": 1})]
+        counts = [(batches, _count_read), (reader_dead, _reader_part),
+                  (accepted, _count_accepted), (invalid, _count_invalid)]
         if bounded:  # rows a privacy unit's contribution bound left out: {"bounded_out": n}
-            counts.append(bounded[0] | "TallyBounded" >> beam.Map(dict))
+            counts.append((bounded[0], dict))
         # each branch is summed where it is produced, and only the sums are flattened: Beam's
         # DirectRunner materializes a multi-input Flatten in memory (it never fuses one), so
-        # flattening per-record counts would hold one dict per dead letter
-        sums = [c | f"TallySum{i}" >> beam.CombineGlobally(_sum_counts)
-                for i, c in enumerate(counts)]
+        # flattening per-record counts would hold one dict per dead letter. A branch without
+        # elements gives no sum (without_defaults: 4 Beam steps instead of 8; an empty dict
+        # would add nothing); the last sum keeps its default, so the run always writes one
+        # line ({} for an empty input).
+        sums = [pc | f"TallySum{i}" >> beam.CombineGlobally(_CountFn(fn)).without_defaults()
+                for i, (pc, fn) in enumerate(counts)]
         return (tuple(sums)
                 | "TallyAll" >> beam.Flatten()
                 | "TallySum" >> beam.CombineGlobally(_sum_counts)
-                | "TallyWrite" >> WriteJsonLines(self.path))
+                | "TallyWrite" >> beam.Map(WriteOneLine(self.path)))
 
 
 def read_tally(path: str) -> dict:

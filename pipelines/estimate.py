@@ -33,7 +33,8 @@ from ldp_beam.privacy import ContributionBounds
 
 from .collect import (_finite, _read_options, check_unit_column, invalid_rows, read_bounded,
                       read_tally, tally_inputs)
-from .common import Tally, check_readable, check_reconciles, reconcile, run_pipeline
+from .common import (Tally, WriteOneLine, check_readable, check_reconciles, reconcile,
+                     run_pipeline)
 from .ledger_cli import ledger_outputs
 from .outputs import RunOutputs, location
 
@@ -89,6 +90,18 @@ def _result(est: Any) -> dict:
     if isinstance(est, EstimateFailure):
         return {"error": est.reason, "n_reports": est.n_reports}
     return est.to_dict()
+
+
+class _WriteResult:
+    """The one estimate of a global combine -> (widened,) as JSON, written as the one line of
+    ``path`` (:class:`~.common.WriteOneLine`): one Beam step where a Map, a Map and
+    WriteJsonLines took thirteen."""
+
+    def __init__(self, path: str, widen: Any = None) -> None:
+        self.write, self.widen = WriteOneLine(path), widen
+
+    def __call__(self, est: Any) -> str:
+        return self.write(_result(est if self.widen is None else self.widen(est)))
 
 
 def distinct_keys(files: list[str], column: str, flags: Iterable[str] = ()) -> int:
@@ -171,15 +184,15 @@ def run_estimate(input: str, output: str, mechanism: Mechanism | None = None,
             widen = DesignEffect(k, f"up to {k} reports per privacy unit {unit_col!r}, which "
                                     "may be correlated")
             if by:
-                results = (valid.reports | "SplitByKey" >> beam.ParDo(SplitByKey(by))
+                written = (valid.reports | "SplitByKey" >> beam.ParDo(SplitByKey(by))
                            | "EstimatePerKey" >> beam.CombinePerKey(combine_fn)
                            | "PerUnitSE" >> beam.MapTuple(lambda key, e: (key, widen(e)))
-                           | "ToJson" >> beam.Map(_keyed_json))
-            else:
-                results = (valid.reports | "Estimate" >> beam.CombineGlobally(combine_fn)
-                           | "PerUnitSE" >> beam.Map(widen)
-                           | "ToJson" >> beam.Map(_result))
-            return [results | "WriteEstimates" >> WriteJsonLines(parts),
+                           | "ToJson" >> beam.Map(_keyed_json)
+                           | "WriteEstimates" >> WriteJsonLines(parts))
+            else:  # one estimate (the combine's default when there is no report)
+                written = (valid.reports | "Estimate" >> beam.CombineGlobally(combine_fn)
+                           | "WriteEstimates" >> beam.Map(_WriteResult(parts, widen)))
+            return [written,
                     (rd.dead_letter, valid.dead_letter)
                     | "WriteDeadLetters" >> WriteJsonLines(staged_dead),
                     (rd.batches, rd.dead_letter, valid.reports, valid.dead_letter)
@@ -423,7 +436,7 @@ def run_release(input: str, output: str, mech: Mechanism, columns: Mapping[str, 
             invalid = invalid_rows(rec.dead_letter, unit_dead)
             return [rec.reports
                     | "Release" >> beam.CombineGlobally(EstimatorCombineFn(est, on_empty="report"))
-                    | "ToJson" >> beam.Map(_result) | "WriteRelease" >> WriteJsonLines(parts),
+                    | "WriteRelease" >> beam.Map(_WriteResult(parts)),
                     *_bookkeeping(rd, rec.reports, invalid, dropped, staged_dead, tally_path)]
 
         rows, tally = _run_and_check(build, beam_args, parts, tally_path, staged_dead,
