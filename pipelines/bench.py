@@ -304,9 +304,18 @@ def _numeric_units(n: int, rng: Any) -> dict:
             "uid": rng.permutation(np.arange(n) // 10 + rng.integers(0, 2**40))}
 
 
+def _numeric_units100(n: int, rng: Any) -> dict:
+    """Values with a privacy unit of 100 rows each: at 10^7 rows, as many units as 10^6 rows
+    of :func:`_numeric_units` (memory at a fixed number of units, ten times the rows)."""
+    import numpy as np
+
+    return {"x": rng.uniform(0.0, 100.0, n),
+            "uid": rng.permutation(np.arange(n) // 100 + rng.integers(0, 2**40))}
+
+
 #: input files: name -> (generator, the column the reference codes)
 FILES = {"numeric": (_numeric, "x"), "labels": (_pairs, "x"), "levels": (_item_levels, "x"),
-         "units": (_numeric_units, "x")}
+         "units": (_numeric_units, "x"), "units100": (_numeric_units100, "x")}
 
 #: LDP mechanisms of the api and cli paths: name -> (params, role -> column, file, collect extras)
 CASES = {
@@ -738,16 +747,20 @@ def _bounding(sizes, tmp: str, script: str, progress=None, bench: _Bench | None 
     b = bench if bench is not None else _Bench(tmp, progress, rounds=1)
     params, cols = {"epsilon": 1.0, "lower": 0.0, "upper": 100.0}, {"value": "x"}
     out = []
+    peak: dict[int, float] = {}  # rows -> the bounded run's peak RSS
+    refs: dict[int, float] = {}  # rows -> the reference's seconds
+
+    def cfg(path: str, n: int, mode: str) -> dict:
+        return {"mechanism": "bisample", "params": params, "columns": cols, "rows": n,
+                "path": path, "mode": mode, "beam_args": RUNNERS["DirectRunner"]}
+
     for n in sizes:
         path = b.file("units", n)
-        cfgs = [b.ref_cfg("units", n)] + [
-            {"mechanism": "bisample", "params": params, "columns": cols, "rows": n,
-             "path": path, "mode": mode, "beam_args": RUNNERS["DirectRunner"]}
-            for mode in ("api", "bounded")]
+        cfgs = [b.ref_cfg("units", n)] + [cfg(path, n, mode) for mode in ("api", "bounded")]
         if progress is not None:
             progress.note(f"pipeline bisample with and without a privacy unit ({n:,} rows)")
         (ref, _), *runs = b.best(cfgs, n)
-        unbounded = runs[0][0]
+        refs[n], unbounded = ref, runs[0][0]
         for mode, (secs, rss) in zip(("batched", "bounded"), runs):
             rec = b.record("api", "bounding", "bisample", params["epsilon"], mode, n, secs,
                            rss, ref, "DirectRunner", None,
@@ -759,7 +772,31 @@ def _bounding(sizes, tmp: str, script: str, progress=None, bench: _Bench | None 
                 rec["target"] = 2.0
                 rec["target_of"] = "ratio_to_unbounded"
                 rec["meets_target"] = bool(rec["ratio_to_unbounded"] <= 2.0)
+                rec["units"] = n // 10
+                peak[n] = rss
+                if n != sizes[0]:  # ten times the units: the sketch grows with them
+                    rec["rss_growth_vs_smallest"] = rss / peak[sizes[0]] - 1.0
             out.append(rec)
+    big = max(sizes)
+    if big > sizes[0]:
+        # the rows x10 at the units of the smallest run: memory follows units, not rows
+        if progress is not None:
+            progress.note(f"pipeline bisample with a privacy unit, 100 rows a unit ({big:,} "
+                          f"rows)")
+        (secs, rss), = b.best([cfg(b.file("units100", big), big, "bounded")], big)
+        growth = rss / peak[sizes[0]] - 1.0
+        rec = b.record("api", "bounding", "bisample", params["epsilon"], "bounded-fixed-units",
+                       big, secs, rss, refs[big],
+                       "DirectRunner", None,
+                       f"ReadTable | BoundContributions(uid, 1 report per unit) | Perturb | "
+                       f"EstimateGlobally on {big // 100:,} units of 100 rows, against the "
+                       f"bounded run on {sizes[0]:,} rows ({sizes[0] // 10:,} units of 10): the "
+                       f"same units, {big // sizes[0]}x the rows; reference: the 10-rows-a-unit "
+                       f"file's (same rows and value column)",
+                       dataset_note="synthetic, 100 rows per unit")
+        rec.update(units=big // 100, rss_growth=growth, target=0.15, target_of="rss_growth",
+                   meets_target=bool(growth <= 0.15))
+        out.append(rec)
     return out
 
 
@@ -797,8 +834,13 @@ def readme_table(records: list[dict], total_seconds: float | None = None) -> str
         if r.get("source"):
             what += f", {r['source']}" + (f" ({r['ratio_to_parquet']:.2f}x Parquet)"
                                           if r.get("ratio_to_parquet") else "")
-        if r["stage"] == "bounding":
-            what += f" (privacy unit, {r.get('ratio_to_unbounded', 1.0):.2f}x unbounded)" \
+        if r["stage"] == "bounding" and r.get("mode") == "bounded-fixed-units":
+            what = (f"bounded, {r['units']:,} units of 100 rows (RSS {r['rss_growth']:+.0%} "
+                    f"over 10^6 rows of the same units)")
+        elif r["stage"] == "bounding":
+            what += (f" (privacy unit, {r.get('ratio_to_unbounded', 1.0):.2f}x unbounded"
+                     + (f"; RSS {r['rss_growth_vs_smallest']:+.0%} with 10x the units"
+                        if r.get("rss_growth_vs_smallest") is not None else "") + ")") \
                 if r.get("mode") == "bounded" else " (privacy-unit input)"
         tgt = r.get("target")
         of = r.get("target_of") or "ratio_to_reference"

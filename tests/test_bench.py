@@ -106,3 +106,27 @@ def test_readme_table_is_rewritten_between_the_markers_only(tmp_path):
     readme.write_text("no markers\n")
     with pytest.raises(ValueError, match="bench:start"):
         pipeline_bench.write_readme(str(readme), recs)
+
+
+def test_bounding_bench_records_the_cost_and_memory_per_unit(tmp_path):
+    """The bounding section: bounded against unbounded at each size, and at the largest size a
+    run on ten times the rows of the smallest at the same units (memory per unit, not per
+    row), each a ratio to the reference with its target."""
+    recs = pipeline_bench._bounding((2_000, 20_000), str(tmp_path), None)
+    modes = sorted((r["mode"], r["rows"]) for r in recs)
+    assert modes == [("batched", 2_000), ("batched", 20_000), ("bounded", 2_000),
+                     ("bounded", 20_000), ("bounded-fixed-units", 20_000)]
+    by = {(r["mode"], r["rows"]): r for r in recs}
+    for n in (2_000, 20_000):
+        b, u = by[("bounded", n)], by[("batched", n)]
+        assert math.isclose(b["ratio_to_unbounded"], b["seconds"] / u["seconds"])
+        assert b["meets_target"] == (b["ratio_to_unbounded"] <= 2.0) and b["units"] == n // 10
+    fixed, small = by[("bounded-fixed-units", 20_000)], by[("bounded", 2_000)]
+    assert fixed["units"] == small["units"] == 200
+    assert math.isclose(fixed["rss_growth"], fixed["peak_rss_mb"] / small["peak_rss_mb"] - 1)
+    assert fixed["target_of"] == "rss_growth"
+    assert fixed["meets_target"] == (fixed["rss_growth"] <= 0.15)
+    assert math.isclose(by[("bounded", 20_000)]["rss_growth_vs_smallest"],
+                        by[("bounded", 20_000)]["peak_rss_mb"] / small["peak_rss_mb"] - 1)
+    table = pipeline_bench.readme_table(recs)
+    assert "200 units of 100 rows (RSS" in table and "rss growth ≤ 0.15" in table
