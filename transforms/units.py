@@ -78,15 +78,19 @@ Two passes over the rows, vectorized per batch (no per-row Python except dead le
      hash table (:class:`_MinSketch`): 16 shards by unit hash, each an open-addressing table
      (linear probing, 2/5 to 3/5 full: it grows by half) whose slots hold a unit hash, its best
      priority so far and that row's reference (stream index and record number packed in one
-     word), updated by vectorized probing; only rows at or below their unit's best go on to
-     ``np.minimum.at`` (about 3 of a unit's 10 rows): no sort, O(1) per row, each shard's table
-     small enough to stay mostly in cache. 24 bytes a slot, 1.67-2.5 slots a unit: 40-60 MB per
-     million units (~400-600 MB at the 10^7 cap), plus at most 12 MB of queued rows (24 bytes
-     each). Before Beam encodes it (the combine's ``compact``) the sketch becomes its held
-     entries sorted by reference, table by table (the slots are freed as they are read), and is
-     encoded as its unit hashes and the gaps between references: ~10 bytes a unit (the
-     priorities are recomputed from the run key, one AES block a unit, only if a decoded sketch
-     takes more rows). The kept rows (step 2) are slices of those sorted arrays: no copy.
+     word): no sort, O(1) per row. A batch goes into all the shards in one call of a C loop
+     (``ldp_beam/_minsketch.c``, an optional extension built with the package: one pass over
+     the rows, each row's slot prefetched 16 rows ahead, ~20-40 ns a row) on a background
+     thread, so the inserts overlap the reading and hashing of the next batch (every other
+     step on the sketch waits for them). Where the extension was not compiled, vectorized numpy
+     rounds do the same inserts, queued per shard so each table stays in cache (~80 ns a row;
+     ``LDP_BEAM_NO_NATIVE=1`` forces them): the same tables either way, as the per-unit minimum
+     does not depend on the order rows come in. 24 bytes a slot, 1.67-2.5 slots a unit: 40-60
+     MB per million units (~400-600 MB at the 10^7 cap). Before Beam encodes it (the combine's
+     ``compact``) the sketch becomes its held entries sorted by reference, table by table (the
+     slots are freed as they are read), the references held as their gaps (:class:`_Ids`):
+     ~10 bytes a unit in memory and encoded (the priorities are recomputed from the run key,
+     one AES block a unit, only if a decoded sketch takes more rows).
    * Otherwise each batch's candidates are first reduced within the batch and the sketch is
      split in 64 shards by unit hash, each reduced (sorted) on its own when its unreduced
      entries outgrow twice its reduced ones (amortized O(n log n)); it holds O(units x L0 +
@@ -94,24 +98,22 @@ Two passes over the rows, vectorized per batch (no per-row Python except dead le
      sketch, e.g. ~100 MB for 10^6 units at one row each.
 
    Neither holds rows: memory grows with the units, not the rows.
-2. the kept rows' record numbers per stream (sorted, with their unit hash and partition to
-   check) are a side input (16-24 bytes per kept row in memory, encoded as the unit hashes and
-   the gaps between record numbers: ~10 bytes); each batch keeps its rows found there
-   (consecutive record numbers: by subtraction, else ``searchsorted``).
+2. the kept rows' record numbers per stream (sorted, as gaps: :class:`_Ids`, 2 bytes a row
+   when kept rows are < 65,536 records apart) with a 32-bit fingerprint of their unit hash
+   (:func:`unit_fingerprint`) and their partition, to check, are a side input (~6 bytes a kept
+   row in memory and encoded, one encode); each batch keeps its rows found there (the range of
+   its record numbers decoded on its own; consecutive record numbers: by subtraction, else
+   ``searchsorted``).
 
-   Measured (``ldp-beam bench --only bounding``: 10 rows a unit, one kept, against the same
-   pipeline unbounded, DirectRunner, 2 cores shared with other jobs at load 5-10, medians of
-   3, interleaved with the previous layout): at 10^6 rows 1.6-1.85x the unbounded time
-   (1.26-1.36x its CPU time; previous layout 1.5-1.55x, 1.22-1.41x), peak RSS 281-294 MB
-   (previous 305-311, unbounded 252-264); at 10^7 rows (10^6 units) 2.7-3.5x the time
-   (1.8-2.0x its CPU time; previous 2.6-3.8x, 1.8-2.1x), peak RSS 354-364 MB, +24-30% over
-   10^6 rows (previous 525-535 MB, +75%). Time ratios move by +-30% with the load; CPU times
-   by less. Freezing frees the tables before Beam encodes the sketch and hands the heap back
-   (:func:`_trim_heap`); the peak is then in the second pass: the runner's copies of the
-   encoded sketch and side input (~10 bytes a unit each) and the decoded :class:`KeptRows`
-   (16 bytes a kept row). Most of the remaining time is the first pass's table inserts
-   (~0.9 s of CPU for 10^7 rows: ~90 ns a row in numpy, the probing of a table that does not
-   fit the cache).
+   Memory grows with the units, not the rows. Measured (DirectRunner, one process, peak RSS
+   from the process's own high-water mark): 10^6 rows of 10^5 units 272-273 MB; 10^7 rows of
+   the same 10^5 units (100 rows a unit) 284-287 MB (+5%); 10^7 rows of 10^6 units 331-336 MB
+   (+21-23%; the unbounded pipeline: 250-264 MB). Stage by stage at 10^6 units: the first pass
+   peaks ~300 MB with the tables, ~260 MB once frozen (the heap and Arrow's pool handed back,
+   :func:`_trim_heap`); then Beam's copies of the encoded sketch (~31 MB for its 9 MB) and of
+   the side input (~17 MB for its 5 MB) raise the second pass to ~320 MB before it reads.
+   ``ldp-beam bench --only bounding`` records both growths (the fixed-units one with the +15%
+   target) and the time against the unbounded pipeline.
 
 The second pass reads its main input after the first has finished: a runner that keeps
 PCollections in memory between stages (the DirectRunner) holds the input batches meanwhile.
