@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import math
 import typing
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Iterable, Mapping
+from typing import Any, Callable, ClassVar, Iterable, Mapping
 
 import numpy as np
 
@@ -309,9 +310,11 @@ def _encode_arrow(col: Any, labels: tuple[str, ...]) -> tuple[np.ndarray, np.nda
         codes[missing] = -1
         return codes, missing, (codes < 0) & ~missing
     if pa.types.is_string(t) or pa.types.is_large_string(t):
-        found = pc.index_in(col, value_set=pa.array(list(labels), type=t))
-        if found.null_count:  # unknown labels or nulls: -1 (else one copy less)
-            found = found.fill_null(-1)
+        found = pc.index_in(col, value_set=_label_array(labels, t))
+        if not found.null_count:  # every row a declared label: nothing missing or unknown
+            return (found.to_numpy(zero_copy_only=False).astype(np.int64),
+                    np.zeros(n, dtype=bool), np.zeros(n, dtype=bool))
+        found = found.fill_null(-1)  # unknown labels or nulls: -1
         codes = found.to_numpy(zero_copy_only=False).astype(np.int64)
         missing = np.zeros(n, dtype=bool)
         bad = np.flatnonzero(codes < 0)
@@ -333,6 +336,15 @@ def _encode_arrow(col: Any, labels: tuple[str, ...]) -> tuple[np.ndarray, np.nda
     out = col.to_numpy(zero_copy_only=False)
     return encode_categories_reference(out if out.dtype == object else out.astype(object),
                                        labels)
+
+
+@functools.lru_cache(maxsize=64)
+def _label_array(labels: tuple[str, ...], t: Any) -> Any:
+    """The declared labels as an Arrow array of text type ``t`` (the value set of a lookup),
+    made once per domain instead of once per batch."""
+    import pyarrow as pa
+
+    return pa.array(list(labels), type=t)
 
 
 def _arrow_numpy(col: Any) -> np.ndarray:
@@ -509,6 +521,30 @@ class Mechanism(ABC):
 
     def empty_reports(self) -> Reports:
         return {name: np.empty(0, dtype=dt) for name, dt in self.report_fields}
+
+    def memo(self, name: str, make: Callable[[], Any]) -> Any:
+        """A value derived from this (frozen) mechanism's parameters, e.g. a sampler's lookup
+        tables, made once per instance by ``make()``: ``randomize`` runs once per slice of a
+        batch (:class:`~ldp_beam.transforms.PerturbFn`), so its fixed cost counts. Arrays are
+        made read-only (shared by every call). Not pickled: a copy makes its own."""
+        cache = self.__dict__.get("_memo")
+        if cache is None:
+            cache = {}
+            object.__setattr__(self, "_memo", cache)  # frozen: not a field, never compared
+        try:
+            return cache[name]
+        except KeyError:
+            value = make()
+            for v in (value if isinstance(value, tuple) else (value,)):
+                if isinstance(v, np.ndarray):
+                    v.flags.writeable = False
+            cache[name] = value
+            return value
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state.pop("_memo", None)
+        return state
 
     def describe(self) -> str:
         ps = ", ".join(f"{k}={v!r}" for k, v in self.params().items())

@@ -174,10 +174,14 @@ class GRR(Mechanism):
         return urr_probabilities(self.epsilon, self.sensitive_codes.size)
 
     def randomize(self, cols: dict[str, np.ndarray], u: np.ndarray) -> Reports:
-        sens = self.sensitive_codes
-        v = urr_sample(cols["value"], urr_tables(len(self.domain), sens, self.epsilon), sens,
-                       u[:, 0], u[:, 1])
+        sens, *tables = self.memo("urr", self._sampler_tables)
+        v = urr_sample(cols["value"], tuple(tables), sens, u[:, 0], u[:, 1])
         return {"v": v.astype(np.uint16)}
+
+    def _sampler_tables(self) -> tuple[np.ndarray, ...]:
+        """(sensitive codes, keep probability, choices, skip): what :func:`urr_sample` reads."""
+        sens = self.sensitive_codes
+        return (sens, *urr_tables(len(self.domain), sens, self.epsilon))
 
     def transition_matrix(self) -> np.ndarray:
         """Q[output code, input code]; every column sums to one. Dense |domain|^2: for audits

@@ -152,16 +152,42 @@ class SensitiveJoint(JointMechanism):
 
 
 # --------------------------------------------------------------------------- CPRR and JD-GRR
-def _product_urr(mech: JointMechanism, cells_s: np.ndarray, epsilon: float,
-                 cols: dict[str, np.ndarray], u: np.ndarray) -> Reports:
+def _product_tables(mech: JointMechanism, cells_s: np.ndarray, epsilon: float
+                    ) -> tuple[np.ndarray, ...]:
+    """uRR's tables on the product domain (:func:`urr_tables`) and the labels of the sensitive
+    cells: (keep probability, choices, skip, x label, y label of sensitive cell j)."""
     k = mech.nx * mech.ny
-    c = cols["x"] * mech.ny + cols["y"]
-    out = urr_sample(c, urr_tables(k, cells_s, epsilon), cells_s, u[:, 0], u[:, 1])
     # cell codes go past 65535 on domains of more than 2^16 cells: divide in int64, then narrow
     # (each label code fits uint16)
-    cell_x, cell_y = np.divmod(np.arange(k, dtype=np.int64), mech.ny)
-    cell_x, cell_y = cell_x.astype(np.uint16), cell_y.astype(np.uint16)
-    return {"x": cell_x[out], "y": cell_y[out]}  # table lookups, not a division per record
+    sens_x, sens_y = np.divmod(np.asarray(cells_s, dtype=np.int64), mech.ny)
+    return (*urr_tables(k, cells_s, epsilon), sens_x.astype(np.uint16),
+            sens_y.astype(np.uint16))
+
+
+def _product_urr(mech: JointMechanism, tables: tuple[np.ndarray, ...],
+                 cols: dict[str, np.ndarray], u: np.ndarray) -> Reports:
+    """:func:`urr_sample` on the cells ``x * |Y| + y`` (tables from :func:`_product_tables`),
+    reported as the labels of the output cell: the kept rows' own labels, the moved rows' the
+    labels of sensitive cell j (table lookups, not a division per record)."""
+    keep_p, choices, skip, sens_x, sens_y = tables
+    x, y = cols["x"], cols["y"]
+    c = x * mech.ny
+    c += y
+    u0, u1 = u[:, 0], u[:, 1]
+    s = sens_x.shape[0]
+    if s == keep_p.shape[0]:  # every cell sensitive (JD-GRR): constant tables, sens[j] = j
+        j = (u1 * choices[0]).astype(np.int64)
+        j += j >= c
+        keep = u0 < keep_p[0]
+    else:
+        j = (u1 * choices[c]).astype(np.int64)  # truncation = floor: u1 * choices >= 0
+        j += j >= skip[c]
+        keep = u0 < keep_p[c]
+    np.minimum(j, s - 1, out=j)
+    ox, oy = sens_x[j], sens_y[j]  # moved: sensitive cell j; kept: the row's own cell
+    np.copyto(ox, x, where=keep, casting="unsafe")  # labels fit uint16
+    np.copyto(oy, y, where=keep, casting="unsafe")
+    return {"x": ox, "y": oy}
 
 
 @dataclass(frozen=True)
@@ -193,7 +219,8 @@ class CPRR(SensitiveJoint):
                   "are non-sensitive (Corollary 2; exact)")
 
     def randomize(self, cols: dict[str, np.ndarray], u: np.ndarray) -> Reports:
-        return _product_urr(self, self.sensitive_cells(), self.epsilon, cols, u)
+        return _product_urr(self, self.memo("product-urr", lambda: _product_tables(
+            self, self.sensitive_cells(), self.epsilon)), cols, u)
 
     def transition_matrix(self) -> np.ndarray:
         self.check_matrix()
@@ -223,7 +250,8 @@ class JDGRR(JointMechanism):
                                 notes="GRR on the |X||Y| product domain; tight")
 
     def randomize(self, cols: dict[str, np.ndarray], u: np.ndarray) -> Reports:
-        return _product_urr(self, self.all_cells(), self.epsilon, cols, u)
+        return _product_urr(self, self.memo("product-urr", lambda: _product_tables(
+            self, self.all_cells(), self.epsilon)), cols, u)
 
     def transition_matrix(self) -> np.ndarray:
         self.check_matrix()
