@@ -633,10 +633,17 @@ def test_bad_records_are_dead_lettered_with_reasons():
     base = OsdpRR(epsilon=0.6, k=2, lower=0, upper=10)
     _, rb = base.check({k: v for k, v in data.items() if not k.startswith("importance")})
     assert list(rb.as_dict()) == [1, 2, 3, 4, 5, 6]
-    rep = base.perturb({"value1": [1.0, 2.0], "value2": [3.0, 4.0], "level1": [0.0, 0.3],
-                        "level2": [0.2, 0.0]})
-    np.testing.assert_array_equal(rep["sensitive1"], [0, 1])
-    assert rep["sensitive1"].dtype == np.uint8
+    data_b = {"value1": [1.0, 2.0], "value2": [3.0, 4.0], "level1": [0.0, 0.3],
+              "level2": [0.2, 0.0]}
+    cols, _ = base.check(data_b)
+    np.testing.assert_array_equal(cols["sensitive1"], [0, 1])
+    assert cols["sensitive1"].dtype == np.uint8
+    # reports: each record's released decision, drawn where the row is read (u < q, and never
+    # for a sensitive record); u = 0 keeps every non-sensitive record
+    rep = base.randomize(cols, np.zeros((2, base.draws)))
+    np.testing.assert_array_equal(rep["released1"], [1, 0])
+    np.testing.assert_array_equal(rep["released2"], [0, 1])
+    assert rep["released1"].dtype == np.uint8 and base.draws == 2
 
 
 def test_check_reports_flags_malformed_reports():
@@ -657,8 +664,8 @@ def test_check_reports_flags_malformed_reports():
         0: "report field 'sampled' is missing"}
     base = OsdpRREstimator(OsdpRR(epsilon=1.0, lower=0, upper=10))
     r = base.check_reports({"value1": np.array([1.0, 2.0]),
-                            "sensitive1": np.array([1, 3])}).as_dict()
-    assert r == {1: "report field 'sensitive1': 3.0 is not 0 or 1"}
+                            "released1": np.array([1, 3])}).as_dict()
+    assert r == {1: "report field 'released1': 3.0 is not 0 or 1"}
 
 
 def test_roles_follow_k_and_target():

@@ -1,6 +1,6 @@
-"""OSPDPRR's and OsdpRR's row accumulators (issue 16): rows appended with amortized growth (never a
-copy of every row per batch), merged with one copy, forks of one accumulator independent, and
-the rows held capped by LDP_BEAM_MAX_USER_CELLS with a clear LimitError."""
+"""OSPDPRR's row accumulators (the data-reference modes; issue 16): rows appended with amortized
+growth (never a copy of every row per batch), merged with one copy, forks of one accumulator
+independent, and the rows held capped by LDP_BEAM_MAX_USER_CELLS with a clear LimitError."""
 from __future__ import annotations
 
 import math
@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from ldp_beam.central.ospdprr import OSPDPRR, OSPDPRREstimator, OsdpRR, OsdpRREstimator
+from ldp_beam.central.ospdprr import OSPDPRR, OSPDPRREstimator
 from ldp_beam import progress
 from ldp_beam.errors import LimitError
 
@@ -48,9 +48,9 @@ def test_batches_are_appended_with_amortized_growth():
 def test_forks_of_one_accumulator_do_not_share_appended_rows():
     """Beam may add to an accumulator and keep the old one: appending into spare capacity is
     only allowed to the newest view, so every accumulator keeps exactly its own rows."""
-    mech = OsdpRR(epsilon=0.5, k=1, **U)
-    est = OsdpRREstimator(mech)
-    a, b, c = ({"value1": np.full(n, v), "sensitive1": np.zeros(n)} for n, v in
+    mech = OSPDPRR(t=0.5, k=1, **PUBLIC, **U)
+    est = OSPDPRREstimator(mech)
+    a, b, c = ({"value1": np.full(n, v), "weight1": np.zeros(n)} for n, v in
                ((4, 1.0), (3, 2.0), (5, 3.0)))
     base = est.add(est.create(), a)
     left = est.add(base, b)       # appended into base's spare room
@@ -63,7 +63,7 @@ def test_forks_of_one_accumulator_do_not_share_appended_rows():
     merged = est.merge([left, right, est.create(), base])
     assert merged[:, 0].tolist() == ([1.0] * 4 + [2.0] * 3) + ([1.0] * 4 + [3.0] * 5) + [1.0] * 4
     assert left[:, 0].tolist() == [1.0] * 4 + [2.0] * 3  # merge left its inputs as they were
-    assert est.add(left, {"value1": np.zeros(0), "sensitive1": np.zeros(0)}) is left
+    assert est.add(left, {"value1": np.zeros(0), "weight1": np.zeros(0)}) is left
 
 
 def test_merge_copies_each_row_once_into_one_buffer():
@@ -80,16 +80,17 @@ def test_merge_copies_each_row_once_into_one_buffer():
     assert est.merge([parts[2]]) is parts[2]  # one accumulator: nothing to copy
 
 
-@pytest.mark.parametrize("kind", ["ospdprr", "osdp"])
-def test_rows_held_are_capped_with_a_clear_error(monkeypatch, kind):
-    """users x row width <= LDP_BEAM_MAX_USER_CELLS, checked before the rows are stored."""
-    if kind == "ospdprr":
-        mech = OSPDPRR(t=0.5, k=3, target=(1,), **PUBLIC, **U)
-        est = OSPDPRREstimator(mech)
+@pytest.mark.parametrize("mode", ["sound-public", "paper"])
+def test_rows_held_are_capped_with_a_clear_error(monkeypatch, mode):
+    """users x row width <= LDP_BEAM_MAX_USER_CELLS, checked before the rows are stored (the
+    data-reference modes; OsdpRR and sound-self hold no rows: tests/test_osdprr_onepass.py,
+    tests/test_ospdprr_onepass.py)."""
+    if mode == "sound-public":
+        mech = OSPDPRR(t=0.5, k=3, target=(1,), mode=mode, **U)
     else:
-        mech = OsdpRR(epsilon=0.5, k=2, **U)
-        est = OsdpRREstimator(mech)
-    width = est.width  # 1 + 3 cells, or 2 x 2
+        mech = OSPDPRR(t=0.5, k=2, mode=mode, **U)
+    est = OSPDPRREstimator(mech)
+    width = est.width  # 1 + 3 cells, or 2 + 2
     assert width == 4
     monkeypatch.setenv("LDP_BEAM_MAX_USER_CELLS", str(10 * width))
     rep = {name: np.zeros(6) for name, _ in est.fields}

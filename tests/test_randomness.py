@@ -74,13 +74,18 @@ def _release(est, acc):
 @pytest.mark.parametrize("name", CENTRAL)
 def test_two_unseeded_central_releases_differ(name):
     """A central release adds continuous noise (Laplace: equal draws have probability 0) or, for
-    the sampling releases, draws a fresh sample of 2,000 records plus noise: two finalize calls of
-    an estimator built without a seed on the same accumulator are independent releases."""
+    the sampling releases, draws a fresh sample of 2,000 records (plus noise, except osdp-rr):
+    two unseeded runs over the same data are independent releases. A run is perturb (where
+    ospdprr's sound-self and osdp-rr draw each record's sampling, from a fresh OS-entropy
+    source; nothing is drawn for the histogram families) and finalize (the release's noise,
+    from an estimator built without a seed)."""
     mech = REG.build(name, SAMPLE_PARAMS[name])
     est = REG.estimator_for(mech)  # no seed
     assert getattr(est, "seed", None) is None
-    acc = est.add(est.create(), mech.perturb(valid_input(mech, N)))
-    first, second = _release(est, acc), _release(est, acc)
+    data = valid_input(mech, N)
+    acc = est.add(est.create(), mech.perturb(data))
+    first = _release(est, acc)
+    second = _release(est, est.add(est.create(), mech.perturb(data)))
     assert first["n_reports"] is None  # a central release does not publish the record count
     assert first["statistics"] != second["statistics"], \
         f"{name}: two unseeded releases are identical"

@@ -102,6 +102,15 @@ paper mode, keeping the smallest sampled score. Each pass needs the previous one
 as a side input, so on a runner that materializes a PCollection read by several stages the
 input would be read three times rather than kept. Until then the cap above bounds the memory.
 
+**OsdpRR: one pass, memory that does not grow with users (issue 16).** The baseline adds no
+noise: each non-sensitive record is kept with the public probability q, independently of every
+other record, and every published number is a function of the kept records' count, sum and sum
+of squares. So its keep draws are made where the row is read (``draws = k_T``, addressed by the
+run key and the row's identity like sound-self's), and :class:`OsdpRREstimator` keeps four
+Python integers: users, kept records and the exact sums of their values and squares in units of
+2^-1074 (:func:`exact_sum_units`; exact, so any split and merge order gives the same integers;
+rounded once at release). No rows, no cap; measured numbers in :class:`OsdpRR`'s docstring.
+
 **Privacy unit (issue 14; docs/person_level.md).** ``max_partitions_per_unit`` (L0) and
 ``max_rows_per_partition`` (Linf), both 1 by default (one row per user, as above), are the
 contribution bounds the pipeline enforces before the release: a unit keeps at most L0 partitions
@@ -1082,7 +1091,8 @@ class OSPDPRR(_UnitBounded, Mechanism):
 
 
 class _UserRowsEstimator(Estimator):
-    """Shared by both estimators of this module: the accumulator is one float64 row per user
+    """The row accumulator of OSPDPRR's data-reference modes (OsdpRR's estimator is one pass
+    and keeps four integers): the accumulator is one float64 row per user
     (the report fields in order), appended with amortized growth (see the module docstring) and
     capped by ``user_cells``; ``finalize`` sorts the rows and makes
     the mechanism's one release from them."""
@@ -1371,6 +1381,52 @@ def _canonical(acc: np.ndarray) -> np.ndarray:
 
 
 # --------------------------------------------------------------------------- OsdpRR
+#: exact sums of float64 values are kept as integers in units of 2^-EXACT_BITS, the smallest
+#: subnormal: every finite float64 is an integer multiple of it, so the sum is exact
+EXACT_BITS = 1074
+_HALF_BITS = 26  # a 53-bit mantissa split in two halves, so bincount's float64 bins stay exact
+_HALF_MASK = (1 << _HALF_BITS) - 1
+_EXACT_CHUNK = 1 << 25  # at most 2^25 halves (< 2^27 each) per bin: sums < 2^52, exact
+
+
+def exact_sum_units(values: np.ndarray) -> int:
+    """The exact sum of finite float64 ``values`` as a Python int in units of 2^-1074
+    (:data:`EXACT_BITS`): no rounding at all, so sums of parts added in any order and grouping
+    are equal, bit for bit. :func:`from_exact_units` rounds the total once (correctly rounded,
+    the same number as ``math.fsum``).
+
+    Vectorized: each value is ``mant * 2^(e - 53)`` with a 53-bit integer ``mant``
+    (``np.frexp``); the mantissas' two 26-bit halves are summed per exponent with ``bincount``
+    (float64 bins, exact below 2^53: at most 2^25 values per call), and the few dozen nonzero
+    bins are shifted into one Python int. The result has at most ~2,100 + log2(n) bits."""
+    x = np.asarray(values, dtype=np.float64).ravel()
+    if not x.size:
+        return 0
+    frac, exp = np.frexp(x)
+    mant = (frac * 9007199254740992.0).astype(np.int64)  # * 2^53: exact, |mant| < 2^53
+    shift = exp.astype(np.int64) + (EXACT_BITS - 53)  # x = mant * 2^shift units of 2^-1074
+    low = shift < 0  # subnormals: their mantissa's low -shift bits are 0, shifting is exact
+    if low.any():
+        mant = np.where(low, mant >> np.where(low, -shift, 0), mant)
+        shift = np.where(low, 0, shift)
+    hi = mant >> _HALF_BITS  # floor: mant = hi 2^26 + lo with 0 <= lo < 2^26 (also mant < 0)
+    lo = mant & _HALF_MASK
+    total = 0
+    for s in range(0, x.size, _EXACT_CHUNK):
+        at = shift[s:s + _EXACT_CHUNK]
+        hs = np.bincount(at, weights=hi[s:s + _EXACT_CHUNK])
+        ls = np.bincount(at, weights=lo[s:s + _EXACT_CHUNK])
+        for b in np.flatnonzero((hs != 0) | (ls != 0)).tolist():
+            total += ((int(hs[b]) << _HALF_BITS) + int(ls[b])) << b
+    return total
+
+
+def from_exact_units(units: int) -> float:
+    """An exact sum of :func:`exact_sum_units` as the nearest float64 (Python's int division is
+    correctly rounded)."""
+    return int(units) / (1 << EXACT_BITS)
+
+
 def _osdp_roles(m: "OsdpRR") -> tuple[Role, ...]:
     return (tuple(Role(f"value{i}", help=f"item {i}: a number in [lower, upper]")
                   for i in m.target)
@@ -1379,8 +1435,10 @@ def _osdp_roles(m: "OsdpRR") -> tuple[Role, ...]:
 
 
 def _osdp_fields(m: "OsdpRR") -> tuple[tuple[str, str], ...]:
+    # the record's value and whether it is in the released sample (non-sensitive and kept),
+    # drawn where the row is read
     return (tuple((f"value{i}", "float64") for i in m.target)
-            + tuple((f"sensitive{i}", "uint8") for i in m.target))
+            + tuple((f"released{i}", "uint8") for i in m.target))
 
 
 @dataclass(frozen=True)
@@ -1396,6 +1454,38 @@ class OsdpRR(_UnitBounded, Mechanism):
     sensitive mass); None = scaled for count/sum, raw otherwise. Other parameters as
     :class:`OSPDPRR`. For a panel at threshold t, :meth:`matched` builds it with the budget
     matching of spec §7.2.
+
+    **One pass, memory that does not grow with users (issue 16).** Every record is kept or not
+    on its own (independent Bernoulli(q) draws, q the keep probability, a public constant), and
+    the published statistics (the released records' count, sum and sum of squares; every answer
+    is computed from those three) are sums over records. So the draw is made where the row is
+    read: the mechanism consumes one uniform per target item (``draws = k_T``) and
+    :meth:`randomize` reports each record's value and ``released<i> = (not sensitive) and u < q``.
+    In a pipeline ``Perturb`` addresses those uniforms like collect's LDP noise: by the run's
+    secret key (fresh OS entropy; a seeded run is reproducible whatever the runner or batch size
+    and says it is not private) and the row's identity (input stream and record offset).
+    :class:`OsdpRREstimator` keeps four Python integers ``[users, records, S, Q]`` (an object
+    array): the users seen (never released), the released records, and the exact sums of their
+    values and of their squares (float64 ``v * v``, as before) in units of 2^-1074
+    (:func:`exact_sum_units`: no rounding, so any split and merge order gives the same
+    integers), rounded once at release (correctly rounded: the ``math.fsum`` of the released
+    terms, where the former release summed them in float64, pairwise). OsdpRR adds no noise, so the
+    release draws nothing: it is post-processing of the sample drawn per record. Same q, same
+    records, same statistics as :meth:`release` (the in-memory path of the paper reproduction,
+    which draws the (n, k_T) uniforms itself and is unchanged but for its sums being exact
+    now): the release's distribution and the guarantee are unchanged.
+
+    Measured (``ldp-beam estimate -i RAW -m osdp-rr`` from raw rows, epsilon = 0.8, sum, k = 1,
+    lower 0, upper 100, the bench's ``levels`` file, DirectRunner, one process, peak RSS from
+    ``/usr/bin/time -f %M``, on the shared 2-core machine, load 3-5, so times are noisy): with
+    the former row accumulator (one float64 row of 2 k_T cells per user, sorted at release)
+    361 / 363 / 363 / 376 MB and 3.5-6.5 s at 10^6 rows, 1363 / 1350 / 1349 / 1363 MB and
+    10.2-18.7 s at 10^7 (four runs; RSS growth about +270%); one pass, 300 / 299 / 300 / 299 /
+    311 MB and 5.0-6.2 s at 10^6, 299 / 300 / 300 / 312 / 309 MB and 3.4-7.8 s at 10^7 (five
+    runs; growth -0.3% to +4%; the issue's target is +15%). Runs 3-4 of each were interleaved
+    (former, new, former, new) on the same load: 6.5 / 6.0 s and 4.5 / 5.0 s at 10^6, 18.7 /
+    7.8 s and 10.2 / 6.2 s at 10^7; run 5 is the committed code (the accumulator an object
+    array rather than a tuple). What remains of the memory is Beam's and the batches in flight.
     """
 
     NAME: ClassVar[str] = "osdp-rr"
@@ -1404,7 +1494,7 @@ class OsdpRR(_UnitBounded, Mechanism):
     roles = _ByItem(_osdp_roles, (
         Role("value<i>", help="one per target item i: a number in [lower, upper]"),
         Role("level<i>", help="one per target item i: sensitivity level in [0, 1]")))
-    report_fields = _ByItem(_osdp_fields, (("value<i>", "float64"), ("sensitive<i>", "uint8")))
+    report_fields = _ByItem(_osdp_fields, (("value<i>", "float64"), ("released<i>", "uint8")))
 
     epsilon: float
     query: str = "sum"
@@ -1462,7 +1552,14 @@ class OsdpRR(_UnitBounded, Mechanism):
 
     @property
     def draws(self) -> int:
-        return 0  # records are sampled once, in the release
+        return self.k_target  # one keep draw per record (target item), where the row is read
+
+    @property
+    def exact_sums(self) -> tuple[bool, bool]:
+        """Which exact sums the query's statistics need: (S, Q). The count needs neither; the
+        mean S; the sum S and Q (its stderr); variance and cv both."""
+        q = self.query
+        return q != "count", q in ("sum", "variance", "cv")
 
     @property
     def guarantee(self) -> PrivacyGuarantee:
@@ -1498,8 +1595,10 @@ class OsdpRR(_UnitBounded, Mechanism):
                   "sensitive items of one user: j eps by group privacy). Not comparable with "
                   "OSPDPRR's user-level DP, which protects every user. Keep probability and "
                   "'never release a sensitive record' are the spec's reading of the OSDP paper "
-                  "(open question Q7). The answers are post-processing of the released sample; "
-                  "each finalize draws a new sample (a new release)." + unit
+                  "(open question Q7). The answers are post-processing of the released sample, "
+                  "which is drawn record by record where the rows are read (from the run's "
+                  "secret key): each run over the data is one release (a new sample); "
+                  "finalizing the same reports again publishes the same sample." + unit
                   + central_unit_text(bounds))
 
     def validate(self, cols: dict[str, np.ndarray], reasons: Reasons) -> None:
@@ -1509,17 +1608,45 @@ class OsdpRR(_UnitBounded, Mechanism):
             cols[f"sensitive{i}"] = (np.nan_to_num(cols[f"level{i}"]) > 0).astype(np.uint8)
 
     def randomize(self, cols: dict[str, np.ndarray], u: np.ndarray) -> Reports:
-        out = {}
-        for name, dt in self.report_fields:
-            out[name] = np.asarray(cols[name], dtype=dt)
+        """Each valid row's target values and, per record (target item i), whether it is in
+        the released sample: ``released<i> = (not sensitive) and u[:, j] < q``, u the row's k_T
+        uniforms (per record, from the run's secret key and the row's identity in a pipeline):
+        the same Bernoulli(q) per record as :meth:`release` draws."""
+        kt = self.k_target
+        vals = {f"value{i}": np.asarray(cols[f"value{i}"], dtype=np.float64) for i in self.target}
+        n = vals[f"value{self.target[0]}"].shape[0]
+        u = np.asarray(u)
+        if u.ndim != 2 or u.shape[0] != n or u.shape[1] < kt:
+            raise ValueError(f"{self.name} keeps each record with one uniform: randomize needs "
+                             f"an ({n}, {kt}) array of uniforms, not shape {u.shape}")
+        q = self.keep_probability
+        out = dict(vals)
+        for j, i in enumerate(self.target):
+            sens = np.asarray(cols[f"sensitive{i}"]).astype(bool)
+            out[f"released{i}"] = (~sens & (u[:, j] < q)).astype(np.uint8)
         return out
+
+    def record_sums(self, values: np.ndarray, released: np.ndarray) -> tuple[int, int, int]:
+        """(released records, exact S, exact Q) of the records marked ``released``: ``values``
+        and ``released`` (n, k_T) arrays; S and Q in units of 2^-1074 (:func:`exact_sum_units`;
+        0 where the query does not use them). Additive over any split of the rows."""
+        rel = np.asarray(released).astype(bool)
+        count = int(np.count_nonzero(rel))
+        need_s, need_q = self.exact_sums
+        if not count or not (need_s or need_q):
+            return count, 0, 0
+        v = np.asarray(values, dtype=np.float64)[rel]
+        return (count, exact_sum_units(v) if need_s else 0,
+                exact_sum_units(np.square(v)) if need_q else 0)
 
     def release(self, values: np.ndarray, sensitive: np.ndarray, rng: RngLike = None, *,
                 allow_empty: bool = False) -> Release:
         """Sample the non-sensitive records (each kept with probability 1 - e^-eps; e^-(eps/m)
-        per unit of m = L0 Linf rows) and answer the query from them. ``values`` and
-        ``sensitive``: (n, k_T) arrays. ``allow_empty``: release from no rows (a public key
-        absent from the data)."""
+        per unit of m = L0 Linf rows) and answer the query from them: the in-memory release
+        (all rows at once; the paper reproduction's path). ``values`` and ``sensitive``: (n,
+        k_T) arrays. ``allow_empty``: release from no rows (a public key absent from the data).
+        The statistics are those of :meth:`release_sums` on the sample's exact sums, i.e. what
+        the one-pass estimator publishes for the same sample."""
         vals = np.asarray(values, dtype=np.float64).reshape(-1, self.k_target)
         sens = np.asarray(sensitive).reshape(-1, self.k_target).astype(bool)
         if vals.shape[0] == 0 and not allow_empty:
@@ -1527,10 +1654,19 @@ class OsdpRR(_UnitBounded, Mechanism):
         gen = as_generator(rng)
         q = self.keep_probability
         kept = ~sens & (gen.random(vals.shape) < q)
-        v = vals[kept]
-        n_rel, s, ss = float(v.size), float(v.sum()), float(np.square(v).sum())
+        rel = self.release_sums(*self.record_sums(vals, kept))
+        return Release(rel.statistics, {"kept": kept, **rel.internal})
+
+    def release_sums(self, records: int, s_units: int = 0, q_units: int = 0) -> Release:
+        """The published statistics from the released sample's exact sums: ``records`` released
+        records, the exact sums of their values ``s_units`` and of their squares ``q_units``
+        (units of 2^-1074, as :meth:`record_sums` / :func:`exact_sum_units` give them), each
+        rounded once to the nearest float64. No randomness: the sample was drawn per record."""
+        q = self.keep_probability
+        n_rel = float(records)
+        s, ss = from_exact_units(s_units), from_exact_units(q_units)
         stats: dict[str, Statistic] = {"released_records": Statistic(
-            int(v.size), note="records in the released sample (part of the OSDP output)")}
+            int(records), note="records in the released sample (part of the OSDP output)")}
         if self.query in RATIO_QUERIES:
             raw = n_rel if self.query == "count" else s
             var_sum = (n_rel if self.query == "count" else ss) * (1 - q)
@@ -1542,7 +1678,7 @@ class OsdpRR(_UnitBounded, Mechanism):
                 note="released total / q: an unbiased estimate of the non-sensitive total only; "
                      "biased by minus the sensitive mass (stderr excludes that bias)")
             stats[self.query] = stats[f"{self.query}_{self.estimator}"]
-        elif v.size == 0:
+        elif not records:
             stats[self.query] = Statistic(None, note="no record was released")
         else:
             value, clipped = query_answer(self.query, n_rel, s, ss, self.lower, self.upper,
@@ -1551,13 +1687,103 @@ class OsdpRR(_UnitBounded, Mechanism):
                 float(value), None, float(clipped),
                 note="on the released non-sensitive records; unbiased for the full data only "
                      "when sensitivity is independent of value")
-        return Release(stats, {"kept": kept, "q": q})
+        return Release(stats, {"q": q, "exact": (int(records), int(s_units), int(q_units))})
 
 
-class OsdpRREstimator(_UserRowsEstimator):
-    """Accumulates users' rows (target values and sensitivity flags, float64 (users, 2 k_T):
-    O(users), as :class:`OSPDPRREstimator`); ``finalize`` samples the records and answers the
-    query once. ``seed`` as :class:`OSPDPRREstimator`."""
+class OsdpRREstimator(Estimator):
+    """The one release of OsdpRR, in one pass (see :class:`OsdpRR`).
+
+    Each report carries its records' values and whether each is in the released sample
+    (:meth:`OsdpRR.randomize`, drawn where the row was read). The accumulator is a numpy object
+    array of four Python integers ``[users, records, S, Q]``: the users seen (curator
+    bookkeeping, never released), the released records, and the exact sums of their values and
+    squares in units of 2^-1074 (Python integers: float64 sums need up to ~2,100 bits). ``add``
+    and ``merge`` add integers (no rounding: any split and merge order gives the same four
+    integers, bit for bit); ``finalize`` rounds the sums once and answers the query. Constant
+    memory: four integers of at most ~2,100 + log2(records) bits, whatever the number of users.
+
+    ``seed`` is accepted for the registry's uniform signature and not used: the release draws
+    nothing (the sample's randomness is the run key's, in ``Perturb``), so finalizing one
+    accumulator twice publishes the same sample twice (one release, not two)."""
+
+    #: the accumulator is four integers, not one row per user
+    accumulates_rows: ClassVar[bool] = False
+
+    def __init__(self, mechanism: Any, seed: int | None = None) -> None:
+        super().__init__(mechanism)
+        self.seed = seed
+        self.fields = mechanism.report_fields
+
+    @staticmethod
+    def _acc(users: int, records: int, s: int, q: int) -> np.ndarray:
+        out = np.empty(4, dtype=object)
+        out[:] = [int(users), int(records), int(s), int(q)]
+        return out
+
+    def create(self) -> np.ndarray:
+        return self._acc(0, 0, 0, 0)
+
+    def add(self, acc: np.ndarray, reports: Mapping[str, np.ndarray]) -> np.ndarray:
+        """``acc`` plus the reports' users, released records and exact sums (a new array)."""
+        m = self.mechanism
+        missing = [f"released{i}" for i in m.target if f"released{i}" not in reports]
+        if missing:
+            raise ParameterError("reports", sorted(reports), "osdp-rr reports: value<i> and "
+                                 "released<i>, the record's sampling decision (made by "
+                                 "OsdpRR.perturb/randomize), not sensitivity flags")
+        first = np.asarray(reports[f"released{m.target[0]}"]).reshape(-1)
+        n = first.size
+        if not n:
+            return acc
+        if m.k_target == 1:
+            vals = np.asarray(reports[f"value{m.target[0]}"], dtype=np.float64).reshape(-1, 1)
+            rel = first.reshape(-1, 1)
+        else:
+            vals = np.column_stack([np.asarray(reports[f"value{i}"], dtype=np.float64)
+                                    .reshape(-1) for i in m.target])
+            rel = np.column_stack([np.asarray(reports[f"released{i}"]).reshape(-1)
+                                   for i in m.target])
+        c, s, q = m.record_sums(vals, rel != 0)
+        users, records, s0, q0 = (int(a) for a in acc)
+        return self._acc(users + n, records + c, s0 + s, q0 + q)
+
+    def merge(self, accs: Iterable[np.ndarray]) -> np.ndarray:
+        out = [0, 0, 0, 0]
+        for a in accs:
+            for j in range(4):
+                out[j] += int(a[j])
+        return self._acc(*out)
+
+    def n_reports(self, acc: np.ndarray) -> int:
+        return int(acc[0])
+
+    def canonical(self, acc: np.ndarray) -> np.ndarray:
+        """The accumulator as ``finalize`` releases from it (equal for any split and merge
+        order: the sums are exact)."""
+        return self._acc(*acc)
+
+    def statistics(self, acc: np.ndarray) -> dict[str, Statistic]:
+        raise NotImplementedError("a central release is made by finalize(), once")
+
+    def finalize(self, acc: np.ndarray) -> Estimate:
+        if self.n_reports(acc) == 0:
+            raise EmptyAccumulatorError(f"{self.mechanism.name}: no reports (users) were "
+                                        "accumulated; there is nothing to release")
+        return self._release(acc)
+
+    def finalize_key(self, acc: np.ndarray | None, key: Any) -> Estimate:
+        """The release of one partition ``key`` of a per-key release (issue 14): an empty or
+        missing accumulator (a public key absent from the data) is released from no rows, so
+        that whether a public key occurs is not disclosed. The records' draws are addressed by
+        each row's identity, so equal rows under two keys get independent samples."""
+        return self._release(self.create() if acc is None else acc)
+
+    def _release(self, acc: np.ndarray) -> Estimate:
+        _, records, s, q = acc
+        rel = self.mechanism.release_sums(int(records), int(s), int(q))
+        # n_reports=None: the exact number of users is itself sensitive and is not released
+        return Estimate(self.mechanism.name, None, rel.statistics, self.mechanism.guarantee,
+                        self.mechanism.params())
 
     def check_reports(self, reports: Mapping[str, Any], n: int | None = None) -> Reasons:
         reasons = super().check_reports(reports, n)
@@ -1581,4 +1807,5 @@ __all__ = ["OSPDPRR", "OSPDPRREstimator", "OsdpRR", "OsdpRREstimator", "Release"
            "SENSITIVITY_FUNCTIONS", "importance_times_level", "level_only", "normalize_weights",
            "comprehensive_weight", "personal_budgets", "sampling_probabilities",
            "personal_epsilon", "sensitivities", "noise_scales", "query_answer", "exact_answer",
-           "osdp_keep_probability", "osdp_epsilon_for_threshold"]
+           "osdp_keep_probability", "osdp_epsilon_for_threshold", "exact_sum_units",
+           "from_exact_units"]
