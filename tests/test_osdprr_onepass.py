@@ -60,6 +60,9 @@ def test_exact_sum_is_the_rational_sum_and_rounds_like_fsum():
         parts = np.split(g.permutation(x), cut)
         assert sum(exact_sum_units(p) for p in parts) == units
     assert exact_sum_units(np.zeros(0)) == 0 and from_exact_units(0) == 0.0
+    for bad in (np.inf, -np.inf, np.nan):  # no integer mantissa: refused, never a wrong sum
+        with pytest.raises(ParameterError, match="finite"):
+            exact_sum_units(np.array([1.0, bad]))
 
 
 def test_exact_sum_is_exact_where_float_summation_is_not():

@@ -1402,6 +1402,9 @@ def exact_sum_units(values: np.ndarray) -> int:
     x = np.asarray(values, dtype=np.float64).ravel()
     if not x.size:
         return 0
+    if not np.isfinite(x).all():  # frexp of inf/NaN has no integer mantissa
+        bad = x[~np.isfinite(x)][0]
+        raise ParameterError("values", float(bad), "finite numbers (an exact sum)")
     frac, exp = np.frexp(x)
     mant = (frac * 9007199254740992.0).astype(np.int64)  # * 2^53: exact, |mant| < 2^53
     shift = exp.astype(np.int64) + (EXACT_BITS - 53)  # x = mant * 2^shift units of 2^-1074
