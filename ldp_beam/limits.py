@@ -38,22 +38,25 @@ two Beam workers and the other processes on it. Each cap, its environment variab
     :func:`check_groups`).
 
 ``items`` -- ``LDP_BEAM_MAX_ITEMS``, default 256
-    Items per user ``k`` of OSPDPRR and OsdpRR: the curator keeps one row of up to 2k doubles per
-    user (4 KiB at the cap, i.e. 4 GiB per million users) and maps 3k input roles.
+    Items per user ``k`` of OSPDPRR and OsdpRR: 3k input roles per row, and in OSPDPRR's
+    data-reference modes a held row of up to 2k doubles per user (4 KiB at the cap, i.e. 4 GiB
+    per million users).
 
 ``reports_per_user`` -- ``LDP_BEAM_MAX_REPORTS_PER_USER``, default 1,000
     Reports per user ``k`` of RVNS: a batch of 65,536 records draws 65,536 x (k + 1) uniforms and
     emits k report columns (about 1 GiB per batch at the cap).
 
 ``user_cells`` -- ``LDP_BEAM_MAX_USER_CELLS``, default 134,217,728 (2^27)
-    Cells of the users' rows a per-user central release holds at once: OSPDPRR keeps one
-    float64 row of k_T + k cells per user (its TOPSIS references, A/B and the sample need every
-    user, and the seeded release is addressed by the sorted rows), OsdpRR one of 2 k_T. The cap
-    is checked as rows arrive (``add`` and ``merge``), before they are stored, so a run over it
-    fails with this error instead of exhausting memory: 1 GiB of rows at the default, 67 million
-    users of one item (k_T = k = 1). The release itself sorts the rows (a second copy) and
-    computes the stages on them; see :mod:`ldp_beam.central.ospdprr` for the measured peaks and
-    for the multi-pass plan with memory independent of the number of users.
+    Cells of the users' rows a per-user central release holds at once. Only OSPDPRR's
+    data-reference modes (``sound-public``, ``paper``) hold rows: one float64 row of k_T + k
+    cells per user (their TOPSIS references and A/B need every user, and the seeded release is
+    addressed by the sorted rows). The default ``sound-self`` mode and OsdpRR release in one
+    pass with a constant accumulator (each row's sampling drawn where it is read) and are not
+    held to this cap. The cap is checked as rows arrive (``add`` and ``merge``), before they
+    are stored, so a run over it fails with this error instead of exhausting memory: 1 GiB of
+    rows at the default, 67 million users of one item (k_T = k = 1). See
+    :mod:`ldp_beam.central.ospdprr` for the measured peaks and for the multi-pass plan that
+    would make the data-reference modes independent of the number of users too.
 
 Raise a cap by setting its environment variable to a larger integer (``1_000_000`` and ``1e6``
 are accepted), e.g. ``LDP_BEAM_MAX_CELLS=100000000 ldp-beam collect ...``; it is read at every
@@ -91,13 +94,14 @@ CAPS: dict[str, Cap] = {c.name: c for c in (
         "default cap"),
     Cap("groups", 100_000, "groups of a per-key estimation: one accumulator and one estimate "
         "per group"),
-    Cap("items", 256, "items per user: the curator keeps a row of up to 2k doubles per user"),
+    Cap("items", 256, "items per user: 3k input roles per row (and a held row of up to 2k "
+        "doubles per user in OSPDPRR's data-reference modes)"),
     Cap("reports_per_user", 1000, "reports per user: a batch draws (k + 1) uniforms and emits "
         "k report columns per record"),
-    Cap("user_cells", 1 << 27, "cells of the users' rows a per-user central release (OSPDPRR, "
-        "OsdpRR) holds at once: users x (target items + items) for OSPDPRR, users x 2 target "
-        "items for OsdpRR; 8 bytes each, 1 GiB at the default cap (see "
-        "ldp_beam.central.ospdprr for the streaming plan that would lift it)"),
+    Cap("user_cells", 1 << 27, "cells of the users' rows OSPDPRR's data-reference modes "
+        "(sound-public, paper) hold at once: users x (target items + items); 8 bytes each, "
+        "1 GiB at the default cap (see ldp_beam.central.ospdprr for the multi-pass plan that "
+        "would lift it; sound-self and osdp-rr hold no rows)"),
 )}
 
 

@@ -919,8 +919,9 @@ class WindowedEstimate(beam.PTransform):
                     + (f"; unknown {unknown}" if unknown else "")
                     + (f"; the required {missing} are not mapped" if missing else ""))
             if mechanism.draws:
-                raise StreamConfigError(f"{mechanism.name} draws noise per record; a central "
-                                        "stream only checks and buckets raw records")
+                raise StreamConfigError(f"{mechanism.name} draws randomness per record (noise "
+                                        "or a sampling decision); a central stream only checks "
+                                        "and buckets raw records")
         opts = dict(options or {})
         if self.central and opts.get("seed") is None:  # a secret of the run: retry-proof noise
             opts["seed"] = int.from_bytes(os.urandom(32), "big")

@@ -461,7 +461,7 @@ def test_central_range_options_are_checked(tmp_path, histogram, bisample):
     for name, kw in (("ospdprr", dict(t=0.7)), ("osdp-rr", dict(epsilon=1.0))):
         mech = build_mechanism(name, k=1, lower=0.0, upper=10.0, **kw)
         with pytest.raises(StreamConfigError,
-                           match="no release of an empty window|draws noise per record"):
+                           match="no release of an empty window|draws randomness per record"):
             WindowedEstimate(mech, 10)
 
 
