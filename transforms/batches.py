@@ -299,6 +299,8 @@ def _check_numeric(arr: np.ndarray, missing: np.ndarray | None, name: str,
                    dt: np.dtype) -> FieldCheck:
     """Vectorized for numeric arrays; the reasons come from :func:`report_value`."""
     n = arr.shape[0]
+    if missing is None and arr.dtype == dt and dt.kind in "iu":  # already the declared type
+        return FieldCheck(arr, np.zeros(n, dtype=bool), {})
     if arr.dtype.kind in "iu":
         ok = np.ones(n, dtype=bool)
         if dt.kind in "iu":
