@@ -34,8 +34,8 @@ from ..errors import ParameterError
 from ..privacy import LDP, ULDP, PrivacyGuarantee
 from ..limits import check_cap, product
 from .categorical import (CODE, check_domain_size, check_matrix_size, count_labels,
-                          precheck_domain, sensitive_positions, urr_matrix, urr_probabilities,
-                          urr_sample, urr_tables)
+                          index_type, precheck_domain, sensitive_positions, urr_matrix,
+                          urr_probabilities, urr_sample, urr_tables)
 
 ROLES = (Role("x", kind="category", help="the first attribute, a label of x_domain"),
          Role("y", kind="category", help="the second attribute, a label of y_domain"))
@@ -175,16 +175,17 @@ def _product_urr(mech: JointMechanism, tables: tuple[np.ndarray, ...],
     c += y
     u0, u1 = u[:, 0], u[:, 1]
     s = sens_x.shape[0]
+    it = index_type(s)
     if s == keep_p.shape[0]:  # every cell sensitive (JD-GRR): constant tables, sens[j] = j
-        j = (u1 * choices[0]).astype(np.int64)
+        j = (u1 * choices[0]).astype(it)
         j += j >= c
         keep = u0 < keep_p[0]
-    else:
-        j = (u1 * choices[c]).astype(np.int64)  # truncation = floor: u1 * choices >= 0
-        j += j >= skip[c]
-        keep = u0 < keep_p[c]
+    else:  # (take: see urr_sample)
+        j = (u1 * choices.take(c)).astype(it)  # truncation = floor: u1 * choices >= 0
+        j += j >= skip.take(c)
+        keep = u0 < keep_p.take(c)
     np.minimum(j, s - 1, out=j)
-    ox, oy = sens_x[j], sens_y[j]  # moved: sensitive cell j; kept: the row's own cell
+    ox, oy = sens_x.take(j), sens_y.take(j)  # moved: sensitive cell j; kept: the row's own
     np.copyto(ox, x, where=keep, casting="unsafe")  # labels fit uint16
     np.copyto(oy, y, where=keep, casting="unsafe")
     return {"x": ox, "y": oy}
