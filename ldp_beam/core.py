@@ -541,9 +541,10 @@ class Mechanism(ABC):
             cache[name] = value
             return value
 
-    def __getstate__(self) -> dict:
-        state = dict(self.__dict__)
-        state.pop("_memo", None)
+    def __getstate__(self) -> Any:
+        state = super().__getstate__()  # (slots of a plugin's subclass included)
+        if isinstance(state, dict) and "_memo" in state:
+            state = {k: v for k, v in state.items() if k != "_memo"}
         return state
 
     def describe(self) -> str:
