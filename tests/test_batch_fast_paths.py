@@ -3,6 +3,13 @@
 * keyed draws by AES-ECB over the counter blocks (:meth:`RandomSource.uniforms`) against
   randomgen's ``AESCounter`` drawn the documented way (record-major, column-contiguous), across
   chunk boundaries, odd draw counts and the carry of the counter's low word;
+* a batch perturbed in slices (:meth:`PerturbFn._randomize`) against the mechanism's one call on
+  the batch's valid rows, for categorical, joint and numeric mechanisms, with the invalid rows
+  dead-lettered with the check's reasons; a mechanism whose reports differ by slice gets one
+  call;
+* the mechanisms' memoized sampler tables (read-only, not pickled), CPRR's and JD-GRR's product
+  sampler against :func:`urr_sample` on cell codes, and Arrow labels that are all declared
+  against :func:`encode_categories_reference`.
 """
 from __future__ import annotations
 
