@@ -46,6 +46,7 @@ from .rows import (ReportsAsRows, as_arrow, as_record, is_dataframe, kept_types,
 DEAD_LETTER = "dead_letter"
 REPORTS = "reports"
 ELEMENT_BUFFER = 4096  # single records perturbed together (per bundle, at most this many)
+_MASK64 = (1 << 64) - 1
 SUBSET_GAP = 256  # a subset's records further apart than this are drawn in separate runs
 RANDOMIZE_ROWS = 16384  # rows of a batch perturbed together (see PerturbFn._randomize)
 
@@ -203,6 +204,12 @@ class PerturbFn(beam.DoFn):
         draws = self.mechanism.draws
         if rows is None or n == 0:
             return self.source.uniforms(n, draws, stream=stream, offset=offset)
+        keyed = getattr(self.source, "keyed_uniforms", None)
+        if keyed is not None and draws and int(rows[0]) >= 0 and \
+                int(rows[-1]) - int(rows[0]) + 1 > 2 * n:
+            # a sparse subset (e.g. the rows a privacy-unit bound kept): only its records'
+            # counter blocks, in one AES call (the same draws, bit for bit)
+            return keyed(np.full(n, int(stream) & _MASK64, np.uint64), rows, draws)
         # draw the span of each cluster of records (gaps of up to GAP records drawn and
         # discarded: AES runs at ~350M uniforms/s, a generator costs ~30 us to set up)
         breaks = np.flatnonzero(np.diff(rows) > SUBSET_GAP) + 1
