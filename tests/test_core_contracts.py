@@ -427,3 +427,17 @@ def test_client_modules_load_no_estimator_module():
             "or m.startswith('apache_beam')); assert not bad, bad")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
+
+
+def test_confidence_intervals_use_scipys_normal_quantile():
+    """The default level's quantile is a literal (no scipy import when writing an estimate):
+    it must be scipy's value exactly, and other levels must match scipy too."""
+    from scipy.stats import norm
+
+    from ldp_beam.core import _Z, Statistic
+
+    assert _Z[0.95] == float(norm.ppf(0.975))
+    s = Statistic(value=3.0, stderr=0.7)
+    for level in (0.5, 0.8, 0.9, 0.95, 0.99):
+        z = float(norm.ppf(0.5 + level / 2))
+        assert s.ci(level) == (3.0 - z * 0.7, 3.0 + z * 0.7)
