@@ -299,6 +299,64 @@ class ScriptedNoise:
         return self.real(units, sensitivity, epsilon, gen)
 
 
+def sampling_table(path, n, g, share: float, low: float) -> None:
+    """A one-item table for the OSPDPRR/OsdpRR one-pass tests: values ``x`` in [0, 100) with
+    three dead letters (missing, out of range twice), levels ``lv`` non-zero (uniform in
+    [low, 1)) for a ``share`` of the rows, one bad level; row groups of 2,500 rows."""
+    x = g.uniform(0, 100, n)
+    x[:3] = [np.nan, 150.0, -1.0]
+    level = np.where(g.random(n) < share, g.uniform(low, 1.0, n), 0.0)
+    level[3] = 1.5
+    pq.write_table(pa.table({"x": x, "lv": level}), path, row_group_size=2500)
+
+
+def release_pipeline(path, mech, est, seed, batch_rows, tmp, acc_json) -> list:
+    """``ReadTable(batch_rows) | Perturb(run key of seed) | CombineGlobally`` of ``est`` on the
+    DirectRunner: ``[acc_json(accumulator), release.to_dict()]`` (the columns ``x`` and ``lv`` of
+    :func:`sampling_table` as value1 and level1)."""
+    import apache_beam as beam
+
+    from ldp_beam.pipelines.common import run_pipeline
+    from ldp_beam.rng import RunKey
+    from ldp_beam.transforms import EstimatorCombineFn, Perturb, ReadTable
+
+    class Fn(EstimatorCombineFn):
+        def extract_output(self, acc):
+            return json.dumps([acc_json(acc), self.estimator.finalize(acc).to_dict()])
+
+    out = tmp / f"out-{seed}-{batch_rows}"
+
+    def build(p):
+        rec = (p | ReadTable(str(path), batch_rows=batch_rows)).batches \
+            | Perturb(mech, columns={"value1": "x", "level1": "lv"}, run_key=RunKey.new(seed))
+        return [rec.reports | beam.CombineGlobally(Fn(est))
+                | beam.io.WriteToText(str(out), shard_name_template="")]
+
+    run_pipeline(build, [])
+    lines = out.read_text().splitlines()
+    assert len(lines) == 1
+    return json.loads(lines[0])
+
+
+def release_on_two_runners(path, mech, tmp, multi, rows: int, dead: int) -> dict:
+    """``run_estimate`` of ``mech`` (seed 11) on the DirectRunner and with the Beam arguments
+    ``multi``: both outputs ({"direct", "multi"}), checked equal, with counts that reconcile
+    (``rows`` read = released from + ``dead`` dead-lettered) and ``n_reports`` unpublished."""
+    from ldp_beam.pipelines.estimate import run_estimate
+
+    cols = {"value1": "x", "level1": "lv"}
+    outs = {label: run_estimate(str(path), str(tmp / f"{label}.json"), mech, columns=cols,
+                                seed=11, beam_args=args, ledger=str(tmp / f"{label}.db"))
+            for label, args in (("direct", []), ("multi", multi))}
+    assert outs["multi"]["estimate"] == outs["direct"]["estimate"]
+    rec = outs["direct"]["curator"]["records"]
+    assert rec["input"] == rows and rec["released_from"] == rows - dead
+    assert rec["dead_lettered"] == dead and rec["reconciles"]
+    assert len((tmp / "direct.json.deadletter.jsonl").read_text().splitlines()) == dead
+    assert json.loads((tmp / "direct.json").read_text())["estimate"]["n_reports"] is None
+    return outs
+
+
 sys.modules.setdefault("ldp_beam_test_helpers", sys.modules[__name__])
 
 

@@ -10,7 +10,6 @@ bit-identical across batch sizes and runners; unseeded runs sample differently; 
 reconcile; the accumulator does not grow with users, and the rows cap no longer applies."""
 from __future__ import annotations
 
-import json
 import math
 import pickle
 import tracemalloc
@@ -25,6 +24,7 @@ from ldp_beam.central.ospdprr import (QUERIES, OsdpRR, OsdpRREstimator, exact_su
                                       from_exact_units, query_answer)
 from ldp_beam.errors import ParameterError
 from ldp_beam.rng import RandomSource, RunKey
+from ldp_beam_test_helpers import release_on_two_runners, release_pipeline, sampling_table
 
 Z = 4.5  # standard errors allowed for a binomial count (two-sided p ~ 7e-6 per check)
 U = dict(lower=0.0, upper=100.0)
@@ -281,47 +281,12 @@ def test_no_rows_cap_applies(tmp_path, monkeypatch, capsys):
 
 # --------------------------------------------------------------------------- pipelines
 def _table(path, n, g):
-    x = g.uniform(0, 100, n)
-    x[:3] = [np.nan, 150.0, -1.0]  # dead letters: missing, out of [lower, upper] twice
-    level = np.where(g.random(n) < 0.4, g.uniform(0.01, 1.0, n), 0.0)
-    level[3] = 1.5  # a bad level
-    pq.write_table(pa.table({"x": x, "lv": level}), path, row_group_size=2500)
-
-
-class _AccAndRelease:
-    """extract_output of the combine: (the accumulator, the release), as JSON text."""
-
-    def __init__(self, est):
-        from ldp_beam.transforms import EstimatorCombineFn
-
-        class Fn(EstimatorCombineFn):
-            def extract_output(self, acc):
-                return json.dumps([[str(a) for a in acc],
-                                   self.estimator.finalize(acc).to_dict()])
-
-        self.fn = Fn(est)
+    sampling_table(path, n, g, share=0.4, low=0.01)
 
 
 def _pipeline(path, mech, seed, batch_rows, tmp):
-    """ReadTable(batch_rows) | Perturb | CombineGlobally -> (the accumulator, the release)."""
-    import apache_beam as beam
-
-    from ldp_beam.pipelines.common import run_pipeline
-    from ldp_beam.transforms import Perturb, ReadTable
-
-    out = tmp / f"out-{seed}-{batch_rows}"
-    est = OsdpRREstimator(mech)
-
-    def build(p):
-        rec = (p | ReadTable(str(path), batch_rows=batch_rows)).batches \
-            | Perturb(mech, columns={"value1": "x", "level1": "lv"}, run_key=RunKey.new(seed))
-        return [rec.reports | beam.CombineGlobally(_AccAndRelease(est).fn)
-                | beam.io.WriteToText(str(out), shard_name_template="")]
-
-    run_pipeline(build, [])
-    lines = out.read_text().splitlines()
-    assert len(lines) == 1
-    return json.loads(lines[0])
+    return release_pipeline(path, mech, OsdpRREstimator(mech), seed, batch_rows, tmp,
+                            lambda acc: [str(a) for a in acc])
 
 
 def test_seeded_release_is_bit_identical_across_batch_sizes_and_runners(tmp_path):
@@ -329,8 +294,6 @@ def test_seeded_release_is_bit_identical_across_batch_sizes_and_runners(tmp_path
     and the same release on the DirectRunner and the multi-process DirectRunner through
     ``estimate`` (every record's uniform is addressed by its file and offset); another seed
     gives another sample; counts reconcile (rows read = released from + dead-lettered)."""
-    from ldp_beam.pipelines.estimate import run_estimate
-
     g = np.random.default_rng(6)
     path = tmp_path / "t.parquet"
     _table(path, 12_000, g)
@@ -341,20 +304,8 @@ def test_seeded_release_is_bit_identical_across_batch_sizes_and_runners(tmp_path
         assert _pipeline(path, mech, 11, rows, tmp_path) == ref, rows
     other = _pipeline(path, mech, 12, 4096, tmp_path)
     assert other[0][0] == ref[0][0] and other[0][1:] != ref[0][1:]  # another sample
-    cols = {"value1": "x", "level1": "lv"}
-    outs = {}
-    for label, args in (("direct", []), ("multi", MULTI)):
-        outs[label] = run_estimate(str(path), str(tmp_path / f"{label}.json"), mech,
-                                   columns=cols, seed=11, beam_args=args,
-                                   ledger=str(tmp_path / f"{label}.db"))
-    assert outs["multi"]["estimate"] == outs["direct"]["estimate"]
+    outs = release_on_two_runners(path, mech, tmp_path, MULTI, 12_000, 4)
     assert outs["direct"]["estimate"]["statistics"] == ref[1]["statistics"]
-    rec = outs["direct"]["curator"]["records"]
-    assert rec["input"] == 12_000 and rec["released_from"] == 12_000 - 4
-    assert rec["dead_lettered"] == 4 and rec["reconciles"]
-    dead = (tmp_path / "direct.json.deadletter.jsonl").read_text().splitlines()
-    assert len(dead) == 4
-    assert json.loads((tmp_path / "direct.json").read_text())["estimate"]["n_reports"] is None
     assert outs["direct"]["seeded"] is True
     assert "not private" in outs["direct"]["guarantee"]["summary"]
 

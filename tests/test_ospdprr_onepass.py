@@ -10,7 +10,6 @@ sampling is secret (a fresh run key per run); the accumulator's memory does not 
 (and the row accumulator's does, so the test can tell them apart); counts reconcile."""
 from __future__ import annotations
 
-import json
 import math
 import pickle
 import tracemalloc
@@ -24,6 +23,7 @@ from ldp_beam.central.histogram import release_source
 from ldp_beam.central.ospdprr import (OSPDPRR, OSPDPRREstimator, QUERIES, statistic_lattice,
                                       statistic_units)
 from ldp_beam.rng import RandomSource, RunKey
+from ldp_beam_test_helpers import release_on_two_runners, release_pipeline, sampling_table
 
 Z = 4.5  # standard errors allowed for a binomial count (two-sided p ~ 7e-6 per check)
 U = dict(lower=0.0, upper=100.0)
@@ -161,45 +161,11 @@ def test_unseeded_sampling_is_secret_and_a_seeded_run_says_it_is_not_private(tmp
 
 
 def _table(path, n, g):
-    x = g.uniform(0, 100, n)
-    x[:3] = [np.nan, 150.0, -1.0]  # dead letters: missing, out of [lower, upper] twice
-    level = np.where(g.random(n) < 0.6, g.uniform(0.0, 1.0, n), 0.0)
-    level[3] = 1.5  # a bad level
-    pq.write_table(pa.table({"x": x, "lv": level}), path, row_group_size=2500)
-
-
-class _AccAndRelease:
-    """extract_output of the combine: (the accumulator, the release), as JSON text."""
-
-    def __init__(self, est):
-        from ldp_beam.transforms import EstimatorCombineFn
-
-        class Fn(EstimatorCombineFn):
-            def extract_output(self, acc):
-                return json.dumps([acc.tolist(), self.estimator.finalize(acc).to_dict()])
-
-        self.fn = Fn(est)
+    sampling_table(path, n, g, share=0.6, low=0.0)
 
 
 def _pipeline(path, mech, est, seed, batch_rows, tmp):
-    """ReadTable(batch_rows) | Perturb | CombineGlobally -> (the accumulator, the release)."""
-    import apache_beam as beam
-
-    from ldp_beam.pipelines.common import run_pipeline
-    from ldp_beam.transforms import Perturb, ReadTable
-
-    out = tmp / f"out-{seed}-{batch_rows}"
-
-    def build(p):
-        rec = (p | ReadTable(str(path), batch_rows=batch_rows)).batches \
-            | Perturb(mech, columns={"value1": "x", "level1": "lv"}, run_key=RunKey.new(seed))
-        return [rec.reports | beam.CombineGlobally(_AccAndRelease(est).fn)
-                | beam.io.WriteToText(str(out), shard_name_template="")]
-
-    run_pipeline(build, [])
-    lines = out.read_text().splitlines()
-    assert len(lines) == 1
-    return json.loads(lines[0])
+    return release_pipeline(path, mech, est, seed, batch_rows, tmp, lambda acc: acc.tolist())
 
 
 def test_seeded_release_is_bit_identical_across_batch_sizes_and_runners(tmp_path):
@@ -207,8 +173,6 @@ def test_seeded_release_is_bit_identical_across_batch_sizes_and_runners(tmp_path
     and the same release on the DirectRunner and the multi-process DirectRunner through
     ``estimate`` (every row's sampling uniform is addressed by its file and offset); another
     seed gives another sample."""
-    from ldp_beam.pipelines.estimate import run_estimate
-
     g = np.random.default_rng(3)
     path = tmp_path / "t.parquet"
     _table(path, 12_000, g)
@@ -219,20 +183,8 @@ def test_seeded_release_is_bit_identical_across_batch_sizes_and_runners(tmp_path
     for rows in (97, 1000, 50_000):
         assert _pipeline(path, mech, est, 11, rows, tmp_path) == ref, rows
     assert _pipeline(path, mech, est, 12, 4096, tmp_path)[0] != ref[0]  # another seed, another sample
-    cols = {"value1": "x", "level1": "lv"}
-    outs = {}
-    for label, args in (("direct", []), ("multi", MULTI)):
-        outs[label] = run_estimate(str(path), str(tmp_path / f"{label}.json"), mech,
-                                   columns=cols, seed=11, beam_args=args,
-                                   ledger=str(tmp_path / f"{label}.db"))
-    assert outs["multi"]["estimate"] == outs["direct"]["estimate"]
-    rec = outs["direct"]["curator"]["records"]
-    # counts reconcile: rows read = released from + dead-lettered
-    assert rec["input"] == 12_000 and rec["released_from"] == 12_000 - 4
-    assert rec["dead_lettered"] == 4 and rec["reconciles"]
-    dead = (tmp_path / "direct.json.deadletter.jsonl").read_text().splitlines()
-    assert len(dead) == 4
-    assert json.loads((tmp_path / "direct.json").read_text())["estimate"]["n_reports"] is None
+    # the same release on both runners; counts reconcile: rows read = released + dead-lettered
+    release_on_two_runners(path, mech, tmp_path, MULTI, 12_000, 4)
 
 
 def _fold_peak(mech, n, batch):

@@ -24,7 +24,7 @@ import numpy as np
 import pyarrow as pa
 
 from ldp_beam import __version__
-from ldp_beam.core import Mechanism, coerce_numeric
+from ldp_beam.core import Mechanism
 
 SCHEMA_KEY = b"ldp_beam"
 
@@ -338,8 +338,6 @@ def _check_numeric(arr: np.ndarray, missing: np.ndarray | None, name: str,
 
 
 def _check_arrow(col: Any, name: str, dt: np.dtype) -> FieldCheck:
-    import pyarrow.compute as pc
-
     if isinstance(col, pa.ChunkedArray):
         col = col.combine_chunks()
     if pa.types.is_dictionary(col.type):

@@ -1090,7 +1090,20 @@ class OSPDPRR(_UnitBounded, Mechanism):
         return base
 
 
-class _UserRowsEstimator(Estimator):
+class _ReleasedOnce:
+    """The per-user central estimators: one release, by ``finalize``, from a non-empty
+    accumulator (no per-statistic estimates)."""
+
+    def statistics(self, acc: np.ndarray) -> dict[str, Statistic]:
+        raise NotImplementedError("a central release is made by finalize(), once")
+
+    def _require_reports(self, acc: np.ndarray) -> None:
+        if self.n_reports(acc) == 0:
+            raise EmptyAccumulatorError(f"{self.mechanism.name}: no reports (users) were "
+                                        "accumulated; there is nothing to release")
+
+
+class _UserRowsEstimator(_ReleasedOnce, Estimator):
     """The row accumulator of OSPDPRR's data-reference modes (OsdpRR's estimator is one pass
     and keeps four integers): the accumulator is one float64 row per user
     (the report fields in order), appended with amortized growth (see the module docstring) and
@@ -1157,13 +1170,8 @@ class _UserRowsEstimator(Estimator):
         reports into batches and any merge order (the form ``finalize`` releases from)."""
         return _canonical(acc)
 
-    def statistics(self, acc: np.ndarray) -> dict[str, Statistic]:
-        raise NotImplementedError("a central release is made by finalize(), once")
-
     def finalize(self, acc: np.ndarray) -> Estimate:
-        if self.n_reports(acc) == 0:
-            raise EmptyAccumulatorError(f"{self.mechanism.name}: no reports (users) were "
-                                        "accumulated; there is nothing to release")
+        self._require_reports(acc)
         return self._release(acc, UNKEYED)
 
     def finalize_key(self, acc: np.ndarray | None, key: Any) -> Estimate:
@@ -1693,7 +1701,7 @@ class OsdpRR(_UnitBounded, Mechanism):
         return Release(stats, {"q": q, "exact": (int(records), int(s_units), int(q_units))})
 
 
-class OsdpRREstimator(Estimator):
+class OsdpRREstimator(_ReleasedOnce, Estimator):
     """The one release of OsdpRR, in one pass (see :class:`OsdpRR`).
 
     Each report carries its records' values and whether each is in the released sample
@@ -1765,13 +1773,8 @@ class OsdpRREstimator(Estimator):
         order: the sums are exact)."""
         return self._acc(*acc)
 
-    def statistics(self, acc: np.ndarray) -> dict[str, Statistic]:
-        raise NotImplementedError("a central release is made by finalize(), once")
-
     def finalize(self, acc: np.ndarray) -> Estimate:
-        if self.n_reports(acc) == 0:
-            raise EmptyAccumulatorError(f"{self.mechanism.name}: no reports (users) were "
-                                        "accumulated; there is nothing to release")
+        self._require_reports(acc)
         return self._release(acc)
 
     def finalize_key(self, acc: np.ndarray | None, key: Any) -> Estimate:
