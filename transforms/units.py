@@ -135,6 +135,7 @@ from __future__ import annotations
 import os
 import pickle
 import sys
+import threading
 from typing import Any, Callable
 
 import apache_beam as beam
@@ -304,6 +305,19 @@ def siphash_text(key: tuple[int, int], arr: pa.Array) -> np.ndarray:
     return out
 
 
+_SCRATCH = threading.local()
+
+
+def _scratch(rows: int) -> np.ndarray:
+    """A ``(rows, 2)`` uint64 work buffer of this thread, reused across calls: a fresh 1 MB
+    temporary per batch cost more in page faults than the AES it holds (callers copy out what
+    they keep before the next call)."""
+    buf = getattr(_SCRATCH, "buf", None)
+    if buf is None or buf.shape[0] < rows:
+        buf = _SCRATCH.buf = np.empty((max(rows, 1 << 16), 2), U64)
+    return buf[:rows]
+
+
 def aes_prf(key: bytes, lo: np.ndarray, hi: np.ndarray | int) -> np.ndarray:
     """The first 64 bits of ``AES-128_key(lo[i] || hi[i])`` (two little-endian 64-bit words:
     one block) for every ``i``, read as a little-endian integer. AES is a pseudorandom
@@ -316,7 +330,7 @@ def aes_prf(key: bytes, lo: np.ndarray, hi: np.ndarray | int) -> np.ndarray:
     n = int(np.size(lo))
     if n == 0:
         return np.empty(0, U64)
-    blk = np.empty((n + 1, 2), U64)  # update_into asks for one spare block
+    blk = _scratch(n + 1)  # update_into asks for one spare block
     blk[:n, 0] = lo
     blk[:n, 1] = hi
     if sys.byteorder != "little":
