@@ -78,8 +78,7 @@ class Registry:
             if spec is None:
                 return
             mod, cls, est_mod, est_cls = spec
-            mech = getattr(importlib.import_module(mod), cls)
-            est = getattr(importlib.import_module(est_mod), est_cls)
+            mech, est = _load(f"{mod}:{cls}"), _load(f"{est_mod}:{est_cls}")
             del self._deferred[name]
             self.register(name, mech, est)
 
@@ -352,58 +351,16 @@ def _register_deferred_builtins(reg: Registry) -> None:
 
 
 def _register_builtins(reg: Registry) -> None:
-    """Import and register every built-in family (the process-wide registry defers this per
-    family: :func:`_register_deferred_builtins`)."""
-    from .estimators.bisample import BiSampleEstimator
-    from .estimators.mean_baselines import HarmonyEstimator, PiecewiseEstimator, PrivKVMEstimator
-    from .mechanisms.bisample import BiSample, BiSampleMD
-    from .mechanisms.mean_baselines import Harmony, PiecewiseMechanism, PrivKVM
+    """Import and register every built-in family of :data:`BUILTINS` now (the process-wide
+    registry defers this per family: :func:`_register_deferred_builtins`)."""
+    for name, mech, est in BUILTINS:
+        reg.register(name, _load(mech), _load(est))
 
-    reg.register("bisample", BiSample, BiSampleEstimator)
-    reg.register("bisample-md", BiSampleMD, BiSampleEstimator)
-    reg.register("harmony", Harmony, HarmonyEstimator)
-    reg.register("pm", PiecewiseMechanism, PiecewiseEstimator)
-    reg.register("privkvm", PrivKVM, PrivKVMEstimator)
 
-    from .estimators.continuous_baselines import NoiseKDEEstimator, SquareWaveEMSEstimator
-    from .mechanisms.continuous_baselines import (GeneralizedGaussianNoise, LaplaceNoise,
-                                                  SquareWave)
-
-    from .estimators.rvns import RVNSEstimator
-    from .mechanisms.rvns import RVNS
-
-    reg.register("rvns", RVNS, RVNSEstimator)
-    reg.register("laplace-dp", LaplaceNoise, NoiseKDEEstimator)
-    reg.register("generalized-gaussian", GeneralizedGaussianNoise, NoiseKDEEstimator)
-    reg.register("square-wave", SquareWave, SquareWaveEMSEstimator)
-
-    from .estimators.joint import (CategoricalEstimator, JuRREstimator, ProductURREstimator,
-                                   TDRREstimator)
-    from .mechanisms.categorical import GRR, URR
-    from .mechanisms.joint import CPRR, JDGRR, TDRR, JuRR
-
-    reg.register("grr", GRR, CategoricalEstimator)
-    reg.register("urr", URR, CategoricalEstimator)
-    reg.register("jurr", JuRR, JuRREstimator)
-    reg.register("cprr", CPRR, ProductURREstimator)
-    reg.register("jd-grr", JDGRR, ProductURREstimator)
-    reg.register("tdrr", TDRR, TDRREstimator)
-
-    from .central.dphr import DPHR
-    from .central.histogram import HistogramReleaseEstimator, IdentityLaplace
-
-    reg.register("dphr", DPHR, HistogramReleaseEstimator)
-    reg.register("laplace-histogram", IdentityLaplace, HistogramReleaseEstimator)
-
-    from .central.histogram_baselines import AHP, StructureFirst
-
-    reg.register("structure-first", StructureFirst, HistogramReleaseEstimator)
-    reg.register("ahp", AHP, HistogramReleaseEstimator)
-
-    from .central.ospdprr import OSPDPRR, OSPDPRREstimator, OsdpRR, OsdpRREstimator
-
-    reg.register("ospdprr", OSPDPRR, OSPDPRREstimator)
-    reg.register("osdp-rr", OsdpRR, OsdpRREstimator)
+def _load(where: str) -> Any:
+    """The class at ``"module:Class"``."""
+    mod, cls = where.split(":")
+    return getattr(importlib.import_module(mod), cls)
 
 
 def load_plugins(reg: Registry) -> None:
