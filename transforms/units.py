@@ -1441,9 +1441,7 @@ class _Ids:
         a0, b0 = i * _MARK, min(j * _MARK, self.n)
         if b0 <= a0:  # the range ends before the first number
             return 0, np.empty(0, np.int64)
-        g = self.gaps[a0:b0].astype(np.int64)
-        g[0] = self.marks[i]
-        vals = np.cumsum(g, out=g)
+        vals = self._decode(a0, b0)
         a = int(np.searchsorted(vals, lo, side="left"))
         b = int(np.searchsorted(vals, hi, side="right"))
         return a0 + a, vals[a:b]
@@ -1455,10 +1453,8 @@ class _Ids:
             if self.ids is not None:
                 yield self.ids[x:y]
                 continue
-            blk = x // _MARK
-            g = self.gaps[blk * _MARK:y].astype(np.int64)
-            g[0] = self.marks[blk]
-            yield np.cumsum(g, out=g)[x - blk * _MARK:]
+            start = x - x % _MARK
+            yield self._decode(start, y)[x - start:]
 
     def position(self, v: int) -> int:
         """How many numbers are below ``v``."""
@@ -1468,9 +1464,15 @@ class _Ids:
         if i < 0:
             return 0
         a0 = i * _MARK
-        g = self.gaps[a0:min(a0 + _MARK, self.n)].astype(np.int64)
-        g[0] = self.marks[i]
-        return a0 + int(np.searchsorted(np.cumsum(g, out=g), v, side="left"))
+        return a0 + int(np.searchsorted(self._decode(a0, min(a0 + _MARK, self.n)), v,
+                                        side="left"))
+
+    def _decode(self, a: int, b: int) -> np.ndarray:
+        """The numbers at positions ``[a, b)``, ``a`` a multiple of 1,024 (a mark): the mark,
+        then the running sum of the gaps after it."""
+        g = self.gaps[a:b].astype(np.int64)
+        g[0] = self.marks[a // _MARK]
+        return np.cumsum(g, out=g)
 
     def decode(self) -> np.ndarray:
         """All the numbers (int64)."""
