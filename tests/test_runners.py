@@ -134,3 +134,35 @@ def test_dask_worker_failure_fails_the_pipeline(tmp_path, dask_args):
 
     with pytest.raises(Exception, match="worker exploded on record 3"):
         run_pipeline(build, dask_args)
+
+
+def test_command_line_direct_runs_never_try_prism(monkeypatch, tmp_path):
+    """Beam 2.77's DirectRunner tries the PrismRunner first, which downloads a binary at run time
+    (and would run our pipelines on a runner no test exercises where a network is present). The
+    command line's DirectRunner skips that attempt and still runs the pipeline to its answer."""
+    import apache_beam as beam
+    from apache_beam.runners.portability import prism_runner
+
+    from ldp_beam.pipelines.common import local_runner, run_pipeline
+
+    tried = []
+
+    def refuse(self, *a, **k):
+        tried.append(1)
+        raise RuntimeError("the PrismRunner was tried")
+
+    monkeypatch.setattr(prism_runner.PrismRunner, "run_pipeline", refuse)
+
+    def build(p, name):
+        out = str(tmp_path / name)
+        return [p | beam.Create([1, 2, 3]) | beam.CombineGlobally(sum)
+                | beam.Map(lambda s: open(out, "w").write(str(s)))]
+
+    run_pipeline(lambda p: build(p, "ours"), ["--runner", "direct"])
+    assert tried == [] and (tmp_path / "ours").read_text() == "6"
+    assert local_runner(["--runner=DirectRunner"]) is not None
+    assert local_runner(["--runner=apache_beam.runners.dask.dask_runner.DaskRunner"]) is None
+    # the check is live: Beam's own DirectRunner does try Prism on this pipeline (then falls back)
+    with beam.Pipeline(runner="DirectRunner") as p:
+        build(p, "beams")
+    assert tried == [1] and (tmp_path / "beams").read_text() == "6"
