@@ -235,7 +235,137 @@ done:
     return result;
 }
 
+/* rehash(kp, ref, s, (kp2, ref2, s2, size2)) -> units: a table's held units (key != 0) into an
+ * empty table (every key 0; its priorities and references are never read) of another size (a
+ * table that grows). The source is scanned in slot order, so
+ * the destination's home slots come nearly in order too (home is monotone in the hash bits):
+ * the writes stream through memory instead of missing the cache, and no array of entries is
+ * gathered first. Units are distinct, so each one claims the first empty slot from its home;
+ * finding its own hash there means the source held a unit twice (refused, nothing returned). */
+static PyObject *rehash(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *kp_o, *ref_o, *s_o, *dst_o, *kp2_o, *ref2_o, *s2_o;
+    Py_ssize_t size2;
+    if (!PyArg_ParseTuple(args, "OOOO!", &kp_o, &ref_o, &s_o, &PyTuple_Type, &dst_o))
+        return NULL;
+    if (!PyArg_ParseTuple(dst_o, "OOOn", &kp2_o, &ref2_o, &s2_o, &size2)) return NULL;
+    buf_t kp = {0}, ref = {0}, s = {0}, kp2 = {0}, ref2 = {0}, s2 = {0};
+    PyObject *result = NULL;
+    if (get_buf(kp_o, &kp, 0, "kp", -1, 0) < 0) goto done;
+    Py_ssize_t alloc = kp.view.len / 16;
+    if (get_buf(ref_o, &ref, 0, "ref", alloc, 0) < 0) goto done;
+    if (get_buf(s_o, &s, 0, "s", alloc, 1) < 0) goto done;
+    if (get_buf(kp2_o, &kp2, 1, "kp2", -1, 0) < 0) goto done;
+    Py_ssize_t alloc2 = kp2.view.len / 16;
+    if (kp.view.len % 16 != 0 || kp2.view.len % 16 != 0 || size2 <= 0 || size2 > alloc2 ||
+        size2 > 0xFFFFFFFFll) {
+        PyErr_Format(PyExc_ValueError, "size %zd does not fit a table of %zd slots", size2,
+                     alloc2);
+        goto done;
+    }
+    if (get_buf(ref2_o, &ref2, 1, "ref2", alloc2, 0) < 0) goto done;
+    if (get_buf(s2_o, &s2, 1, "s2", alloc2, 1) < 0) goto done;
+    if (s.held != s2.held) {
+        PyErr_SetString(PyExc_ValueError, "rehash: both tables wide or both narrow");
+        goto done;
+    }
+    const uint64_t *K = (const uint64_t *)kp.view.buf, *R = (const uint64_t *)ref.view.buf;
+    const uint64_t *S = s.held ? (const uint64_t *)s.view.buf : NULL;
+    uint64_t *K2 = (uint64_t *)kp2.view.buf, *R2 = (uint64_t *)ref2.view.buf;
+    uint64_t *S2 = s2.held ? (uint64_t *)s2.view.buf : NULL;
+    Py_ssize_t units = 0;
+    int dup = 0, full = 0;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < alloc && !dup && !full; i++) {
+        uint64_t key = K[2 * i];
+        if (key == 0) continue;
+        uint64_t pos = home(key, (uint64_t)size2), probes = 0;
+        while (K2[2 * pos] != 0) {
+            if (K2[2 * pos] == key) { dup = 1; break; }
+            if (++pos == (uint64_t)alloc2) pos = 0;
+            if (++probes > (uint64_t)alloc2) { full = 1; break; }
+        }
+        if (dup || full) break;
+        K2[2 * pos] = key;
+        K2[2 * pos + 1] = K[2 * i + 1];
+        R2[pos] = R[i];
+        if (S2 != NULL) S2[pos] = S[i];
+        units++;
+    }
+    Py_END_ALLOW_THREADS
+    if (dup) {
+        PyErr_SetString(PyExc_ValueError, "rehash: the source table holds a unit twice");
+        goto done;
+    }
+    if (full) {
+        PyErr_SetString(PyExc_RuntimeError, "rehash: the destination table is full");
+        goto done;
+    }
+    result = PyLong_FromSsize_t(units);
+done:
+    release(&kp); release(&ref); release(&s); release(&kp2); release(&ref2); release(&s2);
+    return result;
+}
+
+/* sort(a): a contiguous uint64 array sorted in place, by least-significant-digit radix (11-bit
+ * digits, a pass only for the digits that are not the same in every item, histograms of all
+ * of them counted in one read). The frozen sketch sorts its ~10 bytes-a-unit references so:
+ * at 10^6 units ~10 ms against numpy's ~50 ms comparison sort on this machine. One scratch
+ * array of the same size is allocated for the passes. */
+#define RADIX_BITS 11
+#define RADIX (1 << RADIX_BITS)
+#define DIGITS ((64 + RADIX_BITS - 1) / RADIX_BITS)
+
+static PyObject *sort_u64(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *a_o;
+    if (!PyArg_ParseTuple(args, "O", &a_o)) return NULL;
+    buf_t a = {0};
+    if (get_buf(a_o, &a, 1, "a", -1, 0) < 0) { release(&a); return NULL; }
+    Py_ssize_t n = a.view.len / 8;
+    uint64_t *x = (uint64_t *)a.view.buf;
+    uint64_t *tmp = n > 1 ? (uint64_t *)PyMem_RawMalloc((size_t)n * 8) : NULL;
+    size_t (*hist)[RADIX] = (size_t (*)[RADIX])PyMem_RawCalloc(DIGITS, sizeof(*hist));
+    if ((n > 1 && tmp == NULL) || hist == NULL) {
+        PyMem_RawFree(tmp); PyMem_RawFree(hist); release(&a);
+        return PyErr_NoMemory();
+    }
+    Py_BEGIN_ALLOW_THREADS
+    if (n > 1) {
+        for (Py_ssize_t i = 0; i < n; i++) {
+            uint64_t v = x[i];
+            for (int d = 0; d < DIGITS; d++) hist[d][(v >> (d * RADIX_BITS)) & (RADIX - 1)]++;
+        }
+        uint64_t *src = x, *dst = tmp;
+        for (int d = 0; d < DIGITS; d++) {
+            size_t *h = hist[d], sum = 0;
+            int one = 0;
+            for (int b = 0; b < RADIX; b++) if (h[b] == (size_t)n) { one = 1; break; }
+            if (one) continue;  /* every item has this digit: the pass would change nothing */
+            for (int b = 0; b < RADIX; b++) { size_t c = h[b]; h[b] = sum; sum += c; }
+            int shift = d * RADIX_BITS;
+            for (Py_ssize_t i = 0; i < n; i++) {
+                uint64_t v = src[i];
+                dst[h[(v >> shift) & (RADIX - 1)]++] = v;
+            }
+            uint64_t *t = src; src = dst; dst = t;
+        }
+        if (src != x) memcpy(x, src, (size_t)n * 8);
+    }
+    Py_END_ALLOW_THREADS
+    PyMem_RawFree(tmp);
+    PyMem_RawFree(hist);
+    release(&a);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
+    {"sort", sort_u64, METH_VARARGS,
+     "sort(a) -> None\n\nA contiguous array of 64-bit unsigned integers sorted in place (radix)."},
+    {"rehash", rehash, METH_VARARGS,
+     "rehash(kp, ref, s, (kp2, ref2, s2, size2)) -> units\n\n"
+     "A table's held units (key != 0) into an empty table of size2 home slots (see "
+     "transforms/units.py, _MinTable._grow)."},
     {"insert", insert, METH_VARARGS,
      "insert(tables, names, u, prio, ref_rows, stream_rows) -> units claimed per table\n\n"
      "Insert candidate rows into bounding tables, row i into tables[u[i] >> (64 - log2 "

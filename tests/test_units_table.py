@@ -287,3 +287,81 @@ def test_the_c_module_refuses_tables_it_cannot_use():
                    None)
     assert not kp.any()  # refused rows leave the table as it was
     assert mod.insert([(kp, ref, None, 90)], names, *rows) == [1]
+
+
+def _c_or_skip():
+    mod = _c_module()
+    if mod is None:
+        _no_c_module()
+    return mod
+
+
+def test_the_c_rehash_puts_every_unit_where_probing_finds_it():
+    """A table grown by the C rehash holds the same entries, each where the insert's probing
+    looks for it (re-inserting the units claims none), and refuses a source holding a unit
+    twice or a destination too small."""
+    mod = _c_or_skip()
+    rng = np.random.default_rng(12)
+    u = np.unique(rng.integers(1, 2**63, 3000, dtype=U64) | U64(1))
+    t = units._MinTable(size=4096)
+    t.kp[:], t.ref[:] = 0, 0  # as the C mode allocates it
+    names = np.array([9], U64)
+    prio, ref = rng.integers(0, 2**63, u.size, dtype=U64), np.arange(u.size, dtype=U64)
+    assert mod.insert([(t.kp, t.ref, None, t.size)], names, u, prio, ref, None) == [u.size]
+    before = sorted(zip(*(x.tolist() for x in t.entries()[:3])))
+    kp2, ref2 = np.zeros((6001, 2), U64), np.zeros(6001, U64)
+    assert mod.rehash(t.kp, t.ref, None, (kp2, ref2, None, 6000)) == u.size
+    occ = np.flatnonzero(kp2[:, 0])
+    assert sorted(zip(kp2[occ, 0].tolist(), kp2[occ, 1].tolist(), ref2[occ].tolist())) == before
+    assert mod.insert([(kp2, ref2, None, 6000)], names, u, prio + U64(1), ref, None) == [0]
+    assert sorted(zip(kp2[occ, 0].tolist(), kp2[occ, 1].tolist(), ref2[occ].tolist())) == before
+    dup = t.kp.copy()
+    dup[np.flatnonzero(dup[:, 0] == 0)[0], 0] = u[0]
+    with pytest.raises(ValueError, match="twice"):
+        mod.rehash(dup, t.ref, None, (np.zeros((6001, 2), U64), ref2.copy(), None, 6000))
+    with pytest.raises(RuntimeError, match="full"):
+        mod.rehash(t.kp, t.ref, None, (np.zeros((100, 2), U64), np.zeros(100, U64), None, 90))
+    with pytest.raises(ValueError, match="both"):
+        mod.rehash(t.kp, t.ref, None, (kp2, ref2, np.zeros(6001, U64), 6000))
+
+
+@pytest.mark.parametrize("case", ["empty", "one", "equal", "extremes", "wide", "narrow"])
+def test_the_c_radix_sort_is_numpys_sort(case):
+    mod = _c_or_skip()
+    rng = np.random.default_rng(13)
+    a = {"empty": np.empty(0, U64), "one": np.array([7], U64),
+         "equal": np.full(5000, 2**40 + 3, U64),
+         "extremes": np.array([2**64 - 1, 0, 1, 2**63, 2**64 - 1, 2**11, 2**11 - 1], U64),
+         "wide": rng.integers(0, 2**64 - 1, 100_000, dtype=U64, endpoint=True),
+         "narrow": rng.integers(0, 2**20, 100_000, dtype=U64) << U64(30)}[case]
+    b = a.copy()
+    mod.sort(b)
+    assert np.array_equal(b, np.sort(a))
+    with pytest.raises(TypeError, match="64-bit"):
+        mod.sort(np.zeros(4, np.uint32))
+
+
+def test_queued_inserts_hold_every_batch_and_raise_an_error_after_the_queue(insert):
+    """The C inserts run behind each other in the background (up to ``_QUEUE`` batches): a
+    batch that fails there is raised by the next step that reads the tables, after the batches
+    queued behind it went in; the rows are the sorting oracle's."""
+    if insert != "c":
+        pytest.skip("the numpy rounds insert in the caller's thread")
+    rng = np.random.default_rng(14)
+    u, prio, s, rid = _rows(rng, 40_000, 5000, [3], ties=False)
+    sketch = _MinSketch()
+    bad = np.array([3, 0, 5], U64)
+    sketch.add(bad, np.arange(3, dtype=U64), np.full(1, 1, U64), np.arange(3, dtype=np.int64))
+    added = 0
+    with pytest.raises(ValueError, match="unit hash of 0"):
+        for a in range(0, u.size, 4000):
+            sketch.add(u[a:a + 4000], prio[a:a + 4000], s[a:a + 4000], rid[a:a + 4000])
+            added += 1
+        sketch.units
+    assert added <= units._QUEUE  # raised once the queue came round to it
+    assert not sketch.inflight  # and the queue was drained before it was raised
+    good = _MinSketch()
+    for a in range(0, u.size, 4000):
+        good.add(u[a:a + 4000], prio[a:a + 4000], s[a:a + 4000], rid[a:a + 4000])
+    assert len(good.inflight) <= units._QUEUE
+    assert _got(good) == _oracle(u, prio, s, rid)
