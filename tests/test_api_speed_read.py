@@ -1,0 +1,77 @@
+"""ReadTable's Parquet reader reads small-dictionary text columns as Arrow dictionaries and
+decodes them (issue 16): the batches must be exactly the plain read's (values, nulls, types,
+schema and its metadata, batch boundaries), whatever the column."""
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from ldp_beam.transforms import io as tio
+from ldp_beam.transforms.io import ReadUnitFn, _dictionary_text, _parquet_file
+
+
+def _table(n, seed=0):
+    rng = np.random.default_rng(seed)
+    labels = np.array(["a", "bb", "", "ccc", "é", "0"], dtype=object)
+    small = labels[rng.integers(0, len(labels), n)]
+    small_nulls = [None if i % 7 == 0 else v for i, v in enumerate(small)]
+    return pa.table({
+        "s": pa.array(small_nulls, pa.string()),
+        "ls": pa.array(small_nulls, pa.large_string()),
+        "d": pa.array(small.tolist(), pa.string()).dictionary_encode(),
+        "allnull": pa.array([None] * n, pa.string()),
+        "unique": pa.array([f"id-{i:09d}-{'x' * 40}" for i in range(n)], pa.string()),
+        "num": pa.array(rng.random(n)),
+        "a.b": pa.array(small_nulls, pa.string()),
+        "lst": pa.array([["a", None]] * n, pa.list_(pa.string())),
+    }, metadata={b"k": b"v"})
+
+
+def _plain_and_fast(path, batch_rows, columns=None):
+    fn = ReadUnitFn(batch_rows=batch_rows, columns=columns)
+    pf = _parquet_file(path, (), page_checksum_verification=True)
+    for rg in range(pf.num_row_groups):
+        plain = list(pf.iter_batches(batch_size=batch_rows, row_groups=[rg],
+                                     columns=fn._file_columns(pf)))
+        fast = list(fn._iter_batches(pf, rg, path))
+        yield rg, pf, plain, fast
+
+
+@pytest.mark.parametrize("batch_rows", [1, 1000, 1 << 16])
+@pytest.mark.parametrize("columns", [None, ["num", "ls", "s"], ["unique"]])
+def test_dictionary_read_is_the_plain_read(tmp_path, batch_rows, columns):
+    n = 3000 if batch_rows == 1 else 70_000
+    path = str(tmp_path / "t.parquet")
+    pq.write_table(_table(n), path, row_group_size=n // 3 + 1)
+    for rg, pf, plain, fast in _plain_and_fast(path, batch_rows, columns):
+        assert [b.num_rows for b in plain] == [b.num_rows for b in fast]
+        for a, b in zip(plain, fast):
+            assert a.schema.equals(b.schema, check_metadata=True)
+            assert a.equals(b)
+            for x, y in zip(a.columns, b.columns):
+                assert x.type == y.type and x.null_count == y.null_count
+
+
+def test_only_small_dictionaries_are_read_as_dictionaries(tmp_path):
+    n = 200_000
+    path = str(tmp_path / "t.parquet")
+    pq.write_table(_table(n), path, row_group_size=n)
+    pf = _parquet_file(path)
+    names = _dictionary_text(pf, 0, None)
+    # the small text columns take the fast path; the unique ids (a dictionary the writer gave
+    # up on), large_string (it would come back as string), the file's own dictionary column
+    # (read as a dictionary anyway), lists and numbers do not
+    assert sorted(names) == ["allnull", "s"]
+    assert _dictionary_text(pf, 0, ["num"]) == []
+    _, _, plain, fast = next(_plain_and_fast(path, 1 << 16))
+    assert all(a.equals(b) for a, b in zip(plain, fast))
+
+
+def test_unusable_metadata_falls_back_to_the_plain_read(tmp_path, monkeypatch):
+    path = str(tmp_path / "t.parquet")
+    pq.write_table(_table(5000), path)
+    monkeypatch.setattr(tio, "DICTIONARY_READ_BYTES", 0)
+    pf = _parquet_file(path)
+    assert _dictionary_text(pf, 0, None) == []
+    for _, _, plain, fast in _plain_and_fast(path, 1000):
+        assert all(a.equals(b) for a, b in zip(plain, fast))
