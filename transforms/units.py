@@ -81,14 +81,16 @@ Two passes over the rows, vectorized per batch (no per-row Python except dead le
      word): no sort, O(1) per row. A batch goes into all the shards in one call of a C loop
      (``ldp_beam/_minsketch.c``, an optional extension built with the package: one pass over
      the rows, each row's slot prefetched 16 rows ahead, ~20-40 ns a row) on a background
-     thread, so the inserts overlap the reading and hashing of the next batch (every other
-     step on the sketch waits for them). Where the extension was not compiled, vectorized numpy
+     thread, queued behind at most 3 earlier batches, so the inserts overlap the reading and
+     hashing of the next batches (every other step on the sketch waits for the queue); a
+     table that fills grows there too, its units moved slot to slot by the same extension,
+     into zeroed memory the kernel hands over untouched. Where the extension was not compiled, vectorized numpy
      rounds do the same inserts, queued per shard so each table stays in cache (~80 ns a row;
      ``LDP_BEAM_NO_NATIVE=1`` forces them): the same tables either way, as the per-unit minimum
      does not depend on the order rows come in. 24 bytes a slot, 1.67-2.5 slots a unit: 40-60
      MB per million units (~400-600 MB at the 10^7 cap). Before Beam encodes it (the combine's
-     ``compact``) the sketch becomes its held entries sorted by reference, table by table (the
-     slots are freed as they are read), the references held as their gaps (:class:`_Ids`):
+     ``compact``) the sketch becomes its held entries sorted by reference (a radix sort in the
+     extension), table by table (the slots are freed as they are read), the references held as their gaps (:class:`_Ids`):
      ~10 bytes a unit in memory and encoded (the priorities are recomputed from the run key,
      one AES block a unit, only if a decoded sketch takes more rows).
    * Otherwise each batch's candidates are first reduced within the batch and the sketch is
@@ -128,7 +130,9 @@ among them keeps none.
 Limits: at most ``max_units`` distinct units (default: the ``units`` cap,
 ``LDP_BEAM_MAX_UNITS``, 10,000,000): a run with more fails with a
 :class:`~ldp_beam.errors.LimitError` naming the column, what was seen, the cap and how to raise
-it, as soon as a shard's reduction has counted more.
+it, as soon as a shard's reduction has counted more (the one-row sketch counts when a batch is
+queued, the units of the batches inserted so far: late by at most 4 batches of rows, exact when
+the sketch is extracted).
 """
 from __future__ import annotations
 
