@@ -244,7 +244,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--quick", action="store_true", help="10^6 rows instead of 10^7; fewer repeats "
                    "(with the pipelines, the core micro bench always runs at 10^6 rows)")
     b.add_argument("--json", help="write the records here (default: stdout)")
-    b.add_argument("--only", action="append", help="benchmark only this mechanism (repeatable)")
+    b.add_argument("--only", action="append",
+                   help="benchmark only this mechanism or section (api, cli, element, runners, "
+                        "bounding, sources, startup; repeatable)")
     b.add_argument("--no-pipeline", action="store_true", help="skip the Beam pipeline runs")
     b.add_argument("--big", action="store_true",
                    help="also `collect --keep` at 3x10^7 rows for the memory-growth records")

@@ -130,3 +130,26 @@ def test_bounding_bench_records_the_cost_and_memory_per_unit(tmp_path):
                         by[("bounded", 20_000)]["peak_rss_mb"] / small["peak_rss_mb"] - 1)
     table = pipeline_bench.readme_table(recs)
     assert "200 units of 100 rows (RSS" in table and "rss growth ≤ 0.15" in table
+
+
+def test_startup_records_time_fresh_processes_against_the_absolute_targets(tmp_path):
+    """``import ldp_beam`` and ``ldp-beam --help`` run as fresh processes (they must succeed:
+    the help command is the installed entry point), recorded as start-up seconds against
+    issue 16's targets, not as pipeline records, and listed under the README's table."""
+    cmds = pipeline_bench._startup_commands()
+    assert cmds["import ldp_beam"][-1] == "import ldp_beam"
+    assert cmds["ldp-beam --help"][-1] == "--help"
+    b = pipeline_bench._Bench(str(tmp_path), None, rounds=1)
+    recs = pipeline_bench._startup(b, 2)
+    assert [r["mode"] for r in recs] == ["import ldp_beam", "ldp-beam --help"]
+    for r in recs:
+        assert r["stage"] == "startup" and r["path"] == "cli" and r["rounds"] == 2
+        assert r["seconds"] > 0 and r["target_of"] == "seconds"
+        assert r["target"] == pipeline_bench.STARTUP_TARGETS[r["mode"]]
+        assert r["meets_target"] == (r["seconds"] < r["target"])
+        assert "ratio_to_reference" not in r  # not a pipeline record
+    table = pipeline_bench.readme_table([_record("api", "grr", 10**6, 0.5, 0.4, 0.85)] + recs)
+    assert sum(line.startswith("| ") for line in table.splitlines()) == 2  # header + api
+    line = table.splitlines()[-1]
+    assert line.startswith("Start-up, a fresh process") and "`import ldp_beam`" in line
+    assert "`ldp-beam --help`" in line and "target < 0.6 s" in line
