@@ -229,6 +229,12 @@ class HistogramRelease(Mechanism):
             reasons.flag(unknown, lambda i: f"value: {raw[i]!r} is not in the declared categories")
             return {"value": codes}, reasons
         vals, nonnum = coerce_numeric(raw)
+        with np.errstate(invalid="ignore"):
+            inside = (vals >= self.lower) & (vals <= self.upper)  # False for NaN
+        if inside.all():  # nothing to flag (then no entry is non-numeric or missing either)
+            codes = self._bucket_codes(vals)
+            if codes is not None:
+                return {"value": codes}, reasons
         reasons.flag(nonnum, lambda i: f"value: non-numeric value {raw[i]!r}")
         reasons.flag(np.isnan(vals), "value: missing value (a number is required)")
         outside = (vals < self.lower) | (vals > self.upper)
@@ -239,6 +245,31 @@ class HistogramRelease(Mechanism):
         codes = np.where(reasons.bad, -1, np.minimum(np.floor(np.nan_to_num(pos)),
                                                      self.bins - 1)).astype(np.int64)
         return {"value": codes}, reasons
+
+    #: values bucketed at a time by :meth:`_bucket_codes`: temporaries of 128 KiB (a whole
+    #: 65,536-row batch's 512 KiB ones are mapped and faulted in afresh on every call, which
+    #: made bucketing it four times slower than bucketing its slices)
+    CODE_ROWS: ClassVar[int] = 1 << 14
+
+    def _bucket_codes(self, vals: np.ndarray) -> np.ndarray | None:
+        """The bucket of every value, all of them in [lower, upper] (None when the bounds are
+        not plain Python numbers: the caller takes the general path). The general path's
+        ``minimum(floor(pos), bins - 1)`` as int64, bit for bit: pos = (v - lower) / (upper -
+        lower) * bins, the same float64 operations in the same order, is in [0, bins] here,
+        where truncation (the cast) is the floor."""
+        if not all(isinstance(b, (int, float)) and not isinstance(b, bool)
+                   for b in (self.lower, self.upper)):
+            return None
+        n, step = vals.shape[0], self.CODE_ROWS
+        lower, span, bins = self.lower, self.upper - self.lower, self.bins
+        codes = np.empty(n, dtype=np.int64)
+        for lo in range(0, n, step):
+            pos = vals[lo:lo + step] - lower
+            pos /= span
+            pos *= bins
+            codes[lo:lo + step] = pos
+        np.minimum(codes, bins - 1, out=codes)
+        return codes
 
     def validate(self, cols: dict[str, np.ndarray], reasons: Reasons) -> None:
         pass  # check() above does it all

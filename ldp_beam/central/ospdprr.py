@@ -178,6 +178,9 @@ def level_only(importance: np.ndarray, level: np.ndarray) -> np.ndarray:
 #: named sensitivity specification functions (for the command line); a callable also works
 SENSITIVITY_FUNCTIONS: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
     "product": importance_times_level, "level": level_only}
+#: the sensitivity functions that give w = level when every importance is 1 (no importance
+#: column mapped): :meth:`OSPDPRR.validate` skips building the weight matrix for them
+_PLAIN_WEIGHTS = (importance_times_level, level_only)
 
 
 def normalize_weights(weights: np.ndarray, norm: str = "vector") -> np.ndarray:
@@ -223,6 +226,21 @@ def comprehensive_weight(weights: np.ndarray, ref: str = "data", norm: str | Non
     d_minus = np.sqrt(np.square(wb - worst).sum(axis=1))
     den = d_plus + d_minus
     return np.divide(d_minus, den, out=np.full(w.shape[0], 0.5), where=den > 0)
+
+
+def _self_sampling_one_item(w: np.ndarray, t: float) -> np.ndarray:
+    """sound-self with one item (k = 1): ``sampling_probabilities(comprehensive_weight(w[:, None],
+    "fixed", None), t)`` on the 1-D weights, bit for bit: the same float operations per user
+    (``w - 0`` is ``w``; a sum over one item is that item, as ``square`` is never -0), without
+    the (n, 1) matrices and their row sums. The budget is M itself (sound-self: no rescale)."""
+    d_plus = np.square(w)
+    np.sqrt(d_plus, out=d_plus)
+    d_minus = w - 1.0
+    np.square(d_minus, out=d_minus)
+    np.sqrt(d_minus, out=d_minus)
+    den = d_plus + d_minus
+    m = np.divide(d_minus, den, out=np.full(w.shape[0], 0.5), where=den > 0)
+    return sampling_probabilities(m, t)
 
 
 # --------------------------------------------------------------------------- stage 2
@@ -806,6 +824,20 @@ class OSPDPRR(_UnitBounded, Mechanism):
         _flag_values(self, cols, reasons)
         items = range(1, self.k + 1)
         _flag_levels(self, cols, reasons, items)
+        if any(self.sensitivity_function is f for f in _PLAIN_WEIGHTS) and \
+                not any(f"importance{i}" in cols for i in items):
+            # no importance column and w = importance / max importance * level or w = level:
+            # every importance is 1, so w is the level itself (1.0 / 1.0 * l == l exactly), and
+            # 0 on an invalid row (where the general path zeroes the level). Those w are always
+            # in [0, 1] (a valid row's level is), so no row fails the weight check below: the
+            # same weights and reasons as the general path, without its (n, k) temporaries.
+            bad = reasons.bad
+            any_bad = bool(bad.any())
+            for i in items:
+                lv = cols[f"level{i}"]
+                cols[f"weight{i}"] = np.where(bad, 0.0, lv) if any_bad else \
+                    np.array(lv, dtype=np.float64)
+            return
         imp = np.ones((n, self.k))
         for j, i in enumerate(items):
             name = f"importance{i}"
@@ -863,9 +895,12 @@ class OSPDPRR(_UnitBounded, Mechanism):
         if u.ndim != 2 or u.shape[0] != n or u.shape[1] < 1:
             raise ValueError(f"{self.name} (mode sound-self) samples each row with one uniform: "
                              f"randomize needs an ({n}, 1) array of uniforms, not shape {u.shape}")
-        w = np.column_stack([np.asarray(cols[f"weight{i}"], dtype=np.float64)
-                             for i in range(1, self.k + 1)]) if n else np.zeros((0, self.k))
-        _, _, pi = self.sampling(w)
+        if self.k == 1 and n:  # the common case: no (n, 1) matrix, the same arithmetic
+            pi = _self_sampling_one_item(np.asarray(cols["weight1"], dtype=np.float64), self.t)
+        else:
+            w = np.column_stack([np.asarray(cols[f"weight{i}"], dtype=np.float64)
+                                 for i in range(1, self.k + 1)]) if n else np.zeros((0, self.k))
+            _, _, pi = self.sampling(w)
         out["sampled"] = (u[:, 0] < pi).astype(np.uint8)
         return out
 
@@ -1251,6 +1286,14 @@ class OSPDPRREstimator(_UserRowsEstimator):
         n = keep.size
         if not n:
             return acc
+        cols = [np.asarray(reports[f"value{i}"], dtype=np.float64).reshape(-1) for i in m.target]
+        if all(c.shape[0] == n for c in cols):
+            # the sums column by column: the same integers as statistic_units' (n, 3) table
+            # summed (int64 addition is exact and order-free), without building it
+            out = np.empty(4, dtype=np.int64)
+            out[0] = self._users(int(acc[0]) + n)
+            out[1:] = np.asarray(acc[1:], dtype=np.int64) + self._sample_units(cols, keep)
+            return out
         if keep.all():
             vals = np.column_stack([np.asarray(reports[f"value{i}"], dtype=np.float64)
                                     .reshape(-1) for i in m.target])
@@ -1262,6 +1305,37 @@ class OSPDPRREstimator(_UserRowsEstimator):
         out[1:] = np.asarray(acc[1:], dtype=np.int64) + statistic_units(
             vals, self.lattice).sum(axis=0)
         return out
+
+    #: rows converted to lattice units at a time in :meth:`add`: slices of 128 KiB per float64
+    #: temporary (a 512 KiB one is mapped and faulted in afresh on every call here, which made
+    #: the conversion of a 65,536-row batch three times slower than that of its four slices)
+    ADD_ROWS: ClassVar[int] = 1 << 14
+
+    def _sample_units(self, cols: list[np.ndarray], keep: np.ndarray) -> np.ndarray:
+        """[N, S, Q] of the kept rows in lattice units: ``statistic_units(values[keep],
+        lattice).sum(axis=0)`` for the target columns ``cols`` (int64; 0 where the query does
+        not use a statistic). A row left out counts as the value 0.0, which is 0 units (0 in S
+        and Q): the same integers, summed exactly (int64 addition is order-free), and only kept
+        rows' values are converted, as in the general path."""
+        lat = self.lattice
+        n = keep.size
+        kept = int(np.count_nonzero(keep))
+        sums = np.zeros(3, dtype=np.int64)
+        if "N" in lat:
+            sums[0] = kept * len(cols)
+        if not kept:
+            return sums
+        step = self.ADD_ROWS
+        for c in cols:
+            for lo in range(0, n, step):
+                x = c[lo:lo + step]
+                if kept < n:
+                    x = np.where(keep[lo:lo + step], x, 0.0)
+                if "S" in lat:
+                    sums[1] += to_units(x, lat["S"][0]).sum()
+                if "Q" in lat:
+                    sums[2] += to_units(x * x, lat["Q"][0]).sum()
+        return sums
 
     def merge(self, accs: Iterable[np.ndarray]) -> np.ndarray:
         if not self.one_pass:
