@@ -302,8 +302,12 @@ def _encode_arrow(col: Any, labels: tuple[str, ...]) -> tuple[np.ndarray, np.nda
     n = len(col)
     if pa.types.is_dictionary(t):
         dcodes, dmissing, _ = encode_categories(col.dictionary, labels)
-        table = np.append(np.where(dmissing, -2, dcodes), -2)  # last slot: a null index
         ind = col.indices
+        if not ind.null_count and (dcodes >= 0).all():  # every entry a declared label
+            # (indexing, not ndarray.take: 4x faster with int32 indices)
+            return (dcodes[ind.to_numpy(zero_copy_only=False)], np.zeros(n, dtype=bool),
+                    np.zeros(n, dtype=bool))
+        table = np.append(np.where(dmissing, -2, dcodes), -2)  # last slot: a null index
         idx = ind.fill_null(len(dcodes)) if ind.null_count else ind
         codes = table[idx.to_numpy(zero_copy_only=False)]
         missing = codes == -2

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any, Mapping
 
@@ -40,10 +40,41 @@ class KeyedBatch:
     table: Any  # pa.RecordBatch | pa.Table
     source: str = ""
     rows: Any = None  # np.ndarray of record numbers, or None: offset + arange(num_rows)
+    #: text columns the reader also has as Arrow dictionaries: name -> (the table's column as
+    #: read, the same values dictionary-encoded); see :meth:`dictionary`. A hint only: not
+    #: pickled, not compared, and ignored once the table's column is another array.
+    coded: Any = field(default=None, compare=False, repr=False)
 
     @property
     def num_rows(self) -> int:
         return self.table.num_rows
+
+    def dictionary(self, name: str, column: Any) -> Any:
+        """The dictionary-encoded form of ``column`` (column ``name`` of this batch's table, as
+        the caller read it) if the reader gave one for that very array (same buffers, offset
+        and length: Arrow arrays are immutable, so the same values), else None."""
+        pair = (self.coded or {}).get(name)
+        if pair is None or not isinstance(column, pa.Array):
+            return None
+        plain, encoded = pair
+        if column.type != plain.type or len(column) != len(plain) or \
+                column.offset != plain.offset:
+            return None
+        mine, theirs = column.buffers(), plain.buffers()
+        if len(mine) != len(theirs) or any(
+                (a is None) != (b is None) or (a is not None and (a.address != b.address
+                                                                  or a.size != b.size))
+                for a, b in zip(mine, theirs)):
+            return None
+        return encoded
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state.pop("coded", None)  # a hint for the fused step after the reader, not data
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
 
     def record_ids(self) -> np.ndarray:
         """The record number of every row."""

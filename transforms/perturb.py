@@ -221,7 +221,7 @@ class PerturbFn(beam.DoFn):
         return np.asfortranarray(np.vstack(parts))
 
     def _perturb_batch(self, table: Any, stream: int | None, offset: int | None, source: str,
-                       rows: np.ndarray | None = None):
+                       rows: np.ndarray | None = None, keyed: KeyedBatch | None = None):
         n = table.num_rows if isinstance(table, (pa.RecordBatch, pa.Table)) else \
             len(next(iter(table.values())))
         self.n_in.inc(n)
@@ -235,7 +235,8 @@ class PerturbFn(beam.DoFn):
                     source, _row_number(offset, rows, i))
             self.n_invalid.inc(n)
             return
-        raw = {role: self._input_column(table, role, col) for role, col in self.columns.items()}
+        raw = {role: self._input_column(table, role, col, keyed)
+               for role, col in self.columns.items()}
         cols, reasons = self.mechanism.check(raw)
         if stream is None and self.mechanism.draws:  # a bare batch: its content is its identity
             stream, offset = content_stream(table, list(self.columns.values())), 0
@@ -284,17 +285,21 @@ class PerturbFn(beam.DoFn):
             parts.append(part)
         return {k: np.concatenate([part[k] for part in parts]) for k in parts[0]}
 
-    def _input_column(self, table: Any, role: str, name: str) -> Any:
+    def _input_column(self, table: Any, role: str, name: str,
+                      keyed: KeyedBatch | None = None) -> Any:
         """A role's column: Arrow text (or text dictionary) columns of 'category' roles go to
         the mechanism as Arrow, encoded without a Python string per row
-        (:func:`~ldp_beam.core.encode_categories`); anything else as numpy."""
+        (:func:`~ldp_beam.core.encode_categories`): as the dictionary the reader decoded the
+        column from when ``keyed`` has it (:meth:`KeyedBatch.dictionary`: the same values, each
+        distinct label looked up once); anything else as numpy."""
         if role in self._arrow_roles and isinstance(table, (pa.RecordBatch, pa.Table)):
             col = table.column(name)
             t = col.type
             if pa.types.is_dictionary(t):
                 t = t.value_type
             if pa.types.is_string(t) or pa.types.is_large_string(t):
-                return col
+                coded = keyed.dictionary(name, col) if keyed is not None else None
+                return col if coded is None else coded
         return get_column(table, name)
 
     def _schema_for(self, table: Any) -> pa.Schema:
@@ -403,7 +408,7 @@ class PerturbFn(beam.DoFn):
         if isinstance(element, KeyedBatch):
             rows = None if element.rows is None else element.record_ids()
             out = self._perturb_batch(element.table, element.stream, element.offset,
-                                      element.source, rows)
+                                      element.source, rows, element)
         elif is_batch(element):
             if self.run_key.seeded:
                 raise ValueError("seeded perturbation needs keyed batches (KeyedBatch, as "
