@@ -75,3 +75,14 @@ def test_unusable_metadata_falls_back_to_the_plain_read(tmp_path, monkeypatch):
     assert _dictionary_text(pf, 0, None) == []
     for _, _, plain, fast in _plain_and_fast(path, 1000):
         assert all(a.equals(b) for a, b in zip(plain, fast))
+
+
+def test_duplicate_column_names_keep_the_plain_read(tmp_path):
+    path = str(tmp_path / "t.parquet")
+    t = pa.Table.from_arrays([pa.array(["a", "b", None] * 100), pa.array(["c", "", "d"] * 100)],
+                             names=["s", "s"])
+    pq.write_table(t, path)
+    pf = _parquet_file(path)
+    assert _dictionary_text(pf, 0, None) == []
+    for _, _, plain, fast in _plain_and_fast(path, 64):
+        assert len(plain) == len(fast) and all(a.equals(b) for a, b in zip(plain, fast))

@@ -624,6 +624,8 @@ def _dictionary_text(pf: pq.ParquetFile, rg: int, columns: Sequence[str] | None)
     when anything about the file is unusual (the plain read is always correct)."""
     try:
         schema = pf.schema_arrow
+        if len(set(schema.names)) != len(schema.names):  # a name that is not one column
+            return []
         wanted = set(schema.names if columns is None else columns)
         # (a name with a dot could also be a nested column's path: left to the plain read)
         text = {f.name for f in schema
