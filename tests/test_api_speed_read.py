@@ -86,3 +86,61 @@ def test_duplicate_column_names_keep_the_plain_read(tmp_path):
     assert _dictionary_text(pf, 0, None) == []
     for _, _, plain, fast in _plain_and_fast(path, 64):
         assert len(plain) == len(fast) and all(a.equals(b) for a, b in zip(plain, fast))
+
+
+def test_a_failing_dictionary_read_hands_over_to_the_plain_read(tmp_path, monkeypatch):
+    path = str(tmp_path / "t.parquet")
+    pq.write_table(_table(5000), path, row_group_size=5000)
+    calls = []
+    real = tio._decode_dictionaries
+
+    def flaky(batch, names):
+        calls.append(1)
+        if len(calls) == 3:
+            raise OSError("simulated")
+        return real(batch, names)
+
+    monkeypatch.setattr(tio, "_decode_dictionaries", flaky)
+    for _, _, plain, fast in _plain_and_fast(path, 1000):
+        assert len(calls) >= 3
+        assert [b.num_rows for b in plain] == [b.num_rows for b in fast]
+        assert all(a.equals(b) for a, b in zip(plain, fast))
+
+
+def _outputs(path, monkeypatch, fast):
+    from ldp_beam.transforms import ReadTable
+
+    if not fast:
+        monkeypatch.setattr(tio, "DICTIONARY_READ_BYTES", 0)
+    rt = ReadTable(path, batch_rows=500)
+    out = []
+    for u in rt.units:
+        for o in rt.fn.process(u):
+            out.append(("batch", o.offset, o.table) if hasattr(o, "table") else ("dead", o))
+    monkeypatch.undo()
+    return out
+
+
+@pytest.mark.parametrize("where", [0.3, 0.5, 0.7, 0.9, "text", "dictionary"])
+def test_a_damaged_file_fails_as_with_the_plain_read(tmp_path, monkeypatch, where):
+    path = str(tmp_path / "t.parquet")
+    rng = np.random.default_rng(3)
+    labels = np.array(["a", "bb", "ccc", ""], dtype=object)
+    t = pa.table({"s": pa.array(labels[rng.integers(0, 4, 20_000)].tolist(), pa.string()),
+                  "n": pa.array(rng.random(20_000))})
+    pq.write_table(t, path, row_group_size=10_000, write_page_checksum=True,
+                   data_page_size=4096, compression="none")
+    data = bytearray(open(path, "rb").read())
+    chunk = pq.ParquetFile(path).metadata.row_group(1).column(0)  # "s" in the second group
+    pos = chunk.data_page_offset + 30 if where == "text" else \
+        chunk.dictionary_page_offset + 20 if where == "dictionary" else int(len(data) * where)
+    data[pos] ^= 0xFF
+    open(path, "wb").write(bytes(data))
+    fast, plain = _outputs(path, monkeypatch, True), _outputs(path, monkeypatch, False)
+    assert len(fast) == len(plain)
+    for a, b in zip(fast, plain):
+        assert a[0] == b[0]
+        if a[0] == "dead":
+            assert a[1] == b[1]
+        else:
+            assert a[1] == b[1] and a[2].equals(b[2])
