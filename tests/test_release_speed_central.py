@@ -6,8 +6,8 @@
 * ``OSPDPRR.validate`` gives w = level without building the weight matrix when no importance
   column is mapped and the sensitivity function is one of the library's two: compared with a
   copy of the same function under another name (which takes the general path).
-* ``OSPDPRR.randomize`` (sound-self, one item) computes pi on 1-D arrays: compared with
-  ``OSPDPRR.sampling`` on the (n, 1) matrix.
+* ``OSPDPRR.randomize`` (sound-self, one item) computes pi on 1-D arrays, M as ``1 - w`` for
+  weights in [0, 1]: compared with ``OSPDPRR.sampling`` on the (n, 1) matrix.
 * ``OSPDPRREstimator.add`` (sound-self) sums the lattice units column by column in slices:
   compared with :func:`statistic_units` on the kept rows, summed.
 
@@ -24,10 +24,9 @@ import pytest
 
 from ldp_beam import build_mechanism, estimator_for
 from ldp_beam.central.histogram import HistogramRelease
-from ldp_beam.central.ospdprr import (OSPDPRR, OSPDPRREstimator, comprehensive_weight,
-                                      importance_times_level, level_only,
+from ldp_beam.central.ospdprr import (OSPDPRR, OSPDPRREstimator, _self_sampling_one_item,
+                                      comprehensive_weight, importance_times_level, level_only,
                                       sampling_probabilities, statistic_units)
-from ldp_beam.core import Reasons
 
 SEEDS = (0, 1, 2)
 
@@ -193,6 +192,28 @@ def test_ospdprr_one_item_sampling_equals_general(t, n):
         _same(pi, pi_ref)
         _same(rep["sampled"], (u[:, 0] < pi).astype(np.uint8))
         _same(rep["value1"], np.full(n, 1.0))
+
+
+@pytest.mark.parametrize("t", [0.8, 0.1, 1.0, 0.5, 1 / 3])
+def test_ospdprr_one_item_sampling_valid_weights_equal_general(t):
+    """Weights in [0, 1] (every valid row's) take M = 1 - w: equal to the general TOPSIS
+    closeness bit for bit on random weights, every power of two down to the smallest subnormal
+    (where w^2 underflows), the ties around 2^-54, and the 2,000 doubles on each side of
+    1 - t (where pi switches to 1)."""
+    m = OSPDPRR(t=t, k=1, target=(1,), lower=0.0, upper=1.0)
+    rng = np.random.default_rng(7)
+    powers = np.ldexp(1.0, -np.arange(0, 1075))
+    tie = 2.0 ** -54
+    ties = np.array([tie, 2 * tie, np.nextafter(tie, 1), np.nextafter(tie, 0)])
+    near = (1.0 - t) + np.arange(-2000, 2001) * 2.0 ** -53
+    near = near[(near >= 0) & (near <= 1)]
+    for w in (rng.random(200_000), powers, 1.0 - powers, ties, near,
+              np.array([0.0, -0.0, 1.0, 0.5, np.nextafter(0.5, 0), np.nextafter(0.5, 1)])):
+        fast = _self_sampling_one_item(w, t)
+        _same(fast, sampling_probabilities(comprehensive_weight(w[:, None], "fixed", None), t))
+        u = rng.random((w.size, 1))
+        _same(m.randomize({"value1": np.zeros(w.size), "weight1": w}, u)["sampled"],
+              (u[:, 0] < m.sampling(w[:, None])[2]).astype(np.uint8))
 
 
 def test_ospdprr_randomize_empty_and_bad_uniforms():

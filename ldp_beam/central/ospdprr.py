@@ -230,9 +230,20 @@ def comprehensive_weight(weights: np.ndarray, ref: str = "data", norm: str | Non
 
 def _self_sampling_one_item(w: np.ndarray, t: float) -> np.ndarray:
     """sound-self with one item (k = 1): ``sampling_probabilities(comprehensive_weight(w[:, None],
-    "fixed", None), t)`` on the 1-D weights, bit for bit: the same float operations per user
-    (``w - 0`` is ``w``; a sum over one item is that item, as ``square`` is never -0), without
-    the (n, 1) matrices and their row sums. The budget is M itself (sound-self: no rescale)."""
+    "fixed", None), t)`` on the 1-D weights, bit for bit, without the (n, 1) matrices and their
+    row sums. The budget is M itself (sound-self: no rescale).
+
+    For weights in [0, 1] (every valid row's), M is exactly ``1 - w`` as rounded: with the fixed
+    references 0 and 1, W+ = sqrt(fl(w^2)) = w and W- = sqrt(fl(fl(w - 1)^2)) = fl(1 - w)
+    (sqrt(fl(x^2)) = |x| in binary floating point without underflow; a w so small that w^2
+    underflows has fl(1 - w) = 1 and W+ < 2^-53), and W+ + W- rounds to exactly 1: for w >= 1/2,
+    w - 1 is exact (Sterbenz) and the sum is 1; below, fl(1 - w) is within 2^-54 of 1 - w, so
+    the exact sum is within 2^-54 of 1 and rounds to 1 (a tie at 1 - 2^-54 goes to the even 1).
+    So M = fl(1 - w) / 1, and M >= 0 makes the clamp at 0 the identity. Any other weight (NaN,
+    outside [0, 1]) takes the general formula's operations."""
+    if w.size and w.min() >= 0.0 and w.max() <= 1.0:  # False with a NaN
+        m = 1.0 - w
+        return np.where(m >= t, 1.0, np.expm1(m) / math.expm1(t))
     d_plus = np.square(w)
     np.sqrt(d_plus, out=d_plus)
     d_minus = w - 1.0
