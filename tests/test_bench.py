@@ -153,3 +153,19 @@ def test_startup_records_time_fresh_processes_against_the_absolute_targets(tmp_p
     line = table.splitlines()[-1]
     assert line.startswith("Start-up, a fresh process") and "`import ldp_beam`" in line
     assert "`ldp-beam --help`" in line and "target < 0.6 s" in line
+
+
+def test_measured_children_run_from_a_bytecode_cache_in_the_runs_directory(tmp_path,
+                                                                           monkeypatch):
+    """A shell's PYTHONDONTWRITEBYTECODE would make every measured process recompile ldp-beam
+    (an installed package runs compiled): the children get a cache of their own instead."""
+    monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
+    env = pipeline_bench._child_env(str(tmp_path))
+    assert "PYTHONDONTWRITEBYTECODE" not in env
+    assert env["PYTHONPYCACHEPREFIX"] == str(tmp_path / "pycache")
+    import subprocess
+    import sys
+
+    subprocess.run([sys.executable, "-c", "import ldp_beam.errors"], env=env, check=True)
+    cached = [p.name for p in (tmp_path / "pycache").rglob("*.pyc")]
+    assert any(name.startswith("errors.") for name in cached)
