@@ -701,6 +701,12 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO if a.verbose else logging.ERROR)
     if not a.verbose:
         logging.getLogger().setLevel(logging.ERROR)
+    if a.command in ("collect", "estimate"):
+        # the ledger's fingerprint of a local input (every run records one), hashed while Beam
+        # is imported
+        from ldp_beam.ledger import prefetch_dataset_identity
+
+        prefetch_dataset_identity(a.input)
     if a.command in ("demo", "collect", "estimate", "stream"):  # commands that build pipelines
         # exact shortcuts in Beam's pipeline construction (a verified Beam only; see the module)
         from ldp_beam.transforms.beam_speed import install

@@ -671,3 +671,33 @@ def test_the_ledger_imports_no_beam():
     code = ("import sys, ldp_beam.ledger\n"
             "assert not [m for m in sys.modules if m.startswith('apache_beam')]\n")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_a_prefetched_fingerprint_is_the_same_and_a_changed_file_is_hashed_again(tmp_path):
+    """The command line hashes a local input in the background while Beam is imported: the
+    identity is the one computed on the spot, and a file changed after it was hashed (size,
+    time or inode) is hashed again rather than trusted."""
+    import os
+
+    from ldp_beam import ledger as L
+
+    f = tmp_path / "d.csv"
+    f.write_text("x\n1\n2\n")
+    direct = L.dataset_identity(str(f))
+    L.prefetch_dataset_identity(str(f))
+    assert str(f) in L._PREFETCHED
+    assert L.dataset_identity(str(f)) == direct
+    assert str(f) not in L._PREFETCHED  # taken once
+    L.prefetch_dataset_identity(str(f))
+    L._PREFETCHED[str(f)][0].join()
+    f.write_text("x\n1\n3\n")  # same size, new content
+    st = os.stat(f)
+    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))
+    changed = L.dataset_identity(str(f))
+    assert changed["fingerprint"] != direct["fingerprint"]
+    assert changed == L._dataset_identity(str(f))
+    L.prefetch_dataset_identity(str(tmp_path / "missing.csv"))  # its error is reported on use
+    with pytest.raises(ParameterError, match="--input"):
+        L.dataset_identity(str(tmp_path / "missing.csv"))
+    L.prefetch_dataset_identity("s3://bucket/key")  # remote: not prefetched
+    assert "s3://bucket/key" not in L._PREFETCHED
