@@ -223,3 +223,42 @@ def test_not_installed_when_beam_differs(pristine, monkeypatch):
     assert core.get_function_args_defaults is original
     assert interactive_utils.is_in_ipython is original_ipython
     assert beam.pipeline.is_in_ipython is original_ipython
+
+
+def test_view_as_memo_returns_views_equal_to_beams(pristine):
+    """A memoized view reads and writes the same shared options as Beam's own view; changed
+    flags or a replaced options dict make a new view; flags that are not a list or tuple (None:
+    sys.argv) always go to Beam's method; uninstall restores it."""
+    from apache_beam.options.pipeline_options import (DebugOptions, PipelineOptions,
+                                                      SetupOptions, StandardOptions,
+                                                      TypeOptions)
+
+    original = PipelineOptions.view_as
+    assert beam_speed.install()
+    assert PipelineOptions.view_as is beam_speed._view_as
+    flags = ["--runner=DirectRunner", "--experiments=a", "--pickle_library=cloudpickle"]
+    ours = PipelineOptions(list(flags))
+    beams = PipelineOptions(list(flags))
+    for cls in (StandardOptions, SetupOptions, TypeOptions, DebugOptions, PipelineOptions):
+        a, b = ours.view_as(cls), original(beams, cls)
+        assert type(a) is type(b) and a.get_all_options() == b.get_all_options()
+        assert ours.view_as(cls) is a  # the same view, not parsed again
+    ours.view_as(DebugOptions).experiments.append("b")  # writes reach every view
+    original(beams, DebugOptions).experiments.append("b")
+    assert ours.view_as(DebugOptions).experiments == ["a", "b"]
+    ours.view_as(StandardOptions).streaming = True
+    original(beams, StandardOptions).streaming = True
+    assert ours.view_as(StandardOptions).streaming and ours.get_all_options()["streaming"]
+    view = ours.view_as(SetupOptions)
+    for o in (ours, beams):
+        o._flags.append("--sdk_location=x")  # changed flags: a new parse, as Beam's
+    assert ours.view_as(SetupOptions) is not view
+    assert ours.view_as(SetupOptions).get_all_options() == \
+        original(beams, SetupOptions).get_all_options()
+    ours._all_options = dict(ours._all_options)  # replaced dict: a new view on it
+    assert ours.view_as(SetupOptions)._all_options is ours._all_options
+    no_flags = PipelineOptions()
+    assert no_flags.view_as(StandardOptions) is not no_flags.view_as(StandardOptions)
+    beam_speed.uninstall()
+    assert PipelineOptions.view_as is original
+    assert not beam_speed._views

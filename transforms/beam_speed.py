@@ -1,4 +1,4 @@
-"""Two exact shortcuts for Apache Beam's pipeline construction, installed by the ``ldp-beam``
+"""Three exact shortcuts for Apache Beam's pipeline construction, installed by the ``ldp-beam``
 command line (opt-in for the Python API: :func:`install`).
 
 Measured with py-spy on ``ldp-beam estimate`` at 10^7 rows (Beam 2.77, DirectRunner): a
@@ -9,7 +9,7 @@ which runs once for the Prism attempt and once for the FnApiRunner), each one ru
 ~4 s process. And the first ``Pipeline.apply`` imported IPython (~0.15-0.2 s) only to learn that
 no IPython shell is running.
 
-Both shortcuts return exactly what Beam's own functions return; they only skip work whose result
+All three return exactly what Beam's own functions return; they only skip work whose result
 is already known:
 
 * :func:`_args_defaults` memoizes ``apache_beam.transforms.core.get_function_args_defaults``
@@ -34,6 +34,18 @@ is already known:
   ``"IPython"`` in ``sys.modules`` Beam's ``is_in_ipython`` would import it and return False
   (``get_ipython()`` is None). Otherwise Beam's function answers.
 
+* :func:`_view_as` memoizes ``PipelineOptions.view_as(cls)`` per options object and class.
+  Beam calls it ~450 times while building one command's pipeline (``SetupOptions``,
+  ``TypeOptions``, ... from inside ``CombinePerKey``, ``ParDo`` and the runner), and each call
+  builds an ``argparse`` parser of that class's options and parses the flags again (~5,600
+  ``add_argument`` calls per release, 0.1-0.2 s). A view holds nothing of its own but the parse of
+  the flags (``_visible_options``, read only for the option names) and the options object's
+  ``_all_options`` dict, shared by every view, which every read and write goes through; the first
+  call also copies into that dict the class's defaults it lacks, which later calls would find
+  already there. So the view of a class is reused while the options object's flags (a list or
+  tuple, compared by value) and its ``_all_options`` (by identity) are the ones it was made from;
+  flags of another kind (``None`` means ``sys.argv``) go to Beam's method every time.
+
 Guarded against Beam changes: :func:`install` patches only Beam versions whose functions were
 read and checked (:data:`VERIFIED_BEAM`), and only when each function to replace is still the one
 expected (same module attribute, same names referenced by its code: :data:`_FINGERPRINTS`).
@@ -49,8 +61,9 @@ import types
 import weakref
 from typing import Any, Callable
 
-#: Beam versions whose ``get_function_args_defaults``, ``get_signature`` and ``is_in_ipython``
-#: were read and found as described above (a new version installs nothing until checked)
+#: Beam versions whose ``get_function_args_defaults``, ``get_signature``, ``is_in_ipython`` and
+#: ``PipelineOptions.view_as`` were read and found as described above (a new version installs
+#: nothing until checked)
 VERIFIED_BEAM = ("2.77.",)
 
 #: the names each replaced function's code refers to in the verified versions (sorted, nested
@@ -67,6 +80,7 @@ _FINGERPRINTS = {
     "is_in_ipython": (
         "IPython", "ImportError", "KeyboardInterrupt", "SystemExit", "_LOGGER", "get_ipython",
         "info"),
+    "view_as": ("_all_options", "_flags", "_visible_option_list", "_visible_options", "getattr"),
 }
 
 #: function attributes that change what inspect.signature reports for a plain function
@@ -81,6 +95,8 @@ _memo_bound: "weakref.WeakKeyDictionary[types.FunctionType, tuple]" = \
     weakref.WeakKeyDictionary()
 _original_args_defaults: Callable[[Any], tuple] | None = None
 _original_is_in_ipython: Callable[[], bool] | None = None
+_original_view_as: Callable[[Any, type], Any] | None = None
+_views: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()
 
 
 def _args_defaults(f: Any) -> tuple[list, list]:
@@ -108,6 +124,29 @@ def _is_in_ipython() -> bool:
     return _original_is_in_ipython()
 
 
+def _view_as(self: Any, cls: type) -> Any:
+    """``PipelineOptions.view_as``, one view per options object and class while its flags and
+    options dict are the ones the view was made from (module docstring)."""
+    original = _original_view_as
+    state = self.__dict__
+    flags = state.get("_flags")
+    if type(flags) not in (list, tuple):
+        return original(self, cls)
+    try:
+        per = _views.get(self)
+    except TypeError:  # not weakly referenceable or not hashable
+        return original(self, cls)
+    snap = tuple(flags)
+    hit = None if per is None else per.get(cls)
+    if hit is not None and hit[0] == snap and hit[1]._all_options is state.get("_all_options"):
+        return hit[1]
+    view = original(self, cls)
+    if per is None:
+        per = _views[self] = {}
+    per[cls] = (snap, view)
+    return view
+
+
 def _names(fn: Any) -> tuple[str, ...] | None:
     """Every name a function's code refers to, nested code (comprehensions) included, sorted:
     the same whether or not the Python version inlines comprehensions."""
@@ -126,6 +165,7 @@ def _check() -> tuple[dict[tuple[str, str], Any], str | None]:
     """The patches to make ({(module, attribute): replacement}), or why none is made."""
     try:
         import apache_beam
+        from apache_beam.options import pipeline_options
         from apache_beam.transforms import core
         from apache_beam.typehints import decorators
         from apache_beam.utils import interactive_utils
@@ -137,14 +177,17 @@ def _check() -> tuple[dict[tuple[str, str], Any], str | None]:
                     "its internals were not checked")
     expect = {"get_function_args_defaults": getattr(core, "get_function_args_defaults", None),
               "get_signature": getattr(decorators, "get_signature", None),
-              "is_in_ipython": getattr(interactive_utils, "is_in_ipython", None)}
+              "is_in_ipython": getattr(interactive_utils, "is_in_ipython", None),
+              "view_as": getattr(getattr(pipeline_options, "PipelineOptions", None), "view_as",
+                                 None)}
     for name, fn in expect.items():
         if _names(fn) != _FINGERPRINTS[name]:
             return {}, f"Beam's {name} is not the verified one"
     if getattr(core, "get_signature", None) is not decorators.get_signature:
         return {}, "Beam's core.get_signature is not typehints.decorators.get_signature"
     patches = {("apache_beam.transforms.core", "get_function_args_defaults"): _args_defaults,
-               ("apache_beam.utils.interactive_utils", "is_in_ipython"): _is_in_ipython}
+               ("apache_beam.utils.interactive_utils", "is_in_ipython"): _is_in_ipython,
+               ("apache_beam.options.pipeline_options", "PipelineOptions.view_as"): _view_as}
     # modules that imported is_in_ipython by name (a module imported later binds the patched one)
     for mod in ("apache_beam.pipeline", "apache_beam.runners.direct.direct_runner"):
         m = sys.modules.get(mod)
@@ -156,9 +199,9 @@ def _check() -> tuple[dict[tuple[str, str], Any], str | None]:
 
 
 def install() -> bool:
-    """Install both shortcuts (idempotent); False, with :func:`status` saying why, when Beam is
+    """Install the shortcuts (idempotent); False, with :func:`status` saying why, when Beam is
     not a verified version or its functions differ, or ``LDP_BEAM_NO_BEAM_SPEEDUPS`` is set."""
-    global _why_not, _original_args_defaults, _original_is_in_ipython
+    global _why_not, _original_args_defaults, _original_is_in_ipython, _original_view_as
     with _lock:
         if _installed:
             return True
@@ -168,26 +211,39 @@ def install() -> bool:
         patches, _why_not = _check()
         if not patches:
             return False
+        from apache_beam.options.pipeline_options import PipelineOptions
         from apache_beam.transforms import core
         from apache_beam.utils import interactive_utils
 
         _original_args_defaults = core.get_function_args_defaults
         _original_is_in_ipython = interactive_utils.is_in_ipython
+        _original_view_as = PipelineOptions.view_as
         for (mod, attr), new in patches.items():
-            m = sys.modules[mod]
-            _installed[(mod, attr)] = getattr(m, attr)
-            setattr(m, attr, new)
+            owner, name = _owner(mod, attr)
+            _installed[(mod, attr)] = getattr(owner, name)
+            setattr(owner, name, new)
         return True
+
+
+def _owner(mod: str, attr: str) -> tuple[Any, str]:
+    """The object holding a patched name: the module, or a class of it (``Class.name``)."""
+    owner: Any = sys.modules[mod]
+    *path, name = attr.split(".")
+    for part in path:
+        owner = getattr(owner, part)
+    return owner, name
 
 
 def uninstall() -> None:
     """Restore Beam's own functions (and forget the memo)."""
     with _lock:
         for (mod, attr), old in _installed.items():
-            setattr(sys.modules[mod], attr, old)
+            owner, name = _owner(mod, attr)
+            setattr(owner, name, old)
         _installed.clear()
         _memo.clear()
         _memo_bound.clear()
+        _views.clear()
 
 
 def status() -> str:
