@@ -262,6 +262,7 @@ RUNNERS = {
 }
 
 #: runners measured against the reference on the same runner besides the DirectRunner
+RUNNER_ROUNDS = 3  # rounds of the multi-process runners' comparisons (full bench)
 RATIO_RUNNERS = ("DirectRunner (2 processes)", "Dask (2 worker processes)")
 #: runners whose reference reads the file's row groups with pyarrow inside a FlatMap over
 #: beam.Create(row group numbers) instead of ReadFromParquetBatched: Beam 2.77's DaskRunner
@@ -639,9 +640,16 @@ def _runners(b: _Bench, n: int, mechs) -> list[dict]:
     for runner in RATIO_RUNNERS:
         for m in names:
             file = CASES[m][2]
-            ref = b.reference(file, n, runner)
-            b.note(f"api: {m} ({n:,} rows, {runner})")
-            secs, rss = b.child(_api_cfg(b, m, n, runner))
+            b.note(f"api: {m} ({n:,} rows, {runner}), with the reference on that runner")
+            # interleaved with the reference, each the fastest of RUNNER_ROUNDS: two worker
+            # processes on 2 cores move single runs by ±0.1 (0.84-1.01 in two quiet runs)
+            (ref, _), (secs, rss) = b.best([b.ref_cfg(file, n, runner),
+                                            _api_cfg(b, m, n, runner)], n,
+                                           rounds=max(b.rounds, RUNNER_ROUNDS)
+                                           if b.rounds > 1 else 1)
+            key = ("file", file, n, runner)
+            b.refs[key] = min(ref, b.refs.get(key, ref))
+            ref = b.refs[key]
             out.append(b.record("api", "pipeline", m, CASES[m][0].get("epsilon"), "batched", n,
                                 secs, rss, ref, runner, TARGETS["api"],
                                 "ReadTable | Perturb | EstimateGlobally against the reference "
