@@ -108,12 +108,13 @@ Two passes over the rows, vectorized per batch (no per-row Python except dead le
    ``searchsorted``).
 
    Memory grows with the units, not the rows. Measured (DirectRunner, one process, peak RSS
-   from the process's own high-water mark): 10^6 rows of 10^5 units 272-273 MB; 10^7 rows of
-   the same 10^5 units (100 rows a unit) 284-287 MB (+5%); 10^7 rows of 10^6 units 331-336 MB
-   (+21-23%; the unbounded pipeline: 250-264 MB). Stage by stage at 10^6 units: the first pass
-   peaks ~300 MB with the tables, ~260 MB once frozen (the heap and Arrow's pool handed back,
-   :func:`_trim_heap`); then Beam's copies of the encoded sketch (~31 MB for its 9 MB) and of
-   the side input (~17 MB for its 5 MB) raise the second pass to ~320 MB before it reads.
+   from the process's own high-water mark, two full benches of 2026-11-26): 10^6 rows of 10^5
+   units 274-276 MB; 10^7 rows of the same 10^5 units (100 rows a unit) 267-268 MB (-2% to
+   -3%); 10^7 rows of 10^6 units 331 MB (+20-21%; the unbounded pipeline: 258 MB). Stage by
+   stage at 10^6 units: the first pass peaks ~300 MB with the tables, ~260 MB once frozen (the
+   heap and Arrow's pool handed back, :func:`_trim_heap`); then Beam's copies of the encoded
+   sketch (~31 MB for its 9 MB) and of the side input (~17 MB for its 5 MB) raise the second
+   pass to ~320 MB before it reads.
    ``ldp-beam bench --only bounding`` records both growths (the fixed-units one with the +15%
    target) and the time against the unbounded pipeline.
 
