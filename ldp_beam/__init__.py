@@ -43,5 +43,5 @@ def __dir__() -> list[str]:
 __version__ = "0.1.0"
 __all__ = ["Estimate", "Estimator", "Mechanism", "Role", "Statistic", "PrivacyGuarantee",
            "compose", "RandomSource", "RunKey", "build_mechanism", "estimator_for", "get_registry",
-           "EmptyAccumulatorError", "InvalidRecordsError", "LdpBeamError", "LimitError", "ParameterError",
-           "UnknownPluginError", "__version__"]
+           "EmptyAccumulatorError", "InvalidRecordsError", "LdpBeamError", "LimitError",
+           "ParameterError", "UnknownPluginError", "__version__"]

@@ -84,15 +84,16 @@ Two passes over the rows, vectorized per batch (no per-row Python except dead le
      thread, queued behind at most 3 earlier batches, so the inserts overlap the reading and
      hashing of the next batches (every other step on the sketch waits for the queue); a
      table that fills grows there too, its units moved slot to slot by the same extension,
-     into zeroed memory the kernel hands over untouched. Where the extension was not compiled, vectorized numpy
-     rounds do the same inserts, queued per shard so each table stays in cache (~80 ns a row;
-     ``LDP_BEAM_NO_NATIVE=1`` forces them): the same tables either way, as the per-unit minimum
-     does not depend on the order rows come in. 24 bytes a slot, 1.67-2.5 slots a unit: 40-60
-     MB per million units (~400-600 MB at the 10^7 cap). Before Beam encodes it (the combine's
-     ``compact``) the sketch becomes its held entries sorted by reference (a radix sort in the
-     extension), table by table (the slots are freed as they are read), the references held as their gaps (:class:`_Ids`):
-     ~10 bytes a unit in memory and encoded (the priorities are recomputed from the run key,
-     one AES block a unit, only if a decoded sketch takes more rows).
+     into zeroed memory the kernel hands over untouched. Where the extension was not
+     compiled, vectorized numpy rounds do the same inserts, queued per shard so each table
+     stays in cache (~80 ns a row; ``LDP_BEAM_NO_NATIVE=1`` forces them): the same tables
+     either way, as the per-unit minimum does not depend on the order rows come in. 24 bytes a
+     slot, 1.67-2.5 slots a unit: 40-60 MB per million units (~400-600 MB at the 10^7 cap).
+     Before Beam encodes it (the combine's ``compact``) the sketch becomes its held entries
+     sorted by reference (a radix sort in the extension), table by table (the slots are freed
+     as they are read), the references held as their gaps (:class:`_Ids`): ~10 bytes a unit
+     in memory and encoded (the priorities are recomputed from the run key, one AES block a
+     unit, only if a decoded sketch takes more rows).
    * Otherwise each batch's candidates are first reduced within the batch and the sketch is
      split in 64 shards by unit hash, each reduced (sorted) on its own when its unreduced
      entries outgrow twice its reduced ones (amortized O(n log n)); it holds O(units x L0 +
