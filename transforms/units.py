@@ -1077,7 +1077,7 @@ class _MinSketch:
     or sketches merged after decoding. A frozen sketch thaws back into tables when rows come."""
 
     __slots__ = ("tables", "pending", "queued", "streams", "index", "wide", "frozen", "key",
-                 "inflight", "names")
+                 "inflight")
 
     def __init__(self, key: bytes | None = None) -> None:
         self.tables: list = [None] * (1 << _MIN_SHARD_BITS)
@@ -1089,7 +1089,6 @@ class _MinSketch:
         self.frozen = None  # (u, priorities or None, references, streams or None, units)
         self.key = key  # the row key's AES key (see row_priorities), or None
         self.inflight: deque = deque()  # C inserts queued or running in the background
-        self.names = None  # self.streams as an array (the C insert's tie-break), when made
 
     def __getstate__(self):
         self.freeze()
@@ -1117,7 +1116,6 @@ class _MinSketch:
         self.queued = [0] * (1 << _MIN_SHARD_BITS)
         self.key = None
         self.inflight = deque()
-        self.names = None
 
     def _settle(self, keep: int = 0) -> None:
         """Wait for the C inserts queued in the background until at most ``keep`` are left
@@ -1226,7 +1224,6 @@ class _MinSketch:
         (``extract_output``, merges)."""
         self._settle(keep=_QUEUE - 1)
         tables = self.tables  # its items are set by the background thread only
-        names = None if sw is not None else self._stream_names()
         before = sum(t.units for t in tables if t is not None)
 
         def insert() -> None:
@@ -1240,7 +1237,8 @@ class _MinSketch:
                 t._thaw()
                 while t.units + counts[k] > _TABLE_FULL * t.size:
                     t._grow(counts[k])
-            got = _native_insert(tables, names, u, prio, ref, sw)
+            # the streams array (ties) as of now: every stream of this batch is registered
+            got = _native_insert(tables, tables[0]._names(), u, prio, ref, sw)
             for t, g in zip(tables, got):
                 t.units += g
                 if t.units > _TABLE_LOAD * t.size:
@@ -1248,12 +1246,6 @@ class _MinSketch:
 
         self.inflight.append(_background().submit(insert))
         return before
-
-    def _stream_names(self) -> np.ndarray:
-        """The streams by packed index, as an array (the C insert's tie-break), as of now."""
-        if self.names is None or self.names.size != len(self.streams):
-            self.names = np.array(self.streams, U64)
-        return self.names
 
     def _flush(self, k: int) -> None:
         parts = self.pending[k]
