@@ -19,6 +19,7 @@ import collections
 import dataclasses
 import functools
 import math
+import sys
 import typing
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
@@ -42,13 +43,48 @@ def check_epsilon(eps: float, name: str = "epsilon") -> float:
     return float(eps)
 
 
-def check_interval(lower: float, upper: float, lname: str = "lower", uname: str = "upper") -> None:
+#: the valid range of a pair of bounds, as every bounds check states it
+INTERVAL_RANGE = ("lower and upper finite with upper - lower finite (at most ~1.8e308: "
+                  "the largest float64)")
+
+
+def check_interval(lower: float, upper: float, lname: str = "lower", uname: str = "upper",
+                   reach: float = 0.0, computes: str = "", power: int = 1) -> None:
+    """Bounds ``lower < upper``, both finite numbers, whose width ``upper - lower`` is finite
+    too (bounds such as -1e308..1e308 are refused: their width overflows, so every scaled
+    value, report and estimate would be inf or NaN).
+
+    ``reach`` (>= 0): the mechanism's largest computation in data units is at most
+    ``F = max(|lower|, |upper|) + reach * (upper - lower)`` (a noise tail, an unclipped estimate
+    ``reach`` widths beyond the bounds); ``2 F**power`` must be finite as well (twice: ``2v``,
+    ``lower + upper``; ``power``: the highest power of a data value the mechanism or its
+    estimator computes, e.g. 2 for a sum of squares). ``computes`` says what that computation
+    is, for the message. Raises :class:`ParameterError` naming the parameter and the valid
+    range."""
     for n, v in ((lname, lower), (uname, upper)):
         if isinstance(v, bool) or not isinstance(v, (int, float, np.floating, np.integer)) \
                 or not math.isfinite(v):
             raise ParameterError(n, v, "a finite number")
     if not lower < upper:
         raise ParameterError(lname, lower, f"a number < {uname} = {upper!r}")
+    lo, hi = float(lower), float(upper)
+    width = hi - lo
+    if not math.isfinite(width):
+        raise ParameterError(f"{lname}, {uname}", (lower, upper),
+                             INTERVAL_RANGE.replace("lower", lname).replace("upper", uname),
+                             f"{uname} - {lname} = {width!r} overflows")
+    big = max(abs(lo), abs(hi))
+    far = big + float(reach) * width
+    limit = (sys.float_info.max / 2) ** (1.0 / power)
+    if not (math.isfinite(far) and far <= limit):
+        what = f" ({computes})" if computes else ""
+        span = f" + {float(reach):.4g} ({uname} - {lname})" if reach else ""
+        raise ParameterError(
+            f"{lname}, {uname}", (lower, upper),
+            f"bounds with max(|{lname}|, |{uname}|){span} at most {limit:.3g}, so that the "
+            f"mechanism's computations stay finite{what}",
+            f"they would reach {far!r}; narrow the bounds" + (" or raise epsilon" if reach
+                                                             else ""))
 
 
 def check_choice(value: str, name: str, choices: Iterable[str]) -> None:
@@ -373,6 +409,35 @@ def _as_column(values: Any, kind: str | None) -> Any:
     return np.asarray(values)
 
 
+#: a value quoted in a reason (a dead letter's "why") shows at most this many characters: the
+#: same cap as a dead-lettered record's text cells (``transforms.perturb.RECORD_TEXT_CHARS``),
+#: so a 20 MB cell does not become a 20 MB reason
+QUOTED_VALUE_CHARS = 2000
+#: a whole reason is at most this many characters (:meth:`Reasons.flag` cuts a longer one, e.g.
+#: a message built by a plugin, and says so)
+REASON_CHARS = 8 * QUOTED_VALUE_CHARS
+
+
+def quote_value(v: Any, limit: int = QUOTED_VALUE_CHARS) -> str:
+    """``repr(v)`` for a reason, at most ``limit`` characters of it: a longer text (or bytes)
+    shows its first ``limit`` characters and says how long it is,
+    ``'abc...'... (20,000,000 characters)``; the text is cut before it is quoted (no copy of a
+    huge cell is made)."""
+    if isinstance(v, (str, bytes)) and len(v) > limit:
+        unit = "characters" if isinstance(v, str) else "bytes"
+        head = str(v[:limit]) if isinstance(v, str) else bytes(v[:limit])
+        return f"{head!r}... ({len(v):,} {unit})"
+    r = repr(v)
+    return r if len(r) <= limit else f"{r[:limit]}... ({len(r):,} characters)"
+
+
+def cap_reason(reason: str, limit: int = REASON_CHARS) -> str:
+    """A reason cut to ``limit`` characters, saying so when it was cut."""
+    if len(reason) <= limit:
+        return reason
+    return f"{reason[:limit]}... (reason cut: {len(reason):,} characters)"
+
+
 def value_at(column: Any, i: int) -> Any:
     """Row ``i`` of a column as a Python/numpy value (an Arrow scalar as its Python value)."""
     v = column[i]
@@ -404,8 +469,13 @@ class Reasons:
         if new.size == 0:
             return
         self.bad[new] = True
+        if not callable(message):
+            message = cap_reason(str(message))
+            for i in new.tolist():
+                self._msg[i] = message
+            return
         for i in new.tolist():
-            self._msg[i] = message(i) if callable(message) else message
+            self._msg[i] = cap_reason(message(i))
 
     def as_dict(self) -> dict[int, str]:
         return dict(sorted(self._msg.items()))
@@ -490,7 +560,7 @@ class Mechanism(ABC):
             if r.kind == "numeric":
                 vals, nonnum = coerce_numeric(cols[r.name])
                 reasons.flag(nonnum, lambda i, c=cols[r.name], nm=r.name:
-                             f"{nm}: non-numeric value {c[i]!r}")
+                             f"{nm}: non-numeric value {quote_value(c[i])}")
                 out[r.name] = vals
             else:
                 labels = self.labels(r.name)
@@ -500,7 +570,8 @@ class Mechanism(ABC):
                 reasons.flag(missing, f"{r.name}: missing value (a category of the declared "
                              "domain is required)")
                 reasons.flag(unknown, lambda i, c=raw, nm=r.name, lb=shown:
-                             f"{nm}: {value_at(c, i)!r} is not in the declared domain {lb}")
+                             f"{nm}: {quote_value(value_at(c, i))} is not in the declared "
+                             f"domain {lb}")
                 out[r.name] = codes
         self.validate(out, reasons)
         return out, reasons
@@ -603,13 +674,20 @@ class Statistic:
 
 @dataclass(frozen=True)
 class Estimate:
-    """What finalize releases: statistics, the number of reports and the guarantee they carry."""
+    """What finalize releases: statistics, the number of reports and the guarantee they carry.
+
+    ``curator``: exact counts for the curator's bookkeeping that must NOT be published (they
+    are statistics of the private data), e.g. a central release's ``values_clipped``. They are
+    left out of :meth:`to_dict` (what is published) unless asked for with
+    ``to_dict(curator=True)``, which puts them under the key ``"curator"`` for a pipeline to
+    move into its curator file."""
 
     mechanism: str
     n_reports: int | None  # None for central-DP releases: the exact record count is not released
     statistics: dict[str, Statistic]
     guarantee: PrivacyGuarantee
     params: dict = field(default_factory=dict)
+    curator: dict = field(default_factory=dict)
 
     def __getitem__(self, name: str) -> Statistic:
         try:
@@ -637,12 +715,18 @@ class Estimate:
             stats[name] = dataclasses.replace(st, stderr=se, note=note)
         return dataclasses.replace(self, statistics=stats)
 
-    def to_dict(self) -> dict:
-        return {"mechanism": self.mechanism, "n_reports": self.n_reports,
-                "params": {k: (list(v) if isinstance(v, tuple) else v)
-                           for k, v in self.params.items()},
-                "guarantee": self.guarantee.to_dict(),
-                "statistics": {k: s.to_dict() for k, s in self.statistics.items()}}
+    def to_dict(self, curator: bool = False) -> dict:
+        """The estimate as JSON-ready data; ``curator=True`` adds the curator-only counts under
+        ``"curator"`` (only when there are some), which a release must remove before it is
+        published."""
+        out = {"mechanism": self.mechanism, "n_reports": self.n_reports,
+               "params": {k: (list(v) if isinstance(v, tuple) else v)
+                          for k, v in self.params.items()},
+               "guarantee": self.guarantee.to_dict(),
+               "statistics": {k: s.to_dict() for k, s in self.statistics.items()}}
+        if curator and self.curator:
+            out["curator"] = dict(self.curator)
+        return out
 
 
 # --------------------------------------------------------------------------- the estimator

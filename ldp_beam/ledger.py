@@ -2,33 +2,65 @@
 
 What it holds
 -------------
-One row per run (``ldp_beam_entries``): the run id, the command, the dataset (the URI it was read
-from and a fingerprint of its *content*, see :func:`dataset_identity`), the privacy unit, the
-mechanism and its parameters, the epsilon and delta it spends, the time, the status, its outputs
-(paths with size and SHA-256) and, for a central release, the released JSON itself (what was
-published; never exact counts). Budgets live per dataset fingerprint (``ldp_beam_datasets``), and
-per-unit spending of longitudinal streams in ``ldp_beam_unit_spend``.
+A dataset is a **name**, not its bytes: the people a budget protects stay the same people when
+their table grows by a row, is re-exported or is moved. Its name is the run's ``--dataset NAME``,
+else the input's canonical location (:func:`dataset_identity`: the real path of a local file,
+folder or glob, a URL without its credentials, a database table's canonical URL). Budgets
+(``ldp_beam_datasets``), spending and per-unit stream spending (``ldp_beam_unit_spend``) are kept
+per dataset name, whatever its content becomes.
+
+One row per run (``ldp_beam_entries``): the run id, the command, the dataset's name, the location
+it was read from and a fingerprint of the *content* read (a SHA-256 of the data, kept only to
+re-publish an identical central release, :meth:`Ledger.find_release`, and to show which runs read
+which version of the data), the privacy unit, the mechanism and its parameters, the epsilon and
+delta it spends, the time, the status, its outputs (paths with size and SHA-256) and, for a
+central release, the released JSON itself (what was published; never exact counts).
+
+Budgets change only on purpose. :meth:`Ledger.set_budget` (``ldp-beam ledger --set-budget EPS
+--dataset NAME --why TEXT``) is the recorded act that sets, raises or lowers one; a run's
+``--budget`` may only set a budget where none is recorded, confirm the recorded one or lower it.
+Every change is a row of ``ldp_beam_budget_changes`` (the new and previous budget, when, the OS
+user and host, why, and the run that made it, if one did): :meth:`Ledger.budget_changes`.
 
 Backends: a SQLite file (the default; WAL journal, ``synchronous=FULL``, a busy timeout; keep it
 on a local disk, as SQLite's locking is not reliable over network file systems) or a shared team
-database on PostgreSQL (psycopg 3). Both use the same tables, created when absent,
-with a schema version in ``ldp_beam_meta``. URLs: ``sqlite:///FILE`` (``FILE`` as written:
-``sqlite:///ledger.db`` is relative, ``sqlite:////abs/ledger.db`` absolute, as in SQLAlchemy),
-a bare file path, or ``postgresql://user[:password]@host:port/database``. Without a URL:
-``$LDP_BEAM_LEDGER`` (a URL or a file path), else ``$XDG_DATA_HOME/ldp-beam/ledger.db``
-(``~/.local/share/ldp-beam/ledger.db``).
+database on PostgreSQL (psycopg 3). Both use the same tables, created when absent (unless
+``Ledger.open(..., create=False)``: reading a ledger never creates one), with a schema version
+(2) and a random ``ledger_id`` in ``ldp_beam_meta``. Many processes opening a new SQLite ledger at
+once all succeed: switching it to WAL and creating its tables are retried while another holds the
+lock, up to the timeout. URLs: ``sqlite:///FILE`` (``FILE`` as written: ``sqlite:///ledger.db``
+is relative, ``sqlite:////abs/ledger.db`` absolute, as in SQLAlchemy), a bare file path, or
+``postgresql://user[:password]@host:port/database``. Without a URL: ``$LDP_BEAM_LEDGER`` (a URL or
+a file path), else ``$XDG_DATA_HOME/ldp-beam/ledger.db`` (``~/.local/share/ldp-beam/ledger.db``).
 
-Two phases, so that nothing is published unrecorded and a crash is safe
-----------------------------------------------------------------------
+Schema 1 (budgets per content fingerprint) is migrated in place, in one transaction, when a
+ledger is opened: each entry's dataset becomes the location it was read from; each fingerprint's
+budget carries to every location read under it (the smallest where several differ: conservative),
+recorded in ``ldp_beam_budget_changes`` as "migrated from schema 1"; per-unit stream spending
+carries to its stream's location. Nothing is lost (the counts are checked before it commits). A
+ledger written by a newer ldp-beam is refused.
+
+Phases, so that nothing is published unrecorded and a crash is safe
+-------------------------------------------------------------------
 1. :meth:`Ledger.reserve`, before the pipeline runs (before any noise is drawn): in one
    transaction that holds the dataset's row (``BEGIN IMMEDIATE`` on SQLite, ``SELECT ... FOR
    UPDATE`` on PostgreSQL, so two concurrent runs cannot both fit where only one does), compose
    what the dataset has spent, refuse with :class:`BudgetExceeded` if this run would exceed the
-   budget, else insert a ``pending`` row.
-2. :meth:`Ledger.commit`, after the run succeeded and *before* its outputs are moved into place:
-   the row becomes ``committed`` with its outputs and release. A ledger that cannot be reached at
-   that point raises :class:`LedgerUnavailable` and the run publishes nothing.
-3. :meth:`Ledger.abort`: a run that failed (nothing published) gives its reservation back.
+   budget (or if its ``--budget`` would raise the recorded one), else insert a ``pending`` row.
+2. :meth:`Reservation.prepare`, after the run succeeded and *before* its outputs are moved into
+   place: in one transaction, check that the ledger is still the one the run reserved in (for
+   SQLite the same file, by device and inode, still a SQLite database, with the same
+   ``ledger_id``; for PostgreSQL the same ``ledger_id``) and that the entry is still pending, and
+   store its outputs and release; the entry stays pending. A ledger deleted, replaced, damaged or
+   unreachable at that point raises :class:`LedgerUnavailable` and the run publishes nothing.
+3. :meth:`Reservation.commit`, after the outputs are in place: the same identity check, and the
+   row becomes ``committed`` (``commit`` without ``prepare`` stores the outputs itself).
+   :meth:`Reservation.leave_pending` records a note and leaves the entry pending, for a run that
+   may have published part of its outputs; a reservation left (an error) after ``prepare`` is
+   left pending the same way, never aborted.
+4. :meth:`Reservation.abort`: a run that failed (nothing published) gives its reservation back.
+   (``abort`` and ``leave_pending`` write to the ledger the entry is in, whatever is at its path
+   now: they only ever give back or annotate the run's own entry.)
 
 A ``pending`` row whose process died (``kill -9``, a lost machine) stays pending and **counts as
 spent** until an operator decides with ``ldp-beam ledger --resolve RUN_ID --as
@@ -58,8 +90,8 @@ per-record one): conservative, never an under-count.
 
 Per-unit spending (streams)
 ---------------------------
-:meth:`Ledger.admit_units` records one row per (stream, unit, window) in a batch and refuses units
-whose cumulative epsilon would pass a cap; unit values are stored only as keyed hashes
+:meth:`Ledger.admit_units` records one row per (dataset name, unit, window) in a batch and refuses
+units whose cumulative epsilon would pass a cap; unit values are stored only as keyed hashes
 (:meth:`Ledger.unit_hash`, keyed by a random salt kept in the ledger).
 
 The ledger runs on the launcher (the trusted side), never inside a Beam worker, and this module
@@ -74,22 +106,31 @@ import hashlib
 import json
 import math
 import os
+import random
+import shlex
 import socket
 import sqlite3
 import threading
 import time
+import unicodedata
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 from urllib.parse import urlsplit, urlunsplit
 
 from .errors import LdpBeamError, ParameterError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 DEFAULT_TIMEOUT = 5.0  # seconds: to connect, and to wait for a lock held by another run
 STATUSES = ("pending", "committed", "aborted")
 #: Relative slack on budget comparisons, so that 0.1 + 0.2 + 0.7 fits a budget of 1.
 BUDGET_TOLERANCE = 1e-9
 _ADVISORY_KEY = 0x6C6470626561  # PostgreSQL advisory lock serialising schema creation
+#: The longest dataset name (``--dataset``) the ledger accepts.
+DATASET_NAME_MAX = 200
+#: What a hint says about raising a budget.
+RAISE_HINT = ("raising a dataset's budget is its own recorded act: ldp-beam ledger --set-budget "
+              "EPS --dataset NAME --why TEXT")
+_NOTHING_RUN = "nothing was run, no noise was drawn"
 
 
 # ----------------------------------------------------------------------------------- errors
@@ -99,9 +140,19 @@ class LedgerError(LdpBeamError):
 
 
 class LedgerUnavailable(LedgerError):
-    """The ledger cannot be reached, opened or locked in time. Raised before any noise is drawn
-    (at open or reserve) or, at commit, before anything is published; the message names
-    ``--ledger`` and the URL (without its password)."""
+    """The ledger cannot be reached, opened or locked in time, or is no longer the ledger the run
+    reserved in (deleted, replaced or damaged since it was opened). Raised before any noise is
+    drawn (at open or reserve) or, at :meth:`Reservation.prepare`, before anything is published;
+    the message names ``--ledger`` and the URL (without its password). ``busy`` is True when
+    another process held the lock for longer than the timeout."""
+
+    busy = False
+
+
+class LedgerNotFound(LedgerError):
+    """``Ledger.open(url, create=False)`` (reading, listing) found no ledger there: a SQLite path
+    that does not exist or holds no ledger, a PostgreSQL database without the ledger's tables.
+    Nothing was created. The message names ``--ledger``."""
 
 
 class BudgetExceeded(ParameterError):
@@ -188,20 +239,90 @@ def _user() -> str:
 _GLOB_CHARS = "*?["
 
 
-def dataset_identity(input: str, options: Any = ()) -> dict:
-    """The identity of the data a run reads: ``{"uri", "fingerprint", "files", "bytes"}``.
+def check_dataset_name(name: Any) -> str:
+    """A dataset name as the ledger keeps it (``--dataset``): 1 to :data:`DATASET_NAME_MAX`
+    characters, no control or invisible formatting characters (a newline, a zero-width space: two
+    names that look the same must be the same), no leading or trailing space. Raises
+    :class:`~ldp_beam.errors.ParameterError` naming ``--dataset``."""
+    valid = (f"a name of 1 to {DATASET_NAME_MAX} characters without control characters or "
+             "leading/trailing spaces")
+    if not isinstance(name, str) or not name.strip():
+        raise ParameterError("--dataset", name, valid)
+    if len(name) > DATASET_NAME_MAX:
+        raise ParameterError("--dataset", name[:40] + "...", valid,
+                             hint=f"it has {len(name)} characters")
+    bad = [c for c in name if unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp")]
+    if bad:
+        raise ParameterError("--dataset", name, valid, hint=f"it holds {bad[0]!r}")
+    if name != name.strip():
+        raise ParameterError("--dataset", name, valid)
+    return name
 
-    The fingerprint identifies the *data*, not the path: a copy of the same file elsewhere has the
-    same fingerprint (and spends the same budget); changing one value changes it. It is the
-    SHA-256 of each file's bytes, streamed (about 1.7 GB/s here: a 1 GB dataset costs ~0.6 s, less
-    than reading it through the pipeline), combined over the files sorted by their name relative
-    to the input (a directory, or the folder part of a glob; a single file contributes its content
-    only, so a renamed copy matches). Why the whole content rather than a Parquet footer (sizes,
-    row counts and statistics): changing one value that is neither a minimum nor a maximum can
-    leave the footer and the file size unchanged, so the footer would let a changed dataset pass
-    for the old one; and CSV files have no footer. Limits (documented, not hidden): the same rows
-    re-encoded (another compression, row order, a CSV re-quoted) fingerprint differently, so the
-    budget is a guard against re-running on the same data, not against someone who rewrites it.
+
+#: Query parameters of a URL that carry credentials: dropped from a dataset's location.
+_SECRET_PARAMS = ("password", "passwd", "secret", "secret_key", "access_key", "session_token",
+                  "token", "sig", "signature", "x-amz-signature", "x-amz-credential",
+                  "x-amz-security-token")
+
+
+def _url_location(url: str, what: str = "--input") -> str:
+    """``url`` without credentials: no user part (``user:password@`` is dropped entirely), no
+    password, key or token query parameter; the scheme and host lower-cased."""
+    try:
+        urlsplit(url)
+        parts = urlsplit(redact(url))
+    except ValueError as exc:
+        raise ParameterError(what, "<unparsable URL>", "a URL (scheme://host/path)") from exc
+    host = parts.netloc.rsplit("@", 1)[-1].lower()
+    query = "&".join(q for q in parts.query.split("&")
+                     if q and q.split("=", 1)[0].lower() not in _SECRET_PARAMS)
+    return urlunsplit((parts.scheme.lower(), host, parts.path, query, parts.fragment))
+
+
+def canonical_location(input: str) -> str:
+    """The default dataset name of an input: where it is, canonically.
+
+    A local file or folder: the real path of the path as given (symbolic links resolved in
+    order, so ``link/../x`` is the ``x`` beside the link's target); a glob: the real path of its
+    folder part joined with the pattern part; a URL: the URL without credentials (no user part,
+    no password, key or token parameter); a database table or query: its canonical table URL
+    (the password hidden, query parameters sorted)."""
+    scheme = input.split("://", 1)[0].lower() if "://" in input else ""
+    if scheme in DATABASE_SCHEMES:
+        return _table_url(input)
+    if scheme:
+        return _url_location(input)
+    if any(c in input for c in _GLOB_CHARS) and not os.path.exists(input):
+        cut = min(input.index(c) for c in _GLOB_CHARS if c in input)
+        folder = os.path.dirname(input[:cut])
+        pattern = input[len(folder):].lstrip(os.sep)
+        return os.path.join(os.path.realpath(folder or os.curdir), pattern)
+    return os.path.realpath(input)
+
+
+def dataset_identity(input: str, options: Any = (), name: str | None = None) -> dict:
+    """The identity of the data a run reads: ``{"dataset", "uri", "fingerprint", "files",
+    "bytes"}``.
+
+    ``dataset`` is what budgets and spending are kept against: ``name`` when given (the run's
+    ``--dataset``, checked by :func:`check_dataset_name`), else the input's
+    :func:`canonical_location`, which ``uri`` always is. A table that grows by a row keeps its
+    name, so its people's budget goes on counting; a copy at another path is another dataset
+    unless it is given the same ``--dataset`` name.
+
+    The fingerprint identifies the *content* read, for two purposes only: an identical central
+    release is re-published rather than drawn again (:meth:`Ledger.find_release`), and the
+    listing shows which runs read which version of the data. A copy of the same file elsewhere
+    has the same fingerprint; changing one value changes it. It is the SHA-256 of each file's
+    bytes, streamed (about 1.7 GB/s here: a 1 GB dataset costs ~0.6 s, less than reading it
+    through the pipeline), combined over the files sorted by their name relative to the input (a
+    directory, or the folder part of a glob; a single file contributes its content only, so a
+    renamed copy matches). Why the whole content rather than a Parquet footer (sizes, row counts
+    and statistics): changing one value that is neither a minimum nor a maximum can leave the
+    footer and the file size unchanged, so the footer would let a changed release pass for the
+    old one; and CSV files have no footer. The same rows re-encoded (another compression, row
+    order, a CSV re-quoted) fingerprint differently: such a release is drawn again (and spends
+    again), never re-published from different data.
 
     Local paths, folders and globs are read as ``ReadTable`` reads them (a folder's entries whose
     names start with ``.`` or ``_`` are skipped; sub-folders are read recursively); a URI with a
@@ -210,26 +331,34 @@ def dataset_identity(input: str, options: Any = ()) -> dict:
     the environment's)."""
     if not isinstance(input, str) or not input:
         raise ParameterError("--input", input, "a file, folder, glob or URI")
+    if name is not None:
+        name = check_dataset_name(name)
+    ident = None
     pre = _PREFETCHED.pop(input, None)
     if pre is not None:  # hashed in the background since the command started
         thread, box = pre
         thread.join()
         if "identity" in box and _local_signature(input) == box["signature"]:
-            return dict(box["identity"])
-    return _dataset_identity(input, options)
+            ident = dict(box["identity"])
+    if ident is None:
+        ident = _dataset_identity(input, options)
+    if name is not None:
+        ident["dataset"] = name
+    return ident
 
 
 _PREFETCHED: dict[str, tuple[threading.Thread, dict]] = {}
 
 
-def prefetch_dataset_identity(input: Any) -> None:
+def prefetch_dataset_identity(input: Any, name: str | None = None) -> None:
     """Start :func:`dataset_identity` of a local input (a file, folder or glob) on a background
     thread, so its hashing (which releases the GIL) overlaps what the command does before it
     needs the fingerprint: importing Beam and building the pipeline (~1 s), against ~0.1 s to
     hash a 10^7-row Parquet file. :func:`dataset_identity` then waits for it and takes its
     result only if every file still has the size, modification time and inode it had before it
     was hashed (else it hashes again); a failure there is left to that call to report. URIs and
-    databases are not prefetched."""
+    databases are not prefetched. ``name`` (the ``--dataset``) is not needed here: the name is
+    the one :func:`dataset_identity` is given."""
     if not isinstance(input, str) or not input or "://" in input or input in _PREFETCHED:
         return
     box: dict = {}
@@ -277,8 +406,9 @@ def _dataset_identity(input: str, options: Any = ()) -> dict:
     for name, size, digest in sorted(files):
         h.update(f"{'' if single else name}\0{size}\0{digest}\n".encode())
         total += size
-    return {"uri": input if "://" in input else os.path.abspath(input),
-            "fingerprint": "sha256:" + h.hexdigest(), "files": len(files), "bytes": total}
+    where = canonical_location(input)
+    return {"dataset": where, "uri": where, "fingerprint": "sha256:" + h.hexdigest(),
+            "files": len(files), "bytes": total}
 
 
 DATABASE_SCHEMES = ("duckdb", "postgresql", "postgres", "iceberg")
@@ -289,25 +419,39 @@ def _database_identity(input: str) -> dict:
     password, and the table or query), not by its content: hashing a warehouse table would cost a
     full scan of it. The budget then follows the table as it changes over time, which can only
     over-count what its people have spent, never under-count; a copy of the table under another
-    name is another dataset (say so to the operator: a copy does not reset a person's budget)."""
-    from urllib.parse import parse_qsl, urlsplit
+    name is another dataset unless it is given the same ``--dataset`` name."""
+    canonical = _table_url(input)
+    h = hashlib.sha256(b"ldp-beam/dataset/table/v1\n" + canonical.encode())
+    return {"dataset": canonical, "uri": canonical, "fingerprint": "sha256:" + h.hexdigest(),
+            "files": 0, "bytes": 0}
+
+
+def _table_url(input: str) -> str:
+    """A database table's canonical URL: the password hidden, query parameters sorted."""
+    from urllib.parse import parse_qsl
 
     parts = urlsplit(redact(input))
     query = "&".join(f"{k}={v}" for k, v in sorted(parse_qsl(parts.query)))
-    canonical = f"{parts.scheme.lower()}://{parts.netloc}{parts.path}" + (f"?{query}" if query
-                                                                          else "")
-    h = hashlib.sha256(b"ldp-beam/dataset/table/v1\n" + canonical.encode())
-    return {"uri": canonical, "fingerprint": "sha256:" + h.hexdigest(), "files": 0, "bytes": 0}
+    return f"{parts.scheme.lower()}://{parts.netloc}{parts.path}" + (f"?{query}" if query
+                                                                     else "")
 
 
-def stream_identity(name: str) -> dict:
-    """The identity of an unbounded source (a spool folder, a subscription): its name, since its
-    content is not known in advance. Per-unit spending (:meth:`Ledger.admit_units`) is kept
-    against it."""
+def stream_identity(name: str, dataset: str | None = None) -> dict:
+    """The identity of an unbounded source (a spool folder, a subscription): ``{"dataset",
+    "uri", "fingerprint", "files", "bytes"}``, from its name, since its content is not known in
+    advance. ``dataset`` (the ``--dataset`` name; default: its location, the real path of a
+    folder, a URL without credentials, a subscription's name as given) is what per-unit spending
+    (:meth:`Ledger.admit_units`) is kept against."""
     if not isinstance(name, str) or not name:
         raise ParameterError("stream", name, "the name of a spool folder or subscription")
-    uri = name if "://" in name else os.path.abspath(name)
-    return {"uri": uri, "fingerprint": "stream:" + hashlib.sha256(uri.encode()).hexdigest(),
+    if "://" in name:
+        uri = _url_location(name, "stream")
+    elif name.startswith("projects/"):  # a Pub/Sub subscription or topic, not a path
+        uri = name
+    else:
+        uri = os.path.realpath(name)
+    return {"dataset": uri if dataset is None else check_dataset_name(dataset), "uri": uri,
+            "fingerprint": "stream:" + hashlib.sha256(uri.encode()).hexdigest(),
             "files": None, "bytes": None}
 
 
@@ -565,7 +709,8 @@ def _pld_epsilon(entries: Sequence[Mapping[str, Any]], target: float, eps_sum: f
 
 
 # ------------------------------------------------------------------------------- backends
-_SCHEMA = [
+#: Schema 1 (budgets per content fingerprint), kept to migrate it (and to build one in a test).
+_SCHEMA_V1 = [
     """CREATE TABLE IF NOT EXISTS ldp_beam_meta (
         key TEXT PRIMARY KEY, value TEXT NOT NULL)""",
     """CREATE TABLE IF NOT EXISTS ldp_beam_datasets (
@@ -589,10 +734,48 @@ _SCHEMA = [
         PRIMARY KEY (fingerprint, unit_hash, window_id))""",
 ]
 
-_ENTRY_COLUMNS = ("run_id", "status", "started", "finished", "command", "fingerprint", "uri",
-                  "unit", "mechanism", "kind", "params", "epsilon", "delta", "accounting",
-                  "budget_epsilon", "budget_delta", "request_key", "release", "outputs",
-                  "republished_from", "seeded", "host", "pid", "os_user", "note")
+#: Schema 2: datasets, budgets and per-unit spending keyed by the dataset's name.
+_SCHEMA_META = """CREATE TABLE IF NOT EXISTS ldp_beam_meta (
+        key TEXT PRIMARY KEY, value TEXT NOT NULL)"""
+_SCHEMA_TABLES = [
+    """CREATE TABLE IF NOT EXISTS ldp_beam_datasets (
+        dataset TEXT PRIMARY KEY, first_seen TEXT NOT NULL,
+        budget_epsilon DOUBLE PRECISION, budget_delta DOUBLE PRECISION, budget_set TEXT)""",
+    """CREATE TABLE IF NOT EXISTS ldp_beam_entries (
+        run_id TEXT PRIMARY KEY,
+        status TEXT NOT NULL CHECK (status IN ('pending', 'committed', 'aborted')),
+        started TEXT NOT NULL, finished TEXT, command TEXT NOT NULL,
+        dataset TEXT NOT NULL REFERENCES ldp_beam_datasets (dataset),
+        fingerprint TEXT NOT NULL, uri TEXT NOT NULL, unit TEXT NOT NULL,
+        mechanism TEXT NOT NULL, kind TEXT,
+        params TEXT NOT NULL, epsilon DOUBLE PRECISION NOT NULL, delta DOUBLE PRECISION NOT NULL,
+        accounting TEXT, budget_epsilon DOUBLE PRECISION, budget_delta DOUBLE PRECISION,
+        request_key TEXT, release TEXT, outputs TEXT, republished_from TEXT,
+        seeded INTEGER NOT NULL, host TEXT, pid INTEGER, os_user TEXT, note TEXT)""",
+    "CREATE INDEX IF NOT EXISTS ldp_beam_entries_dataset ON ldp_beam_entries (dataset)",
+    "CREATE INDEX IF NOT EXISTS ldp_beam_entries_fp ON ldp_beam_entries (fingerprint)",
+    "CREATE INDEX IF NOT EXISTS ldp_beam_entries_req ON ldp_beam_entries (request_key)",
+    """CREATE TABLE IF NOT EXISTS ldp_beam_budget_changes (
+        dataset TEXT NOT NULL, epsilon DOUBLE PRECISION NOT NULL, delta DOUBLE PRECISION,
+        previous_epsilon DOUBLE PRECISION, previous_delta DOUBLE PRECISION,
+        changed TEXT NOT NULL, os_user TEXT, host TEXT, why TEXT NOT NULL, run_id TEXT)""",
+    "CREATE INDEX IF NOT EXISTS ldp_beam_budget_changes_dataset ON ldp_beam_budget_changes "
+    "(dataset, changed)",
+    """CREATE TABLE IF NOT EXISTS ldp_beam_unit_spend (
+        dataset TEXT NOT NULL, unit_hash TEXT NOT NULL, window_id TEXT NOT NULL,
+        epsilon DOUBLE PRECISION NOT NULL, run_id TEXT NOT NULL, recorded TEXT NOT NULL,
+        PRIMARY KEY (dataset, unit_hash, window_id))""",
+]
+_SCHEMA = [_SCHEMA_META] + _SCHEMA_TABLES
+
+_ENTRY_COLUMNS = ("run_id", "status", "started", "finished", "command", "dataset",
+                  "fingerprint", "uri", "unit", "mechanism", "kind", "params", "epsilon",
+                  "delta", "accounting", "budget_epsilon", "budget_delta", "request_key",
+                  "release", "outputs", "republished_from", "seeded", "host", "pid", "os_user",
+                  "note")
+_V1_ENTRY_COLUMNS = tuple(c for c in _ENTRY_COLUMNS if c != "dataset")
+_CHANGE_COLUMNS = ("dataset", "epsilon", "delta", "previous_epsilon", "previous_delta",
+                   "changed", "os_user", "host", "why", "run_id")
 
 
 class _Tx:
@@ -624,32 +807,118 @@ class _Tx:
         return list(self.execute(sql, args).fetchall())
 
 
+def _busy(exc: BaseException) -> bool:
+    """SQLITE_BUSY or SQLITE_LOCKED: another connection holds the lock (worth waiting for)."""
+    if not isinstance(exc, sqlite3.OperationalError):
+        return False
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is not None and code & 0xFF in (5, 6):  # SQLITE_BUSY, SQLITE_LOCKED (+ extended)
+        return True
+    text = str(exc)
+    return "locked" in text or "busy" in text
+
+
+def _nap(deadline: float, attempt: int) -> None:
+    """A short, jittered sleep before retrying a busy step (never past ``deadline``)."""
+    left = deadline - time.monotonic()
+    if left > 0:
+        time.sleep(min(left, random.uniform(0.5, 1.5) * min(0.05, 0.002 * 2 ** min(attempt, 5))))
+
+
+_SQLITE_MAGIC = b"SQLite format 3\x00"
+
+
 class _SQLite:
-    def __init__(self, path: str, url: str, timeout: float) -> None:
+    def __init__(self, path: str, url: str, timeout: float, create: bool = True) -> None:
         self.path, self.url, self.timeout = path, url, timeout
+        self.abspath = os.path.abspath(path)  # identity checks: whatever the working directory
+        deadline = time.monotonic() + timeout
         folder = os.path.dirname(os.path.abspath(path))
         try:
-            os.makedirs(folder, exist_ok=True)
-            self.conn = sqlite3.connect(path, timeout=timeout, isolation_level=None,
-                                        check_same_thread=False)
-            self.conn.execute("PRAGMA foreign_keys = ON")
-            mode = self.conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
-            if str(mode).lower() != "wal":
-                raise sqlite3.OperationalError(f"cannot use a WAL journal (got {mode})")
-            self.conn.execute("PRAGMA synchronous = FULL")  # a committed entry survives a crash
+            if create:
+                os.makedirs(folder, exist_ok=True)
+                self.conn = sqlite3.connect(path, timeout=timeout, isolation_level=None,
+                                            check_same_thread=False)
+            else:  # mode=rw: never creates the file (nor its folder)
+                from urllib.parse import quote
+
+                self.conn = sqlite3.connect(f"file:{quote(os.path.abspath(path))}?mode=rw",
+                                            timeout=timeout, isolation_level=None,
+                                            check_same_thread=False, uri=True)
+        except sqlite3.OperationalError as exc:
+            if not create:
+                raise LedgerNotFound(f"--ledger {url}: no ledger at {path} ({exc}); nothing "
+                                     "was created") from exc
+            raise self.unavailable(exc) from exc
         except (sqlite3.Error, OSError) as exc:
             raise self.unavailable(exc) from exc
+        # Switching to WAL takes the database's exclusive lock and can fail at once with
+        # SQLITE_BUSY (without the busy handler) while another connection opens the same new
+        # file: retried with short sleeps up to the timeout, like every step of opening.
+        attempt = 0
+        while True:
+            try:
+                self.conn.execute("PRAGMA foreign_keys = ON")
+                if create:  # reading only: an existing ledger is in WAL mode already (and
+                    # another SQLite file is not changed)
+                    mode = self.conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+                    if str(mode).lower() != "wal":
+                        raise sqlite3.OperationalError(f"cannot use a WAL journal (got {mode})")
+                self.conn.execute("PRAGMA synchronous = FULL")  # a committed entry survives
+                break
+            except sqlite3.Error as exc:
+                if _busy(exc) and time.monotonic() < deadline:
+                    _nap(deadline, attempt)
+                    attempt += 1
+                    continue
+                self.close()
+                raise self.unavailable(exc) from exc
 
     def unavailable(self, exc: BaseException) -> LedgerUnavailable:
         text = str(exc)
-        if isinstance(exc, sqlite3.OperationalError) and ("locked" in text or "busy" in text):
-            return LedgerUnavailable(
+        if _busy(exc):
+            err = LedgerUnavailable(
                 f"--ledger {self.url}: the ledger is locked by another process for more than "
-                f"{self.timeout:g} s ({text}); nothing was run, no noise was drawn. Retry when "
-                "the other run has recorded its entry")
+                f"{self.timeout:g} s ({text}); {_NOTHING_RUN}. Retry when the other run has "
+                "recorded its entry")
+            err.busy = True
+            return err
         return LedgerUnavailable(f"--ledger {self.url}: cannot use the SQLite ledger "
-                                 f"{self.path} ({type(exc).__name__}: {text}); nothing was run, "
-                                 "no noise was drawn")
+                                 f"{self.path} ({type(exc).__name__}: {text}); {_NOTHING_RUN}")
+
+    def wait_at_most(self, seconds: float) -> None:
+        """The busy timeout of the next statements (what is left of an open's timeout)."""
+        with contextlib.suppress(sqlite3.Error):
+            self.conn.execute(f"PRAGMA busy_timeout = {max(1, int(seconds * 1000))}")
+
+    def file_id(self) -> tuple[int, int] | None:
+        """(st_dev, st_ino) of the ledger's file now; None if there is none."""
+        try:
+            st = os.stat(self.abspath)
+        except OSError:
+            return None
+        return (st.st_dev, st.st_ino)
+
+    def file_problems(self, file_id: tuple[int, int] | None) -> list[str]:
+        """How the file at the ledger's path differs from the one opened (``file_id``)."""
+        try:
+            st = os.stat(self.abspath)
+        except FileNotFoundError:
+            return [f"{self.path} no longer exists"]
+        except OSError as exc:
+            return [f"{self.path} cannot be read ({exc})"]
+        if (st.st_dev, st.st_ino) != file_id:
+            return [f"{self.path} is another file now (device/inode {st.st_dev}/{st.st_ino}, "
+                    f"was {file_id[0]}/{file_id[1]})" if file_id else
+                    f"{self.path} is another file now"]
+        try:
+            with open(self.abspath, "rb") as fh:
+                head = fh.read(len(_SQLITE_MAGIC))
+        except OSError as exc:
+            return [f"{self.path} cannot be read ({exc})"]
+        if head != _SQLITE_MAGIC:
+            return [f"{self.path} is no longer a SQLite database (it begins {head[:16]!r})"]
+        return []
 
     @contextlib.contextmanager
     def transaction(self, write: bool) -> Iterator[_Tx]:
@@ -679,6 +948,10 @@ class _SQLite:
     def has_schema(self) -> bool:
         return self.conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = "
                                  "'ldp_beam_meta'").fetchone() is not None
+
+    def has_schema_tx(self, tx: "_Tx") -> bool:
+        return tx.one("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = "
+                      "'ldp_beam_meta'") is not None
 
     def errors(self) -> tuple:
         return (sqlite3.Error,)
@@ -718,12 +991,22 @@ class _Postgres:
                 text = text.replace(pw, "***")
         errors = self.psycopg.errors
         if isinstance(exc, (errors.LockNotAvailable, errors.QueryCanceled)):
-            return LedgerUnavailable(
+            err = LedgerUnavailable(
                 f"--ledger {self.shown}: the ledger is locked by another run for more than "
-                f"{self.timeout:g} s ({text}); nothing was run, no noise was drawn")
+                f"{self.timeout:g} s ({text}); {_NOTHING_RUN}")
+            err.busy = True
+            return err
         return LedgerUnavailable(f"--ledger {self.shown}: cannot reach the PostgreSQL ledger "
-                                 f"({type(exc).__name__}: {text}); nothing was run, no noise "
-                                 "was drawn")
+                                 f"({type(exc).__name__}: {text}); {_NOTHING_RUN}")
+
+    def wait_at_most(self, seconds: float) -> None:
+        pass  # lock_timeout is set per transaction
+
+    def file_id(self) -> None:
+        return None
+
+    def file_problems(self, file_id: Any) -> list[str]:
+        return []
 
     @contextlib.contextmanager
     def transaction(self, write: bool) -> Iterator[_Tx]:
@@ -766,6 +1049,9 @@ class _Postgres:
             cur.execute("SELECT to_regclass('ldp_beam_meta') IS NOT NULL")
             return bool(cur.fetchone()[0])
 
+    def has_schema_tx(self, tx: "_Tx") -> bool:
+        return bool(tx.one("SELECT to_regclass('ldp_beam_meta') IS NOT NULL")[0])
+
     def errors(self) -> tuple:
         return (self.psycopg.Error,)
 
@@ -786,20 +1072,45 @@ class UnitAdmission:
 
 
 class Reservation:
-    """A pending ledger entry (see :meth:`Ledger.reserve`). As a context manager, leaving it
-    without :meth:`commit` (an error, an interrupt) aborts it: nothing was published. A process
-    killed outright leaves it pending, and it counts as spent until resolved."""
+    """A pending ledger entry (see :meth:`Ledger.reserve`).
+
+    Its life: :meth:`prepare` before anything is published (the ledger is still the one the run
+    reserved in and the entry still pending; its outputs and release are stored, it stays
+    pending), then :meth:`commit` once the outputs are in place. :meth:`leave_pending` (a run
+    that may have published part of its outputs) and :meth:`abort` (nothing was published)
+    settle it otherwise. As a context manager, leaving it unsettled (an error, an interrupt)
+    aborts it if it was not prepared (nothing was published) and leaves it pending, with a note,
+    if it was (it may have published: it counts as spent until an operator resolves it). A
+    process killed outright leaves it pending, and it counts as spent until resolved."""
 
     def __init__(self, ledger: "Ledger", run_id: str, entry: dict, spent: Spent,
                  budget: tuple[float | None, float | None]) -> None:
         self.ledger, self.run_id, self.entry = ledger, run_id, entry
+        self.dataset = entry.get("dataset")
         self.spent_before, self.budget = spent, budget
         self.status = "pending"
+        self.prepared = False
+        self.left_pending = False
+
+    def prepare(self, outputs: Mapping[str, Any] | None = None,
+                release: Mapping[str, Any] | None = None) -> None:
+        """Before anything is published: see :meth:`Ledger.prepare`. If it raises, publish
+        nothing."""
+        self.ledger.prepare(self.run_id, outputs, release)
+        self.prepared = True
 
     def commit(self, outputs: Mapping[str, Any] | None = None,
                release: Mapping[str, Any] | None = None) -> None:
+        """After publishing: see :meth:`Ledger.commit` (``outputs``/``release`` given here
+        replace those stored by :meth:`prepare`; omitted, those are kept)."""
         self.ledger.commit(self.run_id, outputs, release)
         self.status = "committed"
+
+    def leave_pending(self, note: str) -> None:
+        """Record ``note`` and leave the entry pending (it counts as spent until an operator
+        resolves it): for a run that may have published part of its outputs."""
+        self.ledger.leave_pending(self.run_id, note)
+        self.left_pending = True
 
     def abort(self, reason: str = "") -> None:
         self.ledger.abort(self.run_id, reason)
@@ -809,11 +1120,15 @@ class Reservation:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        if self.status != "pending":
+        if self.status != "pending" or self.left_pending:
             return
+        why = f"run failed: {exc_type.__name__}: {exc}" if exc_type else "left without commit"
         try:
-            self.abort(f"run failed: {exc_type.__name__}: {exc}" if exc_type else
-                       "left without commit")
+            if self.prepared:  # its outputs may be (partly) in place: never claim it was not
+                self.leave_pending(f"{why}, after it was prepared to publish: it may have "
+                                   "published")
+            else:
+                self.abort(why)
         except LedgerError:
             pass  # cannot reach the ledger: the entry stays pending and counts as spent
 
@@ -821,29 +1136,61 @@ class Reservation:
         return f"Reservation({self.run_id!r}, {self.status})"
 
 
+def _name_of(dataset: Any, what: str = "dataset") -> str:
+    """A dataset's name: a string as is, or the ``"dataset"`` of a :func:`dataset_identity`
+    dict (its ``"uri"`` for a dict made before datasets had names)."""
+    name = (dataset.get("dataset") or dataset.get("uri")) if isinstance(dataset, Mapping) \
+        else dataset
+    if not isinstance(name, str) or not name:
+        raise ParameterError(what, dataset, "a dataset name, or the dict from dataset_identity")
+    return name
+
+
+def _budget_text(eps: float | None, delta: float | None) -> str:
+    if eps is None:
+        return "none"
+    return f"epsilon={eps:g}" + (f" delta={delta:g}" if delta is not None else "")
+
+
 class Ledger:
     """A budget ledger on SQLite or PostgreSQL (see the module docstring). Open with
-    :meth:`open`; one object per thread; close it (or use it as a context manager)."""
+    :meth:`open`; one object per thread; close it (or use it as a context manager).
+
+    ``ledger_id`` is the ledger's random id (``ldp_beam_meta``), read when it was opened;
+    ``opened`` when that was (UTC)."""
 
     def __init__(self, backend: Any, url: str) -> None:
         self._db = backend
         self.url = redact(url)
         self._lock = threading.RLock()
         self._salt: bytes | None = None
+        self.ledger_id: str | None = None
+        self._file_id: tuple[int, int] | None = None
+        self.opened = _now()
 
     # ------------------------------------------------------------------ opening
     @classmethod
-    def open(cls, url: str | None = None, *, timeout: float = DEFAULT_TIMEOUT) -> "Ledger":
-        """Open (and create if absent) the ledger at ``url`` (default: :func:`default_url`).
+    def open(cls, url: str | None = None, *, timeout: float = DEFAULT_TIMEOUT,
+             create: bool = True) -> "Ledger":
+        """Open the ledger at ``url`` (default: :func:`default_url`), creating it if absent
+        when ``create`` (a run), never when not (reading, listing: then a SQLite path that does
+        not exist or holds no ledger, or a PostgreSQL database without the ledger's tables,
+        raises :class:`LedgerNotFound` and creates no file, no folder and no table). A schema-1
+        ledger is migrated in place (see the module docstring).
+
         Raises :class:`LedgerUnavailable` if it cannot be reached or opened within ``timeout``
-        seconds, :class:`~ldp_beam.errors.ParameterError` naming ``--ledger`` for a URL of an
-        unknown form."""
+        seconds (every step of opening a SQLite file, its switch to WAL and its tables'
+        creation included, is retried while another process holds the lock, up to the
+        timeout), :class:`~ldp_beam.errors.ParameterError` naming ``--ledger`` for a URL of an
+        unknown form, :class:`LedgerError` for a ledger written by a newer ldp-beam."""
         if isinstance(url, Ledger):
             return url
         url = default_url() if url is None or url == "" else str(url)
-        if not (isinstance(timeout, (int, float)) and timeout > 0):
+        if isinstance(timeout, bool) or not (isinstance(timeout, (int, float)) and timeout > 0):
             raise ParameterError("timeout", timeout, "a number of seconds > 0")
+        deadline = time.monotonic() + timeout
         scheme = url.split("://", 1)[0].lower() if "://" in url else ""
+        before = None
         if scheme in ("postgresql", "postgres"):
             backend: Any = _Postgres(url, timeout)
         elif scheme in ("sqlite", ""):
@@ -854,43 +1201,93 @@ class Ledger:
             if not path or path == ":memory:" or path.startswith("file:"):
                 raise ParameterError("--ledger", url, "a SQLite file (sqlite:///FILE): the "
                                      "ledger must outlive the run")
-            backend = _SQLite(os.path.expanduser(path), url, timeout)
+            path = os.path.expanduser(path)
+            if not create and not os.path.isfile(path):
+                raise LedgerNotFound(f"--ledger {redact(url)}: no ledger at {path} ("
+                                     + ("not a file" if os.path.exists(path) else
+                                        "no such file") + "); nothing was created")
+            with contextlib.suppress(OSError):
+                st = os.stat(path)
+                before = (st.st_dev, st.st_ino)
+            backend = _SQLite(path, url, timeout, create)
         else:
             raise ParameterError("--ledger", redact(url), "sqlite:///FILE, a file path or "
                                  "postgresql://USER@HOST:PORT/DATABASE")
         led = cls(backend, url)
         try:
-            led._ensure_schema()
+            attempt = 0
+            while True:  # every step of opening together within the timeout
+                backend.wait_at_most(max(0.001, deadline - time.monotonic()))
+                try:
+                    led._ensure_schema(create)
+                    break
+                except LedgerUnavailable as exc:
+                    if not exc.busy or time.monotonic() >= deadline:
+                        raise
+                    _nap(deadline, attempt)
+                    attempt += 1
+            backend.wait_at_most(timeout)
+            led._remember_identity(before)
         except BaseException:
             backend.close()
             raise
         return led
 
-    def _ensure_schema(self) -> None:
+    def _where(self) -> str:
+        return self._db.path if isinstance(self._db, _SQLite) else self.url
+
+    def _ensure_schema(self, create: bool) -> None:
         db = self._db
         try:
             present = db.has_schema()
         except db.errors() as exc:
             raise db.unavailable(exc) from None
         if not present:
-            with db.transaction(write=True) as tx:
-                if isinstance(db, _Postgres):
+            if not create:
+                raise LedgerNotFound(f"--ledger {self.url}: no ledger at {self._where()} (it "
+                                     "holds no ldp-beam ledger tables); nothing was created")
+            with self._tx(write=True) as tx:
+                if tx.pg:
                     tx.execute(f"SELECT pg_advisory_xact_lock({_ADVISORY_KEY})")
-                for stmt in _SCHEMA:
-                    tx.execute(stmt)
-                tx.execute("INSERT INTO ldp_beam_meta (key, value) VALUES (?, ?) "
-                           "ON CONFLICT (key) DO NOTHING", ("schema_version", str(SCHEMA_VERSION)))
-                tx.execute("INSERT INTO ldp_beam_meta (key, value) VALUES (?, ?) "
-                           "ON CONFLICT (key) DO NOTHING", ("unit_salt", os.urandom(16).hex()))
-                tx.execute("INSERT INTO ldp_beam_meta (key, value) VALUES (?, ?) "
-                           "ON CONFLICT (key) DO NOTHING", ("created", _now()))
-        with db.transaction(write=False) as tx:
-            row = tx.one("SELECT value FROM ldp_beam_meta WHERE key = ?", ("schema_version",))
-        version = int(row[0]) if row else 0
+                if not db.has_schema_tx(tx):  # another process may have made it meanwhile
+                    for stmt in _SCHEMA:
+                        tx.execute(stmt)
+                    for key, value in (("schema_version", str(SCHEMA_VERSION)),
+                                       ("unit_salt", os.urandom(16).hex()),
+                                       ("created", _now()), ("ledger_id", os.urandom(16).hex())):
+                        tx.execute("INSERT INTO ldp_beam_meta (key, value) VALUES (?, ?) "
+                                   "ON CONFLICT (key) DO NOTHING", (key, value))
+        version = self._version()
+        if version == 1:
+            with self._tx(write=True) as tx:
+                if tx.pg:
+                    tx.execute(f"SELECT pg_advisory_xact_lock({_ADVISORY_KEY})")
+                row = tx.one("SELECT value FROM ldp_beam_meta WHERE key = 'schema_version'")
+                if row and int(row[0]) == 1:  # not migrated by another process meanwhile
+                    _migrate_v1(tx, self.url)
+            version = self._version()
         if version != SCHEMA_VERSION:
             raise LedgerError(f"--ledger {self.url}: the ledger's schema version is {version}, "
                               f"this ldp-beam reads version {SCHEMA_VERSION}"
                               + ("; upgrade ldp-beam" if version > SCHEMA_VERSION else ""))
+
+    def _version(self) -> int:
+        with self._tx(write=False) as tx:
+            row = tx.one("SELECT value FROM ldp_beam_meta WHERE key = ?", ("schema_version",))
+        return int(row[0]) if row else 0
+
+    def _remember_identity(self, before: tuple[int, int] | None) -> None:
+        with self._tx(write=False) as tx:
+            row = tx.one("SELECT value FROM ldp_beam_meta WHERE key = 'ledger_id'")
+        if row is None:
+            raise LedgerError(f"--ledger {self.url}: the ledger has no ledger_id in "
+                              "ldp_beam_meta (damaged?)")
+        self.ledger_id = row[0]
+        self._file_id = self._db.file_id()
+        if isinstance(self._db, _SQLite) and (
+                self._file_id is None or (before is not None and before != self._file_id)):
+            raise LedgerUnavailable(f"--ledger {self.url}: {self._db.path} was deleted or "
+                                    f"replaced while it was being opened; {_NOTHING_RUN}")
 
     def close(self) -> None:
         self._db.close()
@@ -913,21 +1310,116 @@ class Ledger:
         with self._lock, self._db.transaction(write) as tx:
             yield tx
 
-    def _dataset_row(self, tx: _Tx, ds: Mapping[str, Any]) -> None:
-        tx.execute("INSERT INTO ldp_beam_datasets (fingerprint, uri, first_seen) VALUES (?, ?, ?) "
-                   "ON CONFLICT (fingerprint) DO NOTHING", (ds["fingerprint"], ds["uri"], _now()))
+    # ------------------------------------------------------------------ identity
+    def _not_the_same(self, problems: list[str], consequence: str) -> LedgerUnavailable:
+        err = LedgerUnavailable(
+            f"--ledger {self.url}: the ledger is not the one this run reserved in (deleted, "
+            f"replaced or damaged since it was opened at {self.opened}: {'; '.join(problems)}); "
+            f"{consequence}")
+        err.identity = True
+        return err
 
-    def _locked(self, ds: Mapping[str, Any]) -> contextlib.AbstractContextManager:
-        """A write transaction holding ``ds``'s row (created if new)."""
-        @contextlib.contextmanager
-        def cm():
+    def _check_identity(self, tx: _Tx, consequence: str) -> None:
+        """Inside a transaction: the ledger is the one opened (SQLite: the same file by device
+        and inode, still a SQLite database; both: the same ``ledger_id``), else raise."""
+        problems = self._db.file_problems(self._file_id)
+        if not problems:
+            try:
+                row = tx.one("SELECT value FROM ldp_beam_meta WHERE key = 'ledger_id'")
+            except self._db.errors() as exc:
+                problems = [f"its ledger id cannot be read ({type(exc).__name__}: {exc})"]
+            else:
+                if row is None or row[0] != self.ledger_id:
+                    problems = [f"its ledger id is {row[0] if row else 'missing'}, not "
+                                f"{self.ledger_id}"]
+        if problems:
+            raise self._not_the_same(problems, consequence)
+
+    @contextlib.contextmanager
+    def _settling(self, consequence: str, check: bool = True) -> Iterator[_Tx]:
+        """A write transaction on the ledger this object opened, checked first
+        (:meth:`_check_identity`) when ``check``. A damaged file, or a failure while the file is
+        not the one opened, raises :class:`LedgerUnavailable` saying so and what it means
+        (``consequence``). Without ``check`` (abort, leave_pending: they only ever give back or
+        annotate the run's own entry) the write goes to the ledger the entry is in, whatever
+        is at its path now."""
+        try:
             with self._tx(write=True) as tx:
-                self._dataset_row(tx, ds)
-                if tx.pg:  # the dataset's row serialises reservations and admissions on it
-                    tx.execute("SELECT fingerprint FROM ldp_beam_datasets WHERE fingerprint = ? "
-                               "FOR UPDATE", (ds["fingerprint"],))
+                if check:
+                    self._check_identity(tx, consequence)
                 yield tx
-        return cm()
+        except LedgerUnavailable as exc:
+            if getattr(exc, "identity", False):
+                raise
+            problems = self._db.file_problems(self._file_id)
+            cause = exc.__cause__
+            if not problems and isinstance(cause, sqlite3.DatabaseError) \
+                    and not isinstance(cause, sqlite3.OperationalError):
+                problems = [f"it cannot be read as a SQLite database ({cause})"]
+            if problems:
+                raise self._not_the_same(problems, consequence) from exc
+            if consequence == _NOTHING_RUN:
+                raise
+            again = LedgerUnavailable(str(exc).replace(_NOTHING_RUN, consequence))
+            again.busy = exc.busy
+            raise again from exc
+
+    # ------------------------------------------------------------------ datasets
+    def _dataset_row(self, tx: _Tx, name: str) -> None:
+        tx.execute("INSERT INTO ldp_beam_datasets (dataset, first_seen) VALUES (?, ?) "
+                   "ON CONFLICT (dataset) DO NOTHING", (name, _now()))
+
+    @contextlib.contextmanager
+    def _locked(self, name: str, consequence: str = _NOTHING_RUN) -> Iterator[_Tx]:
+        """A write transaction holding dataset ``name``'s row (created if new), on the ledger
+        this object opened."""
+        with self._settling(consequence) as tx:
+            self._dataset_row(tx, name)
+            if tx.pg:  # the dataset's row serialises reservations and admissions on it
+                tx.execute("SELECT dataset FROM ldp_beam_datasets WHERE dataset = ? FOR UPDATE",
+                           (name,))
+            yield tx
+
+    def _budget_row(self, tx: _Tx, name: str) -> tuple[float | None, float | None]:
+        rec = tx.one("SELECT budget_epsilon, budget_delta FROM ldp_beam_datasets WHERE "
+                     "dataset = ?", (name,))
+        return (rec[0], rec[1]) if rec else (None, None)
+
+    def _not_a_fingerprint(self, tx: _Tx, name: str) -> None:
+        """Spending is kept by dataset name: a data fingerprint given instead (the key before
+        schema 2) would read as a dataset with nothing spent, so it is refused."""
+        if not name.startswith(("sha256:", "stream:")):
+            return
+        if tx.one("SELECT 1 FROM ldp_beam_datasets WHERE dataset = ?", (name,)) is None and \
+                tx.one("SELECT 1 FROM ldp_beam_entries WHERE fingerprint = ? LIMIT 1", (name,)):
+            raise ParameterError("dataset", name, "a dataset's name (dataset_identity(...)"
+                                 "['dataset']), not a data fingerprint: budgets and spending "
+                                 "are kept per dataset name")
+
+    def _record_budget(self, tx: _Tx, name: str, epsilon: float, delta: float | None,
+                       previous: tuple[float | None, float | None], why: str,
+                       run_id: str | None) -> dict:
+        change = {"dataset": name, "epsilon": epsilon, "delta": delta,
+                  "previous_epsilon": previous[0], "previous_delta": previous[1],
+                  "changed": _now(), "os_user": _user(), "host": socket.gethostname(),
+                  "why": why, "run_id": run_id}
+        tx.execute("UPDATE ldp_beam_datasets SET budget_epsilon = ?, budget_delta = ?, "
+                   "budget_set = ? WHERE dataset = ?", (epsilon, delta, change["changed"], name))
+        tx.execute(f"INSERT INTO ldp_beam_budget_changes ({', '.join(_CHANGE_COLUMNS)}) VALUES "
+                   f"({', '.join('?' * len(_CHANGE_COLUMNS))})",
+                   [change[c] for c in _CHANGE_COLUMNS])
+        return change
+
+    def _last_change(self, tx: _Tx, name: str) -> dict | None:
+        row = tx.one(f"SELECT {', '.join(_CHANGE_COLUMNS)} FROM ldp_beam_budget_changes WHERE "
+                     "dataset = ? ORDER BY changed DESC LIMIT 1", (name,))
+        return None if row is None else dict(zip(_CHANGE_COLUMNS, row))
+
+    def datasets(self) -> list[str]:
+        """Every dataset name the ledger knows (with an entry, a budget or stream spending)."""
+        with self._tx(write=False) as tx:
+            return [r[0] for r in tx.all("SELECT dataset FROM ldp_beam_datasets ORDER BY "
+                                         "dataset")]
 
     # ------------------------------------------------------------------ budget
     def reserve(self, run_id: str, dataset: Mapping[str, Any], *, command: str, mechanism: str,
@@ -938,40 +1430,40 @@ class Ledger:
                 seeded: bool = False, republished_from: str | None = None,
                 note: str = "") -> Reservation:
         """Record that run ``run_id`` is about to spend ``epsilon`` (and ``delta``) on
-        ``dataset`` (from :func:`dataset_identity`), after checking the budget, in one
-        transaction. Call it before any noise is drawn.
+        ``dataset`` (from :func:`dataset_identity`: spending is kept against its ``"dataset"``
+        name; its ``"fingerprint"`` and ``"uri"`` are recorded with the entry), after checking
+        the budget, in one transaction. Call it before any noise is drawn.
 
-        ``budget``/``budget_delta``: the dataset's total (the CLI's ``--budget``/
-        ``--budget-delta``). Given, it is recorded as the dataset's budget (with this entry);
-        omitted, the budget recorded for the dataset applies (none: no limit, still recorded).
+        ``budget``/``budget_delta``: the run's ``--budget``/``--budget-delta``. Where the
+        dataset has no budget recorded, it becomes the dataset's budget; where it has one, it
+        may confirm it or lower it (recorded in :meth:`budget_changes` with this run's id), never
+        raise it: a ``budget`` (or ``budget_delta``) above the recorded one raises
+        :class:`BudgetExceeded` naming ``--budget`` (``--budget-delta``), the recorded budget and
+        how to raise it (:meth:`set_budget`). A ``budget_delta`` where the recorded budget has no
+        delta sets it. Omitted, the budget recorded applies (none: no limit, still recorded).
         Raises :class:`BudgetExceeded` (naming the parameter, the budget, what was spent and by
         which runs, and what this run asks) if the composed spending with this run would exceed
-        it; :class:`LedgerUnavailable` if the ledger cannot be reached or locked in time.
-        ``request`` (from :func:`release_request`) marks a central release that
-        :meth:`find_release` can find again; ``republished_from`` a 0-epsilon re-publication."""
+        the budget; :class:`LedgerUnavailable` if the ledger cannot be reached or locked in time,
+        or is no longer the one this object opened. ``request`` (from :func:`release_request`)
+        marks a central release that :meth:`find_release` can find again;
+        ``republished_from`` a 0-epsilon re-publication."""
         if not isinstance(run_id, str) or not run_id:
             raise ParameterError("run_id", run_id, "a non-empty string (RunKey.run_id)")
-        for name, v in (("dataset.fingerprint", dataset.get("fingerprint")),
+        if not isinstance(dataset, Mapping):
+            raise ParameterError("dataset", dataset, "the dict from dataset_identity")
+        name = _name_of(dataset)
+        for what, v in (("dataset.fingerprint", dataset.get("fingerprint")),
                         ("dataset.uri", dataset.get("uri"))):
             if not isinstance(v, str) or not v:
-                raise ParameterError(name, v, "a non-empty string (from dataset_identity)")
+                raise ParameterError(what, v, "a non-empty string (from dataset_identity)")
         epsilon, delta = _check_eps_delta(epsilon, delta)
-        if budget is not None:
-            if isinstance(budget, bool) or not isinstance(budget, (int, float)) \
-                    or not math.isfinite(budget) or budget < 0:
-                raise ParameterError("--budget", budget, "a finite epsilon >= 0")
-            budget = float(budget)
-        if budget_delta is not None:
-            if isinstance(budget_delta, bool) or not isinstance(budget_delta, (int, float)) \
-                    or not 0 <= budget_delta < 1:
-                raise ParameterError("--budget-delta", budget_delta, "a number in [0, 1)")
-            budget_delta = float(budget_delta)
-            if budget is None:
-                raise ParameterError("--budget-delta", budget_delta, "given with --budget EPS")
+        budget, budget_delta = _check_budget_args(budget, budget_delta, "--budget")
+        if budget_delta is not None and budget is None:
+            raise ParameterError("--budget-delta", budget_delta, "given with --budget EPS")
         comps = check_accounting(accounting)
         unit = unit or "record"
         entry = {"run_id": run_id, "status": "pending", "started": _now(), "finished": None,
-                 "command": command, "fingerprint": dataset["fingerprint"],
+                 "command": command, "dataset": name, "fingerprint": dataset["fingerprint"],
                  "uri": dataset["uri"], "unit": unit, "mechanism": mechanism, "kind": kind,
                  "params": _dumps(dict(params or {})), "epsilon": epsilon, "delta": delta,
                  "accounting": _dumps(comps), "budget_epsilon": None, "budget_delta": None,
@@ -980,44 +1472,75 @@ class Ledger:
                  "release": None, "outputs": None, "republished_from": republished_from,
                  "seeded": int(bool(seeded)), "host": socket.gethostname(), "pid": os.getpid(),
                  "os_user": _user(), "note": note or None}
-        with self._locked(dataset) as tx:
+        with self._locked(name) as tx:
             if tx.one("SELECT 1 FROM ldp_beam_entries WHERE run_id = ?", (run_id,)):
                 raise LedgerError(f"run {run_id} is already in the ledger {self.url}: a run id "
                                   "is recorded once (RunKey.new() makes a fresh one)")
-            rec = tx.one("SELECT budget_epsilon, budget_delta FROM ldp_beam_datasets WHERE "
-                         "fingerprint = ?", (dataset["fingerprint"],))
-            if budget is not None:
-                b_eps, b_delta = budget, budget_delta
-            else:
-                b_eps, b_delta = rec if rec else (None, None)
-            rows = self._live(tx, dataset["fingerprint"])
-            before = compose(rows, b_delta if b_delta is not None else None)
+            rec = self._budget_row(tx, name)
+            b_eps, b_delta, why = self._run_budget(tx, name, rec, budget, budget_delta)
+            rows = self._live(tx, name)
+            before = compose(rows, b_delta)
             if b_eps is not None and (epsilon > 0 or delta > 0):
                 self._check_budget(dataset, rows, before, entry, b_eps, b_delta,
                                    given=budget is not None)
-            if budget is not None and (rec is None or (rec[0], rec[1]) != (budget, budget_delta)):
-                tx.execute("UPDATE ldp_beam_datasets SET budget_epsilon = ?, budget_delta = ?, "
-                           "budget_set = ? WHERE fingerprint = ?",
-                           (budget, budget_delta, entry["started"], dataset["fingerprint"]))
+            if why:
+                self._record_budget(tx, name, b_eps, b_delta, rec, why, run_id)
             entry["budget_epsilon"], entry["budget_delta"] = b_eps, b_delta
             tx.execute(f"INSERT INTO ldp_beam_entries ({', '.join(_ENTRY_COLUMNS)}) VALUES "
                        f"({', '.join('?' * len(_ENTRY_COLUMNS))})",
                        [entry[c] for c in _ENTRY_COLUMNS])
         return Reservation(self, run_id, entry, before, (b_eps, b_delta))
 
-    def _live(self, tx: _Tx, fingerprint: str) -> list[dict]:
+    def _run_budget(self, tx: _Tx, name: str, rec: tuple[float | None, float | None],
+                    budget: float | None, budget_delta: float | None
+                    ) -> tuple[float | None, float | None, str | None]:
+        """The budget a run holds to, and why it changes the recorded one (None: it does
+        not): a run may set a budget where none is recorded, confirm it or lower it."""
+        r_eps, r_delta = rec
+        if budget is None:
+            return r_eps, r_delta, None
+        if r_eps is None:
+            return budget, budget_delta, "set by run"
+        raised = [("--budget", budget, f"epsilon={r_eps:g}")] if budget > r_eps else []
+        if budget_delta is not None and r_delta is not None and budget_delta > r_delta:
+            raised.append(("--budget-delta", budget_delta, f"delta={r_delta:g}"))
+        if raised:
+            last = self._last_change(tx, name)
+            since = ("" if last is None else
+                     f", {last['why']} by {last['os_user']}@{last['host']} on "
+                     f"{last['changed'][:19].replace('T', ' ')} UTC"
+                     + (f" (run {last['run_id']})" if last.get("run_id") else ""))
+            what, value, _ = raised[0]
+            shown = " and ".join(f"{w} {v:g}" for w, v, _ in raised)
+            raise BudgetExceeded(
+                what, value,
+                f"{shown} is above the budget recorded for dataset {name} in {self.url} "
+                f"({_budget_text(r_eps, r_delta)}{since}): a run's --budget may set a budget "
+                "where none is recorded, confirm the recorded one or lower it, never raise it; "
+                f"{RAISE_HINT} (here --dataset {shlex.quote(name)}"
+                + (", with --budget-delta DELTA" if what == "--budget-delta" else "")
+                + "). Refused before any noise was drawn")
+        new_delta = r_delta if budget_delta is None else budget_delta
+        if budget == r_eps and new_delta == r_delta:
+            return r_eps, r_delta, None
+        lowered = budget < r_eps or (r_delta is not None and new_delta < r_delta)
+        return budget, new_delta, "lowered by run" if lowered else "set by run"
+
+    def _live(self, tx: _Tx, name: str) -> list[dict]:
         cols = ("run_id", "command", "mechanism", "epsilon", "delta", "accounting", "status",
                 "started", "unit", "seeded")
-        rows = tx.all(f"SELECT {', '.join(cols)} FROM ldp_beam_entries WHERE fingerprint = ? "
+        rows = tx.all(f"SELECT {', '.join(cols)} FROM ldp_beam_entries WHERE dataset = ? "
                       "AND status IN ('pending', 'committed') ORDER BY started, run_id",
-                      (fingerprint,))
+                      (name,))
         return [dict(zip(cols, r)) for r in rows]
 
     def _check_budget(self, ds, rows, before: Spent, entry: dict, b_eps: float,
                       b_delta: float | None, given: bool) -> None:
         eps, delta = entry["epsilon"], entry["delta"]
         src = "--budget" if given else "--budget (recorded for this dataset)"
-        where = f"dataset {ds['uri']} (fingerprint {ds['fingerprint'][:19]})"
+        name, uri = entry["dataset"], ds["uri"]
+        where = (f"dataset {name} ({'read from ' + uri + ', ' if uri != name else ''}data "
+                 f"fingerprint {ds['fingerprint'][:19]})")
         asked = f"this run ({entry['command']} {entry['mechanism']}) asks epsilon={eps:g}" + (
             f", delta={delta:g}" if delta else "")
         if (delta > 0 or before.delta_sum > 0) and not b_delta:
@@ -1048,50 +1571,135 @@ class Ledger:
             "--budget", b_eps,
             f"{src} {b_eps:g} for {where} would be exceeded: {spent}; {asked}; together "
             f"epsilon={after.epsilon:g} ({how}) > {b_eps:g}. Refused before any noise was "
-            "drawn; raise --budget only if the dataset's owner agrees",
-            before, (eps, delta))
+            f"drawn; {RAISE_HINT} (here --dataset {shlex.quote(name)}), only if the dataset's "
+            "owner agrees", before, (eps, delta))
 
-    def spent(self, fingerprint: str, unit: str | None = None, delta: float | None = None
-              ) -> Spent:
-        """What dataset ``fingerprint`` (or one privacy ``unit`` of it) has spent: committed and
-        pending entries, composed (at ``delta``, default the dataset's budget delta)."""
+    def set_budget(self, dataset: str, epsilon: float, delta: float | None = None, *, why: str,
+                   run_id: str | None = None) -> dict:
+        """Set, raise or lower dataset ``dataset``'s budget: the recorded act (``ldp-beam
+        ledger --set-budget EPS [--budget-delta D] --dataset NAME --why TEXT``), with the OS
+        user and host, the time and ``why`` (required). Returns the change recorded
+        (:meth:`budget_changes`' form) with ``"spent"`` (:meth:`Spent.to_dict`) so far. A
+        budget below what was already spent is recorded (no further run fits it)."""
+        name = _name_of(dataset, "--dataset")
         with self._tx(write=False) as tx:
-            rows = self._live(tx, fingerprint)
-            rec = tx.one("SELECT budget_delta FROM ldp_beam_datasets WHERE fingerprint = ?",
-                         (fingerprint,))
+            known = tx.one("SELECT 1 FROM ldp_beam_datasets WHERE dataset = ?", (name,))
+        if not known:  # a new name is checked; a known one (a long path, say) is kept as is
+            check_dataset_name(name)
+        epsilon, delta = _check_budget_args(epsilon, delta, "--set-budget")
+        if epsilon is None:
+            raise ParameterError("--set-budget", epsilon, "a finite epsilon >= 0")
+        if not isinstance(why, str) or not why.strip():
+            raise ParameterError("--why", why, "a non-empty reason, recorded with the change "
+                                 "(who agreed, a ticket)")
+        with self._locked(name, "nothing was changed") as tx:
+            rec = self._budget_row(tx, name)
+            change = self._record_budget(tx, name, epsilon, delta, rec, why.strip(), run_id)
+            spent = compose(self._live(tx, name), delta)
+        return {**change, "spent": spent.to_dict()}
+
+    def budget_changes(self, dataset: str | None = None) -> list[dict]:
+        """Every budget change (of ``dataset``, a name, or of all datasets), oldest first:
+        ``{"dataset", "epsilon", "delta", "previous_epsilon", "previous_delta", "changed",
+        "os_user", "host", "why", "run_id"}``."""
+        sql = f"SELECT {', '.join(_CHANGE_COLUMNS)} FROM ldp_beam_budget_changes"
+        args: tuple = ()
+        if dataset is not None:
+            sql += " WHERE dataset = ?"
+            args = (_name_of(dataset),)
+        with self._tx(write=False) as tx:
+            rows = tx.all(sql + " ORDER BY changed, dataset", args)
+        return [dict(zip(_CHANGE_COLUMNS, r)) for r in rows]
+
+    def spent(self, dataset: str, unit: str | None = None, delta: float | None = None
+              ) -> Spent:
+        """What dataset ``dataset`` (its name, or a :func:`dataset_identity` dict), or one
+        privacy ``unit`` of it, has spent: committed and pending entries, composed (at
+        ``delta``, default the dataset's budget delta)."""
+        name = _name_of(dataset)
+        with self._tx(write=False) as tx:
+            self._not_a_fingerprint(tx, name)
+            rows = self._live(tx, name)
+            rec = self._budget_row(tx, name)
         if unit is not None:
             rows = [r for r in rows if r["unit"] == unit]
-        return compose(rows, delta if delta is not None else (rec[0] if rec else None))
+        return compose(rows, delta if delta is not None else rec[1])
 
-    def budget(self, fingerprint: str) -> tuple[float | None, float | None]:
-        """The budget recorded for a dataset: (epsilon, delta), (None, None) if none."""
+    def budget(self, dataset: str) -> tuple[float | None, float | None]:
+        """The budget recorded for a dataset (its name): (epsilon, delta), (None, None) if
+        none."""
+        name = _name_of(dataset)
         with self._tx(write=False) as tx:
-            rec = tx.one("SELECT budget_epsilon, budget_delta FROM ldp_beam_datasets WHERE "
-                         "fingerprint = ?", (fingerprint,))
-        return (rec[0], rec[1]) if rec else (None, None)
+            self._not_a_fingerprint(tx, name)
+            return self._budget_row(tx, name)
+
+    def dataset_status(self, dataset: str) -> dict:
+        """What a dataset (its name) has: ``{"dataset", "budget": {"epsilon", "delta"} or None,
+        "spent": Spent.to_dict(), "remaining": epsilon left (None without a budget; 0 once a
+        run without a finite guarantee counts), "runs", "pending"}``."""
+        name = _name_of(dataset)
+        with self._tx(write=False) as tx:
+            self._not_a_fingerprint(tx, name)
+            rows = self._live(tx, name)
+            b_eps, b_delta = self._budget_row(tx, name)
+        total = compose(rows, b_delta)
+        return {"dataset": name,
+                "budget": None if b_eps is None else {"epsilon": b_eps, "delta": b_delta},
+                "spent": total.to_dict(), "remaining": _remaining(b_eps, total),
+                "runs": total.runs, "pending": total.pending}
 
     # ------------------------------------------------------------------ outcome
+    def _pending(self, tx: _Tx, run_id: str) -> None:
+        row = tx.one("SELECT status FROM ldp_beam_entries WHERE run_id = ?", (run_id,))
+        if row is None:
+            raise LedgerError(f"run {run_id} has no reservation in {self.url}: reserve "
+                              "before the run draws any noise")
+        if row[0] != "pending":
+            raise LedgerError(f"run {run_id} is {row[0]} in {self.url}, not pending: it "
+                              "must not publish (an operator resolved it, or it ran twice)")
+
+    def prepare(self, run_id: str, outputs: Mapping[str, Any] | None = None,
+                release: Mapping[str, Any] | None = None) -> None:
+        """Before anything of ``run_id`` is published: in one transaction, check that the ledger
+        is still the one this object opened (the one the run reserved in) and that the entry is
+        still pending, and store its ``outputs`` (role -> path, bytes, sha256) and, for a
+        central release, the ``release`` as it will be published. The entry stays pending.
+        Raises :class:`LedgerUnavailable` (the ledger deleted, replaced, damaged or unreachable)
+        or :class:`LedgerError` (not pending): then publish nothing."""
+        with self._settling("nothing was published") as tx:
+            self._pending(tx, run_id)
+            tx.execute("UPDATE ldp_beam_entries SET outputs = COALESCE(?, outputs), "
+                       "release = COALESCE(?, release) WHERE run_id = ? AND status = 'pending'",
+                       (_dumps(outputs), _dumps(release, sort_keys=False), run_id))
+
     def commit(self, run_id: str, outputs: Mapping[str, Any] | None = None,
                release: Mapping[str, Any] | None = None) -> None:
-        """Mark ``run_id``'s reservation committed with its ``outputs`` (role -> path, bytes,
-        sha256) and, for a central release, the ``release`` as published. Call it before the
-        outputs are moved into place: if it raises, publish nothing."""
-        with self._tx(write=True) as tx:
-            row = tx.one("SELECT status FROM ldp_beam_entries WHERE run_id = ?", (run_id,))
-            if row is None:
-                raise LedgerError(f"run {run_id} has no reservation in {self.url}: reserve "
-                                  "before the run draws any noise")
-            if row[0] != "pending":
-                raise LedgerError(f"run {run_id} is {row[0]} in {self.url}, not pending: it "
-                                  "must not publish (an operator resolved it, or it ran twice)")
+        """Mark ``run_id``'s reservation committed, on the ledger it was reserved in (checked
+        as :meth:`prepare` does), with its ``outputs`` and ``release`` (given here, they replace
+        what :meth:`prepare` stored; omitted, that is kept). Call :meth:`prepare` before
+        publishing and this after; called alone (before the outputs are moved into place) it
+        does both: if it raises, publish nothing."""
+        with self._settling("its entry was not marked committed") as tx:
+            self._pending(tx, run_id)
             tx.execute("UPDATE ldp_beam_entries SET status = 'committed', finished = ?, "
-                       "outputs = ?, release = ? WHERE run_id = ? AND status = 'pending'",
+                       "outputs = COALESCE(?, outputs), release = COALESCE(?, release) "
+                       "WHERE run_id = ? AND status = 'pending'",
                        (_now(), _dumps(outputs), _dumps(release, sort_keys=False), run_id))
+
+    def leave_pending(self, run_id: str, note: str) -> None:
+        """Record ``note`` on ``run_id``'s pending entry and leave it pending: it counts as
+        spent until an operator resolves it (a run that may have published part of its
+        outputs)."""
+        with self._settling("its entry stays as it was", check=False) as tx:
+            self._pending(tx, run_id)
+            tx.execute("UPDATE ldp_beam_entries SET note = CASE WHEN note IS NULL THEN ? ELSE "
+                       "note || '; ' || ? END WHERE run_id = ? AND status = 'pending'",
+                       (str(note), str(note), run_id))
 
     def abort(self, run_id: str, reason: str = "") -> bool:
         """Give back a pending reservation of a run that published nothing. Returns False if it
         was already aborted; raises :class:`LedgerError` for a committed run (spent for good)."""
-        with self._tx(write=True) as tx:
+        with self._settling("its reservation was not given back", check=False) as tx:
             row = tx.one("SELECT status FROM ldp_beam_entries WHERE run_id = ?", (run_id,))
             if row is None:
                 raise LedgerError(f"run {run_id} has no entry in {self.url}")
@@ -1110,24 +1718,24 @@ class Ledger:
         have published: stays spent) or ``aborted`` (it certainly published nothing)."""
         if status not in ("committed", "aborted"):
             raise ParameterError("--as", status, "committed or aborted")
-        with self._tx(write=True) as tx:
-            row = tx.one("SELECT status FROM ldp_beam_entries WHERE run_id = ?", (run_id,))
+        with self._settling("nothing was changed") as tx:
+            row = tx.one("SELECT status, note FROM ldp_beam_entries WHERE run_id = ?", (run_id,))
             if row is None:
                 raise ParameterError("--resolve", run_id, "the run id of a pending entry",
                                      hint=f"no such run in {self.url}")
             if row[0] != "pending":
                 raise ParameterError("--resolve", run_id, "the run id of a pending entry",
                                      hint=f"it is {row[0]}")
+            said = f"resolved as {status} by {_user()}" + (f": {note}" if note else "")
             tx.execute("UPDATE ldp_beam_entries SET status = ?, finished = ?, note = ? WHERE "
                        "run_id = ? AND status = 'pending'",
-                       (status, _now(), f"resolved as {status} by {_user()}"
-                        + (f": {note}" if note else ""), run_id))
+                       (status, _now(), said if not row[1] else f"{row[1]}; {said}", run_id))
 
     def find_release(self, fingerprint: str, request: Mapping[str, Any]) -> dict | None:
-        """The committed release of an identical request (same data fingerprint and the same
-        :func:`release_request`), most recent first: ``{"run_id", "release", "outputs",
-        "finished"}``; None if there is none. A re-run publishes it again instead of drawing new
-        noise (recorded with epsilon 0 and ``republished_from``)."""
+        """The committed release of an identical request (same data fingerprint, whatever the
+        dataset's name, and the same :func:`release_request`), most recent first: ``{"run_id",
+        "release", "outputs", "finished"}``; None if there is none. A re-run publishes it again
+        instead of drawing new noise (recorded with epsilon 0 and ``republished_from``)."""
         key = request_key(fingerprint, request)
         with self._tx(write=False) as tx:
             row = tx.one("SELECT run_id, release, outputs, finished FROM ldp_beam_entries WHERE "
@@ -1140,23 +1748,41 @@ class Ledger:
                 "finished": row[3]}
 
     # ------------------------------------------------------------------ reading
+    def _filter(self, tx: _Tx, dataset: str) -> tuple[str, list]:
+        """SQL selecting the entries ``dataset`` names: a dataset name or the location an entry
+        was read from (a path is taken to its canonical location), else (a prefix of) a data
+        fingerprint."""
+        try:
+            loc = canonical_location(dataset)
+        except ParameterError:
+            loc = dataset
+        by_name = "(dataset = ? OR dataset = ? OR uri = ? OR uri = ?)"
+        args: list = [dataset, loc, dataset, loc]
+        if tx.one(f"SELECT 1 FROM ldp_beam_entries WHERE {by_name} LIMIT 1", args):
+            return by_name, args
+        prefix = dataset.replace("%", "").replace("_", "")
+        return ("(fingerprint = ? OR fingerprint LIKE ? OR fingerprint LIKE ?)",
+                [dataset, prefix + "%", "sha256:" + prefix + "%"])
+
     def entries(self, dataset: str | None = None, status: str | None = None) -> list[dict]:
-        """Every entry, oldest first (``dataset``: a fingerprint, its prefix, or a URI)."""
+        """Every entry, oldest first (``dataset``: a dataset name, a location it was read from,
+        or (a prefix of) a data fingerprint)."""
         sql = f"SELECT {', '.join(_ENTRY_COLUMNS)} FROM ldp_beam_entries"
         args: list[Any] = []
         where = []
-        if dataset:
-            prefix = dataset.replace("%", "").replace("_", "")
-            where.append("(fingerprint = ? OR uri = ? OR fingerprint LIKE ? OR fingerprint LIKE ?)")
-            args += [dataset, _as_uri(dataset), prefix + "%", "sha256:" + prefix + "%"]
         if status:
             if status not in STATUSES:
                 raise ParameterError("--status", status, " or ".join(STATUSES))
-            where.append("status = ?")
-            args.append(status)
-        if where:
-            sql += " WHERE " + " AND ".join(where)
         with self._tx(write=False) as tx:
+            if dataset:
+                clause, more = self._filter(tx, dataset)
+                where.append(clause)
+                args += more
+            if status:
+                where.append("status = ?")
+                args.append(status)
+            if where:
+                sql += " WHERE " + " AND ".join(where)
             rows = tx.all(sql + " ORDER BY started, run_id", args)
         out = []
         for r in rows:
@@ -1168,18 +1794,31 @@ class Ledger:
         return out
 
     def summary(self, dataset: str | None = None) -> list[dict]:
-        """Totals per dataset, with its budget and what remains, per privacy unit and per day
-        (UTC); each total composed as :meth:`spent` does."""
-        entries = self.entries(dataset)
+        """Totals per dataset name (every entry of each dataset ``dataset`` selects, as
+        :meth:`entries` does; all datasets without it, those with only a budget too), with its
+        budget, what remains and its budget history, per privacy unit and per day (UTC); each
+        total composed as :meth:`spent` does."""
+        matched = self.entries(dataset)
+        names = list(dict.fromkeys(e["dataset"] for e in matched))
         with self._tx(write=False) as tx:
-            budgets = {r[0]: r[1:] for r in tx.all(
-                "SELECT fingerprint, uri, budget_epsilon, budget_delta FROM ldp_beam_datasets")}
-        by_fp: dict[str, list[dict]] = {}
-        for e in entries:
-            by_fp.setdefault(e["fingerprint"], []).append(e)
+            budgets = {r[0]: (r[1], r[2]) for r in tx.all(
+                "SELECT dataset, budget_epsilon, budget_delta FROM ldp_beam_datasets")}
+        if dataset is None:
+            names += sorted(n for n, b in budgets.items() if b[0] is not None and n not in names)
+            everything = matched
+        else:
+            if not names and dataset in budgets:
+                names = [dataset]
+            everything = [e for e in self.entries() if e["dataset"] in set(names)]
+        changes: dict[str, list] = {}
+        for c in self.budget_changes():
+            changes.setdefault(c["dataset"], []).append(c)
+        by_name: dict[str, list[dict]] = {n: [] for n in names}
+        for e in everything:
+            by_name.setdefault(e["dataset"], []).append(e)
         out = []
-        for fp, es in by_fp.items():
-            uri, b_eps, b_delta = budgets.get(fp, (es[0]["uri"], None, None))
+        for name, es in by_name.items():
+            b_eps, b_delta = budgets.get(name, (None, None))
             live = [e for e in es if e["status"] != "aborted"]
             total = compose(live, b_delta)
             units, days = {}, {}
@@ -1189,15 +1828,16 @@ class Ledger:
                     sel.setdefault(e["unit"] if key == "unit" else e["started"][:10], []).append(e)
                 for k, v in sorted(sel.items()):
                     group[k] = compose(v, b_delta).to_dict()
-            out.append({"fingerprint": fp, "uri": uri,
+            out.append({"dataset": name,
                         "uris": sorted({e["uri"] for e in es}),
+                        "fingerprints": list(dict.fromkeys(e["fingerprint"] for e in es)),
                         "budget": None if b_eps is None else {"epsilon": b_eps,
                                                                "delta": b_delta},
                         "spent": total.to_dict(),
-                        "remaining": None if b_eps is None or math.isinf(total.epsilon)
-                        else max(0.0, b_eps - total.epsilon),
+                        "remaining": _remaining(b_eps, total),
                         "aborted": sum(1 for e in es if e["status"] == "aborted"),
-                        "units": units, "days": days})
+                        "units": units, "days": days,
+                        "budget_changes": changes.get(name, [])})
         return out
 
     # ------------------------------------------------------------------ per-unit (streams)
@@ -1212,7 +1852,8 @@ class Ledger:
 
     def admit_units(self, dataset: Mapping[str, Any], window: str, units: Iterable[str],
                     epsilon: float, cap: float, run_id: str) -> UnitAdmission:
-        """For one window of a stream: record that each unit (a :meth:`unit_hash`) spends
+        """For one window of a stream (``dataset``: its name or :func:`stream_identity`; the
+        spending is kept against the name): record that each unit (a :meth:`unit_hash`) spends
         ``epsilon`` in ``window``, unless its cumulative spending would pass ``cap`` (then it is
         refused and nothing is recorded for it). A unit already recorded for this window is
         admitted again without spending twice (a re-fired or re-run window). Pure-epsilon sums
@@ -1220,16 +1861,17 @@ class Ledger:
         epsilon, _ = _check_eps_delta(epsilon, 0.0)
         if isinstance(cap, bool) or not isinstance(cap, (int, float)) or not cap >= 0:
             raise ParameterError("unit cap", cap, "an epsilon >= 0")
+        name = _name_of(dataset)
         units = sorted(set(units))
         window = str(window)
         admitted, refused, new = [], {}, []
-        with self._locked(dataset) as tx:
+        with self._locked(name) as tx:
             spent, already = {}, set()
             among, arg = tx.among(units)
             for u, total, here in tx.all(
                     "SELECT unit_hash, SUM(epsilon), MAX(CASE WHEN window_id = ? THEN 1 ELSE 0 "
-                    "END) FROM ldp_beam_unit_spend WHERE fingerprint = ? AND unit_hash IN "
-                    f"{among} GROUP BY unit_hash", (window, dataset["fingerprint"], arg)):
+                    "END) FROM ldp_beam_unit_spend WHERE dataset = ? AND unit_hash IN "
+                    f"{among} GROUP BY unit_hash", (window, name, arg)):
                 spent[u] = float(total)
                 if here:
                     already.add(u)
@@ -1242,28 +1884,116 @@ class Ledger:
                 else:
                     refused[u] = spent.get(u, 0.0)
             now = _now()
-            tx.executemany("INSERT INTO ldp_beam_unit_spend (fingerprint, unit_hash, window_id, "
+            tx.executemany("INSERT INTO ldp_beam_unit_spend (dataset, unit_hash, window_id, "
                            "epsilon, run_id, recorded) VALUES (?, ?, ?, ?, ?, ?)",
-                           [(dataset["fingerprint"], u, window, epsilon, run_id, now)
-                            for u in new])
+                           [(name, u, window, epsilon, run_id, now) for u in new])
         return UnitAdmission(admitted, refused)
 
-    def unit_spent(self, fingerprint: str, units: Iterable[str] | None = None) -> dict[str, float]:
-        """Cumulative epsilon per unit hash of a stream (all its units if ``units`` is None)."""
+    def unit_spent(self, dataset: str, units: Iterable[str] | None = None) -> dict[str, float]:
+        """Cumulative epsilon per unit hash of a stream (its dataset name, or
+        :func:`stream_identity`; all its units if ``units`` is None)."""
+        name = _name_of(dataset)
         with self._tx(write=False) as tx:
-            return self._unit_spent(tx, fingerprint, None if units is None else sorted(set(units)))
+            return self._unit_spent(tx, name, None if units is None else sorted(set(units)))
 
-    def _unit_spent(self, tx: _Tx, fingerprint: str, units: list[str] | None) -> dict[str, float]:
-        base = ("SELECT unit_hash, SUM(epsilon) FROM ldp_beam_unit_spend WHERE fingerprint = ?")
+    def _unit_spent(self, tx: _Tx, name: str, units: list[str] | None) -> dict[str, float]:
+        base = ("SELECT unit_hash, SUM(epsilon) FROM ldp_beam_unit_spend WHERE dataset = ?")
         if units is None:
-            return {u: float(s) for u, s in tx.all(base + " GROUP BY unit_hash", (fingerprint,))}
+            return {u: float(s) for u, s in tx.all(base + " GROUP BY unit_hash", (name,))}
         among, arg = tx.among(units)
         return {u: float(t) for u, t in tx.all(base + f" AND unit_hash IN {among} GROUP BY "
-                                                "unit_hash", (fingerprint, arg))}
+                                                "unit_hash", (name, arg))}
 
 
-def _as_uri(x: str) -> str:
-    return x if "://" in x else os.path.abspath(x)
+def _remaining(b_eps: float | None, total: Spent) -> float | None:
+    if b_eps is None:
+        return None
+    return 0.0 if math.isinf(total.epsilon) else max(0.0, b_eps - total.epsilon)
+
+
+def _check_budget_args(budget: Any, budget_delta: Any, what: str
+                       ) -> tuple[float | None, float | None]:
+    if budget is not None:
+        if isinstance(budget, bool) or not isinstance(budget, (int, float)) \
+                or not math.isfinite(budget) or budget < 0:
+            raise ParameterError(what, budget, "a finite epsilon >= 0")
+        budget = float(budget)
+    if budget_delta is not None:
+        if isinstance(budget_delta, bool) or not isinstance(budget_delta, (int, float)) \
+                or not 0 <= budget_delta < 1:
+            raise ParameterError("--budget-delta", budget_delta, "a number in [0, 1)")
+        budget_delta = float(budget_delta)
+    return budget, budget_delta
+
+
+def _migrate_v1(tx: _Tx, url: str) -> None:
+    """Schema 1 -> 2 inside the caller's transaction (see the module docstring): every entry
+    kept, its dataset the location it was read from; each fingerprint's budget carried to every
+    location read under it (the smallest where several differ), recorded as a budget change;
+    per-unit spending carried to its stream's location. Raises :class:`LedgerError` (and the
+    transaction rolls back) if a count does not match."""
+    n_entries = tx.one("SELECT COUNT(*) FROM ldp_beam_entries")[0]
+    spend_before = float(tx.one("SELECT COALESCE(SUM(epsilon), 0) FROM ldp_beam_unit_spend")[0])
+    for stmt in ("DROP INDEX IF EXISTS ldp_beam_entries_fp",
+                 "DROP INDEX IF EXISTS ldp_beam_entries_req"):
+        tx.execute(stmt)
+    for table in ("entries", "datasets", "unit_spend"):
+        tx.execute(f"ALTER TABLE ldp_beam_{table} RENAME TO ldp_beam_v1_{table}")
+    for stmt in _SCHEMA_TABLES:
+        tx.execute(stmt)
+    stream_name = "COALESCE(d.uri, s.fingerprint)"
+    stream_join = ("FROM ldp_beam_v1_unit_spend s LEFT JOIN ldp_beam_v1_datasets d ON "
+                   "d.fingerprint = s.fingerprint")
+    tx.execute("INSERT INTO ldp_beam_datasets (dataset, first_seen) SELECT name, MIN(seen) FROM ("
+               "SELECT uri AS name, first_seen AS seen FROM ldp_beam_v1_datasets UNION ALL "
+               "SELECT uri, started FROM ldp_beam_v1_entries UNION ALL "
+               f"SELECT {stream_name}, s.recorded {stream_join}) AS seen_at GROUP BY name")
+    cols = ", ".join(_V1_ENTRY_COLUMNS)
+    tx.execute(f"INSERT INTO ldp_beam_entries (dataset, {cols}) SELECT uri, {cols} FROM "
+               "ldp_beam_v1_entries")
+    tx.execute("INSERT INTO ldp_beam_unit_spend (dataset, unit_hash, window_id, epsilon, run_id, "
+               f"recorded) SELECT {stream_name}, s.unit_hash, s.window_id, SUM(s.epsilon), "
+               f"MIN(s.run_id), MIN(s.recorded) {stream_join} GROUP BY {stream_name}, "
+               "s.unit_hash, s.window_id")
+    read_at: dict[str, set] = {}
+    for fp, uri in tx.all("SELECT DISTINCT fingerprint, uri FROM ldp_beam_v1_entries"):
+        read_at.setdefault(fp, set()).add(uri)
+    per: dict[str, list] = {}
+    for fp, uri, eps, delta, when in tx.all(
+            "SELECT fingerprint, uri, budget_epsilon, budget_delta, budget_set FROM "
+            "ldp_beam_v1_datasets WHERE budget_epsilon IS NOT NULL"):
+        for where in {uri} | read_at.get(fp, set()):
+            per.setdefault(where, []).append((float(eps), None if delta is None
+                                              else float(delta), when or ""))
+    now, user, host = _now(), _user(), socket.gethostname()
+    for name, budgets in sorted(per.items()):
+        eps = min(b[0] for b in budgets)
+        deltas = [b[1] for b in budgets if b[1] is not None]
+        delta = min(deltas) if deltas else None
+        distinct = sorted({(b[0], b[1]) for b in budgets}, key=lambda b: (b[0], b[1] or 0.0))
+        why = "migrated from schema 1"
+        if len(distinct) > 1:
+            why += (" (the smallest of the budgets of the data read there: "
+                    + "; ".join(_budget_text(e, d) for e, d in distinct) + ")")
+        tx.execute("UPDATE ldp_beam_datasets SET budget_epsilon = ?, budget_delta = ?, "
+                   "budget_set = ? WHERE dataset = ?",
+                   (eps, delta, max(b[2] for b in budgets) or now, name))
+        tx.execute(f"INSERT INTO ldp_beam_budget_changes ({', '.join(_CHANGE_COLUMNS)}) VALUES "
+                   f"({', '.join('?' * len(_CHANGE_COLUMNS))})",
+                   (name, eps, delta, None, None, now, user, host, why, None))
+    n_after = tx.one("SELECT COUNT(*) FROM ldp_beam_entries")[0]
+    spend_after = float(tx.one("SELECT COALESCE(SUM(epsilon), 0) FROM ldp_beam_unit_spend")[0])
+    if n_after != n_entries or abs(spend_after - spend_before) > 1e-9 * max(1.0, spend_before):
+        raise LedgerError(f"--ledger {url}: migrating the ledger from schema 1 would change it "
+                          f"({n_entries} entries -> {n_after}, unit spend {spend_before:g} -> "
+                          f"{spend_after:g}); nothing was changed")
+    for table in ("entries", "unit_spend", "datasets"):
+        tx.execute(f"DROP TABLE ldp_beam_v1_{table}")
+    tx.execute("UPDATE ldp_beam_meta SET value = ? WHERE key = 'schema_version'",
+               (str(SCHEMA_VERSION),))
+    for key, value in (("ledger_id", os.urandom(16).hex()), ("migrated_from_1", now)):
+        tx.execute("INSERT INTO ldp_beam_meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO "
+                   "NOTHING", (key, value))
 
 
 def _check_eps_delta(epsilon: Any, delta: Any) -> tuple[float, float]:
@@ -1275,12 +2005,14 @@ def _check_eps_delta(epsilon: Any, delta: Any) -> tuple[float, float]:
     return float(epsilon), float(delta)
 
 
-def open_ledger(url: str | None = None, timeout: float = DEFAULT_TIMEOUT) -> Ledger:
+def open_ledger(url: str | None = None, timeout: float = DEFAULT_TIMEOUT,
+                create: bool = True) -> Ledger:
     """``Ledger.open(url)``: the ledger named by ``--ledger`` (default: :func:`default_url`)."""
-    return Ledger.open(url, timeout=timeout)
+    return Ledger.open(url, timeout=timeout, create=create)
 
 
-__all__ = ["BudgetExceeded", "Ledger", "LedgerError", "LedgerUnavailable", "Reservation",
-           "Spent", "UnitAdmission", "compose", "dataset_identity", "default_url",
-           "open_ledger", "redact", "release_request", "request_key", "stream_identity",
-           "check_accounting", "SCHEMA_VERSION"]
+__all__ = ["BudgetExceeded", "Ledger", "LedgerError", "LedgerNotFound", "LedgerUnavailable",
+           "Reservation", "Spent", "UnitAdmission", "canonical_location", "check_dataset_name",
+           "compose", "dataset_identity", "default_url", "open_ledger", "redact",
+           "release_request", "request_key", "stream_identity", "check_accounting",
+           "DATASET_NAME_MAX", "RAISE_HINT", "SCHEMA_VERSION"]

@@ -98,6 +98,10 @@ SEEDED_TEXT = ("seeded run: reproducible, not private - whoever knows or guesses
                "candidates against the reports in well under a second)")
 
 
+#: The ``kind`` of a seeded run's guarantee: it promises nothing, in every field a program reads.
+SEEDED_KIND = "none (seeded: not private)"
+
+
 def run_guarantee(g: PrivacyGuarantee, *, seeded: bool = False, public: Iterable[str] = (),
                   unit: str | None = None, bounds: Any = None) -> dict:
     """A guarantee as a run states it (``to_dict`` plus what the run changed about it).
@@ -105,8 +109,14 @@ def run_guarantee(g: PrivacyGuarantee, *, seeded: bool = False, public: Iterable
     Per what unit it holds (:func:`per_unit`): without a privacy unit the summary ends "per
     record" and says that a person with several records spends it several times; with one it
     names the unit and the bound on its contribution, and epsilon is the unit's (k reports: k
-    times epsilon). A seeded run promises nothing: its summary says "seeded" and "not private".
-    Public columns copied beside the reports are named (they are not protected).
+    times epsilon). Public columns copied beside the reports are named (they are not protected).
+
+    ``private`` is True for an unseeded run. A seeded run promises nothing, and says so in every
+    machine-readable field: ``kind`` is :data:`SEEDED_KIND`, ``epsilon`` and ``delta`` are None,
+    ``private`` is False, ``seeded`` is True and the summary says "seeded" and "not private".
+    What the same configuration would guarantee unseeded is kept under ``unseeded`` (``kind``,
+    ``epsilon``, ``delta``) and ``unseeded_summary``; :func:`ledger_cost` is what a budget
+    ledger records for either.
     """
     g = per_unit(g, unit, bounds)
     d = g.to_dict()
@@ -129,10 +139,38 @@ def run_guarantee(g: PrivacyGuarantee, *, seeded: bool = False, public: Iterable
         d["public_columns"] = public
         d["summary"] += (f"; the reports also carry the column(s) {', '.join(public)} unprotected "
                          "(declared public)")
+    d["private"] = not seeded
     if seeded:
+        d["unseeded"] = {"kind": d["kind"], "epsilon": d["epsilon"], "delta": d["delta"]}
         d["unseeded_summary"] = d["summary"]
         d["summary"] = f"{SEEDED_TEXT}; unseeded it would be: {d['summary']}"
+        d["kind"], d["epsilon"], d["delta"] = SEEDED_KIND, None, None
     return d
+
+
+def is_seeded_guarantee(guarantee: Any) -> bool:
+    """Whether a run guarantee (a :func:`run_guarantee` dict) is that of a seeded run: ``seeded``
+    true, ``private`` false or the seeded kind."""
+    if not isinstance(guarantee, dict):
+        return False
+    return (bool(guarantee.get("seeded")) or guarantee.get("private") is False
+            or guarantee.get("kind") == SEEDED_KIND)
+
+
+def ledger_cost(guarantee: dict) -> tuple[float, float, str]:
+    """``(epsilon, delta, kind)`` a budget ledger records for a run with the :func:`run_guarantee`
+    ``guarantee``.
+
+    A seeded run is not private, but its reports still came from the data, so it counts against
+    the budget conservatively: the epsilon and delta the configuration would guarantee unseeded
+    (``guarantee["unseeded"]``), with the kind as stated (:data:`SEEDED_KIND`). An epsilon of
+    None (no finite guarantee, seeded or not) is ``math.inf``: such a run never fits a budget."""
+    # a seeded guarantee without "unseeded" (not built by run_guarantee) has a null epsilon,
+    # recorded as infinite: never less than what the run would have cost
+    g = guarantee.get("unseeded") if isinstance(guarantee.get("unseeded"), dict) else guarantee
+    eps, delta = g.get("epsilon"), g.get("delta")
+    epsilon = math.inf if eps is None else float(eps)
+    return epsilon, 0.0 if delta is None else float(delta), str(guarantee.get("kind"))
 
 
 # =============================================================================== privacy units

@@ -563,6 +563,8 @@ def portable_services(tmp: str) -> Iterator[list[str]]:
     """Beam's Python job service and an external worker pool (``sys.executable``), each its own
     process; yields the PortableRunner arguments that submit to them. Both are stopped on the
     way out."""
+    from .common import worker_pool_env  # Beam's import: only for the portable section
+
     procs: list[subprocess.Popen] = []
     try:
         job_port, pool_port = _free_port(), _free_port()
@@ -572,10 +574,11 @@ def portable_services(tmp: str) -> Iterator[list[str]]:
             procs.append(subprocess.Popen(
                 [sys.executable, "-m", "apache_beam.runners.portability.local_job_service_main",
                  f"--port={job_port}"], stdout=jl, stderr=subprocess.STDOUT))
-        with open(pool_log, "w") as pl:
+        with open(pool_log, "w") as pl:  # its workers run this interpreter, not PATH's python
             procs.append(subprocess.Popen(
                 [sys.executable, "-m", "apache_beam.runners.worker.worker_pool_main",
-                 f"--service_port={pool_port}"], stdout=pl, stderr=subprocess.STDOUT))
+                 f"--service_port={pool_port}"], stdout=pl, stderr=subprocess.STDOUT,
+                env=worker_pool_env(os.path.join(tmp, "pool-bin"))))
         _wait_for_port(job_port, procs[0], "the Beam job service", job_log)
         _wait_for_port(pool_port, procs[1], "the Beam worker pool", pool_log)
         yield ["--runner=PortableRunner", f"--job_endpoint=localhost:{job_port}",

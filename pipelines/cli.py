@@ -16,6 +16,7 @@ from typing import Any
 from ldp_beam.errors import LdpBeamError
 
 from .ledger_cli import add_ledger_options, ledger_args
+from .lifecycle import interruption
 from .outputs import RunFailed
 
 FAMILIES = ("bisample", "rvns", "uldp", "dphr", "ospdprr")
@@ -153,6 +154,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "most the mechanism's max_rows_per_partition rows (-p "
                         "max_rows_per_partition=K; default 1), chosen uniformly, and the noise "
                         "covers them all: the guarantee holds per unit (without it: per record)")
+    e.add_argument("--unverified", action="store_true",
+                   help="estimate reports whose provenance cannot be verified (CSV or database "
+                        "reports, files without or differing from the collect manifest that "
+                        "committed them, duplicated runs); every output then says UNVERIFIED. "
+                        "Reports of different configurations are refused even so")
     _mechanism_args(e, required=False)
     _run_args(e)
     add_ledger_options(e)
@@ -377,7 +383,17 @@ def cmd_collect(a: argparse.Namespace, beam_args: list[str]) -> int:
     print(f"collected {man['records']['reported']:,} reports into {a.output} (run "
           f"{man['run_id']}): " + records_line(man, f"dead letters in {man['dead_letter']}"))
     print(f"privacy: {man['guarantee']['summary']}")
+    _say_ledger(man)
     return 0 if man["records"]["reconciles"] else 1
+
+
+def _say_ledger(out: dict) -> None:
+    """Which ledger the run was recorded in and what its dataset has left (stderr)."""
+    st = out.get("ledger_state")
+    if st:
+        from .ledger_cli import ledger_line
+
+        print(ledger_line(st["url"], st, st["default"]), file=sys.stderr)
 
 
 def cmd_estimate(a: argparse.Namespace, beam_args: list[str]) -> int:
@@ -399,10 +415,12 @@ def cmd_estimate(a: argparse.Namespace, beam_args: list[str]) -> int:
                        allow_unreadable=a.allow_unreadable, null_values=a.null_values,
                        unit=a.privacy_unit, keys=_keys(a.keys),
                        selection=_selection(a.partition_selection),
-                       side_outputs=a.side_outputs, **ledger_args(a))
+                       side_outputs=a.side_outputs, unverified=a.unverified,
+                       **ledger_args(a))
     from ldp_beam.transforms.sources import redact
 
     shown = redact(a.output)  # a database URL's password is never printed
+    _say_ledger(out)
     if "curator" in out:
         return _print_release(out, shown)
     ests = out["estimates"].values() if a.by else [out["estimate"]]
@@ -690,10 +708,10 @@ def main(argv: list[str] | None = None) -> int:
             ap.error("--readme: needs --out DIR and the family `all` or `report`")
         if a.family == "report" and not a.out:
             ap.error("reproduce report: --out DIR is required (the folder with FAMILY/ outputs)")
-    if a.command in ("collect", "estimate"):  # SIGTERM unwinds like Ctrl-C: staging removed
-        import signal
+    if a.command in ("collect", "estimate"):  # SIGINT/SIGTERM unwind: staging removed, the
+        from .lifecycle import install_signal_handlers  # ledger entry aborted, one line, 130/143
 
-        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+        install_signal_handlers()
     if a.command in ("collect", "estimate", "reproduce", "audit"):  # progress bar / rate line
         from ldp_beam.progress import configure
 
@@ -701,6 +719,9 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO if a.verbose else logging.ERROR)
     if not a.verbose:
         logging.getLogger().setLevel(logging.ERROR)
+        from .lifecycle import quiet_beam_errors
+
+        quiet_beam_errors()  # a failure of ours is reported in one line, not Beam's traceback
     if a.command in ("collect", "estimate"):
         # the ledger's fingerprint of a local input (every run records one), hashed while Beam
         # is imported
@@ -742,8 +763,22 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ldp-beam {a.command}: run failed: {exc}", file=sys.stderr)
         return 1
     except (LdpBeamError, UsageError, ValueError, FileNotFoundError, KeyError) as exc:
+        stop = interruption(exc)
+        if stop is not None:
+            return _interrupted(a.command, stop)
         print(f"ldp-beam {a.command}: error: {exc}", file=sys.stderr)
         return 2
+    except BaseException as exc:  # an interrupt, also when a runner wrapped it
+        stop = interruption(exc)
+        if stop is None:
+            raise
+        return _interrupted(a.command, stop)
+
+
+def _interrupted(command: str, stop: Any) -> int:
+    print(f"ldp-beam {command}: {stop}: stopped; nothing was committed (the staging folder was "
+          "removed and the run's ledger reservation given back)", file=sys.stderr, flush=True)
+    return stop.exit_code
 
 
 def entry() -> int:

@@ -10,7 +10,6 @@ committed together or not at all (:mod:`.outputs`).
 """
 from __future__ import annotations
 
-import math
 import os
 from typing import Any, Iterable, Mapping
 
@@ -21,14 +20,15 @@ import pyarrow.parquet as pq
 from ldp_beam.core import Mechanism
 from ldp_beam.ledger import Ledger, dataset_identity
 from ldp_beam.registry import get_registry
-from ldp_beam.privacy import check_contribution_bound, run_guarantee
+from ldp_beam.privacy import check_contribution_bound, ledger_cost, run_guarantee
 from ldp_beam.rng import RunKey
 from ldp_beam.transforms import (Perturb, ReadTable, WriteJsonLines, WriteParquetFile,
                                  report_schema)
 
 from .common import Tally, check_readable, check_reconciles, reconcile, run_pipeline
-from .ledger_cli import ledger_outputs
-from .outputs import OutputError, RunFailed, RunOutputs, is_table_url, location
+from .lifecycle import ledger_state, publish
+from .outputs import (OutputError, RunFailed, RunOutputs, check_output_format, is_table_url,
+                      location)
 
 
 def resolve_columns(mech: Mechanism, schema: pa.Schema, columns: Mapping[str, str],
@@ -56,7 +56,8 @@ def run_collect(input: str, output: str, mechanism: Mechanism, columns: Mapping[
                 null_values: Iterable[str] | None = None, dead_letter_columns: str = "mapped",
                 run_key: RunKey | None = None, ledger: str | None = None,
                 budget: float | None = None, budget_delta: float | None = None,
-                unit: str | None = None, max_reports_per_unit: int = 1) -> dict:
+                unit: str | None = None, max_reports_per_unit: int = 1,
+                dataset: str | None = None) -> dict:
     """Perturb ``input`` into ``output``; returns the committed manifest.
 
     ``keep`` columns are copied into the reports unprotected, so each must also be declared in
@@ -64,6 +65,10 @@ def run_collect(input: str, output: str, mechanism: Mechanism, columns: Mapping[
     (reports, dead letters, then the manifest) or none: see :mod:`.outputs`. It fails with
     :class:`RunFailed`, committing nothing, when part of the input cannot be read (unless
     ``allow_unreadable``) or its counts do not add up.
+
+    ``dataset``: the input's name in the budget ledger (default: its canonical location), so its
+    budget follows its people however its content changes. The manifest's ``ledger`` says which
+    ledger the run was recorded in and what the dataset has left.
     """
     keep = tuple(keep)
     public = tuple(public)
@@ -96,23 +101,26 @@ def run_collect(input: str, output: str, mechanism: Mechanism, columns: Mapping[
                                  if pa.types.is_dictionary(f.type) else f for f in passthrough])
     schema = report_schema(mechanism, passthrough, seeded=run.seeded,
                            privacy_unit=None if unit is None else
-                           {"column": unit, "max_reports_per_unit": max_reports_per_unit})
+                           {"column": unit, "max_reports_per_unit": max_reports_per_unit},
+                           run_id=run.run_id)
     if is_table_url(output):
         raise OutputError(f"--output {location(output)}: collect writes a reports Parquet file "
                           "(a local path or a URL such as s3://bucket/prefix/reports.parquet)")
+    check_output_format("--output", output, (".parquet", ".pq"))
     dead_letter = dead_letter or output + ".deadletter.jsonl"
+    check_output_format("--dead-letter", dead_letter, (".jsonl",))
     outs = RunOutputs({"reports": output, "dead_letter": dead_letter},
                       output + ".manifest.json", run.run_id, inputs=[input], force=force,
                       options=beam_args)
     # the ledger: reachable, and the budget holds, before any noise is drawn
     guarantee = run_guarantee(mechanism.guarantee, seeded=run.seeded, public=keep, unit=unit,
                               bounds=max_reports_per_unit if unit else None)
-    with Ledger.open(ledger) as led, led.reserve(
-            run.run_id, dataset_identity(input, beam_args), command="collect",
-            mechanism=mechanism.name,
-            params=mechanism.params(), epsilon=_finite(guarantee["epsilon"]),
-            delta=guarantee["delta"], kind=guarantee["kind"], unit=unit,
-            budget=budget, budget_delta=budget_delta, seeded=run.seeded) as entry, outs:
+    ds = dataset_identity(input, beam_args, name=dataset)
+    epsilon, delta, kind = ledger_cost(guarantee)
+    with outs, Ledger.open(ledger) as led, led.reserve(
+            run.run_id, ds, command="collect", mechanism=mechanism.name,
+            params=mechanism.params(), epsilon=epsilon, delta=delta, kind=kind, unit=unit,
+            budget=budget, budget_delta=budget_delta, seeded=run.seeded) as entry:
         staged, staged_dead = outs.staged("reports"), outs.staged("dead_letter")
         tally_path = outs.scratch("tally.jsonl")
 
@@ -158,9 +166,11 @@ def run_collect(input: str, output: str, mechanism: Mechanism, columns: Mapping[
                         **({"bounded_out": rec["bounded_out"]} if unit else {}),
                         "reconciles": rec["reconciles"], "counted_from": rec["counted_from"]},
         }
+        manifest["dataset"] = ds["dataset"]
         manifest["ledger"] = led.url
-        entry.commit(ledger_outputs(outs))  # recorded before anything is published
-        return outs.commit(manifest)
+        written = publish(entry, outs, manifest)  # the ledger settled as what truly happened
+        written["ledger_state"] = ledger_state(led, ds["dataset"], ledger)
+        return written
 
 
 def read_tally(outs: RunOutputs, path: str) -> dict:
@@ -182,10 +192,6 @@ def parquet_bytes(table: pa.Table) -> bytes:
     buf = io.BytesIO()
     pq.write_table(table, buf)
     return buf.getvalue()
-
-
-def _finite(eps: float | None) -> float:
-    return math.inf if eps is None else eps
 
 
 def check_unit_column(unit: str, schema: pa.Schema, cols: Mapping[str, str],

@@ -7,7 +7,7 @@ import sys
 from typing import Any, Iterable
 
 import contextlib
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Iterator, Mapping, Sequence
 
 import apache_beam as beam
 from apache_beam.metrics.metric import MetricsFilter
@@ -136,6 +136,30 @@ def runner_context(beam_args: Iterable[str] = ()) -> Iterator[list[str]]:
         yield args + [f"--dask_client_address={cluster.scheduler_address}"]
     finally:
         cluster.close()
+
+
+def worker_pool_env(folder: str, base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment to start Beam's external worker pool with
+    (``python -m apache_beam.runners.worker.worker_pool_main``), so that its workers run on this
+    interpreter.
+
+    The pool starts every SDK worker as the command ``python`` found on its ``PATH`` (Beam 2.77,
+    ``BeamFnExternalWorkerPoolServicer.StartWorker``), not as the interpreter that started the
+    pool: with ldp-beam installed in a virtual environment that is not on ``PATH``, the workers
+    ran a Python without Beam, died with ``No module named 'apache_beam'`` and the job waited
+    300 s for them, then failed with DEADLINE_EXCEEDED. This puts a folder first on ``PATH``
+    (``folder``, created if needed) holding ``python``, a link to ``sys.executable``. (The
+    pool's ``--container_executable`` is the other way: a program that takes the worker's
+    endpoints as flags, as Beam's container boot does.)"""
+    os.makedirs(folder, exist_ok=True)
+    link = os.path.join(folder, "python")
+    if os.path.realpath(link) != os.path.realpath(sys.executable):
+        if os.path.lexists(link):
+            os.remove(link)
+        os.symlink(sys.executable, link)
+    env = dict(os.environ if base is None else base)
+    env["PATH"] = folder + os.pathsep + env.get("PATH", "")
+    return env
 
 
 def _dask_client_kwargs(args: Sequence[str]) -> dict:

@@ -19,7 +19,7 @@ from ldp_beam.core import Mechanism
 from ldp_beam.estimators import estimator_for
 from ldp_beam.ledger import Ledger, dataset_identity, release_request
 from ldp_beam.limits import check_groups
-from ldp_beam.privacy import run_guarantee
+from ldp_beam.privacy import ledger_cost, run_guarantee
 from ldp_beam.registry import get_registry
 from ldp_beam.rng import RunKey
 from ldp_beam.transforms.batches import report_columns
@@ -31,29 +31,33 @@ from ldp_beam.transforms.sinks import tidy_bytes, tidy_format, tidy_output
 
 from ldp_beam.privacy import ContributionBounds
 
-from .collect import (_finite, _read_options, check_unit_column, invalid_rows, read_bounded,
+from .collect import (_read_options, check_unit_column, invalid_rows, read_bounded,
                       read_tally, tally_inputs)
 from .common import (Tally, WriteOneLine, check_readable, check_reconciles, reconcile,
                      run_pipeline)
-from .ledger_cli import ledger_outputs
+from .lifecycle import ledger_state, publish
 from .outputs import RunOutputs, location
+from .provenance import agreed_metadata, mark_unverified, verify_reports
 
 
 def reports_metadata(input: str, beam_args: Iterable[str] = ()) -> dict | None:
     """The mechanism metadata ``collect`` wrote into a reports table's Parquet schema (local or
-    any Beam FileSystems URL), or None (CSV, a database table: no such metadata)."""
+    any Beam FileSystems URL), or None (CSV, a database table: no such metadata). Every file's
+    metadata is read, not the first one's only: files stating different mechanisms, parameters,
+    privacy units or seededness are refused
+    (:class:`~.provenance.MixedReportsError`, naming two of them and what differs)."""
     read = ReadTable(input, options=list(beam_args))
-    if read.kind != "files" or not read.files or table_format(read.files[0]) != "parquet":
+    if read.kind != "files" or not read.files:
         return None
-    with open_input(read.files[0], read.flags) as fh:
-        return mechanism_metadata(pq.read_schema(fh))
+    return agreed_metadata(read.files, read.flags, input)
 
 
 def mechanism_from_reports(input: str, name: str | None = None,
                            params: Mapping[str, Any] | None = None,
                            allow_no_guarantee: bool = False,
                            beam_args: Iterable[str] = ()) -> Mechanism:
-    """The mechanism that made the reports in ``input`` (from their metadata), or the one named.
+    """The mechanism that made the reports in ``input`` (from the metadata of all of its files,
+    which must agree), or the one named (which must agree with it).
 
     Reports already collected under a configuration without a finite guarantee (collected with
     the opt-in) are estimated without a second opt-in: the estimate restates their guarantee. A
@@ -69,16 +73,24 @@ def mechanism_from_reports(input: str, name: str | None = None,
         return reg.build(meta["mechanism"], merged,
                          allow_no_guarantee=allow_no_guarantee or not params)
     mech = reg.build(name, dict(params or {}), allow_no_guarantee=allow_no_guarantee)
-    if meta is not None:
-        if meta["mechanism"] != name:
-            raise ValueError(f"reports were made by {meta['mechanism']!r}, not {name!r}")
-        recorded = reg.build(meta["mechanism"], dict(meta["params"]), allow_no_guarantee=True)
-        if recorded.params() != mech.params():
-            diff = {k: (recorded.params()[k], v) for k, v in mech.params().items()
-                    if recorded.params().get(k) != v}
-            raise ValueError(f"parameters differ from those the reports were made with "
-                             f"(recorded, given): {diff}")
+    check_recorded(mech, meta)
     return mech
+
+
+def check_recorded(mech: Mechanism, meta: Mapping[str, Any] | None) -> None:
+    """A mechanism given for reports agrees with the one their metadata records (if any)."""
+    if meta is None or not meta.get("mechanism"):
+        return
+    reg = get_registry()
+    if meta["mechanism"] != mech.name:
+        raise ValueError(f"reports were made by {meta['mechanism']!r}, not {mech.name!r}")
+    recorded = reg.build(meta["mechanism"], dict(meta.get("params") or {}),
+                         allow_no_guarantee=True)
+    if recorded.params() != mech.params():
+        diff = {k: (recorded.params().get(k), v) for k, v in mech.params().items()
+                if recorded.params().get(k) != v}
+        raise ValueError(f"parameters differ from those the reports were made with "
+                         f"(recorded, given): {diff}")
 
 
 def _keyed_json(kv: Any) -> dict:
@@ -134,21 +146,46 @@ def run_estimate(input: str, output: str, mechanism: Mechanism | None = None,
                  budget_delta: float | None = None, unit: str | None = None,
                  keys: Iterable[str] | None = None,
                  selection: tuple[float, float] | None = None,
-                 side_outputs: str | None = None) -> dict:
+                 side_outputs: str | None = None, unverified: bool = False,
+                 dataset: str | None = None) -> dict:
     """Estimate from a reports table (LDP) or release from raw rows (central DP, see
     :func:`run_release`). Writes ``OUTPUT`` (the estimate: a ``.json``, ``.parquet`` or ``.csv``
     file, local or any Beam FileSystems URL, or a ``duckdb://``/``postgresql://`` table),
     ``PREFIX.deadletter.jsonl`` and, last, ``PREFIX.manifest.json``, committed together or not at
     all (``PREFIX``: ``side_outputs``, by default the output itself, see :func:`side_prefix`);
-    returns the estimate."""
-    mech = mechanism or mechanism_from_reports(input, beam_args=beam_args)
+    returns the estimate.
+
+    LDP reports are verified first (:func:`~.provenance.verify_reports`, issue 23): every file
+    tied to the ``collect`` manifest that committed it, unedited, not duplicated, all of one
+    configuration; the mechanism, parameters and seededness are those all files agree on. Reports
+    without such provenance (CSV, a database table, files written by hand, a deleted manifest)
+    are refused unless ``unverified``; the estimate, its tidy rows and its manifest then say so
+    (the guarantee's summary starts with "UNVERIFIED reports"). Reports of different
+    configurations are refused either way. The outputs name the ``runs`` used and the
+    ``verification``."""
     options = dict(options or {})
-    if getattr(mech, "central", False):
+    if mechanism is not None and getattr(mechanism, "central", False):
+        mech = mechanism
         return run_release(input, output, mech, columns or {}, by, options, beam_args,
                            seed=seed, force=force, allow_unreadable=allow_unreadable,
                            null_values=null_values, run_key=run_key, ledger=ledger,
                            budget=budget, budget_delta=budget_delta, unit=unit, keys=keys,
-                           selection=selection, side_outputs=side_outputs)
+                           selection=selection, side_outputs=side_outputs, dataset=dataset)
+    read = ReadTable(input, options=list(beam_args), **_read_options(null_values))
+    # the reports' provenance (issue 23), before anything runs: the files read are exactly the
+    # files verified; mixed configurations are refused even when unverified
+    prov = verify_reports(input, beam_args, unverified=unverified, read=read)
+    meta = None if prov.mechanism is None else {"mechanism": prov.mechanism,
+                                                "params": prov.params}
+    if mechanism is None:
+        if meta is None:
+            raise ValueError(f"{input} carries no mechanism metadata: pass --mechanism and its "
+                             "parameters (-p NAME=VALUE)")
+        mech = get_registry().build(prov.mechanism, dict(prov.params or {}),
+                                    allow_no_guarantee=True)
+    else:
+        mech = mechanism
+        check_recorded(mech, meta)
     if columns:
         raise ValueError(f"{mech.name} estimates from reports; --column maps raw columns only "
                          "for central-DP releases")
@@ -157,10 +194,9 @@ def run_estimate(input: str, output: str, mechanism: Mechanism | None = None,
     fmt = tidy_format(output)
     side = side_prefix(output, side_outputs)
     dead_letter = side + ".deadletter.jsonl"
-    read = ReadTable(input, options=list(beam_args), **_read_options(null_values))
-    meta = reports_metadata(input, beam_args)
-    seeded_reports = None if meta is None else bool(meta.get("seeded", False))
-    unit_meta = (meta or {}).get("privacy_unit") or {}
+    # seeded when any verified file is seeded (None: no file states it, e.g. CSV reports)
+    seeded_reports = prov.seeded
+    unit_meta = prov.privacy_unit or {}
     unit_col, k = unit_meta.get("column"), int(unit_meta.get("max_reports_per_unit", 1))
     if by:  # one accumulator per key: check their number before any is built
         check_groups(distinct_keys(read.files, by, read.flags), est.create().size, "--by")
@@ -168,12 +204,12 @@ def run_estimate(input: str, output: str, mechanism: Mechanism | None = None,
     outs = RunOutputs({"estimate": output, "dead_letter": dead_letter},
                       side + ".manifest.json", run.run_id, inputs=[input], force=force,
                       options=beam_args)
-    # post-processing of LDP reports: recorded (epsilon 0) against the reports' own fingerprint
-    with Ledger.open(ledger) as led, led.reserve(
-            run.run_id, dataset_identity(input, beam_args), command="estimate",
-            mechanism=mech.name,
+    # post-processing of LDP reports: recorded (epsilon 0) against the reports' dataset
+    ds = dataset_identity(input, beam_args, name=dataset)
+    with outs, Ledger.open(ledger) as led, led.reserve(
+            run.run_id, ds, command="estimate", mechanism=mech.name,
             params=mech.params(), epsilon=0.0, unit=unit, seeded=bool(seeded_reports),
-            note="post-processing of LDP reports") as entry, outs:
+            note="post-processing of LDP reports") as entry:
         parts, tally_path = outs.scratch("estimates.jsonl"), outs.scratch("tally.jsonl")
         staged_dead = outs.staged("dead_letter")
 
@@ -200,12 +236,14 @@ def run_estimate(input: str, output: str, mechanism: Mechanism | None = None,
 
         rows, rec = _run_and_check(build, beam_args, parts, tally_path, staged_dead,
                                    allow_unreadable, outs)
-        guarantee = run_guarantee(mech.guarantee, seeded=bool(seeded_reports), unit=unit_col,
-                                  bounds=k if unit_col else None)
+        guarantee = mark_unverified(run_guarantee(mech.guarantee, seeded=bool(seeded_reports),
+                                                  unit=unit_col, bounds=k if unit_col else None),
+                                    prov)
         out: dict[str, Any] = {
             "input": read.source_name, "mechanism": mech.name, "params": mech.params(),
             "estimator_options": options, "guarantee": guarantee,
             "seeded": seeded_reports,
+            "runs": prov.run_ids, "verification": prov.verification(),
             "estimand": (f"per privacy unit {unit_col!r}: each unit's reports come from at most "
                          f"{k} of its rows, chosen uniformly (k = 1: every unit counts once, "
                          "whatever its number of rows)" if unit_col else
@@ -216,7 +254,7 @@ def run_estimate(input: str, output: str, mechanism: Mechanism | None = None,
                         "unreadable_rows": rec["unreadable_rows"],
                         "unreadable_parts": rec["unreadable_parts"],
                         "reconciles": rec["reconciles"], "counted_from": rec["counted_from"],
-                        "dead_letter": location(dead_letter)},
+                        "dead_letter": outs.location("dead_letter")},
         }
         if by:
             out["by"] = by
@@ -226,11 +264,13 @@ def run_estimate(input: str, output: str, mechanism: Mechanism | None = None,
             out["estimate"] = _mark(rows[0], guarantee) if rows else \
                 {"error": "no reports", "n_reports": 0}
         write_estimate(out, outs.staged("estimate"), fmt, run.run_id, outs)
-        entry.commit(ledger_outputs(outs))
-        outs.commit({"command": "estimate", "ledger": led.url, "input": read.source_name,
-                     "mechanism": mech.name,
-                     "seeded": seeded_reports, "guarantee": guarantee,
-                     "reports": out["reports"]})
+        publish(entry, outs, {"command": "estimate", "ledger": led.url,
+                              "dataset": ds["dataset"], "input": read.source_name,
+                              "mechanism": mech.name,
+                              "seeded": seeded_reports, "guarantee": guarantee,
+                              "reports": out["reports"], "runs": prov.run_ids,
+                              "verification": prov.to_dict()})
+        out["ledger_state"] = ledger_state(led, ds["dataset"], ledger)
     return out
 
 
@@ -340,7 +380,7 @@ def run_release(input: str, output: str, mech: Mechanism, columns: Mapping[str, 
                 budget: float | None = None, budget_delta: float | None = None,
                 unit: str | None = None, keys: Iterable[str] | None = None,
                 selection: tuple[float, float] | None = None,
-                side_outputs: str | None = None) -> dict:
+                side_outputs: str | None = None, dataset: str | None = None) -> dict:
     """A central-DP release on the trusted curator: raw records are validated and bucketed (bad
     ones dead-lettered with the reason), accumulated, and released once with noise.
 
@@ -369,7 +409,7 @@ def run_release(input: str, output: str, mech: Mechanism, columns: Mapping[str, 
                               force=force, allow_unreadable=allow_unreadable,
                               null_values=null_values, run_key=run_key, ledger=ledger,
                               budget=budget, budget_delta=budget_delta, unit=unit, keys=keys,
-                              selection=selection, side_outputs=side_outputs)
+                              selection=selection, side_outputs=side_outputs, dataset=dataset)
     if "seed" in options:
         if seed is not None and str(seed) != str(options["seed"]):
             raise ValueError("give the seed once: --seed or --option seed")
@@ -395,7 +435,8 @@ def run_release(input: str, output: str, mech: Mechanism, columns: Mapping[str, 
     curator_path = side + ".curator.json"
     roles = {"release": output, "curator": curator_path, "dead_letter": dead_letter}
     guarantee = run_guarantee(mech.guarantee, seeded=run.seeded, unit=unit, bounds=bounds)
-    ds = dataset_identity(input, beam_args)
+    ds = dataset_identity(input, beam_args, name=dataset)
+    epsilon, delta, kind = ledger_cost(guarantee)
     request = release_request(mech.name, mech.params(), cols, options, unit=unit or "record",
                               seed=run.seed)
     outs = RunOutputs(roles, side + ".manifest.json", run.run_id, inputs=[input], force=force,
@@ -403,11 +444,10 @@ def run_release(input: str, output: str, mech: Mechanism, columns: Mapping[str, 
     with Ledger.open(ledger) as led:
         prior = led.find_release(ds["fingerprint"], request)
         if prior:  # an identical release is recorded: publish it again, draw no new noise
-            with led.reserve(run.run_id, ds, command="release", mechanism=mech.name,
-                             params=mech.params(), epsilon=0.0, kind=guarantee["kind"],
-                             unit=unit,
-                             request=request, seeded=run.seeded,
-                             republished_from=prior["run_id"]) as entry, outs:
+            with outs, led.reserve(run.run_id, ds, command="release", mechanism=mech.name,
+                                   params=mech.params(), epsilon=0.0, kind=kind, unit=unit,
+                                   request=request, seeded=run.seeded,
+                                   republished_from=prior["run_id"]) as entry:
                 out = dict(prior["release"])
                 curator = {"input": read.source_name, "release": location(output),
                            "columns": cols,
@@ -415,17 +455,17 @@ def run_release(input: str, output: str, mech: Mechanism, columns: Mapping[str, 
                 write_estimate(out, outs.staged("release"), fmt, run.run_id, outs)
                 outs.write_json(outs.staged("curator"), curator)
                 outs.write(outs.staged("dead_letter"), b"")
-                entry.commit(ledger_outputs(outs), out)
-                outs.commit({"command": "release", "mechanism": mech.name,
-                             "seeded": run.seeded, "guarantee": out["guarantee"],
-                             "republished_from": prior["run_id"], "ledger": led.url})
+                publish(entry, outs, {"command": "release", "mechanism": mech.name,
+                                      "seeded": run.seeded, "guarantee": out["guarantee"],
+                                      "republished_from": prior["run_id"],
+                                      "dataset": ds["dataset"], "ledger": led.url}, out)
             return {**out, "curator": curator, "republished_from": prior["run_id"],
-                    "curator_file": location(curator_path)}
-    with Ledger.open(ledger) as led, led.reserve(
+                    "curator_file": location(curator_path),
+                    "ledger_state": ledger_state(led, ds["dataset"], ledger)}
+    with outs, Ledger.open(ledger) as led, led.reserve(
             run.run_id, ds, command="release", mechanism=mech.name, params=mech.params(),
-            epsilon=_finite(guarantee["epsilon"]), delta=guarantee["delta"],
-            kind=guarantee["kind"], unit=unit, budget=budget,
-            budget_delta=budget_delta, request=request, seeded=run.seeded) as entry, outs:
+            epsilon=epsilon, delta=delta, kind=kind, unit=unit, budget=budget,
+            budget_delta=budget_delta, request=request, seeded=run.seeded) as entry:
         parts, tally_path = outs.scratch("release.jsonl"), outs.scratch("tally.jsonl")
         staged_dead = outs.staged("dead_letter")
 
@@ -454,9 +494,10 @@ def run_release(input: str, output: str, mech: Mechanism, columns: Mapping[str, 
                    "run_id": run.run_id,
                    "records": curator_records(tally, dead_letter)}
         outs.write_json(outs.staged("curator"), curator)
-        entry.commit(ledger_outputs(outs), out)  # recorded before anything is published
-        outs.commit({"command": "release", "mechanism": mech.name, "seeded": run.seeded,
-                     "guarantee": guarantee, "ledger": led.url})
+        publish(entry, outs, {"command": "release", "mechanism": mech.name,
+                              "seeded": run.seeded, "guarantee": guarantee,
+                              "dataset": ds["dataset"], "ledger": led.url}, out)
+        out["ledger_state"] = ledger_state(led, ds["dataset"], ledger)
     out["curator"] = curator
     out["curator_file"] = location(curator_path)
     return out
@@ -549,7 +590,7 @@ def run_release_by(input: str, output: str, mech: Mechanism, columns: Mapping[st
                    ledger: str | None = None, budget: float | None = None,
                    budget_delta: float | None = None, unit: str, keys: Iterable[str] | None,
                    selection: tuple[float, float] | None,
-                   side_outputs: str | None = None) -> dict:
+                   side_outputs: str | None = None, dataset: str | None = None) -> dict:
     """One central release per value of ``by`` (issue 14). Each privacy unit keeps at most L0
     keys and Linf rows per key (the mechanism's ``max_partitions_per_unit`` and
     ``max_rows_per_partition``), chosen uniformly; every key's histogram is released with noise
@@ -591,15 +632,15 @@ def run_release_by(input: str, output: str, mech: Mechanism, columns: Mapping[st
     est = estimator_for(mech, seed=release_seed, **options)
     side = side_prefix(output, side_outputs)
     dead_letter, curator_path = side + ".deadletter.jsonl", side + ".curator.json"
-    ds = dataset_identity(input, beam_args)
+    ds = dataset_identity(input, beam_args, name=dataset)
+    epsilon, delta, kind = ledger_cost(guarantee)
     outs = RunOutputs({"release": output, "curator": curator_path,
                        "dead_letter": dead_letter}, side + ".manifest.json", run.run_id,
                       inputs=[input], force=force, options=beam_args)
-    with Ledger.open(ledger) as led, led.reserve(
+    with outs, Ledger.open(ledger) as led, led.reserve(
             run.run_id, ds, command="release", mechanism=mech.name, params=mech.params(),
-            epsilon=_finite(guarantee["epsilon"]), delta=guarantee["delta"],
-            kind=guarantee["kind"], unit=unit, budget=budget, budget_delta=budget_delta,
-            seeded=run.seeded) as entry, outs:
+            epsilon=epsilon, delta=delta, kind=kind, unit=unit, budget=budget,
+            budget_delta=budget_delta, seeded=run.seeded) as entry:
         parts, tally_path = outs.scratch("release.jsonl"), outs.scratch("tally.jsonl")
         staged_dead = outs.staged("dead_letter")
 
@@ -636,9 +677,10 @@ def run_release_by(input: str, output: str, mech: Mechanism, columns: Mapping[st
                    "columns": cols, "by": by, "run_id": run.run_id,
                    "records": curator_records(tally, dead_letter)}
         outs.write_json(outs.staged("curator"), curator)
-        entry.commit(ledger_outputs(outs), out)
-        outs.commit({"command": "release", "by": by, "mechanism": mech.name,
-                     "seeded": run.seeded, "guarantee": guarantee, "ledger": led.url})
+        publish(entry, outs, {"command": "release", "by": by, "mechanism": mech.name,
+                              "seeded": run.seeded, "guarantee": guarantee,
+                              "dataset": ds["dataset"], "ledger": led.url}, out)
+        out["ledger_state"] = ledger_state(led, ds["dataset"], ledger)
     out["curator"] = curator
     out["curator_file"] = location(curator_path)
     return out

@@ -25,12 +25,39 @@ removed by the next run that stages in the same folder (its owner process is gon
 store, a staging folder owned by another host is removed once it is :data:`REMOTE_STALE_SECONDS`
 old, since whether that host's process lives cannot be asked).
 
-Refused before anything runs: an output equal to or inside an input (``collect -i X -o X`` would
-otherwise read a file it is replacing), two outputs at one path, and an existing output (a file,
-an object, or a database table) unless the caller passes ``force`` (the CLI's ``--force``).
+Every local path (each output, the manifest, the staging folder) is resolved once, as the file
+system will resolve it (:func:`real_path`: ``os.path.realpath`` of the path as given, so
+``lnk/..`` goes up from the link's target as the kernel does, not from ``lnk``'s own folder),
+and :class:`RunOutputs` checks and writes those same real paths: the manifest names them.
+
+Refused before anything runs (when :class:`RunOutputs` is built, before the caller reserves any
+budget), each with one :class:`OutputError` naming the option and the path:
+
+* an output equal to or inside an input (``collect -i X -o X`` would otherwise read a file it is
+  replacing), by real path whatever the spelling (symlinks, ``..``), by the input's glob, and,
+  for an existing file, by (st_dev, st_ino) against every file of the input (a hard link to an
+  input is the input); two outputs at one path; an output naming a folder;
+* an existing output (a file, an object, or a database table) unless the caller passes
+  ``force`` (the CLI's ``--force``);
+* a local output that cannot be written: a component of its folder is a file; its nearest
+  existing folder is not writable (``os.access``, then a probe file really created and removed:
+  ``os.access`` says yes to root where a write still fails); a name the run writes (the output's,
+  ``NAME.tmp``, ``NAME.ldp-beam-partial``, the manifest's, the staging folder's) longer than the
+  file system's ``PC_NAME_MAX``, or a path longer than its ``PC_PATH_MAX``.
+
+:func:`check_output_format` (called by the pipelines) refuses an output whose suffix says another
+format than the one written (``collect -o out.csv`` would write Parquet under that name).
+
+A file-system error while staging or committing is raised as one :class:`OutputError` saying
+what failed on which path; during the commit, :attr:`RunOutputs.published` says which outputs were
+already moved into place (nothing new visible when it is empty). No temporary file
+(``NAME.tmp``, ``NAME.ldp-beam-partial``), staging folder, or folder the run created and left
+empty survives a failure.
 """
 from __future__ import annotations
 
+import contextlib
+import errno
 import glob
 import hashlib
 import io
@@ -74,8 +101,17 @@ def _local(path: str) -> str:
     return path[len("file://"):] if path.startswith("file://") else path
 
 
-def _real(path: str) -> str:
-    return os.path.realpath(os.path.abspath(_local(path)))
+def real_path(path: str) -> str:
+    """The path the file system will use for a local ``path`` (URLs and tables: as given).
+
+    ``os.path.realpath`` of the path as given, never ``abspath`` first: ``abspath`` collapses
+    ``lnk/..`` as text, while the kernel follows the link ``lnk`` and then goes up from its
+    target. Each existing component is resolved (a symlink followed before a ``..`` after it is
+    applied); the part that does not exist yet is appended to its existing parent's real path.
+    """
+    if "://" in path and not path.startswith("file://"):
+        return path
+    return os.path.realpath(_local(path))
 
 
 def location(path: str) -> str:
@@ -133,7 +169,7 @@ def open_write(path: str, flags: Sequence[str] = ()):
 
 def write_bytes(path: str, data: bytes, flags: Sequence[str] = ()) -> None:
     """Write ``data`` to ``path`` whole: locally through a temporary file replaced atomically
-    (after fsync), on an object store as one object."""
+    (after fsync), on an object store as one object. A failure leaves no temporary file."""
     if is_url(path):
         with open_write(path, flags) as fh:
             fh.write(data)
@@ -141,11 +177,23 @@ def write_bytes(path: str, data: bytes, flags: Sequence[str] = ()) -> None:
     path = _local(path)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     tmp = path + ".tmp"
-    with open(tmp, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    _unlink_quiet(tmp)  # a stale one may be a link: never write through it
+    try:
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        _unlink_quiet(tmp)
+        raise
+
+
+def _unlink_quiet(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
 
 
 def json_bytes(obj: Any) -> bytes:
@@ -180,16 +228,136 @@ def _delete(paths: Sequence[str], flags: Sequence[str]) -> None:
 
 
 # --------------------------------------------------------------------------- checks
+_GLOB_CHARS = "*?["
+PARTIAL_SUFFIX = ".ldp-beam-partial"
+PROBE_PREFIX = ".ldp-beam-probe-"
+# bytes kept free below PC_PATH_MAX for what the run and Beam write inside the staging folder
+# (``_tally.jsonl``, ``beam-temp-NAME-UUID/UUID``, ...)
+STAGING_RESERVE = 128
+_DEFAULT_OPTIONS = {"reports": "--output", "estimate": "--output", "release": "--output",
+                    "dead_letter": "--dead-letter", "curator": "--side-outputs",
+                    "manifest": "--output"}
+
+
+def _is_glob(path: str) -> bool:
+    return any(c in path for c in _GLOB_CHARS)
+
+
+def _real_pattern(pattern: str) -> str:
+    """A local glob with its fixed folders resolved as :func:`real_path` does (the wildcard
+    components kept as they are)."""
+    parts = pattern.split(os.sep)
+    i = next(k for k, c in enumerate(parts) if _is_glob(c))
+    fixed = os.sep.join(parts[:i]) or (os.sep if pattern.startswith(os.sep) else ".")
+    return os.path.join(os.path.realpath(fixed), *parts[i:])
+
+
+def _glob_match(path: str, pattern: str) -> bool:
+    """Whether ``glob.glob(pattern)`` would name ``path`` (both real paths): component by
+    component, a wildcard never crossing a ``/`` nor matching a leading ``.``."""
+    import fnmatch
+
+    a, b = path.split(os.sep), pattern.split(os.sep)
+    if len(a) != len(b):
+        return False
+    for x, y in zip(a, b):
+        if not _is_glob(y):
+            if x != y:
+                return False
+        elif (x.startswith(".") and not y.startswith(".")) or not fnmatch.fnmatchcase(x, y):
+            return False
+    return True
+
+
+def _file_id(path: str) -> tuple[int, int] | None:
+    """(st_dev, st_ino) of the regular file at ``path`` (links followed), else None."""
+    import stat
+
+    try:
+        st = os.stat(path)
+    except (OSError, ValueError):
+        return None
+    return (st.st_dev, st.st_ino) if stat.S_ISREG(st.st_mode) else None
+
+
+class _Inputs:
+    """The local inputs of a run as the file system sees them: every real path an input names
+    (the path or pattern itself, a glob's matches, each file of a folder, recursively), the
+    (st_dev, st_ino) of each of those files (so a hard link to an input is the input too), and
+    each glob pattern with its folders resolved (a file created later may match it)."""
+
+    def __init__(self, inputs: Iterable[str]) -> None:
+        self.reals: dict[str, str] = {}                   # real path -> input as given
+        self.ids: dict[tuple[int, int], tuple[str, str]] = {}  # id -> (real path, input)
+        self.globs: list[tuple[str, str]] = []            # (real pattern, input)
+        for pat in inputs:
+            if not pat or ("://" in pat and not pat.startswith("file://")):
+                continue
+            p = _local(pat)
+            self.reals.setdefault(real_path(p), pat)
+            matches = [p] if os.path.lexists(p) else []
+            if _is_glob(p):
+                self.globs.append((_real_pattern(p), pat))
+                matches += glob.glob(p)
+            for m in matches:
+                self._add(m, pat)
+                if m == p and os.path.isdir(m):  # a folder named outright: read recursively
+                    for d, _dirs, names in os.walk(m):
+                        for n in names:
+                            self._add(os.path.join(d, n), pat)
+
+    def _add(self, path: str, src: str) -> None:
+        real = real_path(path)
+        self.reals.setdefault(real, src)
+        fid = _file_id(path)
+        if fid is not None:
+            self.ids.setdefault(fid, (real, src))
+
+    def overlap(self, real: str) -> str | None:
+        """Why the local real path ``real`` (an output, or a file the run writes beside one) is
+        an input, or None."""
+        for src, given in self.reals.items():
+            if real == src:
+                return f"it is an input ({given}, {src})"
+            if real.startswith(src.rstrip(os.sep) + os.sep):
+                return f"it is inside an input folder ({given}, {src})"
+        for pattern, given in self.globs:
+            if _glob_match(real, pattern):
+                return f"it is an input: the input pattern {given} names it"
+        fid = _file_id(real)
+        if fid is not None and fid in self.ids:
+            src, given = self.ids[fid]
+            return f"it is an input: the same file as {src} (a hard link; input {given})"
+        if os.path.isdir(real):
+            for src, given in self.reals.items():
+                if src.startswith(real.rstrip(os.sep) + os.sep):
+                    return f"it is a folder holding the input {src} ({given})"
+        return None
+
+
 def input_paths(inputs: Iterable[str]) -> list[str]:
-    """Every local path an input pattern names: the pattern itself (a file or folder) and its
-    matches."""
-    out: list[str] = []
-    for pat in inputs:
-        if not pat or "://" in pat:
-            continue
-        out.append(_real(pat))
-        out += [_real(p) for p in glob.glob(pat)]
-    return sorted(set(out))
+    """Every local real path an input names: the path or pattern itself (a file or folder), a
+    glob's matches, and every file of a folder (recursively)."""
+    return sorted(_Inputs(inputs).reals)
+
+
+def _option(role: str, labels: Mapping[str, str] | None) -> str:
+    return (labels or {}).get(role) or _DEFAULT_OPTIONS.get(role) or f"the {role} output"
+
+
+def _who(role: str, given: str, real: str, labels: Mapping[str, str] | None) -> str:
+    """How a refusal names an output: the option, the path as given, the role, and the real
+    path when it differs from the path as given."""
+    noun = "the manifest" if role == "manifest" else f"the {role.replace('_', ' ')} output"
+    if "://" in given and not given.startswith("file://"):
+        return f"{_option(role, labels)} {location(given)} ({noun})"
+    really = "" if real == os.path.abspath(_local(given)) else f", really {_long(real)}"
+    return f"{_option(role, labels)} {_long(given)} ({noun}{really})"
+
+
+def _long(path: str) -> str:
+    """A path for a one-line message: whole unless it is very long."""
+    return path if len(path) <= 320 else f"{path[:150]}...{path[-150:]}"
 
 
 def _url_overlap(out: str, src: str) -> str | None:
@@ -218,62 +386,226 @@ def _same_table(a: str, b: str) -> bool:
 
 
 def check_outputs(outputs: Mapping[str, str], inputs: Iterable[str], force: bool,
-                  flags: Sequence[str] = ()) -> None:
-    """Refuse outputs that would overwrite or land inside an input, collide, or already exist
-    (unless ``force``): local paths, Beam FileSystems URLs and database tables alike."""
+                  flags: Sequence[str] = (), *, labels: Mapping[str, str] | None = None,
+                  extra: Mapping[str, Iterable[str]] | None = None) -> None:
+    """Refuse outputs that would overwrite or land inside an input, collide, name a folder, or
+    already exist (unless ``force``): local paths, Beam FileSystems URLs and database tables
+    alike.
+
+    ``outputs`` maps a role to its path as given (the manifest under the role ``"manifest"``).
+    A local path is judged by its :func:`real_path` (symlinks and ``..`` as the file system
+    resolves them, whatever the spelling) and, when the file exists, by its (st_dev, st_ino)
+    against every file of the inputs (a hard link to an input is the input). ``labels`` maps a
+    role to the option that set it (messages name it; default ``--output``, ``--dead-letter``,
+    ...); ``extra`` maps a role to further local real paths the run writes for it (its
+    temporary files, the staging folder), checked against the inputs the same way."""
     inputs = [i for i in inputs if i]
-    ins = input_paths(inputs)
+    ins = _Inputs(inputs)
     url_ins = [i for i in inputs if is_url(i)]
     table_ins = [i for i in inputs if is_table_url(i)]
     seen: dict[str, str] = {}
+    reals: dict[str, str] = {}
     for role, path in outputs.items():
         real = location(path) if "://" in path and not path.startswith("file://") \
-            else _real(path)
+            else real_path(path)
+        reals[role] = real
+        who = _who(role, path, real, labels)
+        never = (": a run never writes over what it reads; choose another "
+                 f"{_option(role, labels)}")
         if real in seen:
-            raise OutputError(f"the {role} output and the {seen[real]} output are the same "
-                              f"path {path!r}: give them different paths")
-        seen[real] = role
+            raise OutputError(f"{who}: it is the same path as the {seen[real]} output; give "
+                              "them different paths")
+        seen[real] = role.replace("_", " ")
         if is_table_url(path):
             for src in table_ins:
                 if _same_table(path, src):
-                    raise OutputError(f"the {role} output {location(path)!r} is an input table: "
-                                      "a run never writes over what it reads; choose another "
-                                      "--output")
+                    raise OutputError(f"{who}: it is an input table{never}")
             continue
         if is_url(path):
             for src in url_ins:
                 how = _url_overlap(path, src)
                 if how:
-                    raise OutputError(f"the {role} output {path!r} is "
-                                      f"{'an' if how == 'is' else 'inside an'} input ({src}): a "
-                                      "run never writes over what it reads; choose another "
-                                      "--output")
+                    raise OutputError(f"{who}: it is {'an' if how == 'is' else 'inside an'} "
+                                      f"input ({src}){never}")
+            if path.endswith("/"):
+                raise OutputError(f"{who}: give a file path, not a folder")
             continue
-        for src in ins:
-            if real == src or real.startswith(src.rstrip(os.sep) + os.sep):
-                raise OutputError(f"the {role} output {path!r} is {'an' if real == src else 'inside an'}"
-                                  f" input ({src}): a run never writes over what it reads; "
-                                  "choose another --output")
-            if os.path.isdir(real) and src.startswith(real.rstrip(os.sep) + os.sep):
-                raise OutputError(f"the {role} output {path!r} is a folder holding the input "
-                                  f"{src}; choose another --output")
+        why = ins.overlap(real)
+        if why:
+            raise OutputError(f"{who}: {why}{never}")
+        for other in (extra or {}).get(role, ()):
+            why = ins.overlap(other)
+            if why:
+                raise OutputError(f"{who}: the run writes {other} for it, and {why}{never}")
+        if _local(path).endswith(("/", os.sep)) or os.path.isdir(real):
+            raise OutputError(f"{who}: give a file path, not a folder")
     existing = []
-    for p in outputs.values():
+    for role, p in outputs.items():
         if is_table_url(p):
             from ldp_beam.transforms.sinks import tidy_table_exists
 
             if tidy_table_exists(p):
                 existing.append(location(p))
-        elif exists(p, flags):
-            existing.append(p)
+        elif exists(reals[role], flags):
+            existing.append(p if reals[role] == os.path.abspath(_local(p))
+                            else f"{p} (really {reals[role]})")
     if existing and not force:
-        raise OutputError(f"output {existing[0]!r} exists"
+        raise OutputError(f"output {existing[0]} exists"
                           + (f" (and {len(existing) - 1} more)" if len(existing) > 1 else "")
                           + ": pass --force (force=True) to replace it; the previous outputs are "
                           "replaced only once the new run has succeeded")
-    for p in existing:
-        if "://" not in p and os.path.isdir(p) and not os.path.islink(p):
-            raise OutputError(f"output {p!r} is a folder: give a file path")
+
+
+def check_output_format(option: str, path: str, allowed: Sequence[str], *,
+                        what: str | None = None) -> None:
+    """Refuse an output whose name says another format than the one written: ``path`` must end
+    in one of the ``allowed`` suffixes (``(".parquet",)``, ``(".jsonl",)``, ...; case ignored, a
+    URL's ``?query`` left out), and must name a file, not a folder (a path ending in ``/`` or
+    an existing directory). A database table URL is not judged here (the caller does). Raises
+    :class:`OutputError` naming ``option``, ``path`` and the allowed suffixes; ``what`` says
+    what is written (default: the formats the suffixes stand for)."""
+    if is_table_url(path):
+        return
+    allowed = tuple(allowed)
+    ends = " or ".join(allowed)
+    kinds = list(dict.fromkeys(_FORMAT_NAMES.get(a.lower(), a) for a in allowed))
+    said = what or f"this output is written as {' / '.join(kinds)}"
+    local = not is_url(path)
+    if path.endswith("/") or (local and (path.endswith(os.sep)
+                                         or os.path.isdir(_local(path)))):
+        raise OutputError(f"{option} {path}: give a file path, not a folder ({said}: a path "
+                          f"ending in {ends})")
+    low = path.split("?", 1)[0].lower() if not local else path.lower()
+    if not low.endswith(tuple(a.lower() for a in allowed)):
+        given = next((n for s, n in _FORMAT_NAMES.items() if low.endswith(s)), None)
+        not_that = f", not {given}" if given and given not in kinds and not what else ""
+        raise OutputError(f"{option} {path}: {said}{not_that}; give a path ending in {ends}")
+
+
+_FORMAT_NAMES = {".parquet": "Parquet", ".pq": "Parquet", ".csv": "CSV", ".json": "JSON",
+                 ".jsonl": "JSON lines", ".csv.gz": "CSV"}
+
+
+# --------------------------------------------------------------------------- preflight
+def _limits(folder: str) -> tuple[int, int]:
+    """(PC_NAME_MAX, PC_PATH_MAX) of the file system holding ``folder`` (255 and 4096 when the
+    system does not say; no limit when it says -1)."""
+    out = []
+    for key, default in (("PC_NAME_MAX", 255), ("PC_PATH_MAX", 4096)):
+        try:
+            v = os.pathconf(folder, key)
+        except (OSError, ValueError):
+            v = default
+        out.append(v if v and v > 0 else (1 << 31))
+    return out[0], out[1]
+
+
+def _nearest_existing(folder: str) -> tuple[str, list[str]]:
+    """The nearest existing ancestor of the real folder ``folder`` (itself when it exists) and
+    the folders below it that a run would create, top down."""
+    missing = []
+    d = folder
+    while not os.path.lexists(d):
+        parent = os.path.dirname(d)
+        if parent == d:
+            break
+        missing.append(d)
+        d = parent
+    return d, missing[::-1]
+
+
+def _short(name: str) -> str:
+    return name if len(name) <= 64 else f"{name[:30]}...{name[-30:]}"
+
+
+def _probe(folder: str) -> None:
+    """Create then remove an empty file in ``folder``: the only test a write will succeed
+    (``os.access`` says yes to root even where a write fails: an immutable folder, a read-only
+    or special file system, a root-squashed NFS export)."""
+    import uuid
+
+    for _ in range(3):
+        probe = os.path.join(folder, PROBE_PREFIX + uuid.uuid4().hex[:12])
+        try:
+            fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            continue
+        os.close(fd)
+        try:
+            os.unlink(probe)
+        except OSError:
+            pass
+        return
+
+
+def _reason(exc: OSError) -> str:
+    why = exc.strerror or str(exc) or type(exc).__name__
+    return f"{why} ({type(exc).__name__})"
+
+
+def preflight(targets: Iterable[tuple[str, str, str, Sequence[str]]],
+              labels: Mapping[str, str] | None = None) -> None:
+    """Check, before anything runs, that every local file the run will write can be written.
+
+    ``targets``: (role, path as given, real path, names the run writes in its folder: its own
+    name first, then ``NAME.tmp``, ``NAME.ldp-beam-partial``, a staging folder, ``FOLDER/NAME``
+    for a file inside it). The folder must exist or be creatable (no component of it is an
+    existing file); every name must fit the file system's ``PC_NAME_MAX`` and every path its
+    ``PC_PATH_MAX`` (the outputs' own names are judged before the names written beside them);
+    the nearest existing folder must be writable: ``os.access``, then a probe file actually
+    created and removed there (``os.access`` says yes to root where a write still fails).
+    Raises one :class:`OutputError` per refusal, naming the option, the path and what is wrong.
+    """
+    targets = list(targets)
+    found = []
+    for role, given, real, names in targets:
+        who = _who(role, given, real, labels)
+        folder = os.path.dirname(real)
+        anc, missing = _nearest_existing(folder)
+        if not os.path.isdir(anc):
+            raise OutputError(f"{who}: {anc} is a file, not a folder, so nothing can be written "
+                              f"in {folder}; choose another {_option(role, labels)}")
+        name_max, path_max = _limits(anc)
+        for sub in missing:
+            base = os.path.basename(sub)
+            if len(os.fsencode(base)) > name_max:
+                raise OutputError(f"{who}: the folder name {_short(base)} is "
+                                  f"{len(os.fsencode(base))} bytes, more than the {name_max} a "
+                                  "name may have on this file system (PC_NAME_MAX); choose a "
+                                  f"shorter {_option(role, labels)}")
+        found.append((role, who, folder, anc, name_max, path_max, list(names)))
+    for first in (True, False):
+        for role, who, folder, anc, name_max, path_max, names in found:
+            for name in names[:1] if first else names[1:]:
+                # a name may hold a "/": a file the run writes in a folder it makes
+                for part in name.split("/"):
+                    n = len(os.fsencode(part))
+                    if n > name_max:
+                        what = "its name" if first else \
+                            f"the name {_short(part)}, which the run writes in {folder},"
+                        raise OutputError(f"{who}: {what} is {n} bytes, more than the "
+                                          f"{name_max} a name may have on this file system "
+                                          f"(PC_NAME_MAX); choose a shorter "
+                                          f"{_option(role, labels)}")
+                full = os.path.join(folder, name)
+                if len(os.fsencode(full)) + 1 > path_max:
+                    raise OutputError(f"{who}: the path {_short(full)} is "
+                                      f"{len(os.fsencode(full))} bytes, more than this file "
+                                      f"system allows (PC_PATH_MAX {path_max}, with its final "
+                                      "NUL); choose a shorter path")
+    probed: set[str] = set()
+    for role, who, folder, anc, *_ in found:
+        if anc in probed:
+            continue
+        if not os.access(anc, os.W_OK | os.X_OK):
+            raise OutputError(f"{who}: the folder {anc} is not writable by this user (uid "
+                              f"{os.geteuid()}); choose another {_option(role, labels)}")
+        try:
+            _probe(anc)
+        except OSError as exc:
+            raise OutputError(f"{who}: cannot create a file in the folder {anc}: "
+                              f"{_reason(exc)}; choose another {_option(role, labels)}") from None
+        probed.add(anc)
 
 
 # --------------------------------------------------------------------------- stale staging
@@ -369,56 +701,121 @@ class RunOutputs:
 
     def __init__(self, outputs: Mapping[str, str], manifest: str, run_id: str,
                  inputs: Iterable[str] = (), force: bool = False,
-                 options: Iterable[str] = ()) -> None:
+                 options: Iterable[str] = (), *,
+                 labels: Mapping[str, str] | None = None) -> None:
         from ldp_beam.transforms.io import beam_flags, check_object_store
 
-        self.outputs = dict(outputs)
-        self.manifest = manifest
+        self.given = dict(outputs)  # the paths as the caller gave them (messages name them)
         self.run_id = run_id
         self.force = force
+        self.labels = dict(labels or {})
         self.flags = tuple(beam_flags(list(options)))
+        self.committed = False
+        self.published: list[str] = []  # roles moved into place by commit ("manifest" last)
+        self.manifest_removed = False  # whether commit removed the previous manifest
+        self._made: list[str] = []  # local folders this run created (removed if left empty)
+        self._staging_made = False
         if is_table_url(manifest):
             raise OutputError(f"the manifest {location(manifest)!r} must be a file path or "
                               "URL, not a database table")
-        for p in [manifest, *self.outputs.values()]:
+        for p in [manifest, *self.given.values()]:
             if p.startswith("s3://"):  # reachable, credentials, bucket: before anything runs
                 check_object_store(p, self.flags)
-        check_outputs({**self.outputs, "manifest": manifest}, inputs, force, self.flags)
-        self.folder = _parent(manifest)
+        # every local path as the file system resolves it, used for the checks AND the writes
+        self.outputs = {role: real_path(p) for role, p in self.given.items()}
+        self.manifest = real_path(manifest)
+        self.folder = _parent(self.manifest)
         self.staging = _join(self.folder, STAGING_PREFIX + run_id)
         self.remote = is_url(self.staging)
-        self.committed = False
+        local = {role: p for role, p in self.outputs.items() if "://" not in p}
+        extra = {role: [p + ".tmp", p + PARTIAL_SUFFIX] for role, p in local.items()}
+        if not self.remote:
+            extra["manifest"] = [self.manifest + ".tmp", self.manifest + PARTIAL_SUFFIX,
+                                 self.staging]
+        check_outputs({**self.given, "manifest": manifest}, inputs, force, self.flags,
+                      labels=self.labels, extra=extra)
+        targets = [(role, self.given[role], p, _beside(p)) for role, p in local.items()]
+        if not self.remote:
+            inside = [f"{os.path.basename(self.staging)}/{os.path.basename(self.staged(r))}.tmp"
+                      for r in self.outputs] + [os.path.basename(self.staging) + "/" + n
+                                                for n in (OWNER_FILE, "_manifest.json.tmp")]
+            targets.append(("manifest", manifest, self.manifest,
+                            [*_beside(self.manifest), os.path.basename(self.staging), *inside]))
+        preflight(targets, self.labels)
+        if not self.remote:  # room for what Beam writes inside the staging folder
+            _, path_max = _limits(_nearest_existing(self.folder)[0])
+            if len(os.fsencode(self.staging)) + 1 + STAGING_RESERVE + 1 > path_max:
+                raise OutputError(
+                    f"{_who('manifest', manifest, self.manifest, self.labels)}: its folder's "
+                    f"path is too long for the run's staging folder {_short(self.staging)} and "
+                    f"the files in it (PC_PATH_MAX {path_max}); choose a shorter path")
 
     def __enter__(self) -> "RunOutputs":
         owner = json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
                             "run_id": self.run_id}).encode()
         if self.remote:
             sweep_stale(self.folder, self.flags)
-            write_bytes(_join(self.staging, OWNER_FILE), owner, self.flags)
+            try:
+                write_bytes(_join(self.staging, OWNER_FILE), owner, self.flags)
+            except OSError as exc:  # Beam's BeamIOError is one
+                self.discard()
+                raise OutputError(f"creating the staging folder {self.staging} failed: "
+                                  f"{_reason(exc)}; nothing ran and nothing was written (the "
+                                  "previous outputs are untouched)") from None
             return self
-        os.makedirs(self.folder, exist_ok=True)
-        sweep_stale(self.folder)
-        os.makedirs(self.staging)
-        with open(os.path.join(self.staging, OWNER_FILE), "wb") as fh:
-            fh.write(owner)
+        step = "creating the folder"
+        try:
+            self._makedirs(self.folder)
+            sweep_stale(self.folder)
+            step = "creating the staging folder"
+            os.makedirs(self.staging)
+            self._staging_made = True
+            with open(os.path.join(self.staging, OWNER_FILE), "wb") as fh:
+                fh.write(owner)
+        except OSError as exc:
+            path = exc.filename or self.staging
+            self._cleanup()
+            raise OutputError(f"{step} {path} failed: {_reason(exc)}; nothing ran and nothing "
+                              "was written (the previous outputs are untouched)") from None
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self.discard()
 
-    def discard(self) -> None:
-        """Remove the staging folder and everything in it."""
-        if not self.remote:
-            shutil.rmtree(self.staging, ignore_errors=True)
-            return
-        try:
-            _delete([p for p, _ in _listing(self.staging + "/**", self.flags)], self.flags)
-        except Exception as exc:  # noqa: BLE001 - the next run in this folder sweeps it
-            import logging
+    def _makedirs(self, folder: str) -> None:
+        """``os.makedirs(folder)``, remembering the folders it creates (a run that does not
+        commit removes them again when they are empty)."""
+        self._made += [d for d in _nearest_existing(folder)[1] if d not in self._made]
+        os.makedirs(folder, exist_ok=True)  # (one that fails half way: its part is removed)
 
-            logging.getLogger(__name__).warning(
-                "could not remove the staging folder %s (%s); the next run there removes it",
-                self.staging, exc)
+    def _cleanup(self) -> None:
+        """Remove what this run created locally and did not commit: its staging folder (only
+        when it made it: a folder of the same name is another run's) and the folders it created
+        that are still empty."""
+        if self._staging_made:
+            shutil.rmtree(self.staging, ignore_errors=True)
+            self._staging_made = False
+        if not self.committed:
+            for d in sorted(self._made, key=len, reverse=True):
+                try:
+                    os.rmdir(d)
+                except OSError:
+                    pass  # not empty (something was published there), or already gone
+            self._made = []
+
+    def discard(self) -> None:
+        """Remove the staging folder and everything in it (and, when the run did not commit,
+        the local folders it created that are still empty)."""
+        if self.remote:
+            try:
+                _delete([p for p, _ in _listing(self.staging + "/**", self.flags)], self.flags)
+            except Exception as exc:  # noqa: BLE001 - the next run in this folder sweeps it
+                import logging
+
+                logging.getLogger(__name__).warning(
+                    "could not remove the staging folder %s (%s); the next run there removes "
+                    "it", self.staging, exc)
+        self._cleanup()
 
     def staged(self, role: str) -> str:
         """Where the pipeline writes output ``role`` (inside the staging folder; a database
@@ -462,11 +859,45 @@ class RunOutputs:
 
     def commit(self, manifest: dict) -> dict:
         """Move every staged output into place, then write ``manifest`` (with the run id and the
-        files it covers) last. Returns the manifest as written."""
+        files it covers) last. Returns the manifest as written.
+
+        :attr:`published` lists the roles moved into place so far (``"manifest"`` last, once
+        the commit is complete) and :attr:`manifest_removed` whether the previous manifest was
+        removed. An ``OSError`` on the way (a full disk, a folder made read-only meanwhile, an
+        object store refusing a write) is raised as one :class:`OutputError` saying what failed
+        on which path and what was already published (also in its ``published`` attribute);
+        no temporary file, partial copy or staging folder is left behind."""
+        self.published, self.manifest_removed = [], False
+        step = ["reading the staged outputs in", self.staging]
+        try:
+            return self._commit(manifest, step)
+        except OSError as exc:
+            err = OutputError(self._failure(step, exc))
+            err.published = list(self.published)
+            raise err from exc
+        finally:
+            if not self.committed:
+                self.discard()
+
+    def _failure(self, step: list[str], exc: OSError) -> str:
+        what, path = step
+        if self.published:
+            state = (f"already published: {', '.join(self.published)} (their previous files "
+                     "are replaced); no manifest was written, so none vouches for the outputs "
+                     "until a run commits")
+        elif self.manifest_removed:
+            state = ("nothing new was published and the previous outputs are untouched, but "
+                     "their manifest was removed, so none vouches for them until a run commits")
+        else:
+            state = "nothing was published; the previous outputs and manifest are untouched"
+        return f"commit failed {what} {path}: {_reason(exc)}; {state}"
+
+    def _commit(self, manifest: dict, step: list[str]) -> dict:
         files = {}
         tables = {}
         for role, final in self.outputs.items():
             staged = self.staged(role)
+            step[:] = [f"reading the staged {role} output", staged]
             if not self.exists(staged):
                 raise OutputError(f"the run produced no {role} output ({staged}): not committed")
             if is_table_url(final):
@@ -486,24 +917,43 @@ class RunOutputs:
                                       "while the run ran: pass --force (force=True) to replace "
                                       "it; nothing was committed")
         manifest = {"run_id": self.run_id, **manifest, "files": files}
+        step[:] = ["removing the previous manifest", self.manifest]
         if exists(self.manifest, self.flags):  # from here no manifest vouches for a mixture
             if is_url(self.manifest):
                 _delete([self.manifest], self.flags)
             else:
                 os.remove(_local(self.manifest))
+            self.manifest_removed = True
         for role, table in tables.items():  # each table replaced in one transaction
             from ldp_beam.transforms.sinks import write_tidy
 
+            step[:] = [f"writing the {role} table", location(self.outputs[role])]
             write_tidy(table, self.outputs[role], mode="replace")
+            self.published.append(role)
         for role, final in self.outputs.items():
             if role not in tables:
+                step[:] = [f"moving the {role} output into place at", final]
+                if not is_url(final):
+                    self._makedirs(os.path.dirname(final))
                 _move(self.staged(role), final, self.flags)
+                self.published.append(role)
         tmp = self.scratch("manifest.json")
+        step[:] = ["writing the manifest", self.manifest]
         write_bytes(tmp, json_bytes(manifest), self.flags)
+        if not is_url(self.manifest):
+            self._makedirs(os.path.dirname(self.manifest))
         _move(tmp, self.manifest, self.flags)
+        self.published.append("manifest")
         self.committed = True
         self.discard()
         return manifest
+
+
+def _beside(real: str) -> list[str]:
+    """The names the run writes in a local output's folder: its own, then its temporary file
+    and the partial copy a move across file systems makes."""
+    base = os.path.basename(real)
+    return [base, base + ".tmp", base + PARTIAL_SUFFIX]
 
 
 def _suffix(path: str) -> str:
@@ -515,19 +965,24 @@ def _suffix(path: str) -> str:
 
 
 def _move(src: str, dst: str, flags: Sequence[str] = ()) -> None:
-    """Put the staged file ``src`` at ``dst``, replacing it: ``os.replace`` locally (a copy
-    beside the target then a replace across devices), ``FileSystems.rename`` within one file
-    system, a streamed copy then a delete between two."""
+    """Put the staged file ``src`` at ``dst``, replacing it: ``os.replace`` locally (across
+    devices, a copy beside the target, ``DST.ldp-beam-partial``, then a replace),
+    ``FileSystems.rename`` within one file system, a streamed copy then a delete between two.
+    A failure leaves no partial copy; the staged file is left to the staging folder's removal
+    once it is in place."""
     if not is_url(src) and not is_url(dst):
         src, dst = _local(src), _local(dst)
         os.makedirs(os.path.dirname(os.path.abspath(dst)) or ".", exist_ok=True)
         try:
             os.replace(src, dst)
-        except OSError:  # another file system: copy beside the target, then replace atomically
-            tmp = dst + ".ldp-beam-partial"
-            shutil.copyfile(src, tmp)
-            os.replace(tmp, dst)
-            os.remove(src)
+        except OSError as exc:
+            if exc.errno != errno.EXDEV:
+                raise
+            # another file system: copy beside the target, then replace atomically
+            with _partial(dst) as tmp:
+                shutil.copyfile(src, tmp)
+                os.replace(tmp, dst)
+            _unlink_quiet(src)
         return
     if is_url(src) and is_url(dst) and src.split("://", 1)[0] == dst.split("://", 1)[0]:
         _fs(src, flags).rename([src], [dst])
@@ -535,17 +990,30 @@ def _move(src: str, dst: str, flags: Sequence[str] = ()) -> None:
     if not is_url(dst):  # local target: copy beside it, then replace atomically
         dst = _local(dst)
         os.makedirs(os.path.dirname(os.path.abspath(dst)) or ".", exist_ok=True)
-        tmp = dst + ".ldp-beam-partial"
-        with open_read(src, flags) as fi, open(tmp, "wb") as fo:
-            shutil.copyfileobj(fi, fo, 1 << 22)
-        os.replace(tmp, dst)
+        with _partial(dst) as tmp:
+            with open_read(src, flags) as fi, open(tmp, "wb") as fo:
+                shutil.copyfileobj(fi, fo, 1 << 22)
+            os.replace(tmp, dst)
     else:
         with open_read(src, flags) as fi, open_write(dst, flags) as fo:
             shutil.copyfileobj(fi, fo, 1 << 22)
     if is_url(src):
         _delete([src], flags)
     else:
-        os.remove(_local(src))
+        _unlink_quiet(_local(src))
+
+
+@contextlib.contextmanager
+def _partial(dst: str):
+    """``DST.ldp-beam-partial``: a stale one removed first (never written through: it may be a
+    link), removed again if the copy or the replace fails."""
+    tmp = dst + PARTIAL_SUFFIX
+    _unlink_quiet(tmp)
+    try:
+        yield tmp
+    except BaseException:
+        _unlink_quiet(tmp)
+        raise
 
 
 def _default(x: Any) -> Any:

@@ -23,7 +23,10 @@ def test_collect_estimate_parquet_roundtrip(survey_table, tmp_path):
     assert rec == {"input": 3000, "reported": 2997, "dead_lettered": 3, "unreadable_rows": 0,
                    "unreadable_parts": 0, "unreadable_rows_unknown": False,
                    "reconciles": True, "counted_from": "data"}
-    assert man["guarantee"]["kind"] == "LDP" and man["guarantee"]["epsilon"] == 2.0
+    # seeded (--seed 4): not private in every field; what it would be unseeded is kept
+    assert man["guarantee"]["kind"] == "none (seeded: not private)"
+    assert man["guarantee"]["epsilon"] is None and man["guarantee"]["private"] is False
+    assert man["guarantee"]["unseeded"] == {"kind": "LDP", "epsilon": 2.0, "delta": 0.0}
     schema = pq.read_schema(out)
     assert schema.names == ["s", "b", "g"]
     assert b"ldp_beam" in schema.metadata
@@ -195,7 +198,8 @@ def test_demo_runs_and_reconciles(tmp_path):
     joint = json.loads((tmp_path / "estimate_cprr.json").read_text())["estimate"]
     table = np.asarray(joint["statistics"]["joint"]["clipped"])
     assert table.shape == (4, 4) and abs(table.sum() - 1) < 1e-12
-    assert joint["guarantee"]["kind"] == "ULDP"
+    assert joint["guarantee"]["kind"] == "none (seeded: not private)"  # the demo is seeded
+    assert joint["guarantee"]["unseeded"]["kind"] == "ULDP"
     assert (tmp_path / "joint_employment_health.png").stat().st_size > 1000
     # the histogram section: one central-DP release, no exact count in what is published
     assert "== DPHR" in so and "central-DP with epsilon=0.1" in so

@@ -99,22 +99,28 @@ def test_budget_refusal_names_what_was_spent(ledger_url, data):
         assert ei.value.spent.epsilon == pytest.approx(0.8) and ei.value.asked == (0.25, 0.0)
         assert [e["run_id"] for e in led.entries()] == ["run-a", "run-b"]  # nothing recorded
         reserve(led, "run-d", data, 0.2).commit()  # what still fits, fits (0.8 + 0.2 = 1)
-        assert led.spent(data["fingerprint"]).epsilon == pytest.approx(1.0)
+        assert led.spent(data["dataset"]).epsilon == pytest.approx(1.0)
 
 
 def test_budget_is_remembered_per_dataset_and_a_copy_spends_it(tmp_path, data):
+    """Issue 23: a dataset is a name. A copy read under the same --dataset name spends the same
+    budget; a run cannot raise it (only set_budget can, recorded)."""
     url = "sqlite:///" + str(tmp_path / "l.db")
     copy = tmp_path / "elsewhere" / "renamed.csv"
     copy.parent.mkdir()
     shutil.copy(data["uri"], copy)
-    other = dataset_identity(str(copy))
+    data = dataset_identity(data["uri"], name="survey")
+    other = dataset_identity(str(copy), name="survey")
     assert other["fingerprint"] == data["fingerprint"] and other["uri"] != data["uri"]
     with Ledger.open(url) as led:
         reserve(led, "r1", data, 0.7, budget=1.0).commit()
         with pytest.raises(BudgetExceeded, match="recorded for this dataset"):
             reserve(led, "r2", other, 0.5)  # no --budget given: the recorded one applies
-        reserve(led, "r3", other, 0.5, budget=1.5).commit()  # raised explicitly, recorded
-        assert led.budget(data["fingerprint"]) == (1.5, None)
+        with pytest.raises(BudgetExceeded, match="--set-budget"):
+            reserve(led, "r3", other, 0.5, budget=1.5)  # a run cannot raise it
+        led.set_budget("survey", 1.5, why="the owner agreed")  # the recorded act can
+        reserve(led, "r3", other, 0.5).commit()
+        assert led.budget("survey") == (1.5, None)
         (t,) = led.summary()
         assert t["spent"]["epsilon"] == pytest.approx(1.2) and t["remaining"] == pytest.approx(0.3)
         assert t["uris"] == sorted([data["uri"], other["uri"]])
@@ -127,10 +133,10 @@ def test_a_failed_run_gives_its_reservation_back(ledger_url, data):
                 raise RuntimeError("pipeline failed")
         (e,) = led.entries()
         assert e["status"] == "aborted" and "pipeline failed" in e["note"]
-        assert led.spent(data["fingerprint"]).epsilon == 0
+        assert led.spent(data["dataset"]).epsilon == 0
         with reserve(led, "ok", data, 0.9) as res:
             res.commit({})
-        assert led.spent(data["fingerprint"]).epsilon == pytest.approx(0.9)
+        assert led.spent(data["dataset"]).epsilon == pytest.approx(0.9)
         with pytest.raises(LedgerError, match="committed"):
             led.abort("ok")
         with pytest.raises(LedgerError, match="already in the ledger"):
@@ -150,7 +156,7 @@ def test_a_crashed_run_counts_as_spent_until_resolved(ledger_url, data, tmp_path
                        capture_output=True, text=True)
     assert r.returncode == -9, r.stderr
     with Ledger.open(ledger_url) as led:
-        spent = led.spent(data["fingerprint"])
+        spent = led.spent(data["dataset"])
         assert (spent.epsilon, spent.pending) == (pytest.approx(0.6), 1)
         with pytest.raises(BudgetExceeded, match="crashed-run estimate dphr epsilon=0.6 PENDING"):
             reserve(led, "rerun", data, 0.6)
@@ -162,7 +168,7 @@ def test_a_crashed_run_counts_as_spent_until_resolved(ledger_url, data, tmp_path
                            "--note", "killed before its pipeline finished")
     assert code == 0 and "resolved as aborted" in out
     with Ledger.open(ledger_url) as led:
-        assert led.spent(data["fingerprint"]).epsilon == 0
+        assert led.spent(data["dataset"]).epsilon == 0
         reserve(led, "rerun", data, 0.6).commit()
         with pytest.raises(ParameterError, match="--resolve"):
             led.resolve("rerun", "aborted")  # only pending runs are resolved
@@ -207,7 +213,7 @@ def test_find_release_returns_the_committed_release(ledger_url, data):
         reserve(led, "rel-1-again", data, 0.0, command="release", mechanism="dphr",
                 request=req, republished_from="rel-1").commit({}, release)
         assert led.find_release(data["fingerprint"], req)["run_id"] == "rel-1"
-        assert led.spent(data["fingerprint"]).epsilon == 0.5
+        assert led.spent(data["dataset"]).epsilon == 0.5
         with pytest.raises(BudgetExceeded) as ei:  # the re-publication spent nothing: not named
             reserve(led, "rel-3", data, 0.1, command="release", mechanism="dphr")
         assert "by 1 run(s) [rel-1 release dphr epsilon=0.5" in str(ei.value)
@@ -248,7 +254,7 @@ def test_concurrent_reservations_never_both_pass(ledger_url, tmp_path):
         kinds = sorted(type(v).__name__ for v in results.values())
         assert kinds == ["BudgetExceeded", "Reservation"], results
         with Ledger.open(ledger_url) as led:
-            assert led.spent(ds["fingerprint"]).epsilon == pytest.approx(0.7)
+            assert led.spent(ds["dataset"]).epsilon == pytest.approx(0.7)
 
 
 def test_a_reservation_waits_for_one_in_flight_and_counts_it(ledger_url, data):
@@ -261,8 +267,9 @@ def test_a_reservation_waits_for_one_in_flight_and_counts_it(ledger_url, data):
         reserve(led, "seed", data, 0.1, budget=1.0).commit()
     row = {c: None for c in _ENTRY_COLUMNS}
     row.update(run_id="other-process", status="pending", started="2026-01-01T00:00:00.000000Z",
-               command="estimate", fingerprint=data["fingerprint"], uri=data["uri"],
-               unit="record", mechanism="dphr", params="{}", epsilon=0.6, delta=0.0, seeded=0)
+               command="estimate", dataset=data["dataset"], fingerprint=data["fingerprint"],
+               uri=data["uri"], unit="record", mechanism="dphr", params="{}", epsilon=0.6,
+               delta=0.0, seeded=0)
     insert = (f"INSERT INTO ldp_beam_entries ({', '.join(_ENTRY_COLUMNS)}) VALUES "
               f"({', '.join('?' * len(_ENTRY_COLUMNS))})")
     if ledger_url.startswith("sqlite"):
@@ -274,8 +281,8 @@ def test_a_reservation_waits_for_one_in_flight_and_counts_it(ledger_url, data):
         import psycopg
 
         holder = psycopg.connect(ledger_url)
-        holder.execute("SELECT 1 FROM ldp_beam_datasets WHERE fingerprint = %s FOR UPDATE",
-                       (data["fingerprint"],))
+        holder.execute("SELECT 1 FROM ldp_beam_datasets WHERE dataset = %s FOR UPDATE",
+                       (data["dataset"],))
         holder.execute(insert.replace("?", "%s"), [row[c] for c in _ENTRY_COLUMNS])
         finish = lambda: (holder.commit(), holder.close())  # noqa: E731
     result: list = []
@@ -332,8 +339,8 @@ def test_postgres_locked_beyond_the_timeout_is_unavailable(pg_url, data):
     with Ledger.open(pg_url) as led:
         reserve(led, "first", data, 0.1).commit()
     holder = psycopg.connect(pg_url)
-    holder.execute("SELECT 1 FROM ldp_beam_datasets WHERE fingerprint = %s FOR UPDATE",
-                   (data["fingerprint"],))  # another run's reservation, mid-transaction
+    holder.execute("SELECT 1 FROM ldp_beam_datasets WHERE dataset = %s FOR UPDATE",
+                   (data["dataset"],))  # another run's reservation, mid-transaction
     try:
         with Ledger.open(pg_url, timeout=1.0) as led:
             t0 = time.monotonic()
@@ -383,7 +390,7 @@ def test_a_ledger_lost_before_commit_publishes_nothing_and_stays_pending(pg_serv
         admin.execute(f"ALTER DATABASE {name}_gone RENAME TO {name}")
     with Ledger.open(pg_url) as led:
         (e,) = led.entries()
-        assert e["status"] == "pending" and led.spent(data["fingerprint"]).epsilon == 0.5
+        assert e["status"] == "pending" and led.spent(data["dataset"]).epsilon == 0.5
 
 
 def test_unreachable_postgres_fails_within_seconds_without_the_password():
@@ -425,7 +432,7 @@ def test_pure_epsilon_sums_are_exact(tmp_path, data):
             reserve(led, f"r{i}", data, 0.1, budget=1.0).commit()  # ten tenths fit exactly
         with pytest.raises(BudgetExceeded):
             reserve(led, "r10", data, 1e-6)
-        assert led.spent(data["fingerprint"]).epsilon == 1.0
+        assert led.spent(data["dataset"]).epsilon == 1.0
 
 
 def test_generic_eps_delta_composition_is_the_optimal_one():
@@ -476,7 +483,7 @@ def test_a_run_without_a_finite_guarantee_never_fits_a_budget(tmp_path, data):
             reserve(led, "paper-variant", data, math.inf, budget=100.0)
     with Ledger.open("sqlite:///" + str(tmp_path / "m.db")) as led:
         reserve(led, "paper-variant", data, math.inf).commit()  # no budget: recorded as is
-        assert math.isinf(led.spent(data["fingerprint"]).epsilon)
+        assert math.isinf(led.spent(data["dataset"]).epsilon)
     code, out = ledger_cli("--ledger", "sqlite:///" + str(tmp_path / "m.db"), "--json")
     doc = json.loads(out)  # strict JSON: no Infinity
     assert doc["entries"][0]["epsilon"] is None and doc["totals"][0]["spent"]["epsilon"] is None
@@ -494,7 +501,7 @@ def test_a_budget_without_delta_refuses_a_run_with_delta(ledger_url, data):
                       budget=1.0, budget_delta=1e-5,
                       accounting={"noise": "gaussian", "sigma": 6.0, "sensitivity": 1.0})
         res.commit()
-        s = led.spent(data["fingerprint"])
+        s = led.spent(data["dataset"])
         assert s.delta == 1e-5 and "dp_accounting" in s.method and s.epsilon <= 0.5 + 1e-9
         with pytest.raises(ParameterError, match="accounting"):
             reserve(led, "bad", data, 0.1, accounting={"noise": "gaussian", "sigma": -1})
@@ -577,9 +584,9 @@ def test_stream_units_are_capped_per_unit(ledger_url, tmp_path):
         assert sorted(third.refused) == sorted(units[:100])  # 2 + 1 > 2.5
         assert set(third.refused.values()) == {2.0}
         assert sorted(third.admitted) == sorted(units[100:200])
-        spent = led.unit_spent(ds["fingerprint"], units[:3] + units[150:151])
+        spent = led.unit_spent(ds["dataset"], units[:3] + units[150:151])
         assert spent == {units[0]: 2.0, units[1]: 2.0, units[2]: 2.0, units[150]: 2.0}
-        assert len(led.unit_spent(ds["fingerprint"])) == 5000
+        assert len(led.unit_spent(ds["dataset"])) == 5000
     assert batch < 10, batch  # one batched transaction, not a round trip per unit
 
 

@@ -43,17 +43,27 @@ def test_a_budget_refuses_the_run_that_would_exceed_it(tmp_path):
     assert entry["uri"].endswith("t.parquet") and entry["started"]
 
 
-def test_a_copy_of_the_data_at_another_path_spends_the_same_budget(tmp_path):
+def test_a_copy_of_the_data_under_the_same_dataset_name_spends_the_same_budget(tmp_path):
+    """A dataset is a name (issue 23): a copy read under the same --dataset spends its budget;
+    without --dataset, each location is its own dataset (its canonical path)."""
     src = _table(tmp_path / "t.parquet")
     (tmp_path / "copy").mkdir()
     copy = tmp_path / "copy" / "t.parquet"
     copy.write_bytes(open(src, "rb").read())
     led = f"sqlite:///{tmp_path / 'ledger.db'}"
-    assert run_cli("collect", "-i", src, "-c", "v", *GRR, "--ledger", led, "--budget", "1",
-                   "-o", str(tmp_path / "r1.parquet"))[0] == 0
+    code, _, se = run_cli("collect", "-i", src, "-c", "v", *GRR, "--ledger", led, "--budget",
+                          "1", "--dataset", "survey", "-o", str(tmp_path / "r1.parquet"))
+    assert code == 0, se
+    assert f"ledger {led}: dataset survey has spent epsilon=1 of budget 1 (0 left)" in se
     code, _, se = run_cli("collect", "-i", str(copy), "-c", "v", *GRR, "--ledger", led,
-                          "-o", str(tmp_path / "r2.parquet"))
-    assert code == 2 and "--budget" in se
+                          "--dataset", "survey", "-o", str(tmp_path / "r2.parquet"))
+    assert code == 2 and "--budget" in se and "survey" in se
+    code, _, se = run_cli("collect", "-i", str(copy), "-c", "v", *GRR, "--ledger", led,
+                          "-o", str(tmp_path / "r3.parquet"))
+    assert code == 0, se
+    code, so, _ = run_cli("ledger", "--ledger", led, "--json")
+    totals = {t["dataset"]: t["spent"]["epsilon"] for t in json.loads(so)["totals"]}
+    assert totals == {"survey": 1.0, os.path.realpath(copy): 1.0}
 
 
 def test_a_rerun_release_is_republished_not_drawn_again(tmp_path):

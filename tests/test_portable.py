@@ -27,6 +27,7 @@ import pytest
 from ldp_beam import build_mechanism
 from ldp_beam.pipelines.collect import run_collect
 from ldp_beam.pipelines.bench_sources import _tail, _wait_for_port, stop_processes  # the bench's own service start-up
+from ldp_beam.pipelines.common import worker_pool_env
 from ldp_beam.pipelines.estimate import run_estimate
 
 STARTUP_SECONDS = 60
@@ -107,6 +108,8 @@ def portable_args(logs, shared):
              f"--port={job_port}"], stdout=open(job_log, "w"), stderr=subprocess.STDOUT))
         home = "/tmp/pool-home"
         env = {**os.environ, "TMPDIR": home} if PRIVATE_TMP else os.environ
+        # the pool starts each worker as PATH's `python`: make it this interpreter (issue 23)
+        env = worker_pool_env(os.path.join(shared, "pool-bin"), env)
         procs.append(subprocess.Popen(
             _private_host([sys.executable, "-m", "apache_beam.runners.worker.worker_pool_main",
                            f"--service_port={pool_port}"], home),
@@ -272,3 +275,22 @@ def test_stream_once_on_the_portable_runner(shared, portable_args):
     assert rows == ref_rows
     assert s["reconciles"] and s["records"] == ref["records"]
     assert s["records"]["lines"] == 61 and s["records"]["dead_lettered_at_source"] == 1
+
+
+def test_worker_pool_env_runs_workers_on_this_interpreter(tmp_path):
+    """Issue 23: Beam's worker pool starts each worker as PATH's `python`; with a PATH whose
+    first `python` has no Beam (a venv not on PATH), the job hung 300 s and failed. The pool's
+    environment puts this interpreter first, and the `python` it finds imports Beam."""
+    bad = tmp_path / "bad-bin"
+    bad.mkdir()
+    (bad / "python").write_text("#!/bin/sh\necho 'No module named apache_beam' >&2\nexit 1\n")
+    (bad / "python").chmod(0o755)
+    base = {**os.environ, "PATH": f"{bad}{os.pathsep}{os.environ.get('PATH', '')}"}
+    assert shutil.which("python", path=base["PATH"]) == str(bad / "python")
+    env = worker_pool_env(str(tmp_path / "pool-bin"), base)
+    found = shutil.which("python", path=env["PATH"])
+    assert os.path.realpath(found) == os.path.realpath(sys.executable)
+    out = subprocess.run(["python", "-c", "import apache_beam, sys; print(sys.executable)"],
+                         env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert worker_pool_env(str(tmp_path / "pool-bin"), base) == env  # idempotent

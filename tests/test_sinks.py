@@ -120,7 +120,8 @@ def test_groups_windows_errors_and_seeded_runs(estimates):
         [("region", "south")]
     err = rows[-1]
     assert err["statistic"] is None and err["error"] == "no reports" and err["n_reports"] == 0
-    assert all(r["seeded"] is True and r["guarantee_kind"] is None for r in rows)
+    assert all(r["seeded"] is True and r["guarantee_kind"] == "none (seeded: not private)"
+               and r["epsilon"] is None and r["delta"] is None for r in rows)
     assert "not private" in rows[0]["guarantee"]
     pane = {"window_start": "2026-01-01T00:00:00Z", "window_end": "2026-01-01T00:01:00Z",
             "estimate": estimates["grr"]}

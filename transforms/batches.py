@@ -147,7 +147,8 @@ def take(table: Any, idx: np.ndarray) -> Any:
 
 
 def report_schema(mechanism: Mechanism, passthrough: pa.Schema | None = None,
-                  seeded: bool = False, privacy_unit: dict | None = None) -> pa.Schema:
+                  seeded: bool = False, privacy_unit: dict | None = None,
+                  run_id: str | None = None) -> pa.Schema:
     """The Arrow schema of report batches, with the mechanism and its parameters in metadata.
 
     ``privacy_unit``: ``{"column", "max_reports_per_unit"}`` when each unit sent at most that
@@ -155,6 +156,8 @@ def report_schema(mechanism: Mechanism, passthrough: pa.Schema | None = None,
     ``seeded``: the reports were drawn from a caller's seed; the metadata then says so
     (``"seeded": true`` and a guarantee summary saying the reports are not private). Passthrough
     columns are listed as ``public_columns``: copied unprotected, declared public by the caller.
+    ``run_id``: the run that wrote the reports (``collect`` records it, so ``estimate`` can tie a
+    reports file to the manifest that committed it).
     """
     from ldp_beam.privacy import run_guarantee
 
@@ -170,6 +173,8 @@ def report_schema(mechanism: Mechanism, passthrough: pa.Schema | None = None,
                                        unit=unit, bounds=k if unit else None),
             "seeded": bool(seeded), "public_columns": public,
             "privacy_unit": privacy_unit, "ldp_beam_version": __version__}
+    if run_id is not None:
+        meta["run_id"] = str(run_id)
     return pa.schema(fields, metadata={SCHEMA_KEY: json.dumps(meta, default=list).encode()})
 
 

@@ -35,7 +35,7 @@ from apache_beam.metrics import Metrics
 from apache_beam.pvalue import TaggedOutput
 from apache_beam.utils.windowed_value import WindowedValue
 
-from ldp_beam.core import Mechanism
+from ldp_beam.core import Mechanism, cap_reason
 from ldp_beam.rng import RunKey, stream_id
 
 from .batches import (KeyedBatch, column_names, get_column, is_batch, report_schema,
@@ -75,7 +75,11 @@ def clipped_record(record: dict) -> tuple[dict, str]:
 
 def dead_letter(reason: str, record: Any, source: str = "", row: int | None = None) -> dict:
     """A dead-letter entry; a record's text cells longer than ``RECORD_TEXT_CHARS`` are cut (a
-    20 MB cell does not become a 20 MB dead letter) and the reason says so."""
+    20 MB cell does not become a 20 MB dead letter) and the reason says so. The reason itself is
+    at most :data:`~ldp_beam.core.REASON_CHARS` characters (16,000; a value quoted in it shows
+    at most :data:`~ldp_beam.core.QUOTED_VALUE_CHARS`, 2,000, see
+    :func:`~ldp_beam.core.quote_value`), plus that note."""
+    reason = cap_reason(str(reason))
     if isinstance(record, dict):
         record, note = clipped_record(record)
         reason += note

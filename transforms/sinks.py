@@ -28,8 +28,9 @@ ci_low, ci_high  the normal 95% interval value -/+ 1.96 stderr (null without a s
 n_reports        the reports the estimate is made from (null for central-DP releases, which
                  do not publish their exact count)
 guarantee        the guarantee in words (a seeded run says it is not private)
-guarantee_kind   LDP, ULDP, central-DP, ...; null for a seeded run (it promises nothing)
-epsilon, delta   the guarantee's parameters (null epsilon: none)
+guarantee_kind   LDP, ULDP, central-DP, ...; ``none (seeded: not private)`` for a seeded run
+                 (it promises nothing)
+epsilon, delta   the guarantee's parameters (null epsilon: none; both null for a seeded run)
 seeded           whether the run was seeded (reproducible and not private)
 note             the statistic's note
 error            why a group or window has no estimate (then statistic is null)
@@ -151,12 +152,21 @@ def _labels(name: str, n: int, params: Mapping[str, Any], stats: Mapping[str, An
 
 
 def _guarantee_fields(g: Any, seeded: Any) -> dict:
+    """The guarantee columns of a tidy row. A seeded run (``seeded`` given, or a guarantee that
+    says ``seeded``/``private: false``/the seeded kind) promises nothing, whatever the guarantee
+    dict carries: kind :data:`ldp_beam.privacy.SEEDED_KIND`, null epsilon and delta."""
+    from ldp_beam.privacy import SEEDED_KIND, is_seeded_guarantee
+
     if not isinstance(g, Mapping):
-        return {"guarantee": None if g is None else str(g), "guarantee_kind": None,
-                "epsilon": None, "delta": None, "seeded": None if seeded is None else bool(seeded)}
+        s = None if seeded is None else bool(seeded)
+        return {"guarantee": None if g is None else str(g),
+                "guarantee_kind": SEEDED_KIND if s else None,
+                "epsilon": None, "delta": None, "seeded": s}
     s = g.get("seeded", seeded)
-    return {"guarantee": g.get("summary"),
-            "guarantee_kind": None if s else g.get("kind"),
+    if bool(seeded) or is_seeded_guarantee(dict(g)):
+        return {"guarantee": g.get("summary"), "guarantee_kind": SEEDED_KIND,
+                "epsilon": None, "delta": None, "seeded": True}
+    return {"guarantee": g.get("summary"), "guarantee_kind": g.get("kind"),
             "epsilon": _number(g.get("epsilon")), "delta": _number(g.get("delta")),
             "seeded": None if s is None else bool(s)}
 

@@ -5,13 +5,30 @@ their URLs).
 URLs
 ----
 * ``duckdb:///ABS/PATH.db?table=T`` (``duckdb://rel/path.db?...`` for a relative path), or
-  ``...?query=SELECT ...``: a DuckDB database file, opened read-only.
+  ``...?query=SELECT ...``: a DuckDB database file, opened read-only with external access
+  disabled.
 * ``postgresql://USER[:PASSWORD]@HOST:PORT/DB?table=T`` (or ``query=``; ``postgres://`` too).
   Other URL parameters (``sslmode``, ``connect_timeout``, ...) go to libpq; a password is best
   given by ``PGPASSWORD`` or ``~/.pgpass`` (it never appears in a message or a dead letter).
 * ``iceberg:///ABS/PATH/catalog.db?table=NS.T``: an Iceberg table in a pyiceberg SQL catalog
   kept in a SQLite file; ``iceberg://NAME?table=NS.T``: in the catalog ``NAME`` configured for
   pyiceberg (``~/.pyiceberg.yaml`` or ``PYICEBERG_CATALOG__NAME__URI=...``).
+
+A ``query=`` is exactly one read-only SELECT, checked when the source is opened: DuckDB's own
+parser (``duckdb.extract_statements`` on the query alone) must find one statement, of type
+SELECT; for PostgreSQL, no ``;`` may stand outside string literals, quoted identifiers, dollar
+quotes and comments and the statement must start with SELECT, WITH, VALUES or TABLE (the server
+refuses a second command as well: every statement is prepared). Anything else is refused with a
+:class:`SourceError` naming ``query=`` and what was found; one trailing ``;`` is dropped. What
+the SELECT can reach is bounded by the connection: DuckDB databases are opened read-only with
+external access disabled and the configuration locked (``DUCKDB_CONFIG``: no file outside the
+database is read or written, no ATTACH, no extension); every PostgreSQL connection runs
+read-only transactions (``default_transaction_read_only``, set at connection and again before
+each statement of a pooled connection), so the server refuses writes, DDL, ``nextval()`` and
+writing functions a query calls. Functions that reach the server's files (``pg_read_file``,
+``lo_export``) need superuser or ``pg_read/write_server_files`` rights that a read-only
+transaction does not remove: read with a role that has neither (a ``query=`` source run as a
+superuser logs a warning).
 
 Settings in the URL (or as :class:`ReadTable` keywords): ``table`` or ``query`` (one of them);
 ``order_by=c1,c2`` (columns that order the rows; see below); ``split_rows=N`` (rows per work
@@ -61,6 +78,7 @@ it stands for, exactly as for files, so counts reconcile.
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import os
 import queue
@@ -68,7 +86,7 @@ import re
 import threading
 from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
-from urllib.parse import unquote, urlsplit
+from urllib.parse import quote, unquote, urlsplit
 
 import numpy as np
 import pyarrow as pa
@@ -81,6 +99,7 @@ from .io import (DEFAULT_BATCH_ROWS, DEFAULT_NULL_VALUES, EmptySourceError, Read
                  SourceError, _error_text)
 
 DEFAULT_SPLIT_ROWS = 1 << 20
+log = logging.getLogger(__name__)
 SCHEMES = {"duckdb": "duckdb", "postgresql": "postgresql", "postgres": "postgresql",
            "iceberg": "iceberg"}
 SETTINGS = ("table", "query", "order_by", "split_rows", "snapshot", "catalog")
@@ -201,6 +220,8 @@ class Source:
             quote_ident(table)
         if query is not None and not query.strip():
             raise SourceError(f"{self.name}: the query is empty")
+        if query is not None:
+            query = self._check_query(query)
         self.table, self.query = table, query
         self.units: list[SourceUnit] = []
         self.schema: pa.Schema = pa.schema([])
@@ -215,6 +236,11 @@ class Source:
     def plan(self) -> None:
         raise NotImplementedError
 
+    def _check_query(self, query: str) -> str:
+        """The ``query=`` text, checked to be exactly one read-only SELECT (raises
+        :class:`SourceError` naming ``query=`` and what was found); the text to run."""
+        return query
+
     def read(self, unit: SourceUnit, batch_rows: int) -> Iterator[pa.RecordBatch]:
         raise NotImplementedError
 
@@ -227,7 +253,9 @@ class Source:
 
     # -- shared planning for queries (and tables with order_by)
     def _relation(self) -> str:
-        return f"({self.query})" if self.query is not None else quote_ident(self.table)
+        # the query on lines of its own: a trailing line comment (-- ...) cannot swallow the
+        # closing parenthesis
+        return f"(\n{self.query}\n)" if self.query is not None else quote_ident(self.table)
 
     def _what(self) -> str:
         return f"query:{self.query}" if self.query is not None else self.table
@@ -267,25 +295,47 @@ class DuckDBSource(Source):
         self._con = None
         super().__init__(url, settings, allow_empty)
 
-    def _connect(self):
+    def _duckdb(self):
         try:
             import duckdb
         except ImportError:
             raise SourceError(f"{self.name}: reading DuckDB needs the duckdb package "
                               "(pip install 'ldp-beam[duckdb]')") from None
+        return duckdb
+
+    def _check_query(self, query: str) -> str:
+        """Exactly one SELECT statement, by DuckDB's own parser on the query text alone (a
+        query that closes the subquery it is read through and runs more statements is refused
+        here); a trailing ``;`` is dropped."""
+        text = query.rstrip()
+        while text.endswith(";"):
+            text = text[:-1].rstrip()
+        _duck_one_select(self._duckdb(), text or query, f"{self.name}: query=")
+        return text
+
+    def _connect(self):
+        duckdb = self._duckdb()
         if self._con is None:
             if not os.path.isfile(self.path):
                 raise SourceError(f"{self.name}: the DuckDB database file {self.path!r} does "
                                   "not exist")
             try:
-                self._con = duckdb.connect(self.path, read_only=True)
+                self._con = duckdb.connect(self.path, read_only=True, config=DUCKDB_CONFIG)
             except Exception as exc:  # noqa: BLE001
                 raise SourceError(f"{self.name}: cannot open the DuckDB database: "
                                   f"{_error_text(exc)}") from None
         return self._con
 
+    def _checked(self, sql: str) -> str:
+        """``sql`` (a statement this source built around its query) after checking that it is
+        still one SELECT (a second line of defence behind :meth:`_check_query`)."""
+        if self.query is not None:
+            _duck_one_select(self._duckdb(), sql, f"{self.name}: query=")
+        return sql
+
     def _sql(self, sql: str, arrow: bool = False):
         """Rows of ``sql`` (a list of tuples), or with ``arrow`` its Arrow schema."""
+        sql = self._checked(sql)
         try:
             if arrow:
                 return _duck_reader(self._connect().sql(sql), 1024).schema
@@ -335,7 +385,7 @@ class DuckDBSource(Source):
             return False
 
     def read(self, unit: SourceUnit, batch_rows: int) -> Iterator[pa.RecordBatch]:
-        yield from _duck_reader(self._connect().sql(unit.sql), batch_rows)
+        yield from _duck_reader(self._connect().sql(self._checked(unit.sql)), batch_rows)
 
     def close(self) -> None:
         if self._con is not None:
@@ -346,6 +396,29 @@ class DuckDBSource(Source):
         state = dict(self.__dict__)
         state["_con"] = None  # a connection stays in its process
         return state
+
+
+#: every DuckDB source connection: read-only (``read_only=True``), and nothing outside the
+#: database file is read or written (no COPY TO/FROM a file, no read_csv('/etc/...'), no ATTACH,
+#: no extension loads), locked so that no statement can turn it back on. DuckDB still reads the
+#: database file itself and spills large sorts to its temporary directory.
+DUCKDB_CONFIG = {"enable_external_access": False, "lock_configuration": True}
+
+
+def _duck_one_select(duckdb: Any, sql: str, what: str) -> None:
+    """Raise :class:`SourceError` unless ``sql`` is exactly one SELECT statement (DuckDB's
+    parser: ``duckdb.extract_statements``)."""
+    try:
+        statements = duckdb.extract_statements(sql)
+    except Exception as exc:  # noqa: BLE001
+        raise SourceError(f"{what} must be exactly one read-only SELECT statement; DuckDB "
+                          f"cannot parse it as one: {_error_text(exc)}") from None
+    kinds = [getattr(st.type, "name", str(st.type)) for st in statements]
+    if kinds != ["SELECT"]:
+        found = (f"{len(kinds)} statements ({', '.join(kinds)})" if len(kinds) > 1 else
+                 f"a {kinds[0]} statement" if kinds else "no statement")
+        raise SourceError(f"{what} must be exactly one read-only SELECT statement; found "
+                          f"{found}")
 
 
 def _duck_reader(rel: Any, batch_rows: int) -> pa.RecordBatchReader:
@@ -359,6 +432,12 @@ def _duck_reader(rel: Any, batch_rows: int) -> pa.RecordBatchReader:
 # --------------------------------------------------------------------------- PostgreSQL
 class PostgresSource(Source):
     """A PostgreSQL table or query read through ADBC (binary COPY into Arrow).
+
+    Every connection is opened with ``options=-c default_transaction_read_only=on`` (added to
+    any ``options`` the URL gives), so each transaction starts read-only; planning runs in one
+    such transaction, and a pooled connection sets the option again before each unit's
+    statement (a query's ``set_config()`` could otherwise have turned the session default off
+    for the next statement on that connection).
 
     How it reads: planning counts the rows of each unit's pages (TID range scans, the
     statements spread over two connections at once); a unit's pages are then read in two
@@ -406,15 +485,48 @@ class PostgresSource(Source):
         self.database = parts.path.lstrip("/") or (parts.username or "")
         params = dict(libpq)
         params.setdefault("connect_timeout", str(CONNECT_TIMEOUT))
+        # every transaction of every connection starts read-only (the server refuses INSERT,
+        # UPDATE, DELETE, DDL, nextval() and writes by functions a query calls); the option is
+        # set again before each statement on a pooled connection (_Prefetch), since a query's
+        # set_config() could have turned the session default off
+        opts = params.get("options", "")
+        params["options"] = quote((opts + " " if opts else "") + _PG_READ_ONLY_OPTION, safe="")
         query = "&".join(f"{k}={v}" for k, v in params.items())
         self.conninfo = "postgresql://" + parts.netloc + parts.path + "?" + query
         self._con = None
         self._pool: list = []  # idle connections of the readers' threads (autocommit)
         super().__init__(url, settings, allow_empty)
 
+    def _check_query(self, query: str) -> str:
+        """Exactly one SELECT (or WITH ... SELECT, VALUES, TABLE) statement: a ``;`` outside
+        string literals, quoted identifiers, dollar quotes and comments is refused (the server
+        would refuse a second statement too: every statement is prepared, and a prepared
+        statement holds one command); a trailing ``;`` is dropped. What the SELECT may do is
+        bounded by the read-only transactions every connection runs in (see the class
+        docstring)."""
+        text = query.rstrip()
+        while text.endswith(";") and _pg_split(text[:-1]) is not None:
+            text = text[:-1].rstrip()
+        parts = _pg_split(text)
+        what = f"{self.name}: query="
+        if parts is None:
+            raise SourceError(f"{what} must be exactly one read-only SELECT statement; it has an "
+                              "unterminated string, quoted identifier or comment")
+        if len(parts) != 1:
+            found = ", ".join(_pg_first_word(p) or "(empty)" for p in parts)
+            raise SourceError(f"{what} must be exactly one read-only SELECT statement; found "
+                              f"{len(parts)} statements ({found})")
+        word = _pg_first_word(parts[0])
+        if word not in _PG_QUERY_WORDS:
+            raise SourceError(f"{what} must be exactly one read-only SELECT statement; found "
+                              f"a statement that starts with {word!r}")
+        return text
+
     def _connect(self):
         if self._con is None:
             self._con = self._new_connection(autocommit=False)
+            if self.query is not None:
+                _warn_if_superuser(self)
         return self._con
 
     def _new_connection(self, autocommit: bool):
@@ -681,6 +793,9 @@ class _Prefetch:
             con = self.source._acquire()
             cur = con.cursor()
             try:
+                # read-only again (a query's set_config() may have changed the session default
+                # on this pooled connection); this statement's transaction starts read-only
+                cur.execute(_PG_SET_READ_ONLY)
                 # page ranges must come in physical order: a TID range scan, never a seq scan
                 cur.execute("SET enable_seqscan = off" if self.tid else "RESET enable_seqscan")
                 cur.adbc_statement.set_options(**{_BATCH_HINT: str(_FETCH_BYTES)})
@@ -722,6 +837,121 @@ def _page_range(a: int, b: int | None) -> str:
     """The rows on heap pages [a, b) (b None: to the end of the table), as a TID range."""
     cond = f"ctid >= '({a},0)'::tid"
     return cond if b is None else f"{cond} AND ctid < '({b},0)'::tid"
+
+
+_PG_READ_ONLY_OPTION = "-c default_transaction_read_only=on"
+_PG_SET_READ_ONLY = "SET default_transaction_read_only = on"
+#: the statements a PostgreSQL query= may be (by its first word)
+_PG_QUERY_WORDS = ("SELECT", "WITH", "VALUES", "TABLE")
+
+
+def _pg_split(sql: str) -> list[str] | None:
+    """``sql`` cut at each ``;`` outside string literals ('...', E'...' with backslash escapes),
+    quoted identifiers ("..."), dollar quotes ($tag$...$tag$) and comments (-- and nested /* */),
+    the empty parts (only blanks and comments) left out; None if a literal, quoted identifier or
+    comment is not terminated."""
+    parts, start, i, n = [], 0, 0, len(sql)
+    ident = re.compile(r"[A-Za-z0-9_\x80-\U0010ffff]")
+    while i < n:
+        c = sql[i]
+        if c == "-" and sql.startswith("--", i):
+            j = sql.find("\n", i)
+            i = n if j < 0 else j + 1
+        elif c == "/" and sql.startswith("/*", i):
+            depth, i = 1, i + 2
+            while depth:
+                a, b = sql.find("/*", i), sql.find("*/", i)
+                if b < 0:
+                    return None
+                if 0 <= a < b:
+                    depth, i = depth + 1, a + 2
+                else:
+                    depth, i = depth - 1, b + 2
+        elif c == "'":
+            escapes = i > 0 and sql[i - 1] in "eE" and (i < 2 or not ident.match(sql[i - 2]))
+            i += 1
+            while True:
+                if i >= n:
+                    return None
+                if escapes and sql[i] == "\\":
+                    i += 2
+                elif sql[i] == "'":
+                    if sql.startswith("''", i):
+                        i += 2
+                    else:
+                        i += 1
+                        break
+                else:
+                    i += 1
+        elif c == '"':
+            j = i + 1
+            while True:
+                k = sql.find('"', j)
+                if k < 0:
+                    return None
+                if sql.startswith('""', k):
+                    j = k + 2
+                else:
+                    i = k + 1
+                    break
+        elif c == "$" and (i == 0 or not ident.match(sql[i - 1])):
+            m = re.match(r"\$([A-Za-z_\x80-\U0010ffff][A-Za-z0-9_\x80-\U0010ffff]*)?\$",
+                         sql[i:])
+            if m is None:
+                i += 1
+                continue
+            tag = m.group(0)
+            k = sql.find(tag, i + len(tag))
+            if k < 0:
+                return None
+            i = k + len(tag)
+        elif c == ";":
+            parts.append(sql[start:i])
+            i += 1
+            start = i
+        else:
+            i += 1
+    parts.append(sql[start:])
+    return [p for p in parts if _pg_first_word(p) != ""]
+
+
+def _pg_first_word(sql: str) -> str:
+    """The first keyword of a statement (upper case), after blanks, comments and opening
+    parentheses; "" if there is none."""
+    i, n = 0, len(sql)
+    while i < n:
+        if sql[i].isspace() or sql[i] == "(":
+            i += 1
+        elif sql.startswith("--", i):
+            j = sql.find("\n", i)
+            i = n if j < 0 else j + 1
+        elif sql.startswith("/*", i):
+            j = sql.find("*/", i)
+            i = n if j < 0 else j + 2
+        else:
+            m = re.match(r"[A-Za-z_]+", sql[i:])
+            return m.group(0).upper() if m else sql[i:i + 20]
+    return ""
+
+
+def _warn_if_superuser(source: "PostgresSource") -> None:
+    """A superuser's SELECT can still reach the server's files (pg_read_file, lo_export:
+    read-only transactions do not stop them): say so once, when a query= source is planned."""
+    try:
+        cur = source._con.cursor()
+        try:
+            cur.execute("SELECT rolsuper FROM pg_roles WHERE rolname = current_user")
+            superuser = bool(cur.fetchall()[0][0])
+        finally:
+            cur.close()
+    except Exception:  # noqa: BLE001 - only a warning; the query's own errors come later
+        return
+    if superuser:
+        log.warning("ldp-beam: %s: the query= runs as a PostgreSQL superuser: read-only "
+                    "transactions stop writes to the database, but a superuser's SELECT can "
+                    "still call server file functions (pg_read_file, lo_export); read with a "
+                    "role that is not a superuser and not in pg_read_server_files / "
+                    "pg_write_server_files", source.name)
 
 
 def _pg_error(exc: BaseException) -> str:

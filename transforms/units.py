@@ -386,10 +386,28 @@ _TEXT_TYPES = (pa.types.is_string, pa.types.is_large_string, pa.types.is_binary,
                pa.types.is_large_binary)
 
 
+#: the reason a row without a unit is dead-lettered (``{col!r}``: the column)
+MISSING_UNIT_REASON = "missing privacy unit: column {col!r} is null, empty or only whitespace"
+
+
+def _blank_text(col: pa.Array) -> pa.Array:
+    """Whether each text of ``col`` (string or binary) is empty or only whitespace (null where
+    ``col`` is null), vectorized: Unicode whitespace (``utf8_is_space``) for UTF-8 text; bytes that
+    are not UTF-8 count ASCII whitespace only."""
+    if pa.types.is_binary(col.type) or pa.types.is_large_binary(col.type):
+        try:
+            col = pc.cast(col, pa.large_string() if pa.types.is_large_binary(col.type)
+                          else pa.string())
+        except pa.ArrowInvalid:  # not UTF-8: ASCII whitespace
+            return pc.match_substring_regex(col, r"^[\t\n\x0b\f\r ]*$")
+    return pc.or_(pc.equal(pc.binary_length(col), 0), pc.utf8_is_space(col))
+
+
 def unit_column(col: Any, column: str) -> tuple[pa.Array, np.ndarray]:
-    """The privacy-unit column (dictionaries decoded) and its rows without a unit: null, NaN or
-    the empty text. Raises TypeError for a type that cannot identify a unit (one with no text
-    form: lists, structs, ...)."""
+    """The privacy-unit column (dictionaries decoded) and its rows without a unit: null, NaN,
+    the empty text or a text of only whitespace (Unicode: spaces, tabs, no-break spaces...; ten
+    rows of ``"   "`` are ten rows without a unit, not one unit). Raises TypeError for a type that
+    cannot identify a unit (one with no text form: lists, structs, ...)."""
     if isinstance(col, pa.ChunkedArray):
         col = col.combine_chunks()
     if pa.types.is_dictionary(col.type):
@@ -403,7 +421,7 @@ def unit_column(col: Any, column: str) -> tuple[pa.Array, np.ndarray]:
             raise TypeError(f"privacy-unit column {column!r} has type {t}, which cannot "
                             "identify a unit (use text or integers)") from None
     if text:
-        missing = pc.fill_null(pc.equal(pc.binary_length(col), 0), True)
+        missing = pc.fill_null(_blank_text(col), True)
     elif pa.types.is_floating(t):
         missing = pc.fill_null(pc.is_nan(col), True)
     else:
@@ -1855,7 +1873,7 @@ class FilterFn(beam.DoFn):
                           "from the first pass over the input (the source changed while it was "
                           "read); not kept")
             else:
-                reason = f"missing privacy unit: column {col!r} is null or empty"
+                reason = MISSING_UNIT_REASON.format(col=col)
             yield dead_letter(reason, {col: v}, b.source, int(rows.ids[i]))
 
 

@@ -46,7 +46,18 @@ Queries (§6), user-level add/remove L1 sensitivities with ``Bmax = max(|lower|,
 and ``cv`` = sqrt(variance)/mean (N, S, Q at eps/3 each). Estimators: ``raw`` (the query on the
 sample, what the paper appears to do; biased for count/sum by ``sum pi / n``) and ``ratio``
 (count/sum times ``n / sum pi``; only where ``pi`` is public, i.e. ``sound-public``, or in the
-claim-free ``paper`` mode).
+claim-free ``paper`` mode). Bounds whose sums would overflow are refused when the mechanism is
+built: besides a finite ``upper - lower``, ``Bmax`` at most about 1.95e289 for the queries that
+sum values and 4.4e144 for those that sum squares (the sums of up to 2^63 values must stay
+finite), and OSPDPRR's noise variance finite.
+
+**Clipping (``clip=True``).** Values outside [lower, upper] are clipped into it where the row is
+checked, and each report carries the row's number of clipped target values (report field
+``clipped``); the estimators sum it exactly (one more integer in the one-pass accumulators, one
+more column in the rows) and put it in ``Estimate.curator["values_clipped"]``, never in the
+release: the number is a statistic of the private data. The released query's note says that
+values outside [lower, upper] were clipped and that their exact number is in the curator file,
+not published.
 
 **sound-self: one pass, memory that does not grow with users (issue 16).** M_u is a function
 of user u's own row, so so is pi_u, and the row's sampling Bernoulli(pi_u) is drawn where the
@@ -57,8 +68,8 @@ secret key (:class:`~ldp_beam.rng.RunKey`, fresh OS entropy; never a fixed defau
 the row's identity (its input stream and record offset, from ``ReadTable``'s ``KeyedBatch``),
 so the sample is secret, a runner's retry reproduces it, and a seeded run (reproducible, and
 saying it is not private) samples the same rows whatever the runner or batch size. The
-estimator's accumulator is four int64 numbers ``[users, N, S, Q]``: the users seen (curator
-bookkeeping, never released) and the sample's statistics summed exactly on the integer lattice
+estimator's accumulator is four int64 numbers ``[users, N, S, Q]`` (a fifth, the clipped values,
+with ``clip=True``): the users seen (curator bookkeeping, never released) and the sample's statistics summed exactly on the integer lattice
 (:func:`statistic_lattice`), so ``add`` and ``merge`` are integer additions (exact in any split
 and merge order; at most (2^63 - 1) / (k_T 2^20) users, checked), and ``finalize`` draws the one
 discrete Laplace noise (:meth:`OSPDPRR.release_sums`). The release's distribution is that of
@@ -131,6 +142,7 @@ user present in several keys or windows) adds its budget for her (sequential com
 from __future__ import annotations
 
 import math
+import sys
 import threading
 import weakref
 from dataclasses import dataclass, field
@@ -494,6 +506,7 @@ def _check_common(self: Any) -> None:
     object.__setattr__(self, "k", k)
     object.__setattr__(self, "target", target)
     check_interval(self.lower, self.upper)
+    _check_magnitudes(self)
     if not isinstance(self.clip, (bool, np.bool_)):
         raise ParameterError("clip", self.clip, "True or False")
     if self.mean_floor is not None:
@@ -510,6 +523,34 @@ def _check_common(self: Any) -> None:
             "values bounded away from 0")
 
 
+#: the largest number of values a release sums (the int64 counts' limit): a sum of values
+#: bounded by Bmax = max(|lower|, |upper|) is at most MAX_TERMS Bmax, of squares MAX_TERMS Bmax^2
+MAX_TERMS = float(1 << 63)
+
+
+def _check_magnitudes(self: Any) -> None:
+    """The bounds' scaled computations must stay finite (an overflow would release inf or fail
+    mid-run): the sums of up to 2^63 values (S: Bmax each) and of their squares (Q: Bmax^2,
+    for the queries that use Q, and OsdpRR's sum, whose stderr does), and OSPDPRR's noise
+    variance (checked with the noise in :func:`_check_bounds`)."""
+    bmax = max(abs(float(self.lower)), abs(float(self.upper)))
+    uses = set(QUERY_STATISTICS[self.query])
+    if isinstance(self, OsdpRR):
+        need_s, need_q = self.exact_sums
+        uses = {"N"} | ({"S"} if need_s else set()) | ({"Q"} if need_q else set())
+    for stat, power in (("S", 1), ("Q", 2)):
+        if stat not in uses:
+            continue
+        limit = (sys.float_info.max / MAX_TERMS) ** (1.0 / power)
+        if not bmax <= limit:
+            what = "values" if power == 1 else "squared values"
+            raise ParameterError(
+                "lower, upper", (self.lower, self.upper),
+                f"bounds with max(|lower|, |upper|) at most {limit:.3g} for query="
+                f"{self.query!r} (its sum of up to 2^63 {what} must stay finite; and lower and "
+                "upper finite with upper - lower finite)", "narrow the bounds")
+
+
 def _check_bounds(self: Any, share: float | None = None) -> None:
     """The contribution bounds (integers in [1, 10^6]); with ``share`` (the budget of one noisy
     statistic) also that the noise they need stays within the exact sampler's range."""
@@ -518,21 +559,46 @@ def _check_bounds(self: Any, share: float | None = None) -> None:
     if share is None:
         return
     m = self.max_partitions_per_unit * self.max_rows_per_partition
-    for _, sens in statistic_lattice(self.query, len(self.target), self.lower, self.upper,
-                                     m).values():
+    for stat, (grid, sens) in statistic_lattice(self.query, len(self.target), self.lower,
+                                                self.upper, m).items():
         try:
-            discrete_laplace_scale(sens, share)
+            scale = discrete_laplace_scale(sens, share)
         except ParameterError:
             raise ParameterError(
                 "max_rows_per_partition", self.max_rows_per_partition,
                 f"bounds whose product L0 x Linf = {m} keeps the noise scale (L0 x Linf x "
                 f"{sens // m} lattice units / {share:g}) below 2^56 units",
                 "smaller contribution bounds, or a larger t") from None
+        # the released noise's variance in data units (its stderr) must be finite
+        with np.errstate(over="ignore"):
+            var = grid * grid * float(discrete_laplace_variance(scale))
+        if not math.isfinite(var):
+            raise ParameterError(
+                "lower, upper", (self.lower, self.upper),
+                f"bounds whose noise for {STATISTIC_NAMES[stat]} (scale {float(scale):.4g} "
+                f"units of {grid:.4g}) has a finite variance: a smaller max(|lower|, |upper|)",
+                "narrow the bounds, or raise t")
+
+
+#: the report field (``clip=True`` only) holding how many of the row's target values were
+#: clipped into [lower, upper]; the estimators sum it into the curator-only count
+#: ``Estimate.curator["values_clipped"]``
+CLIPPED = "clipped"
+CLIPPED_DTYPE = "uint32"
+#: what a release with ``clip=True`` says about clipping (the exact count is not published)
+CLIP_NOTE = ("values outside [{lo:g}, {hi:g}] were clipped to it (clip=True); their exact "
+             "number is in the curator file, not published")
+
+
+def _clip_note(self: Any) -> str:
+    return "; " + CLIP_NOTE.format(lo=self.lower, hi=self.upper) if self.clip else ""
 
 
 def _flag_values(self: Any, cols: dict, reasons: Reasons) -> None:
     """Missing target values are invalid; values outside [lower, upper] are clipped when
-    ``clip`` was asked for and invalid otherwise."""
+    ``clip`` was asked for and invalid otherwise. With ``clip``, ``cols["clipped"]`` counts
+    each row's clipped target values (the report field :data:`CLIPPED`)."""
+    clipped = np.zeros(reasons.n, dtype=CLIPPED_DTYPE) if self.clip else None
     for i in self.target:
         name = f"value{i}"
         v = cols[name]
@@ -541,10 +607,39 @@ def _flag_values(self: Any, cols: dict, reasons: Reasons) -> None:
             out = (v < self.lower) | (v > self.upper)
         if self.clip:
             cols[name] = np.clip(v, self.lower, self.upper)
+            clipped += out
         else:
             reasons.flag(out, lambda r, v=v, nm=name: (
                 f"{nm}: {float(v[r])!r} is outside the declared interval [{self.lower!r}, "
                 f"{self.upper!r}] (not clipped; set clip=True to clip)"))
+    if clipped is not None:
+        cols[CLIPPED] = clipped
+
+
+def _clipped_column(self: Any, cols: Mapping[str, np.ndarray], n: int) -> np.ndarray:
+    """The rows' clipped-value counts (as :func:`_flag_values` left them; zeros for columns
+    built without :meth:`check`)."""
+    c = cols.get(CLIPPED)
+    return np.zeros(n, dtype=CLIPPED_DTYPE) if c is None else np.asarray(c, dtype=CLIPPED_DTYPE)
+
+
+def _clipped_sum(mech: Any, reports: Mapping[str, Any]) -> int:
+    """The clipped values of a batch of reports (their :data:`CLIPPED` field summed)."""
+    if CLIPPED not in reports:
+        raise ParameterError("reports", sorted(reports), f"{mech.name} reports with clip=True: "
+                             f"the field {CLIPPED!r} (the row's clipped values, made by "
+                             f"{type(mech).__name__}.perturb/randomize)")
+    return int(np.asarray(reports[CLIPPED]).astype(np.int64).sum())
+
+
+def _check_clipped(mech: Any, reports: Mapping[str, Any], reasons: Reasons) -> None:
+    """Report field :data:`CLIPPED`: a whole number in [0, k_T]."""
+    v, _ = coerce_numeric(reports[CLIPPED])
+    kt = mech.k_target
+    with np.errstate(invalid="ignore"):
+        bad = ~np.isfinite(v) | (v < 0) | (v > kt) | (v != np.floor(v))
+    reasons.flag(bad, lambda r, v=v: f"report field {CLIPPED!r}: {float(v[r])!r} is not a "
+                 f"whole number in [0, {kt}]")
 
 
 def _flag_levels(self: Any, cols: dict, reasons: Reasons, items: Iterable[int]) -> None:
@@ -593,9 +688,10 @@ def _ospdprr_roles(m: "OSPDPRR") -> tuple[Role, ...]:
 
 def _ospdprr_fields(m: "OSPDPRR") -> tuple[tuple[str, str], ...]:
     values = tuple((f"value{i}", "float64") for i in m.target)
+    clip = ((CLIPPED, CLIPPED_DTYPE),) if m.clip else ()
     if m.one_pass:  # sound-self: the row's sampling decision, drawn where the row is read
-        return values + (("sampled", "uint8"),)
-    return values + tuple((f"weight{i}", "float64") for i in range(1, m.k + 1))
+        return values + (("sampled", "uint8"),) + clip
+    return values + tuple((f"weight{i}", "float64") for i in range(1, m.k + 1)) + clip
 
 
 class _UnitBounded:
@@ -647,7 +743,8 @@ class OSPDPRR(_UnitBounded, Mechanism):
         Role("importance<i>", required=False, help="one per item i = 1..k: importance in (0, 1]")))
     report_fields = _ByItem(_ospdprr_fields, (
         ("value<i>", "float64"), ("sampled", "uint8 (sound-self)"),
-        ("weight<i>", "float64 (sound-public, paper)")))
+        ("weight<i>", "float64 (sound-public, paper)"),
+        (CLIPPED, f"{CLIPPED_DTYPE} (clip=True: the row's clipped values)")))
 
     t: float
     query: str = "sum"
@@ -897,12 +994,14 @@ class OSPDPRR(_UnitBounded, Mechanism):
         (per record, from the run's secret key and the row's identity in a pipeline) -- the
         same Bernoulli(pi_u) as :meth:`release` draws, and never published."""
         out = {f"value{i}": np.asarray(cols[f"value{i}"], dtype=np.float64) for i in self.target}
+        n = out[f"value{self.target[0]}"].shape[0]
         if not self.one_pass:
             out.update({f"weight{i}": np.asarray(cols[f"weight{i}"], dtype=np.float64)
                         for i in range(1, self.k + 1)})
+            if self.clip:
+                out[CLIPPED] = _clipped_column(self, cols, n)
             return out
         u = np.asarray(u)
-        n = out[f"value{self.target[0]}"].shape[0]
         if u.ndim != 2 or u.shape[0] != n or u.shape[1] < 1:
             raise ValueError(f"{self.name} (mode sound-self) samples each row with one uniform: "
                              f"randomize needs an ({n}, 1) array of uniforms, not shape {u.shape}")
@@ -913,6 +1012,8 @@ class OSPDPRR(_UnitBounded, Mechanism):
                                  for i in range(1, self.k + 1)]) if n else np.zeros((0, self.k))
             _, _, pi = self.sampling(w)
         out["sampled"] = (u[:, 0] < pi).astype(np.uint8)
+        if self.clip:
+            out[CLIPPED] = _clipped_column(self, cols, n)
         return out
 
     # -- stages 1-3 and the one release
@@ -1133,7 +1234,7 @@ class OSPDPRR(_UnitBounded, Mechanism):
             base += "; stderr: the Laplace noise alone (the sampling error is not included)"
         if self.mode == "paper":
             base += "; paper mode: replication only, no privacy claim"
-        return base
+        return base + _clip_note(self)
 
 
 class _ReleasedOnce:
@@ -1232,13 +1333,19 @@ class _UserRowsEstimator(_ReleasedOnce, Estimator):
 
     def _release(self, acc: np.ndarray, key: Any) -> Estimate:
         acc = _canonical(acc)
-        kt = self.mechanism.k_target
-        rel = self.mechanism.release(acc[:, :kt], acc[:, kt:],
-                                     release_source(self.seed, acc, key), allow_empty=True,
-                                     **getattr(self, "_lean", {}))
-        # n_reports=None: the exact number of users is itself sensitive and is not released
-        return Estimate(self.mechanism.name, None, rel.statistics, self.mechanism.guarantee,
-                        self.mechanism.params())
+        m = self.mechanism
+        kt, k = m.k_target, getattr(m, "k", acc.shape[1] - m.k_target)
+        # the noise is addressed by the rows without the clipped counts (the same address,
+        # hence the same seeded release, as without them)
+        rel = m.release(acc[:, :kt], acc[:, kt:kt + k],
+                        release_source(self.seed, np.ascontiguousarray(acc[:, :kt + k]), key),
+                        allow_empty=True,
+                        **getattr(self, "_lean", {}))
+        # n_reports=None: the exact number of users is itself sensitive and is not released;
+        # nor is the number of clipped values (curator only: Estimate.curator)
+        curator = ({"values_clipped": int(acc[:, kt + k:].sum())}
+                   if getattr(m, "clip", False) else {})
+        return Estimate(m.name, None, rel.statistics, m.guarantee, m.params(), curator)
 
 
 class OSPDPRREstimator(_UserRowsEstimator):
@@ -1248,12 +1355,14 @@ class OSPDPRREstimator(_UserRowsEstimator):
     (:meth:`OSPDPRR.randomize`: ``sampled = u < pi_u``, u drawn where the row was read); the
     accumulator is four int64 numbers, ``[users, N, S, Q]``: the users seen (the curator's
     count, never released) and the sample's statistics summed exactly on the integer lattice
-    (:func:`statistic_lattice`). ``add`` and ``merge`` add integers (exact, so any split and
+    (:func:`statistic_lattice`); with ``clip=True`` a fifth, the values clipped (released only
+    to the curator, in ``Estimate.curator["values_clipped"]``). ``add`` and ``merge`` add integers (exact, so any split and
     merge order gives the same accumulator, bit for bit); ``finalize`` draws the one discrete
     Laplace noise (:meth:`OSPDPRR.release_sums`). The memory does not grow with users.
 
     **sound-public, paper (O(users)).** The accumulator is a float64 array of shape (users, k_T
-    + k), the target values and item weights, because the normalization, the ideal points and
+    + k), the target values and item weights (and with ``clip=True`` a last column, the row's
+    clipped values), because the normalization, the ideal points and
     A/B need all users and the sample is drawn at release time (capped by
     ``LDP_BEAM_MAX_USER_CELLS``). ``merge`` appends the rows once; ``finalize`` sorts the rows
     first, so the release is the same whatever the split or merge order.
@@ -1266,8 +1375,11 @@ class OSPDPRREstimator(_UserRowsEstimator):
     def __init__(self, mechanism: Any, seed: int | None = None) -> None:
         super().__init__(mechanism, seed)
         self.one_pass = bool(getattr(mechanism, "one_pass", False))
-        # the one-pass accumulator is four integers; the other modes' holds one row per user
+        # the one-pass accumulator is four integers (five with clip=True: the clipped values);
+        # the other modes' holds one row per user
         self.accumulates_rows = not self.one_pass
+        self.clip = bool(getattr(mechanism, "clip", False))
+        self._size = 5 if self.clip else 4
         if self.one_pass:
             self.lattice = statistic_lattice(mechanism.query, mechanism.k_target,
                                              mechanism.lower, mechanism.upper,
@@ -1276,11 +1388,11 @@ class OSPDPRREstimator(_UserRowsEstimator):
             # for up to this many users (about 8.8e12 / k_T)
             self.max_users = ((1 << 63) - 1) // (mechanism.k_target << LATTICE_BITS)
 
-    # -- the one-pass (sound-self) accumulator: [users, N, S, Q], int64
+    # -- the one-pass (sound-self) accumulator: [users, N, S, Q] (+ [clipped]), int64
     def create(self) -> np.ndarray:
         if not self.one_pass:
             return super().create()
-        return np.zeros(4, dtype=np.int64)
+        return np.zeros(self._size, dtype=np.int64)
 
     def add(self, acc: np.ndarray, reports: Mapping[str, np.ndarray]) -> np.ndarray:
         """sound-self: ``acc`` plus the users of ``reports`` and the lattice sums of the
@@ -1298,12 +1410,15 @@ class OSPDPRREstimator(_UserRowsEstimator):
         if not n:
             return acc
         cols = [np.asarray(reports[f"value{i}"], dtype=np.float64).reshape(-1) for i in m.target]
+        clipped = _clipped_sum(m, reports) if self.clip else 0
         if all(c.shape[0] == n for c in cols):
             # the sums column by column: the same integers as statistic_units' (n, 3) table
             # summed (int64 addition is exact and order-free), without building it
-            out = np.empty(4, dtype=np.int64)
+            out = np.empty(self._size, dtype=np.int64)
             out[0] = self._users(int(acc[0]) + n)
-            out[1:] = np.asarray(acc[1:], dtype=np.int64) + self._sample_units(cols, keep)
+            out[1:4] = np.asarray(acc[1:4], dtype=np.int64) + self._sample_units(cols, keep)
+            if self.clip:
+                out[4] = int(acc[4]) + clipped
             return out
         if keep.all():
             vals = np.column_stack([np.asarray(reports[f"value{i}"], dtype=np.float64)
@@ -1311,10 +1426,12 @@ class OSPDPRREstimator(_UserRowsEstimator):
         else:
             vals = np.column_stack([np.asarray(reports[f"value{i}"], dtype=np.float64)
                                     .reshape(-1)[keep] for i in m.target])
-        out = np.empty(4, dtype=np.int64)
+        out = np.empty(self._size, dtype=np.int64)
         out[0] = self._users(int(acc[0]) + n)
-        out[1:] = np.asarray(acc[1:], dtype=np.int64) + statistic_units(
+        out[1:4] = np.asarray(acc[1:4], dtype=np.int64) + statistic_units(
             vals, self.lattice).sum(axis=0)
+        if self.clip:
+            out[4] = int(acc[4]) + clipped
         return out
 
     #: rows converted to lattice units at a time in :meth:`add`: slices of 128 KiB per float64
@@ -1383,17 +1500,23 @@ class OSPDPRREstimator(_UserRowsEstimator):
         if not self.one_pass:
             return super()._release(acc, key)
         acc = np.asarray(acc, dtype=np.int64)
-        rel = self.mechanism.release_sums(int(acc[0]), acc[1:],
-                                          release_source(self.seed, acc, key), allow_empty=True)
-        # n_reports=None: the exact number of users is itself sensitive and is not released
+        rel = self.mechanism.release_sums(int(acc[0]), acc[1:4],
+                                          release_source(self.seed, acc[:4], key),
+                                          allow_empty=True)
+        # n_reports=None: the exact number of users is itself sensitive and is not released;
+        # nor is the number of clipped values (curator only: Estimate.curator)
+        curator = {"values_clipped": int(acc[4])} if self.clip else {}
         return Estimate(self.mechanism.name, None, rel.statistics, self.mechanism.guarantee,
-                        self.mechanism.params())
+                        self.mechanism.params(), curator)
 
     def check_reports(self, reports: Mapping[str, Any], n: int | None = None) -> Reasons:
         reasons = super().check_reports(reports, n)
         m = self.mechanism
         for name, _ in self.fields:
             if name not in reports:
+                continue
+            if name == CLIPPED:
+                _check_clipped(m, reports, reasons)
                 continue
             v, _ = coerce_numeric(reports[name])  # non-numeric entries -> NaN, flagged below
             if name == "sampled":
@@ -1534,7 +1657,8 @@ def _osdp_fields(m: "OsdpRR") -> tuple[tuple[str, str], ...]:
     # the record's value and whether it is in the released sample (non-sensitive and kept),
     # drawn where the row is read
     return (tuple((f"value{i}", "float64") for i in m.target)
-            + tuple((f"released{i}", "uint8") for i in m.target))
+            + tuple((f"released{i}", "uint8") for i in m.target)
+            + (((CLIPPED, CLIPPED_DTYPE),) if m.clip else ()))
 
 
 @dataclass(frozen=True)
@@ -1590,7 +1714,9 @@ class OsdpRR(_UnitBounded, Mechanism):
     roles = _ByItem(_osdp_roles, (
         Role("value<i>", help="one per target item i: a number in [lower, upper]"),
         Role("level<i>", help="one per target item i: sensitivity level in [0, 1]")))
-    report_fields = _ByItem(_osdp_fields, (("value<i>", "float64"), ("released<i>", "uint8")))
+    report_fields = _ByItem(_osdp_fields, (
+        ("value<i>", "float64"), ("released<i>", "uint8"),
+        (CLIPPED, f"{CLIPPED_DTYPE} (clip=True: the row's clipped values)")))
 
     epsilon: float
     query: str = "sum"
@@ -1720,6 +1846,8 @@ class OsdpRR(_UnitBounded, Mechanism):
         for j, i in enumerate(self.target):
             sens = np.asarray(cols[f"sensitive{i}"]).astype(bool)
             out[f"released{i}"] = (~sens & (u[:, j] < q)).astype(np.uint8)
+        if self.clip:
+            out[CLIPPED] = _clipped_column(self, cols, n)
         return out
 
     def record_sums(self, values: np.ndarray, released: np.ndarray) -> tuple[int, int, int]:
@@ -1768,21 +1896,23 @@ class OsdpRR(_UnitBounded, Mechanism):
             var_sum = (n_rel if self.query == "count" else ss) * (1 - q)
             stats[f"{self.query}_raw"] = Statistic(
                 raw, math.sqrt(var_sum), note="on the released records: its expectation is "
-                "q times the non-sensitive total (stderr: the sampling error alone)")
+                "q times the non-sensitive total (stderr: the sampling error alone)"
+                + _clip_note(self))
             stats[f"{self.query}_scaled"] = Statistic(
                 raw / q, math.sqrt(var_sum) / q,
                 note="released total / q: an unbiased estimate of the non-sensitive total only; "
-                     "biased by minus the sensitive mass (stderr excludes that bias)")
+                     "biased by minus the sensitive mass (stderr excludes that bias)"
+                     + _clip_note(self))
             stats[self.query] = stats[f"{self.query}_{self.estimator}"]
         elif not records:
-            stats[self.query] = Statistic(None, note="no record was released")
+            stats[self.query] = Statistic(None, note="no record was released" + _clip_note(self))
         else:
             value, clipped = query_answer(self.query, n_rel, s, ss, self.lower, self.upper,
                                           self.resolved_mean_floor)
             stats[self.query] = Statistic(
                 float(value), None, float(clipped),
                 note="on the released non-sensitive records; unbiased for the full data only "
-                     "when sensitivity is independent of value")
+                     "when sensitivity is independent of value" + _clip_note(self))
         return Release(stats, {"q": q, "exact": (int(records), int(s_units), int(q_units))})
 
 
@@ -1793,7 +1923,9 @@ class OsdpRREstimator(_ReleasedOnce, Estimator):
     (:meth:`OsdpRR.randomize`, drawn where the row was read). The accumulator is a numpy object
     array of four Python integers ``[users, records, S, Q]``: the users seen (curator
     bookkeeping, never released), the released records, and the exact sums of their values and
-    squares in units of 2^-1074 (Python integers: float64 sums need up to ~2,100 bits). ``add``
+    squares in units of 2^-1074 (Python integers: float64 sums need up to ~2,100 bits); with
+    ``clip=True`` a fifth, the values clipped (curator only: ``Estimate.curator
+    ["values_clipped"]``). ``add``
     and ``merge`` add integers (no rounding: any split and merge order gives the same four
     integers, bit for bit); ``finalize`` rounds the sums once and answers the query. Constant
     memory: four integers of at most ~2,100 + log2(records) bits, whatever the number of users.
@@ -1809,15 +1941,17 @@ class OsdpRREstimator(_ReleasedOnce, Estimator):
         super().__init__(mechanism)
         self.seed = seed
         self.fields = mechanism.report_fields
+        # clip=True: a fifth integer, the values clipped into [lower, upper] (curator only)
+        self.clip = bool(getattr(mechanism, "clip", False))
 
     @staticmethod
-    def _acc(users: int, records: int, s: int, q: int) -> np.ndarray:
-        out = np.empty(4, dtype=object)
-        out[:] = [int(users), int(records), int(s), int(q)]
+    def _acc(users: int, records: int, s: int, q: int, *clipped: int) -> np.ndarray:
+        out = np.empty(4 + len(clipped), dtype=object)
+        out[:] = [int(users), int(records), int(s), int(q), *(int(c) for c in clipped)]
         return out
 
     def create(self) -> np.ndarray:
-        return self._acc(0, 0, 0, 0)
+        return self._acc(0, 0, 0, 0, *((0,) if self.clip else ()))
 
     def add(self, acc: np.ndarray, reports: Mapping[str, np.ndarray]) -> np.ndarray:
         """``acc`` plus the reports' users, released records and exact sums (a new array)."""
@@ -1840,13 +1974,14 @@ class OsdpRREstimator(_ReleasedOnce, Estimator):
             rel = np.column_stack([np.asarray(reports[f"released{i}"]).reshape(-1)
                                    for i in m.target])
         c, s, q = m.record_sums(vals, rel != 0)
-        users, records, s0, q0 = (int(a) for a in acc)
-        return self._acc(users + n, records + c, s0 + s, q0 + q)
+        users, records, s0, q0 = (int(a) for a in acc[:4])
+        clipped = (int(acc[4]) + _clipped_sum(m, reports),) if self.clip else ()
+        return self._acc(users + n, records + c, s0 + s, q0 + q, *clipped)
 
     def merge(self, accs: Iterable[np.ndarray]) -> np.ndarray:
-        out = [0, 0, 0, 0]
+        out = [0] * (5 if self.clip else 4)
         for a in accs:
-            for j in range(4):
+            for j in range(len(out)):
                 out[j] += int(a[j])
         return self._acc(*out)
 
@@ -1870,17 +2005,22 @@ class OsdpRREstimator(_ReleasedOnce, Estimator):
         return self._release(self.create() if acc is None else acc)
 
     def _release(self, acc: np.ndarray) -> Estimate:
-        _, records, s, q = acc
+        _, records, s, q = acc[:4]
         rel = self.mechanism.release_sums(int(records), int(s), int(q))
-        # n_reports=None: the exact number of users is itself sensitive and is not released
+        # n_reports=None: the exact number of users is itself sensitive and is not released;
+        # nor is the number of clipped values (curator only: Estimate.curator)
+        curator = {"values_clipped": int(acc[4])} if self.clip else {}
         return Estimate(self.mechanism.name, None, rel.statistics, self.mechanism.guarantee,
-                        self.mechanism.params())
+                        self.mechanism.params(), curator)
 
     def check_reports(self, reports: Mapping[str, Any], n: int | None = None) -> Reasons:
         reasons = super().check_reports(reports, n)
         m = self.mechanism
         for name, _ in self.fields:
             if name not in reports:
+                continue
+            if name == CLIPPED:
+                _check_clipped(m, reports, reasons)
                 continue
             v, _ = coerce_numeric(reports[name])  # non-numeric entries -> NaN, flagged below
             if name.startswith("value"):

@@ -6,6 +6,7 @@ The paper's scaled form ``((U - L)/2) b + (U + L)/2`` is only a presentation of 
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -27,6 +28,13 @@ def _bisample(x: np.ndarray, missing: np.ndarray | None, p: float, u: np.ndarray
         q = np.where(missing, 1.0 - p, q)  # Alg. 4: a null value gives b = 1 w.p. 1/(e^eps + 1)
     b = u[:, 1] < q
     return {"s": s.astype(np.uint8), "b": b.astype(np.uint8)}
+
+
+def debias_reach(epsilon: float) -> float:
+    """1/(2p - 1) with p = e^eps/(e^eps + 1), i.e. (e^eps + 1)/(e^eps - 1) = coth(eps/2): the
+    factor by which randomized response's estimates are debiased (computed without overflow)."""
+    t = math.tanh(float(epsilon) / 2.0)
+    return math.inf if t == 0.0 else 1.0 / t
 
 
 def bisample_output_probabilities(x: np.ndarray, p: float) -> np.ndarray:
@@ -52,6 +60,11 @@ class BiSample(ForcedAnswerMechanism):
     @property
     def draws(self) -> int:
         return 3  # direction, Bernoulli, fake value
+
+    @property
+    def normalized_reach(self) -> float:
+        """The unclipped estimate (f_pos - f_neg)/(2p - 1) reaches 1/(2p - 1) = coth(eps/2)."""
+        return debias_reach(self.epsilon)
 
     @property
     def guarantee(self) -> PrivacyGuarantee:
@@ -81,6 +94,12 @@ class BiSampleMD(NumericMechanism):
     @property
     def draws(self) -> int:
         return 2
+
+    @property
+    def normalized_reach(self) -> float:
+        """As BiSample's: 1/(2p - 1) = coth(eps/2) (the ratio estimate of the answering users'
+        mean can exceed it only when their estimated share is near 0, whatever the bounds)."""
+        return debias_reach(self.epsilon)
 
     @property
     def guarantee(self) -> PrivacyGuarantee:

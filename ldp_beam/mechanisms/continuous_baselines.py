@@ -51,6 +51,12 @@ def _stats():
     return stats
 
 
+#: the density estimators' released indicators (up to the kurtosis) take raw moments of the
+#: grid's cells, E[X^4] = (hi^5 - lo^5) / (5 (hi - lo)): the bounds' fifth power must be finite
+#: (|lower|, |upper| at most about 2.6e61); RVNS checks the same
+DENSITY_MOMENT_POWER = 5
+DENSITY_MOMENTS = ("the density estimate's moments up to the kurtosis: x^5 on the grid of "
+                   "[lower, upper]")
 _HALF_ULP = 2.0 ** -53  # u moves by half its 2^-53 grid step, so 2u moves by 2^-53
 
 
@@ -83,6 +89,14 @@ def gg_noise_from_uniform(u: np.ndarray, sigma: float, p: float) -> np.ndarray:
         t = np.where(c < 0.5, _special().gammaincinv(a, c), _special().gammainccinv(a, w))
         t = t ** (1.0 / p)
     return sign * sigma * t
+
+
+def max_noise(sigma: float, p: float) -> float:
+    """The largest |noise| :func:`gg_noise_from_uniform` can return for GG(0, sigma, p): its
+    value at the extreme uniform (u = 0, a two-sided tail of 2^-53); about 36.7 sigma for
+    Laplace, 6.1 sigma for p = 2."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        return float(abs(gg_noise_from_uniform(np.zeros(1), float(sigma), float(p))[0]))
 
 
 def gg_sd(sigma: float, p: float) -> float:
@@ -181,8 +195,19 @@ def calibrate_gg_sigma(epsilon: float, delta: float, sensitivity: float, p: floa
         return fn(epsilon, sensitivity, s, p) > delta
 
     hi = sensitivity / epsilon
+    if not math.isfinite(hi):
+        raise ParameterError("lower, upper", sensitivity,
+                             f"bounds whose width (upper - lower = {sensitivity:.4g}) divided "
+                             f"by epsilon = {epsilon:g} is below the largest float64",
+                             "narrow the bounds or raise epsilon")
     while bad(hi):
         hi *= 2.0
+        if not math.isfinite(hi):  # a scale beyond any float: the bounds are too wide
+            raise ParameterError("lower, upper", sensitivity,
+                                 f"bounds whose width (upper - lower = {sensitivity:.4g}) needs "
+                                 f"a noise scale below the largest float64 at epsilon = "
+                                 f"{epsilon:g}, delta = {delta:g}",
+                                 "narrow the bounds or raise epsilon/delta")
     lo = hi / 2.0
     while not bad(lo):
         hi, lo = lo, lo / 2.0
@@ -218,6 +243,19 @@ class _BoundedValue(Mechanism):
     def __post_init__(self) -> None:
         check_epsilon(self.epsilon)
         check_interval(self.lower, self.upper)
+        check_interval(self.lower, self.upper, power=DENSITY_MOMENT_POWER,
+                       computes=DENSITY_MOMENTS)
+
+    def _check_noise_reach(self) -> None:
+        """The noisy reports (x + noise) and the estimator's grid (the KDE's default margin of
+        8 noise standard deviations beyond the bounds) must stay finite: the largest noise a
+        draw can give (:func:`max_noise`) is checked with the bounds."""
+        width = float(self.upper) - float(self.lower)
+        far = max(max_noise(self.scale, self._p), 8.0 * self.noise_sd)
+        check_interval(self.lower, self.upper, reach=far / width,
+                       computes=f"noisy reports x + z with |z| up to {far:.4g} (the largest "
+                       f"noise a draw gives, or the estimator's margin of 8 noise standard "
+                       f"deviations), noise scale {self.scale:.4g}")
 
     @property
     def sensitivity(self) -> float:
@@ -242,6 +280,11 @@ class LaplaceNoise(_BoundedValue):
     Report: ``y`` (float64, data units, unbounded)."""
 
     NAME: ClassVar[str] = "laplace-dp"
+    _p: ClassVar[float] = 1.0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._check_noise_reach()
 
     @property
     def scale(self) -> float:
@@ -337,6 +380,11 @@ class GeneralizedGaussianNoise(_BoundedValue):
             scale = calibrate_gg_sigma(self.epsilon, float(self.delta), self.sensitivity,
                                        float(self.p), self.calibration)
         object.__setattr__(self, "_scale", scale)
+        self._check_noise_reach()
+
+    @property
+    def _p(self) -> float:
+        return float(self.p)
 
     @property
     def scale(self) -> float:
@@ -429,6 +477,9 @@ class SquareWave(_BoundedValue):
             raise ParameterError("epsilon", self.epsilon, f"a number in (0, {self.MAX_EPSILON:g}]",
                                  "beyond it the square wave is narrower than 2e-13 of the domain "
                                  "and EMS loses float precision")
+        check_interval(self.lower, self.upper, reach=self.b,
+                       computes=f"the report scale [-b, 1 + b], b = {self.b:.4g}, mapped to "
+                       "data units: lower + y (upper - lower)")
 
     @property
     def b(self) -> float:
@@ -481,5 +532,5 @@ class SquareWave(_BoundedValue):
 
 
 __all__ = ["LaplaceNoise", "GeneralizedGaussianNoise", "SquareWave", "square_wave_b",
-           "gg_noise_from_uniform", "gg_sd", "gg_delta", "gg_pdp_delta",
+           "gg_noise_from_uniform", "max_noise", "gg_sd", "gg_delta", "gg_pdp_delta",
            "gaussian_analytic_delta", "calibrate_gg_sigma"]

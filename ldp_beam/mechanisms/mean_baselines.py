@@ -18,6 +18,7 @@ import numpy as np
 from ..core import Reports
 from ..errors import ParameterError
 from ..privacy import FLOAT_OUTPUT_NOTE, LDP, PrivacyGuarantee
+from .bisample import debias_reach
 from .numeric import ForcedAnswerMechanism, NumericMechanism
 
 
@@ -36,6 +37,11 @@ class Harmony(ForcedAnswerMechanism):
     @property
     def draws(self) -> int:
         return 2  # Bernoulli, fake value
+
+    @property
+    def normalized_reach(self) -> float:
+        """The adjusted outputs +-(e^eps + 1)/(e^eps - 1) = +-coth(eps/2) bound the estimate."""
+        return debias_reach(self.epsilon)
 
     @property
     def guarantee(self) -> PrivacyGuarantee:
@@ -73,6 +79,12 @@ class PiecewiseMechanism(ForcedAnswerMechanism):
     @property
     def draws(self) -> int:
         return 3  # region, position, fake value
+
+    @property
+    def normalized_reach(self) -> float:
+        """Reports (and their mean) lie in [-C, C], C = coth(eps/4) (no overflow for large
+        epsilon, where the C property's e^(eps/2) would)."""
+        return debias_reach(self.epsilon / 2.0)
 
     @property
     def guarantee(self) -> PrivacyGuarantee:

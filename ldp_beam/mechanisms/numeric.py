@@ -47,7 +47,13 @@ class NumericMechanism(Mechanism):
 
     def __post_init__(self) -> None:
         check_epsilon(self.epsilon)
-        check_interval(self.lower, self.upper)
+        # values are scaled to [-1, 1] (2v - (lower + upper)) and estimates back from up to
+        # normalized_reach on that scale: both must stay finite (check_interval's reach is in
+        # widths, and denormalize(x) = lower + (x + 1)/2 (upper - lower))
+        r = self.normalized_reach
+        check_interval(self.lower, self.upper, reach=r / 2.0,
+                       computes=f"values scaled to [-1, 1] and unclipped estimates of up to "
+                       f"{r:.4g} on that scale mapped back: lower + (x + 1)/2 (upper - lower)")
         if self.preference is not None:
             if isinstance(self.preference, bool) or not isinstance(self.preference, (int, float)) \
                     or not self.preference >= 0:
@@ -57,6 +63,14 @@ class NumericMechanism(Mechanism):
             raise ParameterError("allow_missing", self.allow_missing, "True or False")
 
     # -- helpers shared by the family
+    @property
+    def normalized_reach(self) -> float:
+        """The largest |x| on the normalized scale [-1, 1] that the mechanism's reports or its
+        estimator's unclipped estimates reach (1 here; more where the estimator debiases by a
+        factor, e.g. 1/(2p - 1)); the bounds are checked so that ``denormalize(+-reach)`` is
+        finite."""
+        return 1.0
+
     @property
     def p(self) -> float:
         """Keep probability of randomized response with budget epsilon (Eq. 2)."""

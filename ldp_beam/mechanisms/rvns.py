@@ -25,6 +25,7 @@ from ..core import Mechanism, Reasons, Reports, Role, check_interval
 from ..errors import ParameterError
 from ..limits import check_cap
 from ..privacy import NEIGHBOURHOOD_LDP, PrivacyGuarantee
+from .continuous_baselines import DENSITY_MOMENT_POWER, DENSITY_MOMENTS
 
 
 def rvns_density(x: np.ndarray, y: np.ndarray, a: float, b: float, d: float) -> np.ndarray:
@@ -82,6 +83,8 @@ class RVNS(Mechanism):
 
     def __post_init__(self) -> None:
         check_interval(self.lower, self.upper)
+        check_interval(self.lower, self.upper, power=DENSITY_MOMENT_POWER,
+                       computes=DENSITY_MOMENTS)
         span = self.upper - self.lower
         if self.d is None:
             object.__setattr__(self, "d", self.D_FRACTION * span)

@@ -1,0 +1,93 @@
+"""A prototype of ``ldp-beam stream --subscription``: land with the Lander, stream the spool.
+
+:func:`run_pubsub_stream` runs a :class:`~ldp_beam.transforms.pubsub_lander.Lander` in a thread
+that lands the subscription's messages into a spool folder (durably, then acks, deduplicated by
+report id) and runs the existing spool stream (:func:`ldp_beam.pipelines.stream.run_stream`
+with ``spool=``) over that folder. Everything the spool stream does then holds for Pub/Sub too:
+claims that survive restarts, watermarks from the data, late records dead-lettered with their
+reason, central-DP release ranges (the spool marks them; Beam's ``ReadFromPubSub`` path
+cannot), privacy units and memo ids. The delivery guarantee is the lander's (see
+:mod:`ldp_beam.transforms.pubsub_lander`): Pub/Sub's at-least-once made exactly-once in effect
+by the landed record; the spool's own restart guarantees take it from there.
+
+**Order of a run.** The lander opens first (its lock, and the repair of a batch a crash left
+between commit and rename), then lands the backlog already waiting (until a pull comes back
+empty, at most ``drain_seconds``) so that it is in the spool's first listing (whose files are
+all on time); then the stream starts, and the lander keeps landing in its thread. When the
+stream ends (``duration``, ``stop``, SIGINT/SIGTERM), the lander finishes its batch in hand and
+stops; what it landed after the stream's last poll stays in the spool for the next run. A
+lander that fails stops the stream and is raised after it, with the stream's summary written.
+With ``once=True`` the backlog is landed and read once (a bounded run), with no lander thread.
+"""
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import asdict
+from typing import Any, Mapping
+
+from ldp_beam.core import Mechanism
+from ldp_beam.transforms.pubsub_lander import Lander, LanderError
+
+
+def run_pubsub_stream(subscription: str, output_dir: str, mechanism: Mechanism, *,
+                      spool_dir: str | None = None,
+                      lander_options: Mapping[str, Any] | None = None,
+                      drain_seconds: float = 30.0, duration: float | None = None,
+                      stop: threading.Event | None = None, progress: bool = True,
+                      **stream_kwargs: Any) -> dict:
+    """Land ``subscription`` into ``spool_dir`` (default ``OUTPUT/spool``) and stream it with
+    :func:`~ldp_beam.pipelines.stream.run_stream` (``stream_kwargs``: its options, e.g.
+    ``window_seconds``, ``watermark_lag``, ``privacy_unit``); returns the stream's summary with
+    the lander's counts under ``"lander"``. ``lander_options``: keyword options of
+    :class:`~ldp_beam.transforms.pubsub_lander.Lander` (attribute names, ``max_messages``...)."""
+    from .stream import run_stream
+
+    if "spool" in stream_kwargs or "subscription" in stream_kwargs:
+        raise ValueError("run_pubsub_stream takes the subscription and lands it into "
+                         "spool_dir: do not pass spool= or subscription=")
+    spool = os.path.abspath(spool_dir or os.path.join(output_dir, "spool"))
+    os.makedirs(output_dir, exist_ok=True)
+    say = None
+    if progress:
+        import sys
+
+        def say(msg: str) -> None:
+            print(msg, file=sys.stderr, flush=True)
+    stop = stop or threading.Event()
+    lander = Lander(subscription, spool, say=say, **dict(lander_options or {}))
+    lander.open()
+    failure: list[BaseException] = []
+    try:
+        lander.run(drain_seconds, idle_seconds=0.0)  # the backlog: on time in the first listing
+        if stream_kwargs.get("once"):  # a bounded run: the backlog landed, read once
+            summary = run_stream(output_dir, mechanism, spool=spool, duration=duration,
+                                 stop=stop, progress=progress, **stream_kwargs)
+            summary["lander"] = asdict(lander.stats)
+            summary["spool"] = spool
+            return summary
+        thread = threading.Thread(target=_land, args=(lander, stop, failure),
+                                  name="ldp-beam-lander", daemon=True)
+        thread.start()
+        try:
+            summary = run_stream(output_dir, mechanism, spool=spool, duration=duration,
+                                 stop=stop, progress=progress, **stream_kwargs)
+        finally:
+            lander.stop()
+            thread.join(timeout=lander.pull_timeout + lander.gather_seconds
+                        + lander.ack_timeout * 2 + 10)
+    finally:
+        lander.close()
+    summary["lander"] = asdict(lander.stats)
+    summary["spool"] = spool
+    if failure:
+        raise LanderError(f"the lander stopped the stream: {failure[0]}") from failure[0]
+    return summary
+
+
+def _land(lander: Lander, stop: threading.Event, failure: list) -> None:
+    try:
+        lander.run()
+    except BaseException as exc:  # stop the stream; raised by run_pubsub_stream after it
+        failure.append(exc)
+        stop.set()
