@@ -102,8 +102,9 @@ def unit_text(value: Any) -> str:
     if isinstance(value, (bool, np.bool_)) or value is None:
         raise ValueError(f"privacy unit {value!r}: expected a string or an integer id")
     if isinstance(value, str):
-        if value == "":
-            raise ValueError("privacy unit '': expected a non-empty string or an integer id")
+        if not value.strip():  # "" or only whitespace names nobody (as in batch bounding)
+            raise ValueError("privacy unit is empty or only whitespace: expected a non-empty "
+                             "string or an integer id")
         return value
     if isinstance(value, (int, np.integer)):
         return str(int(value))

@@ -168,8 +168,24 @@ def build_parser() -> argparse.ArgumentParser:
     src = s.add_mutually_exclusive_group(required=True)
     src.add_argument("--spool", help="a directory of JSON-lines files, watched continuously "
                      "(producers rename complete files into it; read files move to .done/)")
-    src.add_argument("--subscription", help="Pub/Sub PROJECT/SUBSCRIPTION (needs "
-                     "apache-beam[gcp]); each message holds one or more JSON lines")
+    src.add_argument("--subscription", help="Pub/Sub projects/P/subscriptions/S (pip install "
+                     "'ldp-beam[pubsub]'): each message is landed durably into a spool folder "
+                     "(--landing-dir) and only then acked, deduplicated by its report id, then "
+                     "streamed as a spool (exactly once in effect); each message holds one or "
+                     "more JSON lines")
+    s.add_argument("--landing-dir", metavar="DIR",
+                   help="with --subscription: the spool folder messages are landed in "
+                        "(default OUTPUT/spool)")
+    s.add_argument("--report-id-attribute", default="report_id",
+                   help="with --subscription: the message attribute holding a report's id "
+                        "(default report_id; a batched message carries one per line)")
+    s.add_argument("--timestamp-attribute", default="ts",
+                   help="with --subscription: the message attribute holding the event time "
+                        "(default ts)")
+    s.add_argument("--beam-pubsub", action="store_true",
+                   help="with --subscription: read through Beam's ReadFromPubSub instead of the "
+                        "landing path (for Dataflow/Flink, where it is exactly-once; on the "
+                        "DirectRunner it acks before processing: at most once)")
     s.add_argument("--output", "-o", required=True,
                    help="directory for estimates.jsonl, deadletter.jsonl, ledger.jsonl and "
                         "summary.json (appended to across runs)")
@@ -243,7 +259,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--readme", help="with all or report: also rewrite this README's generated "
                    "results block (between its results:begin/end markers)")
 
+    from .emit import add_parser as add_emit_parser
     from .ledger_cli import add_parser as add_ledger_parser
+
+    add_emit_parser(sub)  # the device side: perturb values and publish reports to Pub/Sub
 
     add_ledger_parser(sub)
     b = sub.add_parser("bench", help="performance benchmarks, as JSON records")
@@ -552,6 +571,18 @@ def cmd_stream(a: argparse.Namespace, beam_args: list[str]) -> int:
             raise UsageError("--column/--role map raw record fields for central-DP releases "
                              f"only; {mech.name} reads its reports' own fields")
         columns = role_columns(mech, a.column, a.role)
+    if a.subscription and not a.beam_pubsub:  # land (fsync, then ack), then stream the spool
+        from .pubsub_stream import run_pubsub_stream
+
+        def run_stream(output, mechanism, *, spool, subscription, **kw):  # noqa: F811
+            return run_pubsub_stream(subscription, output, mechanism, spool_dir=a.landing_dir,
+                                     lander_options={
+                                         "report_id_attribute": a.report_id_attribute,
+                                         "timestamp_attribute": a.timestamp_attribute,
+                                         "timestamp_field": a.timestamp_field},
+                                     **kw)
+    elif a.landing_dir or a.beam_pubsub:
+        raise UsageError("--landing-dir and --beam-pubsub go with --subscription")
     summary = run_stream(
         a.output, mech, spool=a.spool, subscription=a.subscription, window_seconds=a.window,
         allowed_lateness=a.allowed_lateness, early_seconds=a.early,
@@ -748,6 +779,10 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_estimate(a, rest)
         if a.command == "reproduce":
             return cmd_reproduce(a)
+        if a.command == "emit":
+            from .emit import cmd_emit
+
+            return cmd_emit(a)
         if a.command == "ledger":
             from .ledger_cli import cmd_ledger
 

@@ -263,3 +263,24 @@ def test_a_collect_dead_letters_whitespace_units_and_reconciles(tmp_path):
     dead = read_jsonl(os.path.join(tmp_path, "r.parquet.deadletter.jsonl"))
     assert len(dead) == 12 and {d["reason"] for d in dead} == \
         {"missing privacy unit: column 'uid' is null, empty or only whitespace"}
+
+
+def test_stream_units_of_only_whitespace_are_no_unit():
+    """The streaming path decides a unit's missingness on its own (one record at a time): a
+    unit of only whitespace is refused there too, and the spool's dead letter says why without
+    showing the value."""
+    from ldp_beam.longitudinal import unit_text
+    from ldp_beam.transforms.spool import pseudonymize
+
+    for blank in ("", "   ", "\t", "\u00a0\u2003"):
+        with pytest.raises(ValueError, match="empty or only whitespace"):
+            unit_text(blank)
+    assert unit_text(" u3 ") == " u3 " and unit_text(7.0) == "7"
+
+    def hasher(v):
+        return "h:" + unit_text(v)
+
+    rec = {"uid": "  ", "v": 1}
+    reason = pseudonymize(rec, "uid", hasher)
+    assert reason is not None and "empty or only whitespace" in reason
+    assert rec["uid"] == "<withheld>"

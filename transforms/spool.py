@@ -359,7 +359,8 @@ def pseudonymize(record: dict, unit_field: str, hasher: UnitHasher) -> str | Non
         record[unit_field] = hasher(value)
     except ValueError:
         record[unit_field] = "<withheld>"
-        what = "null" if value is None else f"a {type(value).__name__}"
+        what = ("null" if value is None else "empty or only whitespace"
+                if isinstance(value, str) else f"a {type(value).__name__}")
         return (f"privacy-unit field {unit_field!r} is {what}, not a string or an integer id "
                 "(its value is withheld)")
     return None
