@@ -101,7 +101,9 @@ def _keyed_json(kv: Any) -> dict:
 def _result(est: Any) -> dict:
     if isinstance(est, EstimateFailure):
         return {"error": est.reason, "n_reports": est.n_reports}
-    return est.to_dict()
+    # exact curator-only counts (e.g. values clipped) under "curator": a release moves them
+    # into its curator file before anything is written or published
+    return est.to_dict(curator=True)
 
 
 class _WriteResult:
@@ -482,6 +484,7 @@ def run_release(input: str, output: str, mech: Mechanism, columns: Mapping[str, 
         rows, tally = _run_and_check(build, beam_args, parts, tally_path, staged_dead,
                                      allow_unreadable, outs)
         release = rows[0] if rows else {"error": "no records"}
+        exact = release.pop("curator", None)  # never published
         if "error" in release:
             release.pop("n_reports", None)  # the exact count stays with the curator
         release = _mark(release, guarantee)
@@ -493,6 +496,8 @@ def run_release(input: str, output: str, mech: Mechanism, columns: Mapping[str, 
                    "columns": cols,
                    "run_id": run.run_id,
                    "records": curator_records(tally, dead_letter)}
+        if exact:
+            curator["release"] = exact
         outs.write_json(outs.staged("curator"), curator)
         publish(entry, outs, {"command": "release", "mechanism": mech.name,
                               "seeded": run.seeded, "guarantee": guarantee,
@@ -661,10 +666,13 @@ def run_release_by(input: str, output: str, mech: Mechanism, columns: Mapping[st
 
         rows_out, tally = _run_and_check(build, beam_args, parts, tally_path, staged_dead,
                                          allow_unreadable, outs)
-        releases = {}
+        releases, exact = {}, {}
         for r in sorted(rows_out, key=lambda r: r["key"]):
             key = r.pop("key")
             r.pop("n_reports", None)  # exact counts stay with the curator
+            if r.get("curator"):
+                exact[key] = r.pop("curator")
+            r.pop("curator", None)
             releases[key] = _mark(r, guarantee)
         out: dict[str, Any] = {"mechanism": mech.name, "params": mech.params(),
                                "estimator_options": options, "guarantee": guarantee,
@@ -676,6 +684,8 @@ def run_release_by(input: str, output: str, mech: Mechanism, columns: Mapping[st
         curator = {"input": read.source_name, "release": location(output),
                    "columns": cols, "by": by, "run_id": run.run_id,
                    "records": curator_records(tally, dead_letter)}
+        if exact:
+            curator["releases"] = exact
         outs.write_json(outs.staged("curator"), curator)
         publish(entry, outs, {"command": "release", "by": by, "mechanism": mech.name,
                               "seeded": run.seeded, "guarantee": guarantee,

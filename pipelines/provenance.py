@@ -127,8 +127,8 @@ def config_differences(a: dict, b: dict) -> list[tuple[str, str]]:
                 out.append((f"{k}={_value_text(pa_.get(k))}" if k in pa_ else f"no {k}",
                             f"{k}={_value_text(pb.get(k))}" if k in pb else f"no {k}"))
     if a["seeded"] != b["seeded"]:
-        out.append(("seeded" if a["seeded"] else "unseeded",
-                    "seeded" if b["seeded"] else "unseeded"))
+        out.append(("seeded reports" if a["seeded"] else "unseeded reports",
+                    "seeded reports" if b["seeded"] else "unseeded reports"))
     if a["privacy_unit"] != b["privacy_unit"]:
         def unit_text(u: Any) -> str:
             return ("no privacy unit" if u is None else f"privacy unit {u['column']!r} (at most "
@@ -326,8 +326,9 @@ def verify_reports(input: str, beam_args: Iterable[str] = (), *, unverified: boo
                             "...): edited, appended to or replaced since")
         reported = (man.get("records") or {}).get("reported")
         if rows != reported:
+            shown = f"{reported:,}" if isinstance(reported, int) else repr(reported)
             problems.append(f"{where} holds {rows:,} reports where its manifest {mloc} says "
-                            f"collect reported {reported}")
+                            f"collect reported {shown}")
         if fmeta is None:
             problems.append(f"{where} carries no mechanism metadata where its manifest {mloc} "
                             f"names {man.get('mechanism')}")

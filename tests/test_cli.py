@@ -76,11 +76,15 @@ def test_estimate_from_csv_reports_needs_and_uses_the_mechanism(survey_table, tm
     rep = pq.read_table(out).to_pandas()
     rep.loc[len(rep)] = [7, 0]  # one malformed report (s = 7)
     rep.to_csv(tmp_path / "r.csv", index=False)
+    # CSV reports have no collect manifest: refused unless --unverified (issue 23)
     code, _, se = run_cli("estimate", "-i", str(tmp_path / "r.csv"), "-o", str(tmp_path / "x.json"))
+    assert code == 2 and "pass --unverified to estimate them anyway" in se
+    code, _, se = run_cli("estimate", "-i", str(tmp_path / "r.csv"), "-o", str(tmp_path / "x.json"),
+                          "--unverified")
     assert code == 2 and "carries no mechanism metadata: pass --mechanism" in se
     code, so, se = run_cli("estimate", "-i", str(tmp_path / "r.csv"), "-o",
                            str(tmp_path / "c.json"), "-m", "bisample-md", "--epsilon", "1",
-                           "-p", "lower=0", "-p", "upper=100")
+                           "-p", "lower=0", "-p", "upper=100", "--unverified")
     assert code == 0, se
     assert "1 malformed reports dead-lettered" in so
     code, _, _ = run_cli("estimate", "-i", str(out), "-o", str(tmp_path / "p.json"))

@@ -100,7 +100,7 @@ def test_duplicated_rows_are_refused(tmp_path, capsys):
     pq.write_table(pa.concat_tables([table, table]), rep / "r.parquet")
     code, err = _estimate(capsys, tmp_path, rep, tmp_path / "e.json")
     assert code == 2, err
-    assert "10,000 reports where its manifest" in err and "reported 5000" in err, err
+    assert "10,000 reports where its manifest" in err and "reported 5,000" in err, err
     assert not (tmp_path / "e.json").exists()
 
 

@@ -74,11 +74,23 @@ A blank line in a CSV file is a row whose cells are all empty (pyarrow reads it 
 ``csv`` module counts it as a record): a missing answer in a one-column file, as pandas writes
 them; in a wider file the mechanism sees every cell missing.
 
-Long CSV records are read: pyarrow parses a file in blocks of ``block_size`` bytes (4 MiB), and a
-record longer than that makes the reader start again where it stopped with blocks of
-``max_record_bytes`` (64 MiB), which reads any record up to that size. A record that does not fit
-even then makes the rest of that file unreadable, counted as above. Parquet pages are checked
-against their CRC where the writer stored one.
+Long CSV records are read up to a cap, and nothing longer is ever buffered: pyarrow parses a file
+in blocks of ``block_size`` bytes (4 MiB), and a record longer than that makes the reader start
+again where it stopped with blocks of ``max_record_bytes`` (:data:`MAX_CSV_RECORD_BYTES`, 64 MiB
+by default; ``csv_options={'max_record_bytes': N}`` changes it, up to 2 GiB), which reads any
+record up to that size. A record longer than the cap is refused when the parser reaches it: the
+rest of that file becomes one "unreadable input" dead letter whose reason names the cap, the
+file and the first data row not read (the long record is at or after it), with its ``rows``
+counted as above. The count itself keeps no
+record: lines and fields of up to :data:`COUNT_LINE_CHARS` (1 Mi) characters go through the
+``csv`` module, and a file with a longer one is counted by a streaming pass over the same record
+boundaries (:func:`tolerant_count`), so its memory does not grow with the record. The header
+line is read up to ``max_record_bytes`` characters too (a longer one: an error naming the file).
+Measured (2026-11, a CSV of a header, two short rows, one 1 GiB line of digits and a last row,
+read by ``ReadTable`` in one process with Beam imported): peak RSS 0.75 GB (pyarrow's 64 MiB
+blocks about 0.45 GB of it), 10.6 s, one dead letter for the long row and the row after it
+(issue 23 reported the former reader, whose count held the whole line, past 2 GiB in 4 s). Parquet
+pages are checked against their CRC where the writer stored one.
 """
 from __future__ import annotations
 
@@ -90,7 +102,6 @@ import logging
 import math
 import os
 import re
-import sys
 from dataclasses import dataclass, fields as dc_fields
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
@@ -109,7 +120,7 @@ from .perturb import dead_letter, split_dead_letters
 
 DEFAULT_BATCH_ROWS = 1 << 16
 CSV_BLOCK_BYTES = 1 << 22          # pyarrow's parse block for CSV: 4 MiB
-MAX_CSV_RECORD_BYTES = 64 << 20    # the largest CSV record read for sure: 64 MiB
+MAX_CSV_RECORD_BYTES = 64 << 20    # the largest CSV record read (longer ones refused): 64 MiB
 RECORD_TEXT_CHARS = 2000           # a malformed row's text in its dead letter, at most
 UNREADABLE = "unreadable input: "
 MALFORMED = "malformed CSV row: "
@@ -325,7 +336,9 @@ class CsvOptions:
     ``delimiter``/``quote_char``/``escape_char``/``double_quote``: the dialect (``quote_char`` or
     ``escape_char`` ``False`` for none); ``encoding``: the file's text encoding (UTF-8 files may
     start with a byte-order mark); ``block_size``: pyarrow's first parse block in bytes;
-    ``max_record_bytes``: the largest record read for sure (see the module docstring)."""
+    ``max_record_bytes``: the largest record read for sure, and the cap beyond which a record is
+    refused before it is buffered (default :data:`MAX_CSV_RECORD_BYTES`, 64 MiB; see the module
+    docstring)."""
 
     delimiter: str = ","
     quote_char: str | bool = '"'
@@ -418,31 +431,256 @@ def check_null_values(null_values: Any) -> tuple[str, ...]:
 
 
 class _CsvFieldLimit:
-    """Lift the ``csv`` module's field size limit (a process-wide setting) for a ``with`` block."""
+    """Set the ``csv`` module's field size limit (a process-wide setting) to ``limit``
+    characters for a ``with`` block."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = int(limit)
 
     def __enter__(self):
-        self.old = csv.field_size_limit(sys.maxsize)
+        self.old = csv.field_size_limit(self.limit)
 
     def __exit__(self, *exc):
         csv.field_size_limit(self.old)
 
 
+class _LongLine(Exception):
+    """A line longer than the characters :func:`_bounded_lines` allows."""
+
+
+def _bounded_lines(fh: Any, limit: int):
+    """The lines of ``fh`` (``newline=""``), each read with ``readline(limit + 1)``: a line
+    longer than ``limit`` characters raises :class:`_LongLine` before more of it is read."""
+    while True:
+        line = fh.readline(limit + 1)
+        if not line:
+            return
+        if len(line) > limit:
+            raise _LongLine(limit)
+        yield line
+
+
+#: lines and fields up to this many characters are counted by the ``csv`` module (fast); a
+#: file with a longer one is counted again by :func:`_count_records` (bounded memory)
+COUNT_LINE_CHARS = 1 << 20
+
+
 def csv_header(path: str, options: CsvOptions | None = None, flags: Sequence[str] = ()
                ) -> list[str]:
+    """The header's column names. The header record is read only up to ``max_record_bytes``
+    characters (a longer one raises ValueError naming the file and the cap, before more of
+    it is buffered)."""
     opts = options or CsvOptions()
-    with _CsvFieldLimit(), opts.open_text(path, flags) as fh:
-        return next(csv.reader(fh, **opts.python_dialect()), [])
+    cap = opts.max_record_bytes
+    try:
+        with _CsvFieldLimit(cap), opts.open_text(path, flags) as fh:
+            return next(csv.reader(_bounded_lines(fh, cap), **opts.python_dialect()), [])
+    except (_LongLine, csv.Error) as exc:
+        if isinstance(exc, csv.Error) and "field limit" not in str(exc):
+            raise
+        raise ValueError(f"{path}: line 1 (the header) is a record longer than "
+                         f"max_record_bytes = {cap:,} characters; a CSV record is read only "
+                         "up to that size (raise csv_options['max_record_bytes'] to read it)"
+                         ) from None
 
 
 def tolerant_count(path: str, options: CsvOptions | None = None, flags: Sequence[str] = ()
                    ) -> int:
-    """CSV records of a file minus the header: Python's ``csv`` module, quoted newlines
-    respected, no field size limit, undecodable bytes replaced (they cannot move a record
-    boundary). Blank lines are records, as pyarrow reads them. Raises if the file cannot be
-    parsed at all."""
+    """CSV records of a file minus the header, as Python's ``csv`` module with no field size
+    limit counts them: quoted newlines respected, undecodable bytes replaced (they cannot move
+    a record boundary). Blank lines are records, as pyarrow reads them. Memory is bounded
+    whatever the file holds: lines and fields up to :data:`COUNT_LINE_CHARS` characters go
+    through the ``csv`` module, and a file with a longer one is counted again by
+    :func:`_count_records`, which follows the same record boundaries without keeping a field.
+    Raises if the file cannot be parsed at all."""
     opts = options or CsvOptions()
-    with _CsvFieldLimit(), opts.open_text(path, flags) as fh:
-        return max(sum(1 for _ in csv.reader(fh, **opts.python_dialect())) - 1, 0)
+    try:
+        with _CsvFieldLimit(COUNT_LINE_CHARS), opts.open_text(path, flags) as fh:
+            n = sum(1 for _ in csv.reader(_bounded_lines(fh, COUNT_LINE_CHARS),
+                                          **opts.python_dialect()))
+    except (_LongLine, csv.Error) as exc:
+        if isinstance(exc, csv.Error) and "field limit" not in str(exc):
+            raise
+        with opts.open_text(path, flags) as fh:
+            n = _count_records(fh, opts)
+    return max(n - 1, 0)
+
+
+#: the states of CPython's csv parser (Modules/_csv.c), for :class:`_RecordCounter`
+_SR, _SF, _EC, _AEC, _IF, _IQ, _EQ, _QQ, _EAT = range(9)
+_EOL = None
+
+
+class _RecordCounter:
+    """csv.reader's record boundaries (CPython's Modules/_csv.c state machine, non-strict, no
+    skipinitialspace), followed without keeping any field: memory does not depend on the
+    length of a record, a line or a field."""
+
+    def __init__(self, delimiter: str, quotechar: str | None, escapechar: str | None,
+                 doublequote: bool) -> None:
+        self.d, self.q, self.e, self.dq = delimiter, quotechar, escapechar, doublequote
+        self.state, self.has, self.records = _SR, False, 0
+        specials = [c for c in (quotechar, escapechar) if c]
+        self._quoted = re.compile("[" + "".join(re.escape(c) for c in specials) + "]") \
+            if specials else None
+
+    def step(self, c: str | None) -> None:
+        """One character of a line (``None``: the end of the line)."""
+        s = self.state
+        if s == _SR:
+            if c is _EOL:
+                return
+            if c == "\n" or c == "\r":
+                self.state = _EAT
+                return
+            s = self.state = _SF
+        if s == _SF:
+            if c is _EOL or c == "\n" or c == "\r":
+                self.has = False
+                self.state = _SR if c is _EOL else _EAT
+            elif c == self.q and self.q:
+                self.state = _IQ
+            elif c == self.e and self.e:
+                self.state = _EC
+            elif c == self.d:
+                self.has = False
+            else:
+                self.has, self.state = True, _IF
+            return
+        if s == _EC:
+            if c == "\n" or c == "\r":
+                self.has, self.state = True, _AEC
+                return
+            self.has, self.state = True, _IF
+            return
+        if s == _AEC:
+            if c is _EOL:
+                return
+            s = _IF
+        if s == _IF:
+            if c is _EOL or c == "\n" or c == "\r":
+                self.has = False
+                self.state = _SR if c is _EOL else _EAT
+            elif c == self.e and self.e:
+                self.state = _EC
+            elif c == self.d:
+                self.has, self.state = False, _SF
+            else:
+                self.has, self.state = True, _IF
+            return
+        if s == _IQ:
+            if c is _EOL:
+                return
+            if c == self.e and self.e:
+                self.state = _EQ
+            elif c == self.q and self.q:
+                self.state = _QQ if self.dq else _IF
+            else:
+                self.has = True
+            return
+        if s == _EQ:
+            self.has, self.state = True, _IQ
+            return
+        if s == _QQ:
+            if c == self.q and self.q:
+                self.has, self.state = True, _IQ
+            elif c == self.d:
+                self.has, self.state = False, _SF
+            elif c is _EOL or c == "\n" or c == "\r":
+                self.has = False
+                self.state = _SR if c is _EOL else _EAT
+            else:
+                self.has, self.state = True, _IF
+            return
+        if s == _EAT:
+            if c is _EOL:
+                self.state = _SR
+            return  # '\r' / '\n' (nothing else can follow them within a line)
+
+    def run(self, seg: str) -> None:
+        """Chars of one line without its terminator (possibly a part of it)."""
+        pos, n = 0, len(seg)
+        while pos < n:
+            s = self.state
+            if s in (_EC, _EQ, _QQ):
+                self.step(seg[pos])
+                pos += 1
+                continue
+            pat = self._quoted
+            m = pat.search(seg, pos) if pat is not None else None
+            j = m.start() if m else n
+            if j > pos:
+                if s == _IQ:
+                    self.has = True
+                else:  # SR, SF, IF, AEC: delimiters and other characters only
+                    if seg[j - 1] == self.d:
+                        self.has, self.state = False, _SF
+                    else:
+                        self.has, self.state = True, _IF
+            if j < n:
+                self.step(seg[j])
+            pos = j + 1
+
+    def end_line(self) -> None:
+        self.step(_EOL)
+        if self.state == _SR:
+            self.records += 1
+
+    def finish(self) -> int:
+        if self.has or self.state == _IQ:
+            self.records += 1
+        return self.records
+
+
+_TERMINATOR = re.compile(r"[\r\n]")
+
+
+def _count_records(fh: Any, opts: "CsvOptions", chunk: int = 1 << 20) -> int:
+    """The records of a text stream (``newline=""``), as ``csv.reader`` with ``opts``' dialect
+    would count them (lines split at \\r, \\n and \\r\\n), reading ``chunk`` characters at a
+    time: memory does not depend on the length of a record, a line or a field."""
+    rc = _RecordCounter(opts.delimiter, opts.quote_char or None, opts.escape_char or None,
+                        opts.double_quote)
+    pending_cr = False
+    in_line = False  # chars of an unterminated line seen
+    while True:
+        buf = fh.read(chunk)
+        if not buf:
+            break
+        pos, n = 0, len(buf)
+        if pending_cr:
+            pending_cr = False
+            if buf[0] == "\n":
+                rc.step("\n")
+                pos = 1
+            rc.end_line()
+            in_line = False
+        while pos < n:
+            m = _TERMINATOR.search(buf, pos)
+            if m is None:
+                rc.run(buf[pos:])
+                in_line = True
+                break
+            j = m.start()
+            if j > pos:
+                rc.run(buf[pos:j])
+            c = buf[j]
+            rc.step(c)
+            if c == "\r":
+                if j + 1 < n:
+                    if buf[j + 1] == "\n":
+                        rc.step("\n")
+                        j += 1
+                else:
+                    pending_cr = True
+                    pos = n
+                    break
+            rc.end_line()
+            in_line = False
+            pos = j + 1
+    if pending_cr or in_line:
+        rc.end_line()
+    return rc.finish()
 
 
 def _parquet_file(path: str, flags: Sequence[str] = (), **kw) -> pq.ParquetFile:
@@ -942,7 +1180,11 @@ class ReadUnitFn(beam.DoFn):
                     continue
                 if "straddl" in str(exc):
                     exc = (f"a record longer than max_record_bytes = "
-                           f"{self.csv.max_record_bytes:,} bytes ({_error_text(exc)})")
+                           f"{self.csv.max_record_bytes:,} bytes in {path}, at or after data "
+                           f"row {consumed:,} (0-based, after the header; the rows before it "
+                           "were read): a CSV record is read only up to that size, so it and the "
+                           "rest of the file are not read (raise csv_options['max_record_bytes'] "
+                           f"to read it) ({_error_text(exc)})")
                 rows, why = self._csv_count(path, consumed)
                 yield self._unreadable(path, exc, consumed, rows, why)
                 return

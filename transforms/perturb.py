@@ -2,7 +2,12 @@
 
 Valid rows are perturbed with one vectorized call per batch; invalid rows go to the
 ``dead_letter`` output as ``{"reason", "record", "source", "row"}``, where ``record`` holds only
-the columns the mechanism reads (``dead_letter_columns="all"`` keeps the whole row). Beam
+the columns the mechanism reads (``dead_letter_columns="all"`` keeps the whole row). A dead letter
+stays small whatever the input: each text cell of ``record`` shows at most
+:data:`RECORD_TEXT_CHARS` (2,000) characters, a value quoted in ``reason`` at most
+:data:`~ldp_beam.core.QUOTED_VALUE_CHARS` (2,000, then ``... (N characters)``), and the reason
+itself is at most :data:`~ldp_beam.core.REASON_CHARS` (16,000) characters before the note on cut
+cells: a 20 MB cell makes a dead letter of about 4 KB. Beam
 counters in namespace ``ldp_beam`` (``records_in``, ``records_valid``, ``records_invalid``)
 always satisfy in = valid + invalid.
 

@@ -35,7 +35,9 @@ class NumericMechanism(Mechanism):
 
     ``lower`` and ``upper`` are required: a default domain (the papers' [-1, 1]) cannot fit
     arbitrary data, and every value outside it would be dead-lettered; the estimates are mapped
-    back to [lower, upper]."""
+    back to [lower, upper]. Bounds are refused (:func:`~ldp_beam.core.check_interval`) when
+    ``upper - lower`` overflows or when the scaled values or the unclipped estimates (up to
+    :attr:`normalized_reach` on the [-1, 1] scale) would not be finite."""
 
     epsilon: float
     lower: float  # required: no fixed domain fits arbitrary data (values outside are invalid)
