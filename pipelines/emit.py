@@ -82,13 +82,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 # --------------------------------------------------------------------------- options
 def _kv(items: list[str] | None, opt: str) -> dict[str, str]:
-    out = {}
-    for item in items or []:
-        if "=" not in item:
-            raise EmitError(f"{opt} {item!r}: expected NAME=VALUE")
-        k, v = item.split("=", 1)
-        out[k.strip()] = v.strip()
-    return out
+    """NAME=VALUE options, parsed as every other command parses them."""
+    from .cli import UsageError, _kv as parse
+
+    try:
+        return parse(items, opt)
+    except UsageError as exc:
+        raise EmitError(str(exc)) from None
 
 
 def default_state(device_id: str) -> str:
