@@ -407,12 +407,13 @@ def cmd_collect(a: argparse.Namespace, beam_args: list[str]) -> int:
 
 
 def _say_ledger(out: dict) -> None:
-    """Which ledger the run was recorded in and what its dataset has left (stderr)."""
+    """Which ledger the run was recorded in and what its dataset has left (with the run's
+    result lines on stdout)."""
     st = out.get("ledger_state")
     if st:
         from .ledger_cli import ledger_line
 
-        print(ledger_line(st["url"], st, st["default"]), file=sys.stderr)
+        print(ledger_line(st["url"], st, st["default"]))
 
 
 def cmd_estimate(a: argparse.Namespace, beam_args: list[str]) -> int:

@@ -24,7 +24,7 @@ from ldp_beam.registry import get_registry
 from ldp_beam.rng import RunKey
 from ldp_beam.transforms.batches import report_columns
 from ldp_beam.transforms import (EstimatorCombineFn, ReadTable, SplitByKey, ValidateReports,
-                                 WriteJsonLines, mechanism_metadata)
+                                 WriteJsonLines)
 from ldp_beam.transforms.combine import EstimateFailure
 from ldp_beam.transforms.io import open_input, table_format
 from ldp_beam.transforms.sinks import tidy_bytes, tidy_format, tidy_output

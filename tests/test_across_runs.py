@@ -72,15 +72,15 @@ def test_every_command_says_which_ledger_and_what_is_left(tmp_path, monkeypatch)
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
     src = _table(tmp_path / "t.parquet")
     rep = tmp_path / "r.parquet"
-    code, _, se = run_cli("collect", "-i", str(src), "-c", "v", *GRR, "-o", str(rep),
-                          "--budget", "2", "--dataset", "customers")
+    code, so, se = run_cli("collect", "-i", str(src), "-c", "v", *GRR, "-o", str(rep),
+                           "--budget", "2", "--dataset", "customers")
     assert code == 0, se
-    line = se.strip().splitlines()[-1]
+    line = so.strip().splitlines()[-1]
     assert "ledger.db" in line and "default" in line and "customers" in line, line
     assert "epsilon=0.5" in line and "1.5" in line, line  # spent 0.5 of 2: 1.5 left
-    code, _, se = run_cli("estimate", "-i", str(rep), "-o", str(tmp_path / "e.json"))
+    code, so, se = run_cli("estimate", "-i", str(rep), "-o", str(tmp_path / "e.json"))
     assert code == 0, se
-    assert "ledger.db" in se and "default" in se
+    assert "ledger.db" in so and "default" in so
     assert (tmp_path / "xdg" / "ldp-beam" / "ledger.db").exists()
 
 

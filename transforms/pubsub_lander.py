@@ -101,6 +101,8 @@ current batch).
 """
 from __future__ import annotations
 
+from ldp_beam.errors import LdpBeamError
+
 import argparse
 import fcntl
 import hashlib
@@ -128,7 +130,7 @@ MAX_ID_CHARS = 256
 ACK_CHUNK = 1000  # ack ids per acknowledge RPC
 
 
-class LanderError(RuntimeError):
+class LanderError(LdpBeamError, RuntimeError):
     """The lander cannot go on (a persistent RPC error, a spool folder in use by another
     lander, ...)."""
 
@@ -318,9 +320,19 @@ class Lander:
 
     def _client(self) -> Any:
         if self._subscriber is None:
-            from google.cloud import pubsub_v1
-
-            self._subscriber = pubsub_v1.SubscriberClient()
+            try:
+                from google.cloud import pubsub_v1
+            except ImportError as exc:
+                raise LanderError(f"--subscription {self.subscription}: reading Pub/Sub needs "
+                                  "the Pub/Sub client: pip install 'ldp-beam[pubsub]'") from exc
+            try:
+                self._subscriber = pubsub_v1.SubscriberClient()
+            except Exception as exc:  # google.auth's DefaultCredentialsError, a bad endpoint
+                raise LanderError(
+                    f"--subscription {self.subscription}: cannot open a Pub/Sub client "
+                    f"({type(exc).__name__}: {str(exc).splitlines()[0]}); set "
+                    "PUBSUB_EMULATOR_HOST=HOST:PORT for an emulator, or Google's Application "
+                    "Default Credentials for Pub/Sub") from None
         return self._subscriber
 
     # ------------------------------------------------------------------ recovery
