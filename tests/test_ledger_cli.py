@@ -51,10 +51,10 @@ def test_a_copy_of_the_data_under_the_same_dataset_name_spends_the_same_budget(t
     copy = tmp_path / "copy" / "t.parquet"
     copy.write_bytes(open(src, "rb").read())
     led = f"sqlite:///{tmp_path / 'ledger.db'}"
-    code, _, se = run_cli("collect", "-i", src, "-c", "v", *GRR, "--ledger", led, "--budget",
-                          "1", "--dataset", "survey", "-o", str(tmp_path / "r1.parquet"))
+    code, so, se = run_cli("collect", "-i", src, "-c", "v", *GRR, "--ledger", led, "--budget",
+                           "1", "--dataset", "survey", "-o", str(tmp_path / "r1.parquet"))
     assert code == 0, se
-    assert f"ledger {led}: dataset survey has spent epsilon=1 of budget 1 (0 left)" in se
+    assert f"ledger {led}: dataset survey has spent epsilon=1 of budget 1 (0 left)" in so
     code, _, se = run_cli("collect", "-i", str(copy), "-c", "v", *GRR, "--ledger", led,
                           "--dataset", "survey", "-o", str(tmp_path / "r2.parquet"))
     assert code == 2 and "--budget" in se and "survey" in se

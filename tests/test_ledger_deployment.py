@@ -113,11 +113,11 @@ def test_a_grown_table_keeps_its_budget_through_collect(tmp_path):
     src.write_text("v\n" + "a\nb\nc\n" * 100)
     led = f"sqlite:///{tmp_path / 'ledger.db'}"
     grr = ("-m", "grr", "--epsilon", "1.5", "-p", "domain=a,b,c")
-    code, _, se = run_cli("collect", "-i", str(src), "-c", "v", *grr, "--ledger", led,
-                          "--budget", "2", "-o", str(tmp_path / "r1.parquet"))
+    code, so, se = run_cli("collect", "-i", str(src), "-c", "v", *grr, "--ledger", led,
+                           "--budget", "2", "-o", str(tmp_path / "r1.parquet"))
     assert code == 0, se
     assert f"ledger {led}: dataset {os.path.realpath(src)} has spent epsilon=1.5 of budget 2 " \
-           "(0.5 left)" in se
+           "(0.5 left)" in so
     with open(src, "a") as fh:
         fh.write("a\n")  # one more row
     code, _, se = run_cli("collect", "-i", str(src), "-c", "v", *grr, "--ledger", led,
