@@ -140,6 +140,23 @@ def pg_url(pg_server, request):
     return pg_server.create_database(request.module.__name__.rsplit(".", 1)[-1].lower())
 
 
+_fresh_dbs = iter(range(10 ** 6))
+
+
+@pytest.fixture
+def fresh_pg_url(pg_server):
+    """A fresh PostgreSQL database per test on the session's server (the ledger tests)."""
+    return pg_server.create_database(f"fresh_{next(_fresh_dbs)}")
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def ledger_url(request, tmp_path):
+    """A new budget ledger, once on SQLite and once on PostgreSQL."""
+    if request.param == "sqlite":
+        return "sqlite:///" + str(tmp_path / "ledger.db")
+    return request.getfixturevalue("fresh_pg_url")
+
+
 def write_file(folder, name, lines):
     """Write a JSON-lines file the way producers must: elsewhere, then an atomic rename."""
     tmp = os.path.join(folder, "." + name + ".tmp")

@@ -34,19 +34,7 @@ _spec.loader.exec_module(pgs)
 
 
 # ------------------------------------------------------------------------------ fixtures
-_db_counter = iter(range(10 ** 6))
-
-
-@pytest.fixture
-def pg_url(pg_server):
-    return pg_server.create_database(f"ledger_{next(_db_counter)}")
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def ledger_url(request, tmp_path):
-    if request.param == "sqlite":
-        return "sqlite:///" + str(tmp_path / "ledger.db")
-    return request.getfixturevalue("pg_url")
+# fixtures ledger_url (SQLite and PostgreSQL) and fresh_pg_url: tests/conftest.py
 
 
 @pytest.fixture
@@ -333,16 +321,16 @@ def test_sqlite_locked_beyond_the_timeout_is_unavailable(tmp_path, data):
         reserve(led, "after", data, 0.1).commit()
 
 
-def test_postgres_locked_beyond_the_timeout_is_unavailable(pg_url, data):
+def test_postgres_locked_beyond_the_timeout_is_unavailable(fresh_pg_url, data):
     import psycopg
 
-    with Ledger.open(pg_url) as led:
+    with Ledger.open(fresh_pg_url) as led:
         reserve(led, "first", data, 0.1).commit()
-    holder = psycopg.connect(pg_url)
+    holder = psycopg.connect(fresh_pg_url)
     holder.execute("SELECT 1 FROM ldp_beam_datasets WHERE dataset = %s FOR UPDATE",
                    (data["dataset"],))  # another run's reservation, mid-transaction
     try:
-        with Ledger.open(pg_url, timeout=1.0) as led:
+        with Ledger.open(fresh_pg_url, timeout=1.0) as led:
             t0 = time.monotonic()
             with pytest.raises(LedgerUnavailable, match="locked by another run") as ei:
                 reserve(led, "blocked", data, 0.1)
@@ -351,32 +339,33 @@ def test_postgres_locked_beyond_the_timeout_is_unavailable(pg_url, data):
     finally:
         holder.rollback()
         holder.close()
-    with Ledger.open(pg_url) as led:
+    with Ledger.open(fresh_pg_url) as led:
         assert [e["run_id"] for e in led.entries()] == ["first"]
 
 
-def test_postgres_reconnects_after_losing_an_idle_connection(pg_url, data):
+def test_postgres_reconnects_after_losing_an_idle_connection(fresh_pg_url, data):
     """A long pipeline: the server closed the launcher's idle connection meanwhile."""
     import psycopg
 
-    with Ledger.open(pg_url) as led:
+    with Ledger.open(fresh_pg_url) as led:
         res = reserve(led, "long-run", data, 0.5)
-        with psycopg.connect(pg_url, autocommit=True) as admin:
+        with psycopg.connect(fresh_pg_url, autocommit=True) as admin:
             admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE "
                           "application_name = 'ldp-beam ledger'")
         res.commit({})
         assert led.entries()[0]["status"] == "committed"
 
 
-def test_a_ledger_lost_before_commit_publishes_nothing_and_stays_pending(pg_server, pg_url,
+def test_a_ledger_lost_before_commit_publishes_nothing_and_stays_pending(pg_server,
+                                                                         fresh_pg_url,
                                                                          data):
     """The ledger becomes unreachable while the run computes: commit raises LedgerUnavailable
     (the run must then publish nothing) and the reservation stays pending, counted as spent."""
     import psycopg
 
-    name = pg_url.rsplit("/", 1)[1]
+    name = fresh_pg_url.rsplit("/", 1)[1]
     published = []
-    with Ledger.open(pg_url) as led:
+    with Ledger.open(fresh_pg_url) as led:
         with pytest.raises(LedgerUnavailable, match="cannot reach"):
             with reserve(led, "orphan", data, 0.5, budget=1.0) as res:
                 with psycopg.connect(pg_server.admin_url(), autocommit=True) as admin:
@@ -388,7 +377,7 @@ def test_a_ledger_lost_before_commit_publishes_nothing_and_stays_pending(pg_serv
     assert not published
     with psycopg.connect(pg_server.admin_url(), autocommit=True) as admin:
         admin.execute(f"ALTER DATABASE {name}_gone RENAME TO {name}")
-    with Ledger.open(pg_url) as led:
+    with Ledger.open(fresh_pg_url) as led:
         (e,) = led.entries()
         assert e["status"] == "pending" and led.spent(data["dataset"]).epsilon == 0.5
 

@@ -38,21 +38,7 @@ from ldp_beam.ledger import (RAISE_HINT, SCHEMA_VERSION, BudgetExceeded, Ledger,
                              LedgerNotFound, LedgerUnavailable, canonical_location,
                              dataset_identity, release_request, stream_identity)
 
-_db_counter = iter(range(10 ** 6))
-
-
-# ------------------------------------------------------------------------------ fixtures
-@pytest.fixture
-def pg_url(pg_server):
-    """A fresh PostgreSQL database per test on the session's server (tests/conftest.py)."""
-    return pg_server.create_database(f"deploy_{next(_db_counter)}")
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def ledger_url(request, tmp_path):
-    if request.param == "sqlite":
-        return "sqlite:///" + str(tmp_path / "ledger.db")
-    return request.getfixturevalue("pg_url")
+# fixtures ledger_url (SQLite and PostgreSQL) and fresh_pg_url: tests/conftest.py
 
 
 def _csv(path, rows: int) -> str:
@@ -356,24 +342,24 @@ def test_commit_checks_the_ledger_again(tmp_path):
     assert "may have published" in e["note"]
 
 
-def test_postgres_ledger_replaced_between_reserve_and_prepare(pg_server, pg_url, tmp_path):
+def test_postgres_ledger_replaced_between_reserve_and_prepare(pg_server, fresh_pg_url, tmp_path):
     import psycopg
 
-    name = pg_url.rsplit("/", 1)[1]
+    name = fresh_pg_url.rsplit("/", 1)[1]
     ds = dataset_identity(_csv(tmp_path / "d.csv", 10))
-    with Ledger.open(pg_url) as led:
+    with Ledger.open(fresh_pg_url) as led:
         res = reserve(led, "victim", ds, 0.5)
         with psycopg.connect(pg_server.admin_url(), autocommit=True) as admin:
             admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE "
                           "datname = %s", (name,))
             admin.execute(f"DROP DATABASE {name}")
             admin.execute(f"CREATE DATABASE {name}")
-        Ledger.open(pg_url).close()  # a fresh, empty ledger under the same URL
+        Ledger.open(fresh_pg_url).close()  # a fresh, empty ledger under the same URL
         with pytest.raises(LedgerUnavailable, match="not the one this run reserved in"):
             res.prepare({})
         with pytest.raises(LedgerUnavailable, match="not the one this run reserved in"):
             res.commit({})
-    with Ledger.open(pg_url) as fresh:
+    with Ledger.open(fresh_pg_url) as fresh:
         assert fresh.entries() == []
 
 
@@ -556,15 +542,15 @@ def test_reading_a_ledger_that_does_not_exist_creates_nothing(tmp_path):
     assert not (tmp_path / "no-such-folder").exists()
 
 
-def test_reading_a_postgres_database_without_a_ledger_creates_nothing(pg_url):
+def test_reading_a_postgres_database_without_a_ledger_creates_nothing(fresh_pg_url):
     import psycopg
 
     with pytest.raises(LedgerNotFound, match="no ldp-beam ledger tables"):
-        Ledger.open(pg_url, create=False)
-    with psycopg.connect(pg_url) as con:
+        Ledger.open(fresh_pg_url, create=False)
+    with psycopg.connect(fresh_pg_url) as con:
         assert con.execute("SELECT to_regclass('ldp_beam_meta')").fetchone()[0] is None
-    Ledger.open(pg_url).close()  # a run creates it
-    with Ledger.open(pg_url, create=False) as led:
+    Ledger.open(fresh_pg_url).close()  # a run creates it
+    with Ledger.open(fresh_pg_url, create=False) as led:
         assert led.entries() == []
 
 
@@ -675,14 +661,14 @@ def test_a_schema_1_sqlite_ledger_is_migrated_in_place(tmp_path):
     assert not [t for t in tables if "v1" in t]
 
 
-def test_a_schema_1_postgres_ledger_is_migrated_in_place(pg_url):
+def test_a_schema_1_postgres_ledger_is_migrated_in_place(fresh_pg_url):
     import psycopg
 
-    with psycopg.connect(pg_url, autocommit=True) as con:
+    with psycopg.connect(fresh_pg_url, autocommit=True) as con:
         with con.transaction():
             _build_v1(con.execute, lambda sql, rows: con.cursor().executemany(sql, rows), "%s")
-    _check_migrated(pg_url)
-    with psycopg.connect(pg_url) as con:
+    _check_migrated(fresh_pg_url)
+    with psycopg.connect(fresh_pg_url) as con:
         assert con.execute("SELECT to_regclass('ldp_beam_v1_entries')").fetchone()[0] is None
 
 
