@@ -187,8 +187,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "landing path (for Dataflow/Flink, where it is exactly-once; on the "
                         "DirectRunner it acks before processing: at most once)")
     s.add_argument("--output", "-o", required=True,
-                   help="directory for estimates.jsonl, deadletter.jsonl, ledger.jsonl and "
-                        "summary.json (appended to across runs)")
+                   help="directory for estimates.jsonl (what may be published) and curator/ "
+                        "(deadletter.jsonl, ledger.jsonl, summary.json: exact counts, never "
+                        "published); appended to across runs")
     s.add_argument("--reports-schema", help="take the mechanism and its parameters from this "
                    "reports Parquet file's metadata (as written by collect)")
     s.add_argument("--column", "-c", action="append",

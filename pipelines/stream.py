@@ -33,6 +33,9 @@ exactly as any other release (:func:`empty_release`) — and withholds every win
 operator and the clock, not the data:
 
 * it starts at the window containing ``start`` (``--start``) when declared. Otherwise a live run
+  continues the range recorded by the live run before it in the same output folder
+  (``OUT/curator/release_range.json``; so a window left open by a stop or a ``kill -9`` is
+  released by the restart, from the records it re-reads), and the first live run
   starts at the window containing the run's start (wall clock less the watermark lag): records
   of a backlog older than that are withheld (declare ``--start`` to release their windows); a
   ``--once`` run starts at the window of the earliest record read, which then reveals that
@@ -88,9 +91,10 @@ correlated; :meth:`ldp_beam.core.Estimate.with_design_effect`). The per-unit cou
 are in ``ledger.jsonl`` (and, for LDP, in the estimate row; a central release publishes none).
 
 **Accounting.** Nothing is dropped silently: every record is in a window's panes, dead-lettered
-(``OUT/deadletter.jsonl``, with the stage, the reason and, from a spool, the file and line), or
-counted. ``OUT/ledger.jsonl`` is the curator's bookkeeping (one line per file read and per pane,
-with exact record counts — not for publication for central-DP families), and the end-of-run
+(``OUT/curator/deadletter.jsonl``, with the stage, the reason and, from a spool, the file and line), or
+counted. ``OUT/curator/ledger.jsonl`` is the curator's bookkeeping (one line per file read and per
+pane, with exact record counts — never for publication: everything under ``OUT/curator/`` is
+trusted-side, and says so in its ``CURATOR-ONLY.txt``), and the end-of-run
 summary reconciles: lines read = records + dead-lettered at the source + skipped as settled
 before a restart; records = records in the windows' last panes + invalid records (+ records
 Beam's windowing dropped as later than the allowed lateness, which the spool source prevents by
@@ -140,8 +144,21 @@ from ldp_beam.transforms.spool import (DEAD, HEARTBEAT, LEDGER, MARK, RECORD, RE
 from .common import counters, run_pipeline, runner_args, runner_name, say, write_json
 
 PANE = "pane"
-ESTIMATES, DEAD_LETTERS, LEDGER_FILE, SUMMARY = ("estimates.jsonl", "deadletter.jsonl",
-                                                 "ledger.jsonl", "summary.json")
+# What a stream publishes is OUT/estimates.jsonl (and its --results sinks); everything under
+# OUT/curator/ is the collector's own bookkeeping, with exact per-window record counts (for a
+# central-DP family, the very counts its releases hide) and dead-lettered records: never publish
+# it. CURATOR_NOTE says so inside the folder.
+CURATOR = "curator"
+ESTIMATES = "estimates.jsonl"
+DEAD_LETTERS, LEDGER_FILE, SUMMARY, RANGE_FILE = (
+    f"{CURATOR}/deadletter.jsonl", f"{CURATOR}/ledger.jsonl", f"{CURATOR}/summary.json",
+    f"{CURATOR}/release_range.json")
+CURATOR_NOTE = (
+    "CURATOR-ONLY. The files in this folder are the stream collector's bookkeeping: exact record\n"
+    "counts per window and pane (ledger.jsonl, summary.json), the records it refused with their\n"
+    "reasons (deadletter.jsonl) and the release range it keeps across restarts\n"
+    "(release_range.json). For a central-DP stream the exact counts are what the releases hide:\n"
+    "never publish them. What may be published is ../estimates.jsonl (and the --results sinks).\n")
 TIMING = {0: "early", 1: "on_time", 2: "late", 3: "unknown"}
 MAX_RANGE_WINDOWS = 100_000  # windows in a central release range (each is a release)
 DIRECT_RUNNERS = ("DirectRunner", "BundleBasedDirectRunner", "SwitchingDirectRunner")
@@ -429,7 +446,7 @@ class PaneFn(beam.DoFn):
             if not marked:
                 out["refused"] = (
                     f"release withheld: window {span} is outside the run's release range (not "
-                    "marked as part of it when it fired; see release_range in summary.json): a "
+                    "marked as part of it when it fired; see release_range in curator/summary.json): a "
                     "central-DP stream releases exactly the windows of its range, so that "
                     "whether a window is released reveals nothing about its records (their "
                     "count is in the ledger)")
@@ -1016,6 +1033,7 @@ class StreamSink(beam.DoFn):
         if self._fds is None:
             self._fds = {}
         if name not in self._fds:
+            os.makedirs(os.path.dirname(os.path.join(self.out_dir, name)), exist_ok=True)
             self._fds[name] = os.open(os.path.join(self.out_dir, name),
                                       os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         return self._fds[name]
@@ -1297,7 +1315,7 @@ def run_stream(output_dir: str, mechanism: Mechanism, *, spool: str | None = Non
     """Run a streaming estimation (see the module docstring) until ``duration`` seconds have
     passed, ``stop`` is set, SIGINT/SIGTERM arrives (when run on the main thread) or, with
     ``once``, the spool's present files are read. Outputs go to ``output_dir`` (appended to, so a
-    restarted run continues them); returns the run's summary (also ``OUT/summary.json``).
+    restarted run continues them); returns the run's summary (also ``OUT/curator/summary.json``).
 
     ``start``, ``end`` (epoch seconds or ISO 8601 text): the release range of a central-DP
     stream (see "Release range" in the module docstring).
@@ -1344,8 +1362,12 @@ def run_stream(output_dir: str, mechanism: Mechanism, *, spool: str | None = Non
     if privacy_unit is not None:  # every option checked before the state file is created
         check_unit(mechanism, PrivacyUnit(privacy_unit, None, max_reports_per_unit,
                                           unit_budget, memo_field), columns)
-    os.makedirs(output_dir, exist_ok=True)
+    os.makedirs(os.path.join(output_dir, CURATOR), exist_ok=True)
     out_dir = os.path.abspath(output_dir)
+    note = os.path.join(out_dir, CURATOR, "CURATOR-ONLY.txt")
+    if not os.path.exists(note):
+        with open(note, "w") as fh:
+            fh.write(CURATOR_NOTE)
     run_id = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ") + f"-{os.getpid()}"
     unit = None
     if privacy_unit is not None:
@@ -1366,12 +1388,15 @@ def run_stream(output_dir: str, mechanism: Mechanism, *, spool: str | None = Non
     if spool_dir is not None:
         spool_dir.open()
     try:
+        continued: dict | None = None
         if central:  # the release range: declared, or (live) from the run's start
             size = clock.size_us
             if once:
                 range_start, range_end = start_us, end_us
             else:
+                continued = recorded_range(out_dir, size, window_seconds)
                 range_start = start_us if start_us is not None else \
+                    continued["start_us"] if continued is not None else \
                     int(time.time() * 1_000_000) - Duration.of(watermark_lag).micros
                 range_end = end_us
             if range_start is not None and (range_end is not None or not once):
@@ -1385,9 +1410,15 @@ def run_stream(output_dir: str, mechanism: Mechanism, *, spool: str | None = Non
                         + ("" if once else " before now") + f", more than {MAX_RANGE_WINDOWS:,} "
                         "(each is a release): give a later --start"
                         + (" or an earlier --end" if once else "") + " or a longer --window")
+        if central and not once:  # before anything is read: a restart continues this range
+            record_range(out_dir, clock.window(range_start)[0], size,
+                         continued["run"] if continued and start_us is None else run_id,
+                         declared=start_us is not None or bool(continued and
+                                                               continued["declared"]))
         recovered = spool_dir.leftovers() if spool_dir else []
-        prior = prior_releases(os.path.join(out_dir, ESTIMATES)) if central and recovered \
-            else {}
+        # every release already made (any run's) counts against its window's budget, so a
+        # window released before a crash is never released again with fresh noise
+        prior = prior_releases(os.path.join(out_dir, ESTIMATES)) if central else {}
         estimate = WindowedEstimate(
             mechanism, window_seconds, 0.0 if once else allowed_lateness,
             None if once else early_seconds, releases_per_window, columns, options, prior,
@@ -1428,6 +1459,10 @@ def run_stream(output_dir: str, mechanism: Mechanism, *, spool: str | None = Non
 
         if central:
             log(_range_line(once, range_start, range_end, start_us is not None))
+            if continued is not None and start_us is None:
+                log(f"continuing the release range of run {continued['run']} (recorded in "
+                    f"{os.path.join(out_dir, RANGE_FILE)}): windows it left open at its stop "
+                    "are released by this run")
 
         def build(p):
             items = p | "Read" >> source
@@ -1480,6 +1515,32 @@ def run_stream(output_dir: str, mechanism: Mechanism, *, spool: str | None = Non
     finally:
         if spool_dir is not None:
             spool_dir.close()
+
+
+def recorded_range(out_dir: str, size_us: int, window_seconds: float) -> dict | None:
+    """The release range a previous live run of this output folder recorded (its window-aligned
+    start, the window size and the run), or None. A restart without ``--start`` continues it,
+    so a window that was open when that run stopped (or was killed) is released, not withheld
+    as outside the new run's range. A different ``--window`` cannot continue it."""
+    path = os.path.join(out_dir, RANGE_FILE)
+    if not os.path.exists(path):
+        return None
+    with open(path) as fh:
+        rec = json.load(fh)
+    if int(rec["window_us"]) != size_us:
+        raise StreamConfigError(
+            f"--window {window_seconds:g}: {out_dir} holds the release range of a stream with "
+            f"windows of {int(rec['window_us']) / 1e6:g}s (run {rec['run']}); a central release "
+            "range cannot change its windows: use the same --window or a new output folder")
+    return rec
+
+
+def record_range(out_dir: str, start_us: int, size_us: int, run_id: str,
+                 declared: bool) -> None:
+    """Record the release range's start for the runs that follow (atomically)."""
+    write_json(os.path.join(out_dir, RANGE_FILE),
+               {"start_us": int(start_us), "start": iso(start_us), "window_us": int(size_us),
+                "run": run_id, "declared": bool(declared)})
 
 
 def _range_bound(value: Any, option: str) -> int | None:

@@ -547,7 +547,7 @@ def test_cli_emit_then_stream_subscription_counts_every_report_once(emulator, tm
                  "epsilon=1", "-p", f"domain={GRR['domain']}", "--window", "60", "--once",
                  "--quiet"])
     assert code == 0
-    summary = json.loads((out / "summary.json").read_text())
+    summary = json.loads((out / "curator" / "summary.json").read_text())
     assert summary["reconciles"] is True
     rows_out = [json.loads(line) for line in open(out / "estimates.jsonl")]
     last = {}

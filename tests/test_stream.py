@@ -65,7 +65,7 @@ def run_teststream(tmp_path, stream, estimate):
 
     def rows(name):
         return read_jsonl(out / name) if (out / name).exists() else []
-    return rows("estimates.jsonl"), rows("deadletter.jsonl"), rows("ledger.jsonl")
+    return rows("estimates.jsonl"), rows("curator/deadletter.jsonl"), rows("curator/ledger.jsonl")
 
 
 def panes(rows):
@@ -236,7 +236,7 @@ def test_bounded_run_dead_letters_bad_lines_and_never_rereads_done_files(tmp_pat
     rows = read_jsonl(out / "estimates.jsonl")
     assert sorted((r["window_start_epoch"], r["n_reports"]) for r in rows) == \
         [(T0, 30), (T0 + 20, 20)]  # 22:13:45Z is T0 + 25
-    dead = read_jsonl(out / "deadletter.jsonl")
+    dead = read_jsonl(out / "curator" / "deadletter.jsonl")
     src = sorted((d["source"], d["row"], d["stage"], d["reason"][:22]) for d in dead
                  if d["stage"] == "source")
     assert src == [("a.jsonl", 31, "source", "corrupt JSON: Expectin"),
@@ -270,7 +270,7 @@ def test_leftover_claimed_file_is_reread_skipping_settled_windows(tmp_path, bisa
                    progress=False)
     assert s["records"]["skipped_settled"] == 25 and s["records"]["in_windows"] == 15
     assert s["reconciles"]
-    ledger = [x for x in read_jsonl(out / "ledger.jsonl") if x["kind"] == "file"]
+    ledger = [x for x in read_jsonl(out / "curator" / "ledger.jsonl") if x["kind"] == "file"]
     assert ledger[0]["recovered"] is True and ledger[0]["file"] == "crashed.jsonl"
     assert os.listdir(spool / DONE) == ["crashed.jsonl"]
     # the settled watermark recorded by the sink only moves forward
@@ -293,7 +293,7 @@ def test_recovered_central_window_does_not_release_twice(tmp_path, histogram):
                    columns={"value": "value"}, progress=False)
     rows = [r for r in read_jsonl(out / "estimates.jsonl") if r["run"] == s["run"]]
     assert [r["window_start_epoch"] for r in rows] == [T0 + 10]
-    withheld = [d for d in read_jsonl(out / "deadletter.jsonl") if d["stage"] == "release"]
+    withheld = [d for d in read_jsonl(out / "curator" / "deadletter.jsonl") if d["stage"] == "release"]
     assert len(withheld) == 1 and "release 2 of a budget of 1" in withheld[0]["reason"]
     assert s["panes_withheld"] == 1 and s["records"]["in_releases"] == 4
 
@@ -344,7 +344,7 @@ def test_live_spool_settles_files_while_running_and_restarts_cleanly(tmp_path, b
     assert s["files"] == 2 and s["records"]["too_late"] == 5
     assert s["records"]["skipped_settled"] == 4 and s["records"]["in_windows"] == 35 + 3
     assert s["reconciles"]
-    too_late = [d for d in read_jsonl(out / "deadletter.jsonl") if d["run"] == s["run"]]
+    too_late = [d for d in read_jsonl(out / "curator" / "deadletter.jsonl") if d["run"] == s["run"]]
     assert len(too_late) == 5 and all(d["reason"].startswith("too late") and
                                       d["source"] == "next.jsonl" for d in too_late)
     assert sorted(os.listdir(spool / DONE)) == ["backlog.jsonl", "crashed.jsonl", "next.jsonl"]
@@ -435,9 +435,9 @@ def test_stream_command_end_to_end(tmp_path, bisample):
             "spends it once per report, and a device reporting every window spends it again "
             "every window") and r["guarantee"]["unit"] == "record"
         assert set(r["statistics"]) >= {"mean", "missing_rate"}
-    dead = read_jsonl(out / "deadletter.jsonl")
+    dead = read_jsonl(out / "curator" / "deadletter.jsonl")
     assert [(d["source"], d["row"]) for d in dead] == [("a.jsonl", 121)]
     assert sorted(os.listdir(spool / DONE)) == ["a.jsonl", "b.jsonl"]
-    summary = json.loads((out / "summary.json").read_text())
+    summary = json.loads((out / "curator" / "summary.json").read_text())
     assert summary["reconciles"] and summary["records"]["read"] == 200
     assert "2 window(s), 2 pane(s)" in so and "per record only" in so

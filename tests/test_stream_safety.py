@@ -145,7 +145,7 @@ def test_kill_9_during_a_backlog_neither_loses_nor_rereads(tmp_path, bisample):
     assert sum(r["n_reports"] for r in first) == 300  # only the settled backlog's windows
     s = run_stream(str(out), bisample, spool=str(spool), window_seconds=1, once=True,
                    progress=False)
-    files = [x for x in run_rows(out, "ledger.jsonl", s["run"]) if x["kind"] == "file"]
+    files = [x for x in run_rows(out, "curator/ledger.jsonl", s["run"]) if x["kind"] == "file"]
     assert sorted(x["file"] for x in files) == [f"b{i:04d}.jsonl" for i in range(4000)]
     assert {x["file"] for x in files if x["recovered"]} == claimed
     assert s["records"]["in_windows"] == 12_000 and s["reconciles"]
@@ -244,11 +244,11 @@ def test_symlinks_and_other_non_files_are_not_followed(tmp_path, bisample):
     assert failed == ["dangling.jsonl", "dir.jsonl", "link.jsonl", "pipe.jsonl"]
     assert os.path.islink(spool / FAILED / "link.jsonl")  # moved as the link itself
     assert len(read_jsonl(elsewhere / "target.jsonl")) == 30  # the target is untouched
-    dead = {d["source"]: d["reason"] for d in read_jsonl(out / "deadletter.jsonl")}
+    dead = {d["source"]: d["reason"] for d in read_jsonl(out / "curator" / "deadletter.jsonl")}
     assert "a symbolic link" in dead["link.jsonl"] and "not followed" in dead["link.jsonl"]
     assert "a symbolic link" in dead["dangling.jsonl"]
     assert "a named pipe" in dead["pipe.jsonl"] and "a directory" in dead["dir.jsonl"]
-    ledger = {x["file"]: x for x in read_jsonl(out / "ledger.jsonl") if x["kind"] == "file"}
+    ledger = {x["file"]: x for x in read_jsonl(out / "curator" / "ledger.jsonl") if x["kind"] == "file"}
     assert ledger["link.jsonl"]["records"] == 0 and "moved to .failed" in \
         ledger["link.jsonl"]["error"]
 
@@ -265,7 +265,7 @@ def test_validate_stage_dead_letters_name_their_file_and_line(tmp_path, bisample
                    progress=False)
     assert s["records"]["invalid"] == 2 and s["reconciles"]
     dead = sorted((d["stage"], d["source"], d["row"], d["reason"])
-                  for d in read_jsonl(out / "deadletter.jsonl"))
+                  for d in read_jsonl(out / "curator" / "deadletter.jsonl"))
     assert dead == [("validate", "a.jsonl", 4, "report field 'b': 7 not in [0, 1]"),
                     ("validate", "a.jsonl", 5, "report field 'b' is missing")]
     # a central family's raw records too (only the mapped field is shown)
@@ -277,7 +277,7 @@ def test_validate_stage_dead_letters_name_their_file_and_line(tmp_path, bisample
     run_stream(str(cout), histogram, spool=str(cspool), window_seconds=20, once=True,
                start=T0, end=T0 + 20, progress=False)
     dead = sorted((d["source"], d["row"], d["record"], d["reason"][:28])
-                  for d in read_jsonl(cout / "deadletter.jsonl"))
+                  for d in read_jsonl(cout / "curator" / "deadletter.jsonl"))
     assert dead == [("c.jsonl", 2, {"value": 2.5}, "value: 2.5 is outside the de"),
                     ("c.jsonl", 3, {}, "record has no field 'value'")]
     # and a live run, whose records travel grouped by window
@@ -288,7 +288,7 @@ def test_validate_stage_dead_letters_name_their_file_and_line(tmp_path, bisample
                + [{"s": 0, "b": 2, "ts": now}])
     s = run_stream(str(lout), bisample, spool=str(lspool), window_seconds=1, poll_seconds=0.2,
                    duration=1.5, progress=False)
-    dead = sorted((d["stage"], d["source"], d["row"]) for d in read_jsonl(lout /
+    dead = sorted((d["stage"], d["source"], d["row"]) for d in read_jsonl(lout / "curator" /
                                                                           "deadletter.jsonl"))
     assert dead == [("source", "l.jsonl", 3), ("validate", "l.jsonl", 5)]
 
@@ -304,7 +304,7 @@ def test_pubsub_records_carry_their_message_line(tmp_path, bisample):
     with beam.Pipeline(options=PipelineOptions(["--streaming"])) as p:
         estimate_stream(p | stream, WindowedEstimate(bisample, 10),
                         StreamSink(str(out), "t", False, progress=False))
-    (dead,) = read_jsonl(out / "deadletter.jsonl")
+    (dead,) = read_jsonl(out / "curator" / "deadletter.jsonl")
     assert (dead["stage"], dead["source"], dead["row"]) == (
         "validate", "pubsub:projects/p/subscriptions/s", 3)
 
@@ -346,7 +346,7 @@ def test_central_stream_releases_the_gap_window_like_any_other(tmp_path, histogr
         assert len(gap["statistics"]["histogram"]["value"]) == 4
         assert s["release_range"]["windows"] == len(want)
         assert s["release_range"]["declared"] == {"start": bool(kw), "end": bool(kw)}
-        ledger = [x for x in run_rows(out, "ledger.jsonl", s["run"]) if x["kind"] == "pane"]
+        ledger = [x for x in run_rows(out, "curator/ledger.jsonl", s["run"]) if x["kind"] == "pane"]
         assert sorted((x["window_start_epoch"], x["count"]) for x in ledger) == \
             sorted([(T0, 5), (T0 + 10, 0), (T0 + 20, 3)] + ([(T0 + 30, 0)] if kw else []))
 
@@ -361,7 +361,7 @@ def test_released_windows_do_not_depend_on_one_record(tmp_path, histogram):
         assert sorted(released(out, s["run"])) == [T0 + 10 * i for i in range(6)], name
     s, out = runs["outside"]  # a record after the range: withheld, and said so
     assert s["release_range"]["windows_outside"] == 1 and s["panes_withheld"] == 1
-    (dead,) = [d for d in read_jsonl(out / "deadletter.jsonl") if d["stage"] == "release"]
+    (dead,) = [d for d in read_jsonl(out / "curator" / "deadletter.jsonl") if d["stage"] == "release"]
     assert "outside the run's release range" in dead["reason"]
     assert dead["record"]["window_start_epoch"] == T0 + 90
     assert s["records"]["in_windows"] == 3 and s["records"]["in_releases"] == 2
@@ -432,7 +432,7 @@ def test_live_central_stream_releases_every_window_from_its_start(tmp_path, hist
     assert all(r["release"] == {"index": 1, "of": 1} for r in rel.values())
     assert {start + 1, start + 2, start + 3} <= set(starts)  # the empty ones
     assert s["release_range"]["windows_outside"] == 1 and s["reconciles"]
-    ledger = {x["window_start_epoch"]: x for x in run_rows(out, "ledger.jsonl", s["run"])
+    ledger = {x["window_start_epoch"]: x for x in run_rows(out, "curator/ledger.jsonl", s["run"])
               if x["kind"] == "pane"}
     assert ledger[start]["count"] == 3 and ledger[start + 4]["count"] == 2
     assert ledger[math.floor(now + 3600)]["in_range"] is False
@@ -482,7 +482,7 @@ def test_live_central_marks_by_the_clock_not_the_lagged_watermark(tmp_path, hist
     finally:
         timer.cancel()
     assert s["panes_withheld"] == 0 and s["release_range"]["windows_outside"] == 0
-    ledger = {x["window_start_epoch"]: x for x in run_rows(out, "ledger.jsonl", s["run"])
+    ledger = {x["window_start_epoch"]: x for x in run_rows(out, "curator/ledger.jsonl", s["run"])
               if x["kind"] == "pane"}
     assert ledger[math.floor(now)]["count"] == 2 and ledger[math.floor(now)]["released"]
     rel = sorted(int(w) for w in released(out, s["run"]))  # from the run's start less the lag
@@ -666,7 +666,7 @@ def test_no_raw_unit_id_reaches_any_output(tmp_path, grr):
              '{"v": 1, "device": "%s", "ts": ' % ids[2],  # unparseable, holds an id
              {"v": 1, "device": [ids[0]], "ts": T0 + 3}]  # not an id
     s, out = unit_run(tmp_path, grr, {"a.jsonl": recs})
-    dead = read_jsonl(out / "deadletter.jsonl")
+    dead = read_jsonl(out / "curator" / "deadletter.jsonl")
     assert sorted(d["stage"] for d in dead) == ["source", "source", "validate"]
     assert all(d["record"]["device"].startswith("u") for d in dead if d["stage"] == "validate")
     blob = b"".join(p.read_bytes() for p in out.iterdir() if p.is_file())
@@ -725,7 +725,7 @@ def test_central_release_keeps_k_records_per_unit_and_publishes_no_counts(tmp_pa
     assert all(r["privacy_unit"] == {"field": "device", "max_records_per_unit": 1,
                                      "unit_budget": None} for r in rows)
     assert not any("estimated" in json.dumps(r) for r in rows)
-    panes = [p for p in read_jsonl(out / "ledger.jsonl") if p["kind"] == "pane"]
+    panes = [p for p in read_jsonl(out / "curator" / "ledger.jsonl") if p["kind"] == "pane"]
     units = sorted((p["window_start_epoch"], p["units"]["estimated"], p["units"]["bounded_out"])
                    for p in panes if "units" in p)
     assert units[:2] == [(T0, 30, len(recs) // 2 - 30), (T0 + 10, 30, len(recs) // 2 - 30)]
