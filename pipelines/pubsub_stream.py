@@ -11,8 +11,8 @@ cannot), privacy units and memo ids. The delivery guarantee is the lander's (see
 by the landed record; the spool's own restart guarantees take it from there.
 
 **Order of a run.** The lander opens first (its lock, and the repair of a batch a crash left
-between commit and rename), then lands the backlog already waiting (until a pull comes back
-empty, at most ``drain_seconds``) so that it is in the spool's first listing (whose files are
+between commit and rename), then lands the backlog already waiting (until a batch comes back
+less than full, at most ``drain_seconds``) so that it is in the spool's first listing (whose files are
 all on time); then the stream starts, and the lander keeps landing in its thread. When the
 stream ends (``duration``, ``stop``, SIGINT/SIGTERM), the lander finishes its batch in hand and
 stops; what it landed after the stream's last poll stays in the spool for the next run. A
@@ -28,6 +28,11 @@ from typing import Any, Mapping
 
 from ldp_beam.core import Mechanism
 from ldp_beam.transforms.pubsub_lander import Lander, LanderError
+
+
+DELIVERY = ("exactly once in effect: each message landed (fsynced, its report ids recorded) "
+            "before its ack, a redelivered or re-published report counted once, the spool "
+            "re-read after a crash")
 
 
 def run_pubsub_stream(subscription: str, output_dir: str, mechanism: Mechanism, *,
@@ -57,14 +62,17 @@ def run_pubsub_stream(subscription: str, output_dir: str, mechanism: Mechanism, 
     stop = stop or threading.Event()
     lander = Lander(subscription, spool, say=say, **dict(lander_options or {}))
     lander.open()
+    _check_lag(lander, stream_kwargs, say)
     failure: list[BaseException] = []
     try:
-        lander.run(drain_seconds, idle_seconds=0.0)  # the backlog: on time in the first listing
+        drain_backlog(lander, drain_seconds, stop)  # on time in the stream's first listing
         if stream_kwargs.get("once"):  # a bounded run: the backlog landed, read once
             summary = run_stream(output_dir, mechanism, spool=spool, duration=duration,
                                  stop=stop, progress=progress, **stream_kwargs)
             summary["lander"] = asdict(lander.stats)
             summary["spool"] = spool
+            summary["delivery"] = DELIVERY
+            _rewrite(output_dir, summary)
             return summary
         thread = threading.Thread(target=_land, args=(lander, stop, failure),
                                   name="ldp-beam-lander", daemon=True)
@@ -80,9 +88,58 @@ def run_pubsub_stream(subscription: str, output_dir: str, mechanism: Mechanism, 
         lander.close()
     summary["lander"] = asdict(lander.stats)
     summary["spool"] = spool
+    summary["delivery"] = DELIVERY
+    _rewrite(output_dir, summary)
     if failure:
         raise LanderError(f"the lander stopped the stream: {failure[0]}") from failure[0]
     return summary
+
+
+def _rewrite(output_dir: str, summary: dict) -> None:
+    """The run's summary file, with the lander's counts and the delivery guarantee."""
+    from .common import write_json
+    from .stream import SUMMARY
+
+    write_json(os.path.join(output_dir, SUMMARY), summary)
+
+
+def ack_deadline(lander: Lander) -> float | None:
+    """The subscription's ack deadline in seconds (None if it cannot be read)."""
+    try:
+        sub = lander._client().get_subscription(subscription=lander.subscription, timeout=10)
+        return float(sub.ack_deadline_seconds)
+    except Exception:  # a missing permission: the check below is advice, not a condition
+        return None
+
+
+def _check_lag(lander: Lander, kw: Mapping[str, Any], say: Any) -> None:
+    """Messages pulled but not acked when a collector dies come back after the subscription's
+    ack deadline; to be on time in their windows after a restart, the watermark lag plus the
+    allowed lateness must cover it. Say so when it does not (they would be dead-lettered as
+    too late: counted, not lost)."""
+    deadline = ack_deadline(lander)
+    cover = float(kw.get("watermark_lag") or 0.0) + float(kw.get("allowed_lateness") or 0.0)
+    if say is not None and deadline is not None and cover < deadline and not kw.get("once"):
+        say(f"ldp-beam stream: note: the subscription's ack deadline is {deadline:g}s and "
+            f"--watermark-lag plus --allowed-lateness is {cover:g}s: after a crash, messages "
+            "the dead collector had pulled come back up to that late and are dead-lettered as "
+            f"too late; give --watermark-lag {deadline + 2:g} (or a lateness) to count them")
+
+
+def drain_backlog(lander: Lander, seconds: float, stop: threading.Event) -> int:
+    """Land the backlog waiting on the subscription: batches until one comes back less than
+    full (caught up with the live rate: a steady producer does not hold the stream back),
+    ``seconds`` or ``stop``; returns the messages landed."""
+    import time
+
+    end = time.monotonic() + seconds
+    n = 0
+    while time.monotonic() < end and not stop.is_set():
+        got = lander.land_once()
+        n += got
+        if got < lander.max_messages:
+            break
+    return n
 
 
 def _land(lander: Lander, stop: threading.Event, failure: list) -> None:

@@ -118,10 +118,12 @@ from typing import Any, Iterable, Mapping, NamedTuple
 import apache_beam as beam
 import numpy as np
 from apache_beam.metrics import Metrics
+from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.transforms import trigger as tr
 from apache_beam.transforms import userstate
 from apache_beam.transforms.timeutil import TimeDomain
-from apache_beam.transforms.window import FixedWindows, GlobalWindows, TimestampedValue
+from apache_beam.transforms.window import (FixedWindows, GlobalWindow, GlobalWindows,
+                                            TimestampedValue)
 from apache_beam.utils.timestamp import Duration, Timestamp
 from apache_beam.utils.windowed_value import WindowedValue
 
@@ -1076,7 +1078,8 @@ class StreamSink(beam.DoFn):
                                              **payload})
         elif kind == LEDGER:
             _append(self._fd(LEDGER_FILE), {**run, **payload})
-            self._say(file_line(payload))
+            if payload.get("kind") != "messages":
+                self._say(file_line(payload))
         elif kind == HEARTBEAT:
             settle.set(Timestamp(micros=int(payload)))
 
@@ -1117,11 +1120,27 @@ class ParseMessagesFn(beam.DoFn):
         self.n_records = Metrics.counter("ldp_beam", "stream_records")
         self.n_lines = Metrics.counter("ldp_beam", "stream_lines")
 
-    def process(self, data: bytes):
+    def start_bundle(self) -> None:
+        self._tally = [0, 0, 0]  # lines, records, the latest event time (µs)
+
+    def finish_bundle(self):
+        """The bundle's count, to the run's ledger (the read count of the summary: Beam's
+        metrics of a cancelled DirectRunner pipeline miss its last bundles)."""
+        lines, records, latest = self._tally
+        if lines:
+            yield WindowedValue((LEDGER, {"kind": "messages", "source": self.source,
+                                          "lines": lines, "records": records}),
+                                Timestamp(micros=latest), [GlobalWindow()])
+
+    def process(self, data: bytes, timestamp=beam.DoFn.TimestampParam):
+        if not hasattr(self, "_tally"):
+            self.start_bundle()
+        self._tally[2] = max(self._tally[2], int(timestamp.micros))
         for i, raw in enumerate(bytes(data).splitlines(), 1):
             if not raw.strip():
                 continue
             self.n_lines.inc()
+            self._tally[0] += 1
             try:
                 record, t_us = parse_line(raw, self.timestamp_field)
             except ValueError as exc:
@@ -1136,6 +1155,7 @@ class ParseMessagesFn(beam.DoFn):
                                  "row": i}
                     continue
             self.n_records.inc()
+            self._tally[1] += 1
             yield TimestampedValue((RECORD, record, self.source, i), Timestamp(micros=t_us))
 
 
@@ -1150,14 +1170,23 @@ def subscription_path(sub: str) -> str:
 
 
 class ReadPubSubRecords(beam.PTransform):
-    """``beam.io.ReadFromPubSub(subscription=...)`` -> items. Needs Beam's GCP extras."""
+    """``beam.io.ReadFromPubSub(subscription=..., timestamp_attribute=...,
+    id_label=...)`` -> items: Beam's own Pub/Sub source, for the runners where it is
+    exactly-once (Dataflow deduplicates by ``id_label`` and acks after a checkpoint). On the
+    DirectRunner it is at most once (it acks each pull before processing, and does not support
+    ``id_label``, which is then left out: no deduplication); see :func:`run_stream`.
+    ``timestamp_attribute``: the message attribute of its event time (the Reporter's ``ts``;
+    each record's own ``timestamp_field`` then places it); ``id_label``: the attribute of its
+    report id (the Reporter's ``report_id``; one report per message)."""
 
     def __init__(self, subscription: str, timestamp_field: str, unit_field: str | None = None,
-                 unit_key: bytes | None = None) -> None:
+                 unit_key: bytes | None = None, timestamp_attribute: str | None = "ts",
+                 id_label: str | None = None) -> None:
         super().__init__()
         self.path = subscription_path(subscription)
         self.timestamp_field = timestamp_field
         self.unit_field, self.unit_key = unit_field, unit_key
+        self.timestamp_attribute, self.id_label = timestamp_attribute, id_label
         try:
             import_module("google.cloud.pubsub_v1")  # what ReadFromPubSub needs at run time
         except ImportError:
@@ -1166,7 +1195,9 @@ class ReadPubSubRecords(beam.PTransform):
                 "pip install 'apache-beam[gcp]'") from None
 
     def expand(self, pbegin):
-        return (pbegin | "PubSub" >> beam.io.ReadFromPubSub(subscription=self.path)
+        return (pbegin | "PubSub" >> beam.io.ReadFromPubSub(
+                    subscription=self.path, timestamp_attribute=self.timestamp_attribute,
+                    id_label=self.id_label)
                 | "Parse" >> beam.ParDo(ParseMessagesFn(self.timestamp_field,
                                                         f"pubsub:{self.path}", self.unit_field,
                                                         self.unit_key)))
@@ -1244,6 +1275,9 @@ def summarize(out_dir: str, run_id: str, records_read: int | None = None,
     ledger = _read_run(os.path.join(out_dir, LEDGER_FILE), run_id)
     dead = _read_run(os.path.join(out_dir, DEAD_LETTERS), run_id)
     files = [r for r in ledger if r["kind"] == "file"]
+    messages = [r for r in ledger if r["kind"] == "messages"]
+    if messages and not from_files:  # what the Pub/Sub source parsed, as the sink recorded it
+        records_read = sum(r["records"] for r in messages)
     last: dict[str, dict] = {}
     last_released: dict[str, dict] = {}
     n_panes = n_withheld = 0
@@ -1311,7 +1345,8 @@ def run_stream(output_dir: str, mechanism: Mechanism, *, spool: str | None = Non
                progress: bool = True, start: Any = None, end: Any = None,
                privacy_unit: str | None = None, max_reports_per_unit: int = 1,
                unit_budget: float | None = None, memoize: str | bool | None = None,
-               seed: int | str | None = None) -> dict:
+               seed: int | str | None = None, timestamp_attribute: str | None = "ts",
+               report_id_attribute: str | None = "report_id") -> dict:
     """Run a streaming estimation (see the module docstring) until ``duration`` seconds have
     passed, ``stop`` is set, SIGINT/SIGTERM arrives (when run on the main thread) or, with
     ``once``, the spool's present files are read. Outputs go to ``output_dir`` (appended to, so a
@@ -1437,8 +1472,14 @@ def run_stream(output_dir: str, mechanism: Mechanism, *, spool: str | None = Non
                                  mark_until_us=range_end if central else None)
             what = f"spool {spool_dir.path} every {poll_seconds:g}s"
         else:
-            source = ReadPubSubRecords(subscription, timestamp_field, unit_field, unit_key)
-            what = f"Pub/Sub {source.path}"
+            direct = runner_name(args) in DIRECT_RUNNERS
+            source = ReadPubSubRecords(subscription, timestamp_field, unit_field, unit_key,
+                                       timestamp_attribute=timestamp_attribute,
+                                       id_label=None if direct else report_id_attribute)
+            what = f"Pub/Sub {source.path} through Beam's ReadFromPubSub (" + (
+                "DirectRunner: at most once, no deduplication by report id; the landing path "
+                "is exactly once in effect)" if direct else
+                f"deduplicated by the {report_id_attribute!r} attribute)")
         if not once and "--streaming" not in args:
             args = args + ["--streaming"]
         sink = StreamSink(out_dir, run_id, central,
@@ -1472,10 +1513,14 @@ def run_stream(output_dir: str, mechanism: Mechanism, *, spool: str | None = Non
             return [estimate_stream(items, estimate, sink)]
 
         started = time.monotonic()
-        with _stop_on_signals(stop, log, enabled=spool_dir is not None and not once):
+        with _stop_on_signals(stop, log, enabled=not once):
             if isinstance(source, SpoolSource):
                 with source:
                     result = run_pipeline(build, args)
+            elif subscription is not None:
+                result = run_until_stopped(
+                    build, args, stop, duration, log,
+                    drain=window_seconds + allowed_lateness + watermark_lag + 2.0)
             else:
                 result = run_pipeline(build, args)
         if spool_dir is not None:
@@ -1484,6 +1529,12 @@ def run_stream(output_dir: str, mechanism: Mechanism, *, spool: str | None = Non
             raise RuntimeError(f"the spool source failed: {source.error}") from source.error
         records_read = counters(result).get("stream_records") if subscription else None
         summary = summarize(out_dir, run_id, records_read, from_files=spool_dir is not None)
+        if subscription is not None:
+            summary["delivery"] = (
+                "at most once: Beam's ReadFromPubSub on the DirectRunner acks each pull before "
+                "processing and cannot deduplicate; records read but in no window are counted "
+                "as dropped_by_windowing" if source.id_label is None else
+                f"as the runner gives it (deduplicated by {source.id_label!r})")
         if unit is not None:
             spent = unit.state.spent()
             cap = unit.budget
@@ -1659,6 +1710,51 @@ def summary_line(s: dict) -> str:
             f", or {outside} window(s) outside the release range)" if outside else ")")
     return (f"{s['windows']} window(s), {s['panes']} pane(s) from {s['files']} file(s); "
             + line + ("" if s["reconciles"] else "  ** DOES NOT RECONCILE **"))
+
+
+def run_until_stopped(build: Any, args: list[str], stop: threading.Event,
+                      duration: float | None, log: Any, drain: float) -> Any:
+    """Run an unbounded pipeline (Beam's Pub/Sub source) until ``duration`` seconds, ``stop``
+    (SIGINT/SIGTERM) or its failure; then keep it running ``drain`` seconds more (a window,
+    the allowed lateness, the watermark lag and a margin) so that the windows open at the stop
+    fire as the source's wall-clock watermark passes them, and cancel it. The DirectRunner
+    implements no ``wait_until_finish(duration=)``: this is that, with the drain. What the
+    source pulled during the drain into windows still open at the cancel is lost with them
+    (its acks are sent): at most once, which the summary counts (records read less those in
+    windows) and the module docstring states."""
+    p = beam.Pipeline(options=PipelineOptions(args))
+    build(p)
+    result = p.run()
+    failure: list[BaseException] = []
+    done = threading.Event()
+
+    def wait() -> None:
+        try:
+            result.wait_until_finish()
+        except BaseException as exc:  # raised below, after the stop
+            failure.append(exc)
+        finally:
+            done.set()
+
+    threading.Thread(target=wait, name="ldp-beam-pubsub-wait", daemon=True).start()
+    deadline = None if duration is None else time.monotonic() + duration
+    while not (stop.is_set() or done.is_set()):
+        left = 0.5 if deadline is None else min(0.5, deadline - time.monotonic())
+        if left <= 0:
+            break
+        stop.wait(left)
+    if not done.is_set():
+        log(f"stopping: letting the open windows fire for {drain:g}s, then cancelling the "
+            "pipeline")
+        done.wait(drain)
+        # the DirectRunner's shutdown waits for a pull in progress (up to 30 s): not for long
+        cancel = threading.Thread(target=result.cancel, name="ldp-beam-cancel", daemon=True)
+        cancel.start()
+        cancel.join(5.0)
+    if failure and not isinstance(failure[0], (KeyboardInterrupt, SystemExit)):
+        ours = failure[0]
+        raise RuntimeError(f"the Pub/Sub pipeline failed: {ours}") from ours
+    return result
 
 
 class _stop_on_signals:
