@@ -136,6 +136,8 @@ from ldp_beam.transforms.batches import num_rows
 from ldp_beam.transforms.perturb import dead_letter, split_dead_letters
 from ldp_beam.transforms.combine import EstimateFailure, EstimatorCombineFn
 from ldp_beam.transforms.io import to_json_line
+from ldp_beam.transforms.sources import redact
+from ldp_beam.transforms.stream_results import check_results, open_results, unsettled_rows
 from ldp_beam.transforms.batches import report_columns
 from ldp_beam.transforms.spool import (DEAD, HEARTBEAT, LEDGER, MARK, RECORD, RECORDS,
                                        ReadSpoolOnce,
@@ -1026,10 +1028,21 @@ class StreamSink(beam.DoFn):
     SETTLE = userstate.TimerSpec("settle", TimeDomain.WATERMARK)
 
     def __init__(self, out_dir: str, run_id: str, central: bool, spool_path: str | None = None,
-                 progress: bool = True) -> None:
+                 progress: bool = True, results: Iterable[str] = (),
+                 results_topic: str | None = None,
+                 published: Iterable[tuple[int, int, Any]] = ()) -> None:
         self.out_dir, self.run_id, self.central = out_dir, run_id, central
         self.spool_path, self.progress = spool_path, progress
+        self.results, self.results_topic = tuple(results), results_topic
+        # window start µs -> {pane: n_reports} of the panes already in estimates.jsonl
+        self.published: dict[int, dict[int, Any]] = {}
+        for start, pane, n in published:
+            self.published.setdefault(int(start), {})[int(pane)] = n
         self._fds: dict[str, int] | None = None
+        self._sinks: list | None = None
+
+    def setup(self) -> None:
+        self._sinks = open_results(self.results, self.results_topic)
 
     def _fd(self, name: str) -> int:
         if self._fds is None:
@@ -1044,6 +1057,9 @@ class StreamSink(beam.DoFn):
         for fd in (self._fds or {}).values():
             os.close(fd)
         self._fds = None
+        for sink in self._sinks or ():
+            sink.close()
+        self._sinks = None
 
     def _say(self, msg: str) -> None:
         if self.progress:
@@ -1062,8 +1078,23 @@ class StreamSink(beam.DoFn):
                 ledger["in_range"] = p["in_range"]
             if "units" in p:
                 ledger["units"] = p["units"]
-            if p["row"] is not None:
-                _append(self._fd(ESTIMATES), {**run, **p["row"]})
+            prev = self.published.setdefault(p["window_start_us"], {})
+            n = None if p["row"] is None else p["row"].get("n_reports")
+            if p["row"] is not None and n is not None and prev.get(p["index"]) == n:
+                # the same pane of the same reports, published by a run a crash ended before
+                # it settled the window: published once, never twice (nor to the sinks)
+                ledger["already_published"] = True
+            elif p["row"] is not None:
+                row = {**run, **p["row"]}
+                if p["index"] in prev:  # a pane number an earlier run used: the next one
+                    row["pane"] = {**row["pane"], "index": max(prev) + 1,
+                                   "index_in_run": p["index"]}
+                prev[row["pane"]["index"]] = n
+                _append(self._fd(ESTIMATES), row)
+                if self._sinks is None:
+                    self.setup()
+                for sink in self._sinks:
+                    sink.write(row)
             else:
                 _append(self._fd(DEAD_LETTERS), {
                     **run, "stage": "release", "reason": p["refused"], "source": "release",
@@ -1135,7 +1166,7 @@ class ParseMessagesFn(beam.DoFn):
     def process(self, data: bytes, timestamp=beam.DoFn.TimestampParam):
         if not hasattr(self, "_tally"):
             self.start_bundle()
-        self._tally[2] = max(self._tally[2], int(timestamp.micros))
+        self._tally[2] = max(self._tally[2], int(getattr(timestamp, "micros", 0)))
         for i, raw in enumerate(bytes(data).splitlines(), 1):
             if not raw.strip():
                 continue
@@ -1275,6 +1306,7 @@ def summarize(out_dir: str, run_id: str, records_read: int | None = None,
     ledger = _read_run(os.path.join(out_dir, LEDGER_FILE), run_id)
     dead = _read_run(os.path.join(out_dir, DEAD_LETTERS), run_id)
     files = [r for r in ledger if r["kind"] == "file"]
+    unread = sorted({r["file"] for r in ledger if r["kind"] == "unread"})
     messages = [r for r in ledger if r["kind"] == "messages"]
     if messages and not from_files:  # what the Pub/Sub source parsed, as the sink recorded it
         records_read = sum(r["records"] for r in messages)
@@ -1297,7 +1329,8 @@ def summarize(out_dir: str, run_id: str, records_read: int | None = None,
     records = src["records"] if from_files else records_read
     at_source = src["dead_lettered"] if from_files else \
         sum(1 for d in dead if d.get("stage") == "source")
-    out = {"run": run_id, "files": len(files), "windows": len(last), "panes": n_panes,
+    out = {"run": run_id, "files": len(files), "files_unread": unread,
+           "windows": len(last), "panes": n_panes,
            "panes_withheld": n_withheld,
            "records": {"lines": src["lines"] if from_files else None, "read": records,
                        "dead_lettered_at_source": at_source,
@@ -1346,7 +1379,8 @@ def run_stream(output_dir: str, mechanism: Mechanism, *, spool: str | None = Non
                privacy_unit: str | None = None, max_reports_per_unit: int = 1,
                unit_budget: float | None = None, memoize: str | bool | None = None,
                seed: int | str | None = None, timestamp_attribute: str | None = "ts",
-               report_id_attribute: str | None = "report_id") -> dict:
+               report_id_attribute: str | None = "report_id", results: Iterable[str] = (),
+               results_topic: str | None = None) -> dict:
     """Run a streaming estimation (see the module docstring) until ``duration`` seconds have
     passed, ``stop`` is set, SIGINT/SIGTERM arrives (when run on the main thread) or, with
     ``once``, the spool's present files are read. Outputs go to ``output_dir`` (appended to, so a
@@ -1394,6 +1428,8 @@ def run_stream(output_dir: str, mechanism: Mechanism, *, spool: str | None = Non
                 raise StreamConfigError(f"{opt} applies to a stream with a privacy unit: give "
                                         "--privacy-unit FIELD")
     memo_field = MEMO_FIELD if memoize is True else (memoize or None)
+    results = tuple(results)
+    check_results(results, results_topic)
     if privacy_unit is not None:  # every option checked before the state file is created
         check_unit(mechanism, PrivacyUnit(privacy_unit, None, max_reports_per_unit,
                                           unit_budget, memo_field), columns)
@@ -1482,8 +1518,17 @@ def run_stream(output_dir: str, mechanism: Mechanism, *, spool: str | None = Non
                 f"deduplicated by the {report_id_attribute!r} attribute)")
         if not once and "--streaming" not in args:
             args = args + ["--streaming"]
+        settled = spool_dir.settled() if spool_dir is not None else None
+        unsettled = unsettled_rows(os.path.join(out_dir, ESTIMATES), settled)
+        published = [(int(round(r["window_start_epoch"] * 1e6)), int(r["pane"]["index"]),
+                      r.get("n_reports")) for r in unsettled]
+        if (results or results_topic) and unsettled and spool_dir is not None:
+            resent = _resend(unsettled, results, results_topic)
+            log(f"re-sent {len(unsettled)} published pane(s) of unsettled windows to the "
+                f"results sinks ({resent} were missing there; the others were kept as they were)")
         sink = StreamSink(out_dir, run_id, central,
-                          spool_dir.path if (spool_dir and not once) else None, progress)
+                          spool_dir.path if (spool_dir and not once) else None, progress,
+                          results, results_topic, published)
         windows = f"windows of {window_seconds:g}s"
         if not once and allowed_lateness:
             windows += f", allowed lateness {allowed_lateness:g}s"
@@ -1547,6 +1592,9 @@ def run_stream(output_dir: str, mechanism: Mechanism, *, spool: str | None = Non
                 "units_at_cap": None if cap is None else sum(
                     1 for v in spent.values() if v + estimate.report_epsilon > cap *
                     (1 + 1e-9) + 1e-12)})
+        if results or results_topic:
+            summary["results"] = {"sinks": [redact(d) for d in results],
+                                  "topic": results_topic}
         summary.update({"mechanism": mechanism.name, "params": mechanism.params(),
                         "guarantee": estimate.stream_guarantee,
                         "seconds": round(time.monotonic() - started, 3),
@@ -1710,6 +1758,20 @@ def summary_line(s: dict) -> str:
             f", or {outside} window(s) outside the release range)" if outside else ")")
     return (f"{s['windows']} window(s), {s['panes']} pane(s) from {s['files']} file(s); "
             + line + ("" if s["reconciles"] else "  ** DOES NOT RECONCILE **"))
+
+
+def _resend(rows: list[dict], results: Iterable[str], topic: str | None) -> int:
+    """Deliver published rows to the results sinks again (each keeps its first copy); returns
+    how many a sink did not have (a topic cannot tell: it counts them all)."""
+    sinks = open_results(results, topic)
+    added = 0
+    try:
+        for row in rows:
+            added += max(int(s.write(row)) for s in sinks)
+    finally:
+        for s in sinks:
+            s.close()
+    return added
 
 
 def run_until_stopped(build: Any, args: list[str], stop: threading.Event,

@@ -167,3 +167,44 @@ def test_beam_read_from_pubsub_runs_honours_duration_and_says_at_most_once(emula
     assert r["in_windows"] <= r["read"] <= published
     # what Beam's DirectRunner watermark (the wall clock) drops is counted, never hidden
     assert s["reconciles"] == (r["dropped_by_windowing"] == 0)
+
+
+def test_results_topic_gets_each_pane_with_its_release_id(emulator, tmp_path):
+    from google.cloud import pubsub_v1
+
+    from ldp_beam.pipelines.stream import run_stream
+    from ldp_beam.registry import build_mechanism
+    from ldp_beam_test_helpers import write_file
+
+    mech = build_mechanism("grr", **GRR)
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    t0 = 1_700_000_000
+    rep = mech.perturb({"value": np.array(list(DOMAIN) * 10)}, rng=3)
+    recs = [{"v": int(v)} for v in rep["v"]]
+    write_file(spool, "a.jsonl", [{**r, "ts": t0 + 1 + (i % 2) * 10} for i, r in enumerate(recs)])
+    topic = emulator.topic()
+    sub = emulator.subscription(topic)
+    out = tmp_path / "out"
+    for _ in range(2):  # the second run re-sends the unsettled panes: same release ids
+        run_stream(str(out), mech, spool=str(spool), window_seconds=10, once=True,
+                   progress=False, results_topic=topic)
+    rows = {f"{r['window_start']}/{r['pane']['index']}": r
+            for r in read_jsonl(out / "estimates.jsonl")}
+    assert len(rows) == 2
+    client = pubsub_v1.SubscriberClient()
+    got: list = []
+    deadline = time.time() + 30
+    while len(got) < 4 and time.time() < deadline:
+        resp = client.pull(subscription=sub, max_messages=10, timeout=10)
+        got += resp.received_messages
+        if resp.received_messages:
+            client.acknowledge(subscription=sub,
+                               ack_ids=[m.ack_id for m in resp.received_messages])
+    by_id = {}
+    for m in got:
+        by_id.setdefault(m.message.attributes["release_id"], []).append(
+            json.loads(m.message.data))
+    assert set(by_id) == set(rows)  # deduplicated by release_id, a subscriber has each once
+    for rid, copies in by_id.items():
+        assert all(c == rows[rid] for c in copies)

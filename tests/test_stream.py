@@ -287,8 +287,10 @@ def test_recovered_central_window_does_not_release_twice(tmp_path, histogram):
     write_file(spool / CLAIMED, "crashed.jsonl", [{"value": 0.3, "ts": T0 + 1}] * 5
                + [{"value": 0.6, "ts": T0 + 15}] * 4)
     with open(out / "estimates.jsonl", "w") as fh:  # the crashed run released [T0, T0 + 10)
-        fh.write(json.dumps({"run": "crashed", "window_start_epoch": T0, "release":
-                             {"index": 1, "of": 1}}) + "\n")
+        fh.write(json.dumps({"run": "crashed", "window_start_epoch": T0,
+                             "window_end_epoch": T0 + 10, "pane": {"index": 0,
+                                                                    "timing": "on_time"},
+                             "release": {"index": 1, "of": 1}}) + "\n")
     s = run_stream(str(out), histogram, spool=str(spool), window_seconds=10, once=True,
                    columns={"value": "value"}, progress=False)
     rows = [r for r in read_jsonl(out / "estimates.jsonl") if r["run"] == s["run"]]

@@ -3,11 +3,16 @@ and a bounded one for backfills.
 
 A *spool directory* ``D`` receives files of JSON lines, one report (or raw record) per line, each
 with an event time in a field (``ts`` by default: epoch seconds, or ISO 8601 text; a naive ISO time
-is read as UTC). Producers write a file under another name (a dot-name, or one not ending in
-``.jsonl``) and rename it into ``D`` when it is complete: a rename is atomic, so a half-written
-file is never read. The source keeps its bookkeeping next to the files::
+is read as UTC). Only names ending in ``.jsonl`` and not starting with ``.`` or ``_`` are read;
+any other name (``.x.jsonl``, ``_x.jsonl``, ``x.jsonl.tmp``, ``x.jsonl.part``) is a temporary
+one, never read nor moved. The recommended way to produce is to write the file under a temporary
+name (in ``D``, or elsewhere on the same file system), fsync it, close it, and rename it into
+``D`` when it is complete: a rename is atomic, so the file appears whole, and it is claimed at
+first sight (:mod:`ldp_beam.transforms.pubsub_lander` lands Pub/Sub messages so). A file written
+in place in ``D`` is read too, but only once it is complete (see "Complete files only"). The
+source keeps its bookkeeping next to the files::
 
-    D/*.jsonl      new files, taken in name order
+    D/*.jsonl      new files, taken in name order (once complete)
     D/.claimed/    files being read, or read and feeding windows that are still open
     D/.done/       files every record of which is in a window's final pane, or dead-lettered
     D/.failed/     files that could not be opened or read, and entries that are not regular
@@ -25,6 +30,55 @@ line is skipped to its end unread and dead-lettered (its size, file, line number
 bytes), and reading resumes at the next line. Each record carries its file and line number
 through the pipeline, so a record dead-lettered later (by the estimator's or mechanism's
 validation) names them too.
+
+**Complete files only.** A new entry is claimed only when nothing says it is still being
+written, checked just before the rename that claims it (:meth:`SpoolDirectory.claim`):
+
+* no process has it open for writing: Linux refuses a read lease (``F_SETLEASE``) on a file
+  that any process (of any user, in any container on this kernel) has open for writing, so the
+  reader asks for one and drops it at once (:func:`open_for_writing`, a few system calls; the
+  lease-break signal is set to SIGURG, ignored by default, so the microseconds the lease is held
+  cannot end the process);
+* no writer holds a ``flock`` on it (:func:`flocked`): a writer that locks its file while it
+  writes is waited for even where leases are unavailable (on NFS, flock is a lock the server
+  knows);
+* and it is *settled*: quiet for ``settle`` seconds (a keyword of :class:`SpoolDirectory`,
+  default ``SETTLE_SECONDS`` = 1 s: its modification time is that old, or its size and modification
+  time did not change between two looks that far apart), or else no process has it open for
+  writing and it ends with a newline. So a file renamed in, or one whose writer has closed it
+  after a whole line, is claimed at first sight, with no added latency; a file being written in
+  place waits until its writer closes it (and, if it ends mid-line, ``settle`` seconds more).
+
+An entry that is not settled stays in ``D`` for a later poll (the live source logs it once, and
+judges it late or on time against the watermark of the poll that claims it, as any new file). A
+bounded read (``--once``, :class:`ReadSpoolOnce`) waits up to ``settle_wait`` seconds (default
+2 x ``settle``) for such entries; those still not settled then, or at a live run's stop, are left
+in ``D`` for the next run, each with a ledger entry ``{"kind": "unread", "file", "reason"}``
+that the sink logs. A writer that closes its file between appends of whole lines (``echo
+... >> D/x.jsonl``) may have it claimed between two appends: the next append creates a new
+``x.jsonl``, claimed on its own later (as ``x~1.jsonl``), so every line is still read once
+and whole.
+
+Why a lease and not a look at ``/proc/*/fd`` for open writers: that costs a readlink for every
+open file of every process at every look, sees only the processes this user may inspect, and
+needs ``fdinfo`` to tell writers from readers; the lease is a few system calls on the file
+itself and is exact for every writer on this machine. What remains uncertain: where leases are not
+supported (NFS and other network or FUSE file systems) or not permitted (a file of another owner,
+without ``CAP_LEASE``), the quiet period and flock are the only signs, so a writer that pauses
+longer than ``settle`` mid-file can have its file claimed early: use the rename convention there.
+
+**A file that changes while it is read.** A writer that opened a file in the instant before it
+was claimed writes on into the claimed file, so the reader reads on while the file grows, and
+holds back a last line without its newline while the file is still being written (open for
+writing or flocked, or, where that cannot be told, modified less than ``settle`` ago), for at
+most ``WRITER_WAIT_SECONDS``.
+
+**A truncated last line.** A last line without its newline, in a file no longer being written,
+is dead-lettered as ``truncated last line (no newline at end of file)`` with its file, line
+number and first 1,000 bytes (withheld in a privacy-unit stream), even if it happens to parse:
+a writer that stopped mid-record must not pass for a complete one. It counts as a line read, so
+the summary reconciles (lines read = records + dead-lettered + skipped as settled): never a
+silent loss, never half a record.
 
 **Protocol.** A poll lists the new entries and claims them one at a time, in name order, by an
 atomic ``os.rename`` into ``.claimed/`` (under the lock, so two readers never both read a file),
@@ -91,6 +145,7 @@ import fcntl
 import json
 import math
 import os
+import signal
 import stat
 import threading
 import time
@@ -110,6 +165,10 @@ from ldp_beam.longitudinal import UnitHasher
 CLAIMED, DONE, FAILED = ".claimed", ".done", ".failed"
 WATERMARK_FILE, LOCK_FILE = ".watermark", ".lock"
 SUFFIX = ".jsonl"
+TEMP_PREFIXES = (".", "_")  # a new entry named so is a temporary one: never read nor moved
+SETTLE_SECONDS = 1.0  # the quiet period of a file written in place (see "Complete files only")
+WRITER_WAIT_SECONDS = 10.0  # the longest a read holds back a last line its writer may still end
+TRUNCATED = "truncated last line (no newline at end of file)"
 MAX_LINE_BYTES = 1 << 20  # a longer line is dead-lettered, not parsed (nor held whole)
 SKIP_BYTES = 1 << 16  # what the reader holds while skipping the rest of an over-long line
 EVENT_BYTES = 3 << 20  # payload per TestStream event, at most (gRPC's default limit: 4 MiB)
@@ -199,31 +258,40 @@ def _shown(raw: bytes) -> str:
 class Line:
     """One line of a spool file as :func:`read_lines` yields it: ``raw`` without its end
     (``\\n``, ``\\r\\n``), or, for a line longer than the limit, only its first 1,000 bytes
-    (``too_long``); ``size``: the line's length in bytes, without its end."""
+    (``too_long``); ``size``: the line's length in bytes, without its end; ``start``: the offset
+    of its first byte; ``ended``: whether it ends with ``\\n`` (only a last line may not)."""
 
     number: int
     raw: bytes
     size: int
     too_long: bool = False
+    start: int = 0
+    ended: bool = True
 
 
-def read_lines(fh: Any, limit: int = MAX_LINE_BYTES) -> Iterator[Line]:
+def read_lines(fh: Any, limit: int = MAX_LINE_BYTES, number: int = 0,
+               offset: int = 0) -> Iterator[Line]:
     """The lines of a binary file object, holding at most ``limit + 2`` bytes of a line at a time
     (a line of ``limit`` bytes and its ``\\r\\n``): a longer line is not read whole but skipped to
     its end ``SKIP_BYTES`` at a time and yielded as ``too_long``, and reading resumes at the next
-    line. Every request to ``fh`` is a ``readline(n)`` with ``n <= limit + 2``."""
-    number = 0
+    line. Every request to ``fh`` is a ``readline(n)`` with ``n <= limit + 2``. ``number``,
+    ``offset``: the number of the line before the first one read and the offset reading starts
+    at (to resume reading a file)."""
+    pos = offset
     while True:
         chunk = fh.readline(limit + 2)
         if not chunk:
             return
         number += 1
+        start = pos
+        pos += len(chunk)
         if chunk.endswith(b"\n") or len(chunk) < limit + 2:  # a whole line (the last may lack \n)
-            raw = chunk.rstrip(b"\r\n")
+            ended = chunk.endswith(b"\n")
+            raw = chunk.rstrip(b"\r\n") if ended else chunk
             if len(raw) > limit:  # limit + 1 bytes and its \n
-                yield Line(number, raw[:1000], len(raw), True)
+                yield Line(number, raw[:1000], len(raw), True, start, ended)
             else:
-                yield Line(number, raw, len(raw))
+                yield Line(number, raw, len(raw), False, start, ended)
             continue
         head, size, tail = chunk[:1000], len(chunk), chunk[-2:]
         del chunk
@@ -232,11 +300,13 @@ def read_lines(fh: Any, limit: int = MAX_LINE_BYTES) -> Iterator[Line]:
             if not part:
                 break
             size += len(part)
+            pos += len(part)
             tail = (tail + part)[-2:]
             if part.endswith(b"\n"):
                 break
-        size -= 2 if tail == b"\r\n" else 1 if tail.endswith(b"\n") else 0
-        yield Line(number, head, size, True)
+        ended = tail.endswith(b"\n")
+        size -= 2 if tail == b"\r\n" else 1 if ended else 0
+        yield Line(number, head, size, True, start, ended)
 
 
 def _kind(mode: int) -> str:
@@ -273,6 +343,42 @@ def open_regular(path: str):
     except BaseException:
         os.close(fd)
         raise
+
+
+_F_SETSIG = getattr(fcntl, "F_SETSIG", None)
+_F_SETLEASE = getattr(fcntl, "F_SETLEASE", None)
+
+
+def open_for_writing(fd: int) -> bool | None:
+    """Whether any process has the regular file open (``fd``: opened read-only) for writing:
+    Linux refuses a read lease then (``EAGAIN``). The lease, when granted, is dropped at once;
+    its break signal is set to SIGURG (ignored by default) first, so that a writer opening the
+    file in that instant cannot end this process with SIGIO. None when it cannot be told: no
+    leases on this system or file system (NFS, FUSE), or not permitted (a file of another owner
+    without ``CAP_LEASE``)."""
+    if _F_SETLEASE is None or _F_SETSIG is None:
+        return None
+    try:
+        fcntl.fcntl(fd, _F_SETSIG, int(signal.SIGURG))
+        fcntl.fcntl(fd, _F_SETLEASE, fcntl.F_RDLCK)
+    except OSError as exc:
+        return True if exc.errno in (errno.EAGAIN, errno.EWOULDBLOCK) else None
+    try:
+        fcntl.fcntl(fd, _F_SETLEASE, fcntl.F_UNLCK)
+    except OSError:
+        pass
+    return False
+
+
+def flocked(fd: int) -> bool:
+    """Whether another open file holds an exclusive ``flock`` on the file of ``fd`` (a writer
+    that locks its file while writing); a shared lock taken to tell is dropped at once."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError as exc:
+        return exc.errno in (errno.EAGAIN, errno.EWOULDBLOCK, errno.EACCES)
+    fcntl.flock(fd, fcntl.LOCK_UN)
+    return False
 
 
 def iso(micros: int) -> str:
@@ -369,18 +475,30 @@ def pseudonymize(record: dict, unit_field: str, hasher: UnitHasher) -> str | Non
 class SpoolDirectory:
     """A spool directory opened for reading by one process (see the module docstring).
     ``unit_field``, ``unit_key``: the privacy-unit field, whose ids are replaced by keyed hashes
-    as records are read (see "Privacy units")."""
+    as records are read (see "Privacy units"). ``settle``: the quiet period, in seconds, of a
+    file that may still be written (see "Complete files only"; 0: only open or flocked files
+    wait); ``settle_wait``: the longest a bounded read waits for such files (None: twice
+    ``settle``). ``waiting``: the new entries last found not settled, with the reason."""
 
     def __init__(self, path: str, clock: WindowClock, timestamp_field: str = "ts",
-                 unit_field: str | None = None, unit_key: bytes | None = None) -> None:
+                 unit_field: str | None = None, unit_key: bytes | None = None, *,
+                 settle: float = SETTLE_SECONDS, settle_wait: float | None = None) -> None:
         if not timestamp_field:
             raise ValueError("timestamp field: expected a field name")
         if (unit_field is None) != (unit_key is None):
             raise ValueError("unit_field and unit_key go together (the key hashes the ids)")
+        for what, value in (("settle", settle), ("settle_wait", settle_wait)):
+            if value is not None and not (isinstance(value, (int, float)) and
+                                          math.isfinite(value) and value >= 0):
+                raise ValueError(f"{what} = {value!r}: expected seconds >= 0")
         self.path = os.path.abspath(path)
         self.clock = clock
         self.timestamp_field = timestamp_field
         self.unit_field, self.unit_key = unit_field, unit_key
+        self.settle = float(settle)
+        self.settle_wait = 2 * self.settle if settle_wait is None else float(settle_wait)
+        self.waiting: dict[str, str] = {}
+        self._seen: dict[str, tuple[tuple, float]] = {}  # name -> (its stat, first seen so)
         self._hasher = None if unit_key is None else UnitHasher(unit_key)
         self._lock_fd: int | None = None
 
@@ -438,16 +556,65 @@ class SpoolDirectory:
         return [FileState(self._sub(CLAIMED, n), n, True) for n in names]
 
     def new_names(self) -> list[str]:
-        """The names of the new entries (``*.jsonl``, not dot-names), in name order. Whatever
-        they are: one that is not a regular file is claimed like a file and then set aside by
-        :meth:`read` (a symbolic link is never followed)."""
+        """The names of the new entries (``*.jsonl``, not starting with ``.`` or ``_``), in
+        name order. Whatever they are: one that is not a regular file is claimed like a file and
+        then set aside by :meth:`read` (a symbolic link is never followed)."""
         with os.scandir(self.path) as it:
-            return sorted(e.name for e in it if e.name.endswith(SUFFIX)
-                          and not e.name.startswith("."))
+            names = sorted(e.name for e in it if e.name.endswith(SUFFIX)
+                           and not e.name.startswith(TEMP_PREFIXES))
+        present = set(names)
+        for memo in (self._seen, self.waiting):
+            for gone in [n for n in memo if n not in present]:
+                del memo[gone]
+        return names
+
+    def why_unsettled(self, name: str) -> str | None:
+        """Why the new entry ``name`` may still be being written (see "Complete files only" in
+        the module docstring), or None if it may be claimed now: it is not open for writing
+        (:func:`open_for_writing`) nor flocked (:func:`flocked`), and it has been quiet for
+        ``settle`` seconds or, with no writer, ends with a newline. An entry that is not a
+        regular file, or cannot be opened, may be claimed (:meth:`read` says what it is)."""
+        try:
+            fd = os.open(os.path.join(self.path, name),
+                         os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+        except OSError:
+            return None
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                return None
+            if flocked(fd):
+                return "locked (flock) by its writer"
+            writing = open_for_writing(fd)
+            if writing:
+                return "open for writing by a process"
+            now = time.monotonic()
+            key = (st.st_ino, st.st_size, st.st_mtime_ns)
+            seen = self._seen.get(name)
+            if seen is None or seen[0] != key:
+                seen = self._seen[name] = (key, now)
+            age = time.time() - st.st_mtime
+            if age >= self.settle or now - seen[1] >= self.settle:
+                return None  # quiet for the settle period
+            if writing is False and st.st_size and os.pread(fd, 1, st.st_size - 1) == b"\n":
+                return None  # no writer, and it ends with a whole line
+            what = "empty" if not st.st_size else "its last line not ended" \
+                if writing is False else "whether a process writes it cannot be told here"
+            return f"changed {max(age, 0.0):.1f} s ago, {what}"
+        finally:
+            os.close(fd)
 
     def claim(self, name: str) -> FileState | None:
         """Claim one new entry by an atomic rename into ``.claimed/`` (a symbolic link is moved
-        as the link itself); None if another process took or removed it since the listing."""
+        as the link itself), if it is settled (:meth:`why_unsettled`); None if not (then
+        ``waiting[name]`` says why) or if another process took or removed it since the
+        listing."""
+        why = self.why_unsettled(name)
+        if why is not None:
+            self.waiting[name] = why
+            return None
+        self.waiting.pop(name, None)
+        self._seen.pop(name, None)
         dst = _free_name(self._sub(CLAIMED), name)
         try:
             os.rename(os.path.join(self.path, name), dst)
@@ -455,9 +622,27 @@ class SpoolDirectory:
             return None
         return FileState(dst, name, False)
 
-    def claim_new(self) -> list[FileState]:
-        """Claim every new entry, in name order (see :meth:`claim`)."""
-        return [s for s in map(self.claim, self.new_names()) if s is not None]
+    def claim_new(self, wait: float = 0.0) -> list[FileState]:
+        """Claim every new entry, in name order (see :meth:`claim`); entries not settled yet
+        are tried again until they are or ``wait`` seconds have passed. Those left are in
+        ``waiting``, with the reason."""
+        names = self.new_names()
+        out = [s for s in map(self.claim, names) if s is not None]
+        left = [n for n in names if n in self.waiting]
+        give_up = time.monotonic() + wait
+        pause = 0.02
+        while left and time.monotonic() < give_up:
+            time.sleep(min(pause, max(0.0, give_up - time.monotonic())))
+            pause = min(pause * 2, 0.2)
+            for name in left:
+                if os.path.lexists(os.path.join(self.path, name)):
+                    state = self.claim(name)
+                    if state is not None:
+                        out.append(state)
+                else:
+                    self.waiting.pop(name, None)
+            left = [n for n in left if n in self.waiting]
+        return out
 
     def finish(self, state: FileState) -> None:
         """Move a claimed file to ``.done/`` (every record of it is settled)."""
@@ -513,7 +698,7 @@ class SpoolDirectory:
             return
         with fh:
             try:
-                for line in read_lines(fh):
+                for line, still_open in self._lines(fh):
                     if line.too_long:
                         tally.lines += 1
                         tally.dead_lettered += 1
@@ -527,6 +712,13 @@ class SpoolDirectory:
                     if not raw.strip():
                         continue  # a blank line is not a record
                     tally.lines += 1
+                    if not line.ended:  # the file's last line, and no writer will end it
+                        tally.dead_lettered += 1
+                        yield DEAD, _dead(
+                            TRUNCATED + (f"; the file was still being written after "
+                                         f"{WRITER_WAIT_SECONDS:g} s" if still_open else ""),
+                            self._unparsed(raw), state.name, line.number)
+                        continue
                     try:
                         record, t_us = parse_line(raw, self.timestamp_field)
                     except ValueError as exc:
@@ -563,6 +755,48 @@ class SpoolDirectory:
                                f"{type(exc).__name__}: {exc}")
                 yield DEAD, _dead(tally.error, None, state.name, None)
         yield LEDGER, self._ledger(state, tally)
+
+    def _still_written(self, fd: int) -> bool:
+        """Whether a claimed file is still being written: open for writing, flocked, or (when
+        neither can be told) modified less than ``settle`` seconds ago."""
+        if flocked(fd):
+            return True
+        writing = open_for_writing(fd)
+        if writing is not None:
+            return writing
+        return time.time() - os.fstat(fd).st_mtime < self.settle
+
+    def _lines(self, fh: Any) -> Iterator[tuple[Line, bool]]:
+        """:func:`read_lines` of a claimed file, read on while it grows, as ``(line, still
+        written)``: a last line without its newline is held back while the file is still being
+        written (:meth:`_still_written`), for at most ``WRITER_WAIT_SECONDS``, then yielded
+        (``ended`` False) with whether it was still being written then."""
+        fd = fh.fileno()
+        number, give_up, pause = 0, None, 0.01
+        while True:
+            held = None
+            for line in read_lines(fh, number=number, offset=fh.tell()):
+                if not line.ended and not line.too_long:
+                    held = line  # the last line for now: the file ends there
+                    break
+                number = line.number
+                yield line, False
+            grew = os.fstat(fd).st_size > fh.tell()
+            if held is None and not grew:
+                return
+            if held is not None:
+                if not grew:
+                    still = self._still_written(fd)
+                    if give_up is None:
+                        give_up = time.monotonic() + WRITER_WAIT_SECONDS
+                    if not still or time.monotonic() >= give_up:
+                        yield held, still
+                        return
+                    time.sleep(pause)
+                    pause = min(pause * 2, 0.1)
+                else:
+                    give_up, pause = None, 0.01
+                fh.seek(held.start)  # read the line again, with what was added to it
 
     def _unparsed(self, raw: bytes) -> str:
         """What a dead letter shows of a line that was not parsed: its first 1,000 bytes, or
@@ -657,11 +891,13 @@ class SpoolSource(beam.PTransform):
     marked (a ``(MARK, window start)`` item) once the wall clock reaches its start, up to the
     run's last poll or ``mark_until_us`` (None: no marks).
 
-    **Chunks.** A poll lists the new files and claims and reads them one at a time, sending at
-    most ``CHUNK_ITEMS`` items (records, dead letters, ledger entries) before an acknowledgment
-    point: a heartbeat and a watermark one microsecond past the one in force, so that every file
-    of one listing is judged late or on time against the same watermark (the wall clock's comes
-    when the listing is done). The sink records the heartbeat's settled watermark once
+    **Chunks.** A poll lists the new files and claims and reads them one at a time (a file
+    still being written is left for a later poll and logged once; those still so at the stop
+    are in ``unsettled`` and get an ``unread`` ledger entry), sending at most ``CHUNK_ITEMS``
+    items (records, dead letters, ledger entries) before an acknowledgment point: a heartbeat
+    and a watermark one microsecond past the one in force, so that every file of one listing is
+    judged late or on time against the same watermark (the wall clock's comes when the listing
+    is done). The sink records the heartbeat's settled watermark once
     everything before it is written; the source does not send a chunk before the one two back
     is acknowledged (at most ``ACK_SECONDS``), so at most about two chunks are ever in flight: a
     stop (``duration``, ``stop``) takes effect after the file being read, with little queued
@@ -696,6 +932,8 @@ class SpoolSource(beam.PTransform):
         self.mark_until_us = mark_until_us
         self.marked: tuple[int, int] | None = None  # [first, end) of the windows marked
         self.deadline: float | None = None
+        self.unsettled: dict[str, str] = {}  # at the stop: new files left still being written
+        self._told: set[str] = set()
         self._controller = None
 
     # -- the TestStreamService
@@ -820,6 +1058,7 @@ class SpoolSource(beam.PTransform):
                     entry = pending.popleft()
                     state = entry if isinstance(entry, FileState) else self.spool.claim(entry)
                     if state is None:
+                        self._note_waiting(entry)
                         continue
                     files.append(state)
                     self.claimed.append(state)
@@ -829,6 +1068,10 @@ class SpoolSource(beam.PTransform):
                         n_items += n_read
                         yield from add(value, stamp if t_us is None else t_us)
                     stopping = self._stopping()
+                final = stopping or self._stopping()
+                if final:  # new files still being written stay for the next run: say so
+                    for entry in self._left():
+                        yield from add((LEDGER, entry), stamp)
                 # the watermark: within a listing, one microsecond on (an acknowledgment point);
                 # once it is read, the wall clock less the lag. Strictly increasing, never
                 # behind the settled watermark of an earlier run.
@@ -852,7 +1095,7 @@ class SpoolSource(beam.PTransform):
                 watermark = self.last_watermark_us = new
                 sent.append(new)
                 self.settle()
-                if stopping or self._stopping():
+                if final:
                     break
                 if pending:  # more of this listing: go on once the chunk two back is written
                     self._await_ack(sent[-2] if len(sent) > 1 else None)
@@ -863,6 +1106,22 @@ class SpoolSource(beam.PTransform):
         except BaseException as exc:  # reported by the driver once the pipeline has ended
             self.error = exc
             self.say(f"spool source failed: {type(exc).__name__}: {exc}")
+
+    def _note_waiting(self, name: str) -> None:
+        """Log, once per file, that a new file is not settled yet (still being written)."""
+        why = self.spool.waiting.get(name)
+        if why is not None and name not in self._told:
+            self._told.add(name)
+            self.say(f"{name} is still being written ({why}): not read yet")
+
+    def _left(self) -> list[dict]:
+        """At the stop: the new files found still being written (``unsettled``), left in the
+        spool for the next run, as ledger entries (the sink logs them)."""
+        self.unsettled = {n: why for n, why in self.spool.waiting.items()
+                          if os.path.lexists(os.path.join(self.spool.path, n))}
+        return [{"kind": "unread", "file": name, "reason": f"still being written at the stop "
+                 f"({why}): left in the spool for the next run"}
+                for name, why in sorted(self.unsettled.items())]
 
     def settle(self) -> list[FileState]:
         """Move to ``.done/`` the claimed files the settled watermark has passed."""
@@ -892,7 +1151,9 @@ class SpoolSource(beam.PTransform):
 
 
 def file_line(entry: dict) -> str:
-    """A ledger entry of a file read, for people."""
+    """A ledger entry of a file read (or left unread: ``kind`` "unread"), for people."""
+    if entry.get("kind") == "unread":
+        return f"not read {entry['file']}: {entry['reason']}"
     parts = [f"{entry['records']:,} records"]
     if entry["dead_lettered"]:
         parts.append(f"{entry['dead_lettered']:,} dead-lettered"
@@ -916,6 +1177,7 @@ class ReadClaimedFn(beam.DoFn):
         self.clock = spool.clock
         self.timestamp_field = spool.timestamp_field
         self.unit_field, self.unit_key = spool.unit_field, spool.unit_key
+        self.settle = spool.settle
         self.settled_us = settled_us
         self._spool: SpoolDirectory | None = None
 
@@ -923,7 +1185,7 @@ class ReadClaimedFn(beam.DoFn):
         path, name, recovered = state
         if self._spool is None:  # one per instance: its unit hasher remembers ids across files
             self._spool = SpoolDirectory(self.spool_path, self.clock, self.timestamp_field,
-                                         self.unit_field, self.unit_key)
+                                         self.unit_field, self.unit_key, settle=self.settle)
         items = self._spool.read(FileState(path, name, recovered), None, self.settled_us)
         for value, t_us, _ in grouped(items, name, self.clock.size_us):
             yield value if t_us is None else TimestampedValue(value, Timestamp(micros=t_us))
@@ -932,20 +1194,35 @@ class ReadClaimedFn(beam.DoFn):
 class ReadSpoolOnce(beam.PTransform):
     """The bounded spool source: claim what is in the directory now (and any leftovers), read it
     once. The caller moves the claimed files to ``.done/`` with :meth:`finish_all` after the
-    pipeline has succeeded; if it fails they stay claimed and are re-read at the next start."""
+    pipeline has succeeded; if it fails they stay claimed and are re-read at the next start.
+
+    A new file still being written (see "Complete files only" in the module docstring) is waited
+    for, up to the spool's ``settle_wait`` seconds; one still not settled then is left in the
+    directory for the next run: ``unsettled`` maps its name to the reason, and the source emits
+    a ledger entry ``{"kind": "unread", "file", "reason"}`` for it (logged by the sink)."""
 
     def __init__(self, spool: SpoolDirectory) -> None:
         super().__init__()
         self.spool = spool
         self.settled_us = spool.settled()
-        self.claimed = spool.leftovers() + spool.claim_new()
+        self.claimed = spool.leftovers() + spool.claim_new(wait=spool.settle_wait)
+        self.unsettled = dict(spool.waiting)
 
     def expand(self, pbegin):
         units = [(s.path, s.name, s.recovered) for s in self.claimed]
         files = pbegin | "Files" >> beam.Create(units)
         if len(units) > 1:
             files = files | "Spread" >> beam.Reshuffle()
-        return files | "Read" >> beam.ParDo(ReadClaimedFn(self.spool, self.settled_us))
+        items = files | "Read" >> beam.ParDo(ReadClaimedFn(self.spool, self.settled_us))
+        if not self.unsettled:
+            return items
+        wait = self.spool.settle_wait
+        left = pbegin | "Unsettled" >> beam.Create([
+            (LEDGER, {"kind": "unread", "file": name,
+                      "reason": f"still being written after waiting {wait:g} s ({why}): left "
+                                "in the spool for the next run"})
+            for name, why in sorted(self.unsettled.items())])
+        return (items, left) | "WithUnsettled" >> beam.Flatten()
 
     def finish_all(self) -> int:
         return self.spool.finish_existing(self.claimed)
