@@ -328,7 +328,9 @@ def dataset_identity(input: str, options: Any = (), name: str | None = None) -> 
     names start with ``.`` or ``_`` are skipped; sub-folders are read recursively); a URI with a
     scheme (``gs://``, ``s3://``, ``file://``, ...) through ``pyarrow.fs`` (for ``s3://``, the
     endpoint, region and keys among Beam's ``--s3_...`` arguments in ``options``, if any, else
-    the environment's)."""
+    the environment's; for ``gs://``, the emulator named by ``STORAGE_EMULATOR_HOST``, if any),
+    with bounded retries and a stall limit (:data:`REMOTE_RETRY_SECONDS`,
+    :data:`REMOTE_STALL_SECONDS`), waited for where SIGINT/SIGTERM still stop the command."""
     if not isinstance(input, str) or not input:
         raise ParameterError("--input", input, "a file, folder, glob or URI")
     if name is not None:
@@ -531,22 +533,90 @@ def _s3_settings(options: Any) -> dict:
     return kw
 
 
+#: How long pyarrow's GCS client goes on retrying a failing request while fingerprinting a
+#: ``gs://`` input (its own default is 15 minutes, spent inside one C++ call): an unreachable
+#: store is a ParameterError after about this long, up to twice it with the last backoff
+#: (measured: a limit of 5 s gave up after 9.7 s against a closed port). S3 is bounded by the
+#: AWS SDK's defaults (1 s connect timeout, 3 attempts: ~6 s against a closed port or an
+#: unknown host).
+REMOTE_RETRY_SECONDS = 10
+#: The fingerprint of a remote input gives up when its store sends nothing for this long: a
+#: store that accepts connections and never answers would hold one request for the client's
+#: own timeout (2 minutes for GCS, measured), retried. Longer than a whole retry sequence
+#: (twice REMOTE_RETRY_SECONDS, above), so a store that answers after retries is waited for;
+#: progress is marked after each MiB read, so any transfer faster than ~35 kB/s is never cut.
+REMOTE_STALL_SECONDS = 30
+_REMOTE_CHUNK = 1 << 20
+
+
+def _gcs_settings() -> dict:
+    """pyarrow GcsFileSystem keywords: a bounded retry time and, when ``STORAGE_EMULATOR_HOST``
+    names an emulator (the variable Google's clients and Beam's GCS FileSystem follow, which
+    ``pyarrow.fs.FileSystem.from_uri`` ignores), its endpoint, reached anonymously as they do."""
+    kw: dict = {"retry_time_limit": _dt.timedelta(seconds=REMOTE_RETRY_SECONDS)}
+    host = os.environ.get("STORAGE_EMULATOR_HOST", "").strip()
+    if host:
+        parts = urlsplit(host if "://" in host else "http://" + host)
+        kw.update(anonymous=True, scheme=parts.scheme, endpoint_override=parts.netloc)
+    return kw
+
+
 def _remote_files(input: str, options: Any = ()) -> list[tuple[str, int, str]]:
+    """:func:`_remote_files_now` on a worker thread, watched: pyarrow's calls block in C++,
+    where no signal handler runs and no Python timeout applies. The calling thread waits in
+    short joins, so SIGINT/SIGTERM unwind the command at once, and gives up with a
+    ParameterError when the store sends nothing for REMOTE_STALL_SECONDS (the abandoned daemon
+    thread ends with the process)."""
+    box: dict = {"progress": time.monotonic()}
+
+    def work() -> None:
+        try:
+            box["files"] = _remote_files_now(input, options, box)
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
+            box["error"] = exc
+
+    thread = threading.Thread(target=work, name="ldp-beam-fingerprint-remote", daemon=True)
+    thread.start()
+    while thread.is_alive():
+        thread.join(0.2)
+        if thread.is_alive() and time.monotonic() - box["progress"] > REMOTE_STALL_SECONDS:
+            raise ParameterError("--input", input, "a store that answers", hint=f"fingerprinting "
+                                 f"it got nothing from the store for {REMOTE_STALL_SECONDS} s")
+    if "error" in box:
+        raise box["error"]
+    return box["files"]
+
+
+def _remote_files_now(input: str, options: Any = (), box: dict | None = None
+                      ) -> list[tuple[str, int, str]]:
     import pyarrow.fs as pafs
+
+    box = {} if box is None else box
+
+    def mark() -> None:
+        box["progress"] = time.monotonic()
 
     try:
         kw = _s3_settings(options) if input.startswith("s3://") else {}
         if kw:
             fs, path = pafs.S3FileSystem(**kw), input[len("s3://"):]
+        elif input.startswith("gs://"):
+            fs, path = pafs.GcsFileSystem(**_gcs_settings()), input[len("gs://"):]
         else:
             fs, path = pafs.FileSystem.from_uri(input)
         info = fs.get_file_info(path)
     except Exception as exc:  # an unknown scheme, no credentials, an unreachable store
         raise ParameterError("--input", input, "a URI pyarrow.fs can read (file://, s3://, "
                              "gs://, hdfs://)", hint=f"fingerprinting it failed: {exc}") from exc
+    mark()
     if info.type == pafs.FileType.Directory:
-        infos = [i for i in fs.get_file_info(pafs.FileSelector(path, recursive=True))
-                 if i.type == pafs.FileType.File
+        try:
+            listed = fs.get_file_info(pafs.FileSelector(path, recursive=True))
+        except OSError as exc:
+            raise ParameterError("--input", input, "a folder that can be listed",
+                                 hint=f"fingerprinting it failed: {exc}") from exc
+        mark()
+        infos = [i for i in listed if i.type == pafs.FileType.File
                  and not any(part.startswith((".", "_"))
                              for part in os.path.relpath(i.path, path).split("/"))]
         base = path
@@ -559,8 +629,17 @@ def _remote_files(input: str, options: Any = ()) -> list[tuple[str, int, str]]:
         raise ParameterError("--input", input, "a folder holding files")
     out = []
     for i in sorted(infos, key=lambda i: i.path):
-        with fs.open_input_stream(i.path) as fh:
-            size, digest = _hash_stream(fh.read)
+        try:
+            with fs.open_input_stream(i.path) as fh:
+                def read(_: int, fh=fh) -> bytes:
+                    chunk = fh.read(_REMOTE_CHUNK)
+                    mark()
+                    return chunk
+
+                size, digest = _hash_stream(read)
+        except OSError as exc:
+            raise ParameterError("--input", input, "readable files",
+                                 hint=f"cannot read {i.path}: {exc}") from exc
         out.append((os.path.relpath(i.path, base), size, digest))
     return out
 

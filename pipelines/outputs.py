@@ -719,7 +719,7 @@ class RunOutputs:
             raise OutputError(f"the manifest {location(manifest)!r} must be a file path or "
                               "URL, not a database table")
         for p in [manifest, *self.given.values()]:
-            if p.startswith("s3://"):  # reachable, credentials, bucket: before anything runs
+            if p.startswith(("s3://", "gs://")):  # reachable, credentials, bucket: before anything runs
                 check_object_store(p, self.flags)
         # every local path as the file system resolves it, used for the checks AND the writes
         self.outputs = {role: real_path(p) for role, p in self.given.items()}

@@ -25,7 +25,9 @@ Where tables come from
   listing request (no retries) checks the endpoint, the bucket and the credentials, so an
   unreachable store or missing credentials fail at once with :class:`SourceError` naming the
   source (Beam's own client would retry for minutes). ``gs://`` uses Beam's GCS FileSystem
-  (``apache-beam[gcp]``) with Google's application default credentials; it is not tested here.
+  (``apache-beam[gcp]``) with Google's application default credentials (anonymous without
+  them), checked the same way; ``STORAGE_EMULATOR_HOST`` names an emulator
+  (tests/test_gcs.py runs against gcp-storage-emulator).
 * ``duckdb://``, ``postgresql://`` and ``iceberg://`` tables: :mod:`.sources`.
 
 Counts never lie: the reader's contract
@@ -1302,7 +1304,9 @@ def check_object_store(url: str, flags: Sequence[str] = (), timeout: float = 5.0
     with the credentials at hand? Raises :class:`SourceError` naming the source, the endpoint
     and what to fix (no credentials, endpoint unreachable, bucket missing, credentials
     refused). One short request without retries (Beam's own client retries for minutes).
-    Only ``s3://`` is checked here; other schemes are left to their Beam FileSystem."""
+    ``s3://`` and ``gs://`` are checked here; other schemes are left to their Beam FileSystem."""
+    if url.startswith("gs://"):
+        return _check_gcs(url, flags, timeout)
     if not url.startswith("s3://"):
         return
     try:
@@ -1355,6 +1359,43 @@ def check_object_store(url: str, flags: Sequence[str] = (), timeout: float = 5.0
             raise SourceError(f"{url}: the object store at {endpoint} refused the credentials "
                               f"({code}); check AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY") from None
         raise SourceError(f"{url}: listing failed at {endpoint}: {_error_text(exc)}") from None
+    except Exception as exc:  # noqa: BLE001
+        raise SourceError(f"{url}: listing failed at {endpoint}: {_error_text(exc)}") from None
+
+
+def _check_gcs(url: str, flags: Sequence[str], timeout: float) -> None:
+    """:func:`check_object_store` for ``gs://``: one listing request by the client Beam's GCS
+    FileSystem builds (its credentials, or anonymous; ``STORAGE_EMULATOR_HOST`` names an
+    emulator), without retries (Beam's would go on for 120 s, then end in a traceback)."""
+    try:
+        import requests
+        from google.api_core import exceptions as gx
+        from google.auth import exceptions as ax
+        from apache_beam.io.gcp.gcsio import create_storage_client
+    except ImportError:
+        raise SourceError(f"{url}: reading gs:// needs google-cloud-storage, Beam's GCP extra "
+                          "(pip install 'ldp-beam[gcs]' or 'apache-beam[gcp]')") from None
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    bucket, prefix = _s3_parts("s3://" + url[len("gs://"):])
+    try:
+        client = create_storage_client(PipelineOptions(list(flags)))
+    except Exception as exc:  # noqa: BLE001
+        raise SourceError(f"{url}: cannot set up a GCS client: {_error_text(exc)}") from None
+    endpoint = getattr(client, "api_endpoint", None) or "the GCS endpoint"
+    try:
+        next(iter(client.list_blobs(bucket, prefix=prefix, max_results=1, retry=None,
+                                    timeout=(timeout, 3 * timeout)).pages), None)
+    except (requests.ConnectionError, requests.Timeout) as exc:
+        raise SourceError(f"{url}: the object store at {endpoint} cannot be reached "
+                          f"({_error_text(exc)}); check STORAGE_EMULATOR_HOST and the "
+                          "network") from None
+    except gx.NotFound:
+        raise SourceError(f"{url}: bucket {bucket!r} does not exist at {endpoint}") from None
+    except (gx.Unauthorized, gx.Forbidden, ax.GoogleAuthError) as exc:
+        raise SourceError(f"{url}: the object store at {endpoint} refused the credentials "
+                          f"({_error_text(exc)}); check Google's application default "
+                          "credentials (GOOGLE_APPLICATION_CREDENTIALS)") from None
     except Exception as exc:  # noqa: BLE001
         raise SourceError(f"{url}: listing failed at {endpoint}: {_error_text(exc)}") from None
 
