@@ -79,6 +79,10 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--epsilon", type=float, default=3.0)
     d.add_argument("--seed", help="make the noise reproducible (default: OS entropy)")
     d.add_argument("--section", action="append", help="run only this section (repeatable)")
+    d.add_argument("--stream", action="store_true",
+                   help="instead: live telemetry for ~30 s on Google's Pub/Sub emulator "
+                        "(started here): simulated devices publish GRR reports, the collector "
+                        "estimates each 5 s window, printed beside the truth")
 
     ls = sub.add_parser("list", help="registered mechanisms with parameters and guarantees")
     ls.add_argument("--json", action="store_true")
@@ -182,6 +186,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--timestamp-attribute", default="ts",
                    help="with --subscription: the message attribute holding the event time "
                         "(default ts)")
+    s.add_argument("--results", action="append", default=[], metavar="DEST",
+                   help="also deliver each published pane here, idempotent by (window, pane): "
+                        "a folder (one JSON file per pane), duckdb:///FILE?table=T or "
+                        "postgresql://...?table=T (one row per pane); repeatable")
+    s.add_argument("--results-topic", metavar="TOPIC",
+                   help="also publish each pane to this Pub/Sub topic (projects/P/topics/T), "
+                        "with a release_id attribute \"<window_start>/<pane>\" to deduplicate by")
     s.add_argument("--beam-pubsub", action="store_true",
                    help="with --subscription: read through Beam's ReadFromPubSub instead of the "
                         "landing path (for Dataflow/Flink, where it is exactly-once; on the "
@@ -272,7 +283,12 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--json", help="write the records here (default: stdout)")
     b.add_argument("--only", action="append",
                    help="benchmark only this mechanism or section (api, cli, element, runners, "
-                        "bounding, sources, startup; repeatable)")
+                        "bounding, sources, startup, stream; stream-soak only when named; "
+                        "repeatable)")
+    b.add_argument("--soak", type=float, metavar="SECONDS",
+                   help="also run the stream soak for this long (a live `stream "
+                        "--subscription` at a steady rate, its RSS sampled); alone with "
+                        "--only stream-soak")
     b.add_argument("--no-pipeline", action="store_true", help="skip the Beam pipeline runs")
     b.add_argument("--big", action="store_true",
                    help="also `collect --keep` at 3x10^7 rows for the memory-growth records")
@@ -593,7 +609,10 @@ def cmd_stream(a: argparse.Namespace, beam_args: list[str]) -> int:
         poll_seconds=a.poll, watermark_lag=a.watermark_lag, duration=a.duration, once=a.once,
         beam_args=beam_args, progress=not a.quiet, start=a.start, end=a.end,
         privacy_unit=a.privacy_unit, max_reports_per_unit=a.max_reports_per_unit,
-        unit_budget=a.unit_budget, memoize=a.memo_field)
+        unit_budget=a.unit_budget, memoize=a.memo_field, results=a.results,
+        results_topic=a.results_topic,
+        **({"timestamp_attribute": a.timestamp_attribute,
+            "report_id_attribute": a.report_id_attribute} if a.beam_pubsub else {}))
     print(f"{summary['windows']} window(s), {summary['panes']} pane(s) written to "
           f"{summary['outputs']['estimates']} ({summary['guarantee']['summary']})")
     return 0 if summary["reconciles"] in (True, None) else 1
@@ -625,7 +644,7 @@ def cmd_bench(a: argparse.Namespace) -> int:
         if not a.no_pipeline:
             try:
                 records += pipeline_bench.run(quick=a.quick, progress=prog, only=a.only,
-                                              big=a.big)
+                                              big=a.big, soak=a.soak)
             except pipeline_bench.BenchFailed as exc:  # the other sections' records are kept
                 records += exc.records
                 failed = exc
@@ -640,8 +659,9 @@ def cmd_bench(a: argparse.Namespace) -> int:
             if "ratio_to_reference" in r:
                 label = f"{r.get('path', '')} {label} {r['rows']:,}"
                 tgt = f"  x{r['ratio_to_reference']:.2f} of the reference{tgt}"
+            value = "skipped" if r["value"] is None else f"{r['value']:.4g}"
             print(f"  {r['stage']:<10} {r['method']:<22} {label:<14} {r['metric']:<22} "
-                  f"{r['value']:>14.4g}{tgt}", file=sys.stderr)
+                  f"{value:>14}{tgt}", file=sys.stderr)
         print(f"bench: {total:.0f} s in all ({total / 60:.1f} min)", file=sys.stderr)
         _emit_records(records, a.json)
         if failed is not None:
@@ -771,6 +791,11 @@ def main(argv: list[str] | None = None) -> int:
             from .demo import run_demo
 
             _freeze_heap()
+            if a.stream:
+                from .demo_stream import run_demo_stream
+
+                run_demo_stream(a.out, epsilon=a.epsilon, seed=a.seed)
+                return 0
             run_demo(a.out, epsilon=a.epsilon, seed=a.seed, beam_args=rest, sections=a.section)
             return 0
         if a.command == "list":

@@ -22,6 +22,9 @@ Sections (``--section NAME``; all by default): ``bisample``, ``rvns``, ``uldp``,
    one-sided OsdpRR baseline.
 
 True values are printed beside the estimates only because the demo data is synthetic.
+
+``ldp-beam demo --stream`` is the live counterpart (:mod:`.demo_stream`): simulated devices
+publish to Google's Pub/Sub emulator and the collector estimates each window as it closes.
 """
 from __future__ import annotations
 

@@ -11,8 +11,8 @@ cannot), privacy units and memo ids. The delivery guarantee is the lander's (see
 by the landed record; the spool's own restart guarantees take it from there.
 
 **Order of a run.** The lander opens first (its lock, and the repair of a batch a crash left
-between commit and rename), then lands the backlog already waiting (until a batch comes back
-less than full, at most ``drain_seconds``) so that it is in the spool's first listing (whose files are
+between commit and rename), then lands the backlog already waiting (until a pull comes back
+empty, at most ``drain_seconds``) so that it is in the spool's first listing (whose files are
 all on time); then the stream starts, and the lander keeps landing in its thread. When the
 stream ends (``duration``, ``stop``, SIGINT/SIGTERM), the lander finishes its batch in hand and
 stops; what it landed after the stream's last poll stays in the spool for the next run. A
@@ -127,17 +127,17 @@ def _check_lag(lander: Lander, kw: Mapping[str, Any], say: Any) -> None:
 
 
 def drain_backlog(lander: Lander, seconds: float, stop: threading.Event) -> int:
-    """Land the backlog waiting on the subscription: batches until one comes back less than
-    full (caught up with the live rate: a steady producer does not hold the stream back),
-    ``seconds`` or ``stop``; returns the messages landed."""
+    """Land the backlog waiting on the subscription: batches until a pull comes back empty
+    (caught up with the live rate: a steady producer does not hold the stream back; a batch
+    closed by its size or time limit is not the end of the backlog), ``seconds`` or ``stop``;
+    returns the messages landed."""
     import time
 
     end = time.monotonic() + seconds
     n = 0
     while time.monotonic() < end and not stop.is_set():
-        got = lander.land_once()
-        n += got
-        if got < lander.max_messages:
+        n += lander.land_once()
+        if getattr(lander, "caught_up", True):
             break
     return n
 

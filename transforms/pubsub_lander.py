@@ -411,6 +411,7 @@ class Lander:
         ``gather_seconds`` or ``max_batch_bytes`` of data: a broker that hands out few
         messages per pull (the emulator: 100) still lands them in one file and one commit."""
         received = self._pull(self.max_messages, self.pull_timeout)
+        self.caught_up = not received  # whether a pull came back empty: the backlog is landed
         if not received:
             return received
         give_up = time.monotonic() + self.gather_seconds
@@ -419,6 +420,7 @@ class Lander:
                 time.monotonic() < give_up and not self.stopping:
             more = self._pull(self.max_messages - len(received), self.gather_timeout)
             if not more:
+                self.caught_up = True
                 break
             received.extend(more)
             size += sum(len(rm.message.data) for rm in more)
