@@ -656,7 +656,7 @@ def cmd_bench(a: argparse.Namespace) -> int:
             if r.get("target") is not None:
                 tgt = f"  target {r['target']:.3g}: {'ok' if r['meets_target'] else 'MISSED'}"
             label = r.get("estimator") or r.get("mode") or ""
-            if "ratio_to_reference" in r:
+            if r.get("ratio_to_reference") is not None:
                 label = f"{r.get('path', '')} {label} {r['rows']:,}"
                 tgt = f"  x{r['ratio_to_reference']:.2f} of the reference{tgt}"
             value = "skipped" if r["value"] is None else f"{r['value']:.4g}"
