@@ -1449,7 +1449,7 @@ def stream_soak(seconds: float, tmp: str, progress: Any = None, *, rate: float =
         raise RuntimeError(f"the soak's publisher failed: {failure[0]!r}")
     if proc.returncode != 0:
         raise RuntimeError(f"the collector exited with {proc.returncode}: {tail}")
-    from .stream import SUMMARY
+    from ldp_beam.transforms.windowed import SUMMARY
 
     with open(os.path.join(out_dir, SUMMARY)) as fh:
         summary = json.load(fh)

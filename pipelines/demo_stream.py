@@ -162,7 +162,7 @@ def run_demo_stream(out_dir: str | None = None, epsilon: float = 3.0, seed: Any 
     from ldp_beam.registry import build_mechanism
 
     from .pubsub_stream import run_pubsub_stream
-    from .stream import ESTIMATES
+    from ldp_beam.transforms.windowed import ESTIMATES
 
     out_dir = os.path.abspath(out_dir or tempfile.mkdtemp(prefix="ldp-beam-demo-stream-"))
     os.makedirs(out_dir, exist_ok=True)

@@ -98,7 +98,7 @@ def run_pubsub_stream(subscription: str, output_dir: str, mechanism: Mechanism, 
 def _rewrite(output_dir: str, summary: dict) -> None:
     """The run's summary file, with the lander's counts and the delivery guarantee."""
     from .common import write_json
-    from .stream import SUMMARY
+    from ldp_beam.transforms.windowed import SUMMARY
 
     write_json(os.path.join(output_dir, SUMMARY), summary)
 

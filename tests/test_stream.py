@@ -18,8 +18,9 @@ from apache_beam.transforms.window import TimestampedValue
 from ldp_beam_test_helpers import read_jsonl, run_cli, write_file
 from ldp_beam.estimators import estimator_for
 from ldp_beam.registry import build_mechanism
-from ldp_beam.pipelines.stream import (StreamConfigError, StreamSink, WindowedEstimate,
-                                       estimate_stream, run_stream, summarize)
+from ldp_beam.pipelines.stream import run_stream, summarize
+from ldp_beam.transforms.windowed import (StreamConfigError, StreamSink, WindowedEstimate,
+                                          estimate_stream)
 from ldp_beam.transforms.spool import (CLAIMED, DONE, MARK, RECORD, SpoolDirectory, SpoolError,
                                        WindowClock, event_micros, parse_line, record_settled)
 

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from ldp_beam_test_helpers import read_jsonl, write_file
-from ldp_beam.pipelines.stream import StreamConfigError, run_stream
+from ldp_beam.pipelines.stream import StreamConfigError, run_stream  # (re-exported)
 from ldp_beam.registry import build_mechanism
 from ldp_beam.transforms.spool import CLAIMED
 

@@ -11,7 +11,8 @@ import pytest
 
 from ldp_beam_test_helpers import read_jsonl, write_file
 from ldp_beam.errors import ParameterError
-from ldp_beam.pipelines.stream import PANE, StreamSink, run_stream
+from ldp_beam.pipelines.stream import run_stream
+from ldp_beam.transforms.windowed import PANE, StreamSink
 from ldp_beam.registry import build_mechanism
 from ldp_beam.transforms.stream_results import check_results, open_results
 

@@ -21,9 +21,9 @@ from apache_beam.testing.test_stream import TestStream
 from ldp_beam_test_helpers import read_jsonl, run_cli, write_file
 from ldp_beam.central.histogram import HistogramReleaseEstimator, count_noise_variance
 from ldp_beam.noise import discrete_laplace_scale
-from ldp_beam.pipelines.stream import (ParseMessagesFn, StreamConfigError, StreamSink,
-                                       WindowedEstimate, empty_release, estimate_stream,
-                                       run_stream)
+from ldp_beam.pipelines.stream import run_stream
+from ldp_beam.transforms.windowed import (ParseMessagesFn, StreamConfigError, StreamSink,
+                                          WindowedEstimate, empty_release, estimate_stream)
 from ldp_beam.registry import build_mechanism
 from ldp_beam.transforms.spool import CLAIMED, DONE, FAILED, MAX_LINE_BYTES, read_lines
 
@@ -739,7 +739,7 @@ def test_early_panes_never_estimate_more_than_k_reports_of_a_unit(tmp_path, bisa
     window's later pane estimates at most k reports of the unit in all (what earlier panes used
     counts), and the state records at most k per unit and window."""
     from ldp_beam.longitudinal import UnitState
-    from ldp_beam.pipelines.stream import PrivacyUnit
+    from ldp_beam.transforms.windowed import PrivacyUnit
     from apache_beam.transforms.window import TimestampedValue
     from ldp_beam.transforms.spool import RECORD
     state = UnitState(str(tmp_path / "units.sqlite"), "device")
@@ -822,7 +822,7 @@ def test_central_window_releases_are_addressed_by_their_window():
     """Empty windows (equal counts) never share noise, and a re-executed firing of one window
     publishes the same numbers (issue 13: retry-proof noise, LDP or central)."""
     from ldp_beam.estimators import estimator_for
-    from ldp_beam.pipelines.stream import release_window
+    from ldp_beam.transforms.windowed import release_window
     from ldp_beam.registry import build_mechanism
     from ldp_beam.transforms.combine import EstimatorCombineFn
 
