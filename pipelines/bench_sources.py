@@ -30,13 +30,8 @@ shows the rows it stands for; a source whose engine or client is missing gives a
 from __future__ import annotations
 
 import contextlib
-import glob
 import json
 import os
-import pwd
-import re
-import shutil
-import signal
 import socket
 import statistics
 import subprocess
@@ -46,6 +41,8 @@ import time
 from typing import Iterator
 
 from ldp_beam.evaluation.records import make_record
+
+from .postgres_server import PostgresServer, PostgresStartError, free_port, missing
 
 MECHANISM = "bisample"
 PARAMS = {"epsilon": 1.0, "lower": 0.0, "upper": 100.0}
@@ -299,140 +296,13 @@ def _write_duckdb(table, path: str) -> str:
 
 
 # ------------------------------------------------------------------------------ PostgreSQL
-class PostgresStartError(RuntimeError):
-    """The benchmark's PostgreSQL server could not be started (the record says why)."""
+class _PostgresServer(PostgresServer):
+    """The benchmark's throw-away server (:mod:`ldp_beam.pipelines.postgres_server`), set up
+    for bulk loads: nothing in it needs to survive a crash."""
 
-
-def _version_key(path: str) -> tuple:
-    return tuple(int(x) for x in re.findall(r"\d+", path)) or (0,)
-
-
-def postgres_binaries() -> str | None:
-    """The folder holding ``initdb``, ``postgres`` and ``pg_ctl`` (Debian's
-    ``/usr/lib/postgresql/*/bin``, newest first, then ``$PATH``), or None."""
-    need = ("initdb", "postgres", "pg_ctl")
-    for d in sorted(glob.glob("/usr/lib/postgresql/*/bin"), key=_version_key, reverse=True):
-        if all(os.access(os.path.join(d, b), os.X_OK) for b in need):
-            return d
-    found = shutil.which("initdb")
-    if found:
-        d = os.path.dirname(os.path.realpath(found))
-        if all(os.access(os.path.join(d, b), os.X_OK) for b in need):
-            return d
-    return None
-
-
-def postgres_unavailable() -> str | None:
-    """Why the PostgreSQL source cannot be measured here, or None."""
-    try:
-        import adbc_driver_postgresql.dbapi  # noqa: F401
-    except ImportError:
-        return ("adbc-driver-postgresql is not installed (pip install "
-                "'ldp-beam[postgresql]')")
-    if postgres_binaries() is None:
-        return "no PostgreSQL server binaries (initdb, postgres, pg_ctl) on this machine"
-    if os.geteuid() == 0 and not shutil.which("runuser"):
-        return "running as root without runuser: PostgreSQL refuses to run as root"
-    return None
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class _PostgresServer:
-    """A throw-away PostgreSQL cluster on a loopback port (trust authentication for the
-    superuser ``ldpbeam``), in a fresh folder of the system temp directory; as root it runs as
-    the ``postgres`` user (PostgreSQL refuses root), which must be able to reach that folder."""
-
-    SUPERUSER = "ldpbeam"
-
-    def __init__(self) -> None:
-        self.bindir = postgres_binaries()
-        if self.bindir is None:
-            raise PostgresStartError("no PostgreSQL server binaries on this machine")
-        self.user = None
-        if os.geteuid() == 0:
-            for name in ("postgres", "ldpbeam-pg"):
-                with contextlib.suppress(KeyError):
-                    pwd.getpwnam(name)
-                    self.user = name
-                    break
-            if self.user is None:
-                raise PostgresStartError("running as root and there is no 'postgres' user to "
-                                         "run the server as")
-        self.folder = tempfile.mkdtemp(prefix="ldp-beam-bench-pg-")
-        self.data = os.path.join(self.folder, "data")
-        self.log = os.path.join(self.folder, "server.log")
-        self.port = 0
-        self.proc: subprocess.Popen | None = None
-        if self.user:
-            pw = pwd.getpwnam(self.user)
-            os.chown(self.folder, pw.pw_uid, pw.pw_gid)
-            os.chmod(self.folder, 0o700)
-
-    @classmethod
-    @contextlib.contextmanager
-    def running(cls) -> Iterator["_PostgresServer"]:
-        server = cls()
-        try:
-            server._start()
-            yield server
-        finally:
-            server.stop()
-
-    def _cmd(self, *args: str) -> list[str]:
-        return (["runuser", "-u", self.user, "--"] if self.user else []) + list(args)
-
-    def _start(self) -> None:
-        r = subprocess.run(self._cmd(os.path.join(self.bindir, "initdb"), "-D", self.data,
-                                     "-U", self.SUPERUSER, "--auth=trust", "-E", "UTF8",
-                                     "--locale=C", "--no-sync"),
-                           capture_output=True, text=True, timeout=STARTUP_SECONDS)
-        if r.returncode != 0:
-            raise PostgresStartError(f"initdb failed ({r.returncode}): {r.stderr[-1000:]}")
-        for _ in range(3):  # a port taken between _free_port() and the bind: try another
-            self.port = _free_port()
-            if self._run():
-                return
-        raise PostgresStartError("PostgreSQL did not start on a free port in 3 attempts: "
-                                 + self._log_tail())
-
-    def _run(self) -> bool:
-        import adbc_driver_postgresql.dbapi as pg
-
-        with open(self.log, "ab") as logf:
-            self.proc = subprocess.Popen(
-                self._cmd(os.path.join(self.bindir, "postgres"), "-D", self.data,
-                          "-p", str(self.port), "-k", self.folder,
-                          "-c", "listen_addresses=127.0.0.1", "-c", "max_connections=40",
-                          "-c", "shared_buffers=128MB", "-c", "fsync=off",
-                          "-c", "synchronous_commit=off", "-c", "full_page_writes=off"),
-                stdout=logf, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + STARTUP_SECONDS
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                self.proc = None
-                return False
-            try:
-                pg.connect(self.url() + "?connect_timeout=2").close()
-                return True
-            except Exception:  # noqa: BLE001 - not accepting connections yet
-                time.sleep(0.1)
-        raise PostgresStartError(f"PostgreSQL did not accept connections within "
-                                 f"{STARTUP_SECONDS} s: " + self._log_tail())
-
-    def _log_tail(self) -> str:
-        try:
-            with open(self.log, errors="replace") as fh:
-                return fh.read()[-2000:]
-        except OSError:
-            return "(no server log)"
-
-    def url(self) -> str:
-        return f"postgresql://{self.SUPERUSER}@127.0.0.1:{self.port}/postgres"
+    SETTINGS = {**PostgresServer.SETTINGS, "shared_buffers": "128MB", "fsync": "off",
+                "synchronous_commit": "off", "full_page_writes": "off"}
+    START_TIMEOUT = STARTUP_SECONDS
 
     def load(self, table, name: str) -> str:
         """``table`` as the PostgreSQL table ``name`` (bulk ingest, binary COPY), vacuumed and
@@ -446,79 +316,15 @@ class _PostgresServer:
                 cur.execute(f'VACUUM (FREEZE, ANALYZE) "{name}"')
         return f"{self.url()}?table={name}"
 
-    def cpu_seconds(self, settle: bool = False) -> float | None:
-        """CPU seconds (user + system) the server's processes have used so far: the
-        postmaster's own and its ended children's (ended backends are added to the
-        postmaster's once reaped), plus its running children's; None where /proc cannot tell.
-        ``settle``: first wait (up to 5 s) for the backends of ended sessions to be reaped."""
-        try:
-            with open(os.path.join(self.data, "postmaster.pid")) as fh:
-                pid = int(fh.readline())
-        except (OSError, ValueError):
-            return None
-        tick = os.sysconf("SC_CLK_TCK")
 
-        def stat(p: int) -> list[str] | None:
-            try:
-                with open(f"/proc/{p}/stat") as fh:
-                    return fh.read().rsplit(")", 1)[1].split()
-            except OSError:
-                return None
-
-        def children() -> list[int]:
-            out = []
-            for d in os.listdir("/proc"):
-                if d.isdigit():
-                    st = stat(int(d))
-                    if st is not None and int(st[1]) == pid:
-                        out.append(int(d))
-            return out
-
-        if settle:
-            # background processes have no client address in their command line; a backend
-            # of an ended session (or a zombie not yet reaped) is waited for
-            deadline = time.monotonic() + 5
-            while time.monotonic() < deadline and any(
-                    (stat(c) or ["Z"])[0] == "Z" or _is_backend(c) for c in children()):
-                time.sleep(0.05)
-        own = stat(pid)
-        if own is None:
-            return None
-        total = sum(int(x) for x in own[11:15])  # utime, stime, cutime, cstime
-        for c in children():
-            st = stat(c)
-            if st is not None:
-                total += int(st[11]) + int(st[12])
-        return total / tick
-
-    def stop(self) -> None:
-        try:
-            if self.proc is not None and self.proc.poll() is None:
-                subprocess.run(self._cmd(os.path.join(self.bindir, "pg_ctl"), "stop", "-D",
-                                         self.data, "-m", "fast", "-w", "-t", "20"),
-                               capture_output=True, timeout=30)
-                try:
-                    self.proc.wait(timeout=10)
-                except subprocess.TimeoutExpired:  # the postmaster by its pid file
-                    with contextlib.suppress(OSError, ValueError):
-                        with open(os.path.join(self.data, "postmaster.pid")) as fh:
-                            os.kill(int(fh.readline()), signal.SIGKILL)
-                    self.proc.kill()
-                    self.proc.wait(timeout=10)
-        finally:
-            self.proc = None
-            shutil.rmtree(self.folder, ignore_errors=True)
-
-
-def _is_backend(pid: int) -> bool:
-    """A client session's backend (its title names the client address), not one of the
-    server's background processes."""
+def postgres_unavailable() -> str | None:
+    """Why the PostgreSQL source cannot be measured here, or None."""
     try:
-        with open(f"/proc/{pid}/cmdline", "rb") as fh:
-            title = fh.read().decode(errors="replace")
-    except OSError:
-        return False
-    return "127.0.0.1(" in title or "[local]" in title
+        import adbc_driver_postgresql.dbapi  # noqa: F401
+    except ImportError:
+        return ("adbc-driver-postgresql is not installed (pip install "
+                "'ldp-beam[postgresql]')")
+    return missing()
 
 
 # ------------------------------------------------------------------------------ portable runner
@@ -567,7 +373,7 @@ def portable_services(tmp: str) -> Iterator[list[str]]:
 
     procs: list[subprocess.Popen] = []
     try:
-        job_port, pool_port = _free_port(), _free_port()
+        job_port, pool_port = free_port(), free_port()
         job_log, pool_log = (os.path.join(tmp, "job-service.log"),
                              os.path.join(tmp, "worker-pool.log"))
         with open(job_log, "w") as jl:

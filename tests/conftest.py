@@ -106,31 +106,19 @@ def s3_get(client, bucket, key) -> bytes:
     return client.get_object(Bucket=bucket, Key=key)["Body"].read()
 
 
-def _postgres_server_module():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(
-        "ldp_beam_postgres_server_conftest", os.path.join(os.path.dirname(__file__),
-                                                          "postgres_server.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 @pytest.fixture(scope="session")
 def pg_server():
-    """One real PostgreSQL server (tests/postgres_server.py, the machine's own packages) for the
-    session, started when a test first needs it and stopped at the end; modules and tests make
-    databases of their own on it (``create_database``), so nothing leaks between them."""
-    pgs = _postgres_server_module()
-    if pgs.find_binaries() is None:
-        pytest.skip("no PostgreSQL binaries (initdb, postgres, pg_ctl) in /usr/lib/postgresql/*/"
-                    "bin or on PATH: install the Debian package postgresql (.ci/run does)")
-    server = pgs.PostgresServer.start(start_timeout=30.0)
-    try:
+    """One real PostgreSQL server (ldp_beam.pipelines.postgres_server, the machine's own
+    packages) for the session, started when a test first needs it and stopped at the end;
+    modules and tests make databases of their own on it (``create_database``), so nothing leaks
+    between them."""
+    from ldp_beam.pipelines import postgres_server
+
+    why = postgres_server.missing()
+    if why:
+        pytest.skip(why)
+    with postgres_server.PostgresServer.running(start_timeout=30.0) as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture(scope="module")
