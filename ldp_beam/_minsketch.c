@@ -1,15 +1,15 @@
-/* The bounding sketch's insert loop (transforms/units.py, _MinTable) in C.
+/* The bounding sketch's insert loop (ldp_beam/bounding.py, _MinTable) in C.
  *
  * One call inserts a chunk of candidate rows into one open-addressing table: per row, linear
  * probing from the unit's home slot to the slot holding its unit hash (or an empty one, which
  * it claims), then the row replaces the slot's row when it is smaller in (priority, stream,
  * record). The result is the exact per-unit minimum whatever the order the rows come in, so
- * it is the table numpy's vectorized rounds build (units.py keeps that path, used when this
+ * it is the table numpy's vectorized rounds build (bounding.py keeps that path, used when this
  * module was not compiled); tests/test_units_table.py checks the two agree, ties included.
  *
  * Why C: the numpy rounds cost ~60-90 ns a row (a dozen whole-array passes); this loop is one
  * pass with the next rows' home slots prefetched, ~10-20 ns a row. It is built by setuptools
- * as an optional extension (no compiler, no module: units.py falls back to numpy) and uses
+ * as an optional extension (no compiler, no module: bounding.py falls back to numpy) and uses
  * only the buffer protocol (no numpy headers). The GIL is released during the loop.
  *
  * The table (see _MinTable): `kp`, alloc x 2 uint64 (unit hash, 0 = empty; priority), `ref`,
@@ -365,11 +365,11 @@ static PyMethodDef methods[] = {
     {"rehash", rehash, METH_VARARGS,
      "rehash(kp, ref, s, (kp2, ref2, s2, size2)) -> units\n\n"
      "A table's held units (key != 0) into an empty table of size2 home slots (see "
-     "transforms/units.py, _MinTable._grow)."},
+     "ldp_beam/bounding.py, _MinTable._grow)."},
     {"insert", insert, METH_VARARGS,
      "insert(tables, names, u, prio, ref_rows, stream_rows) -> units claimed per table\n\n"
      "Insert candidate rows into bounding tables, row i into tables[u[i] >> (64 - log2 "
-     "len(tables))], each a (kp, ref, s or None, size) tuple (see transforms/units.py)."},
+     "len(tables))], each a (kp, ref, s or None, size) tuple (see ldp_beam/bounding.py)."},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_minsketch",

@@ -23,7 +23,7 @@ from ldp_beam.privacy import (LDP, NONE, SEEDED_KIND, SEEDED_TEXT, is_seeded_gua
                               ledger_cost, run_guarantee)
 from ldp_beam.registry import get_registry
 from ldp_beam.transforms.sinks import tidy_bytes, tidy_output, tidy_rows
-from ldp_beam.transforms.units import MISSING_UNIT_REASON, unit_column
+from ldp_beam.bounding import MISSING_UNIT_REASON, unit_column
 
 from ldp_beam_test_helpers import read_jsonl, run_cli
 

@@ -115,7 +115,7 @@ def test_rows_without_a_unit_are_dead_lettered_and_counted(tmp_path):
 
 def _oracle(u, prio, s, rid):
     """One row per unit by sorting (the general path's reduce_candidates): (unit, stream, rid)."""
-    from ldp_beam.transforms.units import reduce_candidates
+    from ldp_beam.bounding import reduce_candidates
 
     c, units = reduce_candidates({"u": u, "rh": prio, "s": s, "rid": rid}, 1, 1, False)
     return units, sorted(zip(c["u"].tolist(), c["s"].tolist(), c["rid"].tolist()))
@@ -125,8 +125,8 @@ def test_one_row_table_matches_the_sorting_sketch_in_any_batches_with_ties(monke
     """The hash-table sketch (Linf = 1) keeps exactly the rows the sorting sketch keeps, whatever
     the batches and merges, including rows of one unit with equal priorities (drawn from 4
     values here, so most units have ties) and the largest priority (the empty-slot value)."""
-    from ldp_beam.transforms import units
-    from ldp_beam.transforms.units import _MinSketch
+    from ldp_beam import bounding
+    from ldp_beam.bounding import _MinSketch
 
     rng = np.random.default_rng(5)
     n = 60_000
@@ -139,7 +139,7 @@ def test_one_row_table_matches_the_sorting_sketch_in_any_batches_with_ties(monke
     want = _oracle(u, prio, s, rid)
     for trial in range(4):
         if trial == 3:  # small queues: rows reach the tables in many small inserts
-            monkeypatch.setattr(units, "_FLUSH", 64)
+            monkeypatch.setattr(bounding, "_FLUSH", 64)
         cuts = np.sort(rng.integers(0, n, 12 + 40 * trial))
         parts = [_MinSketch(), _MinSketch()]
         for j, (a, b) in enumerate(zip(np.r_[0, cuts], np.r_[cuts, n])):
@@ -152,7 +152,7 @@ def test_one_row_table_matches_the_sorting_sketch_in_any_batches_with_ties(monke
 
 
 def test_too_many_units_fail_naming_the_column(tmp_path):
-    from ldp_beam.transforms.units import UnitLimitError
+    from ldp_beam.bounding import UnitLimitError
 
     _units_table(tmp_path / "t.parquet", units=300, rows=2)
     def build(p):
@@ -170,7 +170,7 @@ def test_too_many_units_fail_naming_the_column(tmp_path):
 
 
 def test_integer_units_are_one_unit_whatever_their_type():
-    from ldp_beam.transforms.units import hash_units
+    from ldp_beam.bounding import hash_units
 
     ik, tk = b"i" * 16, (1, 2)
     h = [hash_units(tk, ik, a)[0] for a in (pa.array([42]), pa.array(["42"]), pa.array([42.0]),

@@ -1,14 +1,15 @@
 """The one-row bounding sketch's packed references, its encoding and the AES row priorities
-(transforms/units.py: _MinSketch, _MinTable, row_priorities)."""
+(ldp_beam/bounding.py: _MinSketch, _MinTable, row_priorities; transforms/units.py: the coder)."""
 import pickle
 
 import numpy as np
 import pytest
 
 from ldp_beam.rng import RunKey
-from ldp_beam.transforms import units
-from ldp_beam.transforms.units import (KeptRows, _ArraysCoder, _MinSketch, _row_priorities_ctr,
-                                       reduce_candidates, row_priorities)
+from ldp_beam import bounding
+from ldp_beam.bounding import (KeptRows, _MinSketch, _row_priorities_ctr, reduce_candidates,
+                               row_priorities)
+from ldp_beam.transforms.units import _ArraysCoder
 
 U64 = np.uint64
 
@@ -26,12 +27,12 @@ def insert(request, monkeypatch):
     """Every test runs with the C insert loop (ldp_beam/_minsketch.c) and with the numpy
     rounds it replaces: the two must keep the same rows."""
     if request.param == "numpy":
-        monkeypatch.setattr(units, "_NATIVE", None)
+        monkeypatch.setattr(bounding, "_NATIVE", None)
     else:
         mod = _c_module()
         if mod is None:
             _no_c_module()
-        monkeypatch.setattr(units, "_NATIVE", mod)
+        monkeypatch.setattr(bounding, "_NATIVE", mod)
     return request.param
 
 
@@ -86,7 +87,7 @@ def test_references_that_do_not_pack_turn_the_sketch_wide_with_the_same_rows(cas
     elif case == "negative_record":
         rid[late] = -2 - rid[late]
     else:
-        monkeypatch.setattr(units, "_MAX_STREAMS", 3)
+        monkeypatch.setattr(bounding, "_MAX_STREAMS", 3)
         s[late] = rng.integers(100, 110, 10_000).astype(U64)
     want = _oracle(u, prio, s, rid)
     sketch = _MinSketch()
@@ -205,7 +206,7 @@ def test_kept_rows_round_trip_through_their_compact_encoding():
     for name, (r, u, p) in streams.items():
         br, bu, bp = back.stream(name)
         assert br.dtype == np.int64 and np.array_equal(br, r)
-        assert np.array_equal(bu, units.unit_fingerprint(u))
+        assert np.array_equal(bu, bounding.unit_fingerprint(u))
         assert (bp is None) == (p is None) and (p is None or np.array_equal(bp, p))
     # the near stream's record numbers as 2-byte gaps and 4-byte fingerprints: ~6 bytes a row
     big = streams[5][0].size
@@ -223,7 +224,7 @@ def test_kept_rows_round_trip_through_their_compact_encoding():
 
 def test_freezing_hands_the_freed_heap_back_once(monkeypatch):
     calls = []
-    monkeypatch.setattr(units, "_LIBC", lambda pad: calls.append(pad))
+    monkeypatch.setattr(bounding, "_LIBC", lambda pad: calls.append(pad))
     rng = np.random.default_rng(9)
     u, prio, s, rid = _rows(rng, 5000, 800, [2], ties=False)
     sketch = _MinSketch()
@@ -303,7 +304,7 @@ def test_the_c_rehash_puts_every_unit_where_probing_finds_it():
     mod = _c_or_skip()
     rng = np.random.default_rng(12)
     u = np.unique(rng.integers(1, 2**63, 3000, dtype=U64) | U64(1))
-    t = units._MinTable(size=4096)
+    t = bounding._MinTable(size=4096)
     t.kp[:], t.ref[:] = 0, 0  # as the C mode allocates it
     names = np.array([9], U64)
     prio, ref = rng.integers(0, 2**63, u.size, dtype=U64), np.arange(u.size, dtype=U64)
@@ -358,10 +359,10 @@ def test_queued_inserts_hold_every_batch_and_raise_an_error_after_the_queue(inse
             sketch.add(u[a:a + 4000], prio[a:a + 4000], s[a:a + 4000], rid[a:a + 4000])
             added += 1
         sketch.units
-    assert added <= units._QUEUE  # raised once the queue came round to it
+    assert added <= bounding._QUEUE  # raised once the queue came round to it
     assert not sketch.inflight  # and the queue was drained before it was raised
     good = _MinSketch()
     for a in range(0, u.size, 4000):
         good.add(u[a:a + 4000], prio[a:a + 4000], s[a:a + 4000], rid[a:a + 4000])
-    assert len(good.inflight) <= units._QUEUE
+    assert len(good.inflight) <= bounding._QUEUE
     assert _got(good) == _oracle(u, prio, s, rid)

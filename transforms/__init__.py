@@ -13,6 +13,8 @@
 * :class:`BoundContributions` — each privacy unit's rows bounded (reports per unit for LDP,
   partitions and rows per partition for a central release) before a mechanism sees them.
 """
+from ldp_beam.bounding import UnitLimitError  # the bounding's error (pure), exported here too
+
 from .batches import KeyedBatch, mechanism_metadata, report_schema
 from .combine import (Accumulate, EstimateGlobally, EstimatePerKey, EstimatorCombineFn,
                       SplitByKey, ValidateReports)
@@ -22,7 +24,7 @@ from .rows import EstimatesAsRows
 from .sinks import TIDY_SCHEMA, WriteTidy, tidy_output, tidy_rows, tidy_table, write_tidy
 from .perturb import DEAD_LETTER, Perturb, PerturbFn
 from .spool import ReadSpoolOnce, SpoolDirectory, SpoolSource
-from .units import BoundContributions, BoundedRows, UnitLimitError
+from .units import BoundContributions, BoundedRows
 
 __all__ = ["EstimatesAsRows", "KeyedBatch", "mechanism_metadata", "report_schema", "Accumulate", "EstimateGlobally",
            "EstimatePerKey", "EstimatorCombineFn", "SplitByKey", "ValidateReports", "ReadTable",

@@ -1,0 +1,1594 @@
+"""Contribution bounding per privacy unit, the algorithm: at most so many rows of each person
+reach a mechanism. Pure (numpy and pyarrow, no Beam): the keyed unit hashes, the row and partition
+priorities, the sketch that keeps each unit's rows of smallest priority, and the kept rows the
+second pass looks up. Its Beam shell is :class:`~ldp_beam.transforms.units.BoundContributions`
+(transforms/units.py: pass 1 ``CandidatesFn``, the sketch ``BoundingCombineFn``, pass 2
+``FilterFn``), which takes batches of rows with their identities and keeps, for every privacy
+unit (a distinct value of the unit column):
+
+* **LDP collection** (no partitions): one partition, so at most ``Linf`` (the collection's
+  ``max_reports_per_unit``) of the unit's rows, chosen uniformly at random among them (all of
+  them when it has fewer);
+* **central release** (a partition code per row, e.g. its histogram bucket or a (key, bucket)
+  code): at most ``L0`` of the unit's partitions, chosen uniformly among its partitions, and at
+  most ``Linf`` rows in each, chosen uniformly among its rows there (contribution bounding as in
+  PipelineDP). Rows with a negative partition are rows the mechanism will reject: they never
+  count against a bound.
+
+Uniform and retry-proof
+-----------------------
+Every choice is a fixed function of the run's secret key (:class:`~ldp_beam.rng.RunKey`) and the
+rows' identities, never of bundle order, batch sizes or workers, so a runner that re-executes a
+step keeps the same rows, and every runner keeps the same rows:
+
+* a row's priority is the first 64 bits of ``AES_k(stream * 2**64 + record)`` (the AES-128
+  block at the record's counter, keyed by ``run_key.derive("bounding/rows")``: the addressable
+  AES-CTR stream that draws the noise, under a key of its own);
+* a unit is represented by its keyed hash (64 bits, lowest bit set): an integer unit (see
+  below) by the first 64 bits of ``AES_k(v || 0)`` under ``run_key.derive("bounding/units/int")``,
+  a text unit by SipHash-2-4 of its UTF-8 bytes under ``run_key.derive("bounding/units")``;
+  computed where the batch is read, only this keyed hash travels through the sketch and the
+  side input, never the unit's value;
+* a partition's priority for a unit is the first 64 bits of ``AES_k'(unit hash || partition)``
+  (``k'`` from ``run_key.derive("bounding/partitions")``).
+
+AES (a pseudorandom permutation, hence a pseudorandom function up to a switching distance of
+``q^2 / 2^129`` for ``q`` blocks) and SipHash are pseudorandom functions: on distinct inputs (a
+unit's distinct rows, its distinct partitions) their outputs are indistinguishable from
+independent uniform 64-bit values to anyone without the key. For i.i.d. continuous priorities
+every ordering of a unit's ``n`` rows is equally likely, so the ``k`` rows of smallest priority
+are a uniformly random ``k``-subset of them. Equal 64-bit priorities (about ``n^2 / 2^65`` per
+unit) are broken by the record identity ``(stream, record)``, which is unique, so the order is
+total: the choice is deterministic and each bound holds exactly. The same holds for partitions
+(ties broken by the partition code). The choice for a unit depends only on its own rows and the
+key, so each unit contributes at most ``L0 x Linf`` rows whatever the other units do. A
+different run key gives an independent choice; a seeded run key (``RunKey.new(seed)``) gives a
+reproducible one, like its noise, and is as little private. The unit hash only groups rows (its
+keying keeps unit values out of the sketch); the uniformity rests on the row priorities.
+
+Units are compared as text, numbers by their decimal form: ``42`` in a Parquet integer column,
+``42.0`` in a float column and ``"42"`` in a CSV file are one unit (a person split across files
+of different types is still one unit), while ``"042"`` and ``"+42"`` are other texts. A value
+whose text is an int64 in Python's form is hashed as that integer (no text is built for integer
+columns), any other as its UTF-8 bytes, under two keys. A unit that is null, NaN or the empty
+text is no unit: its rows are dead-lettered. Two different units whose keyed hashes collide
+(probability about ``units^2 / 2^65``, 3e-8 for 10^6 units) are bounded together: a stricter
+bound, never a looser one.
+
+Plan and memory
+---------------
+Two passes over the rows, vectorized per batch (no per-row Python except dead letters):
+
+1. every batch -> its *candidates* ``(unit hash, row priority, stream, record)`` (plus
+   ``(partition, partition priority)`` with ``partition_fn``) for the rows with a unit and a
+   partition >= 0; a ``CombineGlobally`` merges them into the *sketch*: per unit, its ``L0``
+   partitions of smallest priority and, in each, its ``Linf`` rows of smallest priority (what
+   is not among the smallest in a part of the data cannot be among the smallest in all of it,
+   so parts merge in any order). With ``source=`` and no ``partition_fn`` this read decodes only
+   the unit column (``ReadTable.with_columns``).
+
+   * One row per unit (``Linf = 1``, no ``partition_fn``: an LDP collection's default) uses a
+     hash table (:class:`_MinSketch`): 16 shards by unit hash, each an open-addressing table
+     (linear probing, 2/5 to 3/5 full: it grows by half) whose slots hold a unit hash, its best
+     priority so far and that row's reference (stream index and record number packed in one
+     word): no sort, O(1) per row. A batch goes into all the shards in one call of a C loop
+     (``ldp_beam/_minsketch.c``, an optional extension built with the package: one pass over
+     the rows, each row's slot prefetched 16 rows ahead, ~20-40 ns a row) on a background
+     thread, queued behind at most 3 earlier batches, so the inserts overlap the reading and
+     hashing of the next batches (every other step on the sketch waits for the queue); a
+     table that fills grows there too, its units moved slot to slot by the same extension,
+     into zeroed memory the kernel hands over untouched. Where the extension was not
+     compiled, vectorized numpy rounds do the same inserts, queued per shard so each table
+     stays in cache (~80 ns a row; ``LDP_BEAM_NO_NATIVE=1`` forces them): the same tables
+     either way, as the per-unit minimum does not depend on the order rows come in. 24 bytes a
+     slot, 1.67-2.5 slots a unit: 40-60 MB per million units (~400-600 MB at the 10^7 cap).
+     Before Beam encodes it (the combine's ``compact``) the sketch becomes its held entries
+     sorted by reference (a radix sort in the extension), table by table (the slots are freed
+     as they are read), the references held as their gaps (:class:`_Ids`): ~10 bytes a unit
+     in memory and encoded (the priorities are recomputed from the run key, one AES block a
+     unit, only if a decoded sketch takes more rows).
+   * Otherwise each batch's candidates are first reduced within the batch and the sketch is
+     split in 64 shards by unit hash, each reduced (sorted) on its own when its unreduced
+     entries outgrow twice its reduced ones (amortized O(n log n)); it holds O(units x L0 +
+     unit-partitions x Linf) entries of 32 bytes (48 with partitions), at most ~3x the reduced
+     sketch, e.g. ~100 MB for 10^6 units at one row each.
+
+   Neither holds rows: memory grows with the units, not the rows.
+2. the kept rows' record numbers per stream (sorted, as gaps: :class:`_Ids`, 2 bytes a row
+   when kept rows are < 65,536 records apart) with a 32-bit fingerprint of their unit hash
+   (:func:`unit_fingerprint`) and their partition, to check, are a side input (~6 bytes a kept
+   row in memory and encoded, one encode); each batch keeps its rows found there (the range of
+   its record numbers decoded on its own; consecutive record numbers: by subtraction, else
+   ``searchsorted``).
+
+   Memory grows with the units, not the rows. Measured (DirectRunner, one process, peak RSS
+   from the process's own high-water mark, two full benches of 2026-11-26): 10^6 rows of 10^5
+   units 274-276 MB; 10^7 rows of the same 10^5 units (100 rows a unit) 267-268 MB (-2% to
+   -3%); 10^7 rows of 10^6 units 331 MB (+20-21%; the unbounded pipeline: 258 MB). Stage by
+   stage at 10^6 units: the first pass peaks ~300 MB with the tables, ~260 MB once frozen (the
+   heap and Arrow's pool handed back, :func:`_trim_heap`); then Beam's copies of the encoded
+   sketch (~31 MB for its 9 MB) and of the side input (~17 MB for its 5 MB) raise the second
+   pass to ~320 MB before it reads.
+   ``ldp-beam bench --only bounding`` records both growths (the fixed-units one with the +15%
+   target) and the time against the unbounded pipeline.
+
+Limits: at most ``max_units`` distinct units (default: the ``units`` cap,
+``LDP_BEAM_MAX_UNITS``, 10,000,000): a run with more fails with a
+:class:`~ldp_beam.errors.LimitError` naming the column, what was seen, the cap and how to raise
+it, as soon as a shard's reduction has counted more (the one-row sketch counts when a batch is
+queued, the units of the batches inserted so far: late by at most 4 batches of rows, exact when
+the sketch is extracted).
+"""
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from collections import deque
+from typing import Any, Callable
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from .errors import LdpBeamError, LimitError
+from .limits import env_cap
+from .privacy import check_contribution_bound
+from .rng import RunKey
+
+U64 = np.uint64
+_MASK64 = (1 << 64) - 1
+UNITS_CAP = "units"
+UNITS_ENV = "LDP_BEAM_MAX_UNITS"
+DEFAULT_MAX_UNITS = 10_000_000
+UNITS_WHAT = ("distinct privacy units of a bounded collection or release: the bounding holds up "
+              "to max_partitions_per_unit x max_rows_per_partition entries of 32-48 bytes per "
+              "unit while it runs (one row per unit: a hash table of 40-60 bytes a unit, about "
+              "50 MB per million units; otherwise about 100 MB per million units)")
+try:  # the insert loop in C (ldp_beam/_minsketch.c: an optional extension; numpy otherwise)
+    from ldp_beam import _minsketch as _NATIVE
+except ImportError:  # not compiled (no compiler where the package was built)
+    _NATIVE = None
+if os.environ.get("LDP_BEAM_NO_NATIVE"):  # the numpy rounds, for comparison (bench, tests)
+    _NATIVE = None
+_COMPACT_MIN = 1 << 16  # pending candidate entries before an accumulator is first reduced
+_AES_GAP = 1 << 13  # records: drawing a gap this long costs about what a new AES generator does
+
+
+# --------------------------------------------------------------------------- parameters
+def check_bound(name: str, value: Any) -> int:
+    """A contribution bound: an integer >= 1 (the shared check of ldp_beam.privacy)."""
+    return check_contribution_bound(value, name)
+
+
+def units_cap() -> int:
+    """The ``units`` cap in force: ``LDP_BEAM_MAX_UNITS`` if set (``1_000_000`` and ``1e6``
+    accepted, as for the caps of :mod:`ldp_beam.limits`), else 10,000,000."""
+    return env_cap(UNITS_ENV, DEFAULT_MAX_UNITS)
+
+
+class UnitLimitError(LimitError):
+    """More distinct privacy units than ``max_units`` (or the ``units`` cap): the message names
+    the column, how many were seen, the cap and how to raise it."""
+
+    def __init__(self, column: str, seen: int, limit: int, explicit: bool) -> None:
+        self.column, self.explicit = column, explicit
+        self.name = f"distinct values of privacy-unit column {column!r}"
+        self.value, self.cap, self.limit, self.env_var, self.what = \
+            seen, UNITS_CAP, limit, UNITS_ENV, UNITS_WHAT
+        self.valid = f"at most {limit:,} (the {UNITS_CAP!r} cap)"
+        how = (f"raise max_units (set to {limit:,} here)" if explicit else
+               f"raise the cap with the environment variable {UNITS_ENV}={seen} if the machine "
+               "can afford it")
+        LdpBeamError.__init__(
+            self, f"parameter {self.name!r} = {seen:,} (at least; counting stopped there) "
+            f"exceeds the size cap {UNITS_CAP!r} = {limit:,} ({UNITS_WHAT}); the bounding "
+            f"stopped before holding more. Check that {column!r} identifies people, or {how}")
+
+    def __reduce__(self):  # picklable (Beam ships errors between processes)
+        return (type(self), (self.column, self.value, self.limit, self.explicit))
+
+
+# --------------------------------------------------------------------------- keyed PRFs
+def _key_words(key: bytes) -> tuple[int, int]:
+    return int.from_bytes(key[:8], "little"), int.from_bytes(key[8:16], "little")
+
+
+def _rotl(x: np.ndarray, b: int, tmp: np.ndarray) -> None:
+    np.right_shift(x, U64(64 - b), out=tmp)
+    np.left_shift(x, U64(b), out=x)
+    np.bitwise_or(x, tmp, out=x)
+
+
+def _sip_rounds(v0, v1, v2, v3, tmp, rounds: int) -> None:
+    for _ in range(rounds):
+        v0 += v1
+        _rotl(v1, 13, tmp)
+        v1 ^= v0
+        _rotl(v0, 32, tmp)
+        v2 += v3
+        _rotl(v3, 16, tmp)
+        v3 ^= v2
+        v0 += v3
+        _rotl(v3, 21, tmp)
+        v3 ^= v0
+        v2 += v1
+        _rotl(v1, 17, tmp)
+        v1 ^= v2
+        _rotl(v2, 32, tmp)
+
+
+def siphash_words(key: tuple[int, int], words: list[np.ndarray]) -> np.ndarray:
+    """SipHash-2-4 (the reference PRF, as CPython and pandas use it) of ``n`` messages at once,
+    given as their 64-bit little-endian words (``words[j][i]``: word ``j`` of message ``i``),
+    the last word carrying the message length in its top byte, as the algorithm pads it."""
+    k0, k1 = key
+    n = len(words[0])
+    v0 = np.full(n, U64(k0 ^ 0x736F6D6570736575))
+    v1 = np.full(n, U64(k1 ^ 0x646F72616E646F6D))
+    v2 = np.full(n, U64(k0 ^ 0x6C7967656E657261))
+    v3 = np.full(n, U64(k1 ^ 0x7465646279746573))
+    tmp = np.empty(n, U64)
+    with np.errstate(over="ignore"):
+        for m in words:
+            v3 ^= m
+            _sip_rounds(v0, v1, v2, v3, tmp, 2)
+            v0 ^= m
+        v2 ^= U64(0xFF)
+        _sip_rounds(v0, v1, v2, v3, tmp, 4)
+    v0 ^= v1
+    v0 ^= v2
+    v0 ^= v3
+    return v0
+
+
+def siphash_text(key: tuple[int, int], arr: pa.Array) -> np.ndarray:
+    """SipHash-2-4 of every value of a string or binary Arrow array (its UTF-8 bytes; nulls hash
+    as empty), vectorized: values are grouped by their number of 64-bit words and each group is
+    gathered from the array's own buffers and hashed at once."""
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks()
+    n = len(arr)
+    out = np.empty(n, U64)
+    if n == 0:
+        return out
+    wide = pa.types.is_large_string(arr.type) or pa.types.is_large_binary(arr.type)
+    bufs = arr.buffers()
+    offsets = np.frombuffer(bufs[1], dtype=np.int64 if wide else np.int32)[
+        arr.offset: arr.offset + n + 1].astype(np.int64)
+    data = np.frombuffer(bufs[2], dtype=np.uint8) if bufs[2] is not None else \
+        np.zeros(0, np.uint8)
+    starts = offsets[:-1]
+    lens = np.diff(offsets)
+    if arr.null_count:
+        lens = np.where(arr.is_null().to_numpy(zero_copy_only=False), 0, lens)
+    nwords = lens // 8 + 1
+    # 64-bit little-endian loads at any byte offset q: lanes[q % 8, q // 8] (the bytes copied
+    # 8 times, each copy shifted by one byte, so every load is an aligned gather)
+    m = data.size // 8 + 2
+    pad = np.zeros(8 * m + 8, np.uint8)
+    pad[:data.size] = data
+    lanes = np.stack([pad[r: r + 8 * m].view("<u8") for r in range(8)]).astype(U64, copy=False)
+    if nwords.min() == nwords.max():
+        groups = [np.arange(n)]
+    else:
+        order = np.argsort(nwords, kind="stable")
+        groups = np.split(order, np.flatnonzero(np.diff(nwords[order])) + 1)
+    for idx in groups:
+        w = int(nwords[idx[0]])
+        ln, st = lens[idx], starts[idx]
+        words = [lanes[(st + 8 * j) % 8, (st + 8 * j) // 8] for j in range(w)]
+        tail = (ln % 8).astype(U64) * U64(8)  # bits of the last, partial word
+        with np.errstate(over="ignore"):
+            mask = np.where(tail == 0, U64(0), (U64(1) << tail) - U64(1))
+        words[-1] &= mask
+        words[-1] |= (ln.astype(U64) & U64(0xFF)) << U64(56)  # the length byte ends it
+        out[idx] = siphash_words(key, words)
+    return out
+
+
+_SCRATCH = threading.local()
+
+
+def _scratch(rows: int) -> np.ndarray:
+    """A ``(rows, 2)`` uint64 work buffer of this thread, reused across calls: a fresh 1 MB
+    temporary per batch cost more in page faults than the AES it holds (callers copy out what
+    they keep before the next call)."""
+    buf = getattr(_SCRATCH, "buf", None)
+    if buf is None or buf.shape[0] < rows:
+        buf = _SCRATCH.buf = np.empty((max(rows, 1 << 16), 2), U64)
+    return buf[:rows]
+
+
+def aes_prf(key: bytes, lo: np.ndarray, hi: np.ndarray | int) -> np.ndarray:
+    """The first 64 bits of ``AES-128_key(lo[i] || hi[i])`` (two little-endian 64-bit words:
+    one block) for every ``i``, read as a little-endian integer. AES is a pseudorandom
+    permutation, hence a pseudorandom function of the block (the switching distance,
+    ``q^2 / 2^129`` for ``q`` blocks, is negligible); OpenSSL's AES-NI code (through
+    ``cryptography``, which Beam depends on) takes ~5 ns a block, ~30x less than SipHash in
+    numpy. The blocks are encrypted in place (one buffer)."""
+    from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+
+    n = int(np.size(lo))
+    if n == 0:
+        return np.empty(0, U64)
+    blk = _scratch(n + 1)  # update_into asks for one spare block
+    blk[:n, 0] = lo
+    blk[:n, 1] = hi
+    if sys.byteorder != "little":
+        blk = blk.byteswap()
+    buf = memoryview(blk).cast("B")
+    enc = Cipher(algorithms.AES(key[:16]), modes.ECB()).encryptor()
+    enc.update_into(buf[:16 * n], buf)
+    enc.finalize()
+    first = blk[:n, 0]
+    return first.byteswap() if sys.byteorder != "little" else first.copy()
+
+
+def row_priorities(key: int, stream: int, ids: np.ndarray) -> np.ndarray:
+    """The first 64 bits of the AES-128 block ``AES_key(stream * 2**64 + id)`` for each record
+    number in ``ids`` (increasing): one block per record, so a record's priority does not
+    depend on the batch or subset it arrives in. ``key`` is the integer randomgen's
+    ``AESCounter`` takes (its bytes are the key little-endian first), and the block of counter
+    ``stream * 2**64 + id`` (``0 <= id < 2**64``) is ``id || stream`` in little-endian words:
+    the same blocks, encrypted by :func:`aes_prf` (no generator to build, any gaps)."""
+    if ids.size == 0:
+        return np.empty(0, U64)
+    if int(ids.min()) >= 0:  # no borrow into the stream word: one block a record, as the counter
+        return aes_prf(int(key).to_bytes(16, "little"), ids.astype(np.int64, copy=False)
+                       .view(U64), U64(int(stream) & _MASK64))
+    return _row_priorities_ctr(key, stream, ids)
+
+
+def _row_priorities_ctr(key: int, stream: int, ids: np.ndarray) -> np.ndarray:
+    """:func:`row_priorities` by randomgen's AES counter generator (any record numbers)."""
+    from randomgen import AESCounter
+
+    base = (int(stream) & _MASK64) << 64
+    # A new generator costs about as much as drawing ~8,000 blocks: the span is drawn whole,
+    # except across gaps longer than that (so a sparse subset costs at most ~2x its best plan).
+    cuts = np.flatnonzero(np.diff(ids) > _AES_GAP) + 1
+    out = []
+    for r in np.split(ids, cuts):
+        lo = int(r[0])
+        raw = AESCounter(key=key, counter=base + lo).random_raw(2 * (int(r[-1]) - lo + 1))
+        out.append(raw[0::2][r - lo])
+    return out[0] if len(out) == 1 else np.concatenate(out)
+
+
+# --------------------------------------------------------------------------- per-batch columns
+_TEXT_TYPES = (pa.types.is_string, pa.types.is_large_string, pa.types.is_binary,
+               pa.types.is_large_binary)
+
+
+#: the reason a row without a unit is dead-lettered (``{col!r}``: the column)
+MISSING_UNIT_REASON = "missing privacy unit: column {col!r} is null, empty or only whitespace"
+
+
+def _blank_text(col: pa.Array) -> pa.Array:
+    """Whether each text of ``col`` (string or binary) is empty or only whitespace (null where
+    ``col`` is null), vectorized: Unicode whitespace (``utf8_is_space``) for UTF-8 text; bytes that
+    are not UTF-8 count ASCII whitespace only."""
+    if pa.types.is_binary(col.type) or pa.types.is_large_binary(col.type):
+        try:
+            col = pc.cast(col, pa.large_string() if pa.types.is_large_binary(col.type)
+                          else pa.string())
+        except pa.ArrowInvalid:  # not UTF-8: ASCII whitespace
+            return pc.match_substring_regex(col, r"^[\t\n\x0b\f\r ]*$")
+    return pc.or_(pc.equal(pc.binary_length(col), 0), pc.utf8_is_space(col))
+
+
+def unit_column(col: Any, column: str) -> tuple[pa.Array, np.ndarray]:
+    """The privacy-unit column (dictionaries decoded) and its rows without a unit: null, NaN,
+    the empty text or a text of only whitespace (Unicode: spaces, tabs, no-break spaces...; ten
+    rows of ``"   "`` are ten rows without a unit, not one unit). Raises TypeError for a type that
+    cannot identify a unit (one with no text form: lists, structs, ...)."""
+    if isinstance(col, pa.ChunkedArray):
+        col = col.combine_chunks()
+    if pa.types.is_dictionary(col.type):
+        col = col.dictionary_decode()
+    t = col.type
+    text = any(f(t) for f in _TEXT_TYPES)
+    if not text:
+        try:
+            pc.cast(col.slice(0, 0), pa.string())
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            raise TypeError(f"privacy-unit column {column!r} has type {t}, which cannot "
+                            "identify a unit (use text or integers)") from None
+    if text:
+        missing = pc.fill_null(_blank_text(col), True)
+    elif pa.types.is_floating(t):
+        missing = pc.fill_null(pc.is_nan(col), True)
+    else:
+        missing = col.is_null()
+    return col, np.asarray(missing.to_numpy(zero_copy_only=False), dtype=bool)
+
+
+_CANONICAL_INT = r"^(0|-?[1-9][0-9]{0,18})$"  # an integer as Python and Arrow print it
+
+
+def _int_units(key: bytes, v: np.ndarray) -> np.ndarray:
+    """The keyed hash of integer units: ``AES_key(v || 0)`` (64 bits; see :func:`aes_prf`)."""
+    return aes_prf(key, np.ascontiguousarray(v, dtype=np.int64).view(U64), 0)
+
+
+def hash_units(text_key: tuple[int, int], int_key: bytes, col: pa.Array) -> np.ndarray:
+    """The keyed hash of each unit (nulls hash to anything: callers mask them). A unit is its
+    text, numbers by their decimal form, so ``42``, ``42.0`` and ``"42"`` are one unit: a value
+    whose text is an integer of the int64 range as Python prints it (``"42"``, ``"-7"``; not
+    ``"042"`` or ``"+42"``, which are other texts) is hashed as that integer (AES of its 8
+    bytes and 8 zero bytes, under ``int_key``), any other text as its UTF-8 bytes (SipHash-2-4
+    under ``text_key``). Integer columns skip the text altogether. The lowest bit of every hash
+    is set (63 keyed bits): 0 marks an empty slot of the bounding's table."""
+    return _hash_units(text_key, int_key, col) | U64(1)
+
+
+def _hash_units(text_key: tuple[int, int], int_key: bytes, col: pa.Array) -> np.ndarray:
+    n = len(col)
+    t = col.type
+    if pa.types.is_integer(t):
+        if pa.types.is_uint64(t):
+            v = col.fill_null(0).to_numpy(zero_copy_only=False)
+            big = v > U64(2 ** 63 - 1)
+            if big.any():  # beyond int64: their text, as a text column holding them would
+                out = np.empty(n, U64)
+                out[~big] = _int_units(int_key, v[~big].astype(np.int64))
+                out[big] = _hash_units(text_key, int_key,
+                                       pc.cast(col.filter(pa.array(big)), pa.string()))
+                return out
+            return _int_units(int_key, v.astype(np.int64))
+        return _int_units(int_key, pc.cast(col, pa.int64()).fill_null(0).to_numpy(
+            zero_copy_only=False))
+    if not any(f(t) for f in _TEXT_TYPES):
+        col = pc.cast(col, pa.string())
+    is_int = pc.match_substring_regex(col, _CANONICAL_INT).fill_null(False).to_numpy(
+        zero_copy_only=False)
+    if not is_int.any():
+        return siphash_text(text_key, col)
+    idx = np.flatnonzero(is_int)
+    sub = col if idx.size == n else col.take(pa.array(idx))
+    lens = pc.binary_length(sub).to_numpy(zero_copy_only=False)
+    for j in np.flatnonzero(lens >= 19).tolist():  # 19 digits may be beyond int64 (rare)
+        x = sub[j].as_py()
+        if not -2 ** 63 <= int(x) <= 2 ** 63 - 1:
+            is_int[idx[j]] = False
+    if not is_int.all():
+        idx = np.flatnonzero(is_int)
+        sub = col.take(pa.array(idx))
+    out = np.empty(n, U64)
+    ints = pc.cast(pc.cast(sub, pa.string()) if not pa.types.is_string(sub.type) else sub,
+                   pa.int64())
+    out[idx] = _int_units(int_key, ints.to_numpy(zero_copy_only=False))
+    rest = np.flatnonzero(~is_int)
+    if rest.size:
+        out[rest] = siphash_text(text_key, col.take(pa.array(rest)))
+    return out
+
+
+class _Rows:
+    """What both passes compute for a batch: the rows without a unit (``missing``), the rows
+    the bounding applies to (``cand``: a unit and a partition >= 0), their partition codes, and
+    the unit column (turned into text and hashed only where needed). ``batch``: a
+    :class:`~ldp_beam.transforms.KeyedBatch` (anything with ``.table`` and ``.record_ids()``)."""
+
+    __slots__ = ("n", "col", "missing", "parts", "cand", "ids", "absent", "bad_type")
+
+    def __init__(self, spec: "_Spec", batch: Any) -> None:
+        table = batch.table
+        self.n = n = table.num_rows
+        self.ids = batch.record_ids()
+        self.absent = spec.unit_column not in table.schema.names
+        self.bad_type = None
+        self.col = None
+        self.parts = None
+        if self.absent:
+            self.missing = np.ones(n, bool)
+            self.cand = np.zeros(n, bool)
+            return
+        try:
+            self.col, self.missing = unit_column(table.column(spec.unit_column),
+                                                 spec.unit_column)
+        except TypeError as e:
+            self.bad_type = str(e)
+            self.missing = np.ones(n, bool)
+            self.cand = np.zeros(n, bool)
+            return
+        self.cand = ~self.missing
+        if spec.partition_fn is not None:
+            codes, reject = spec.partition_codes(table, n)
+            self.parts = codes
+            self.cand &= ~reject
+
+    def units(self, spec: "_Spec", idx: np.ndarray) -> np.ndarray:
+        """The keyed unit hashes of rows ``idx``."""
+        return spec.units(self.col if idx.size == self.n else self.col.take(pa.array(idx)))
+
+
+class _Spec:
+    """The bounding's settings and keys, shipped to both passes."""
+
+    def __init__(self, unit_column: str, run_key: RunKey, l0: int, linf: int,
+                 partition_fn: Callable | None, max_units: int, explicit_cap: bool) -> None:
+        self.unit_column = unit_column
+        self.l0, self.linf = l0, linf
+        self.partition_fn = partition_fn
+        self.max_units, self.explicit_cap = max_units, explicit_cap
+        self.unit_key = _key_words(run_key.derive("bounding/units"))
+        self.int_key = run_key.derive("bounding/units/int")[:16]
+        self.part_key = run_key.derive("bounding/partitions")[:16]
+        self.row_key = int.from_bytes(run_key.derive("bounding/rows")[:16], "big")
+        self.row_aes_key = self.row_key.to_bytes(16, "little")  # see row_priorities
+
+    @property
+    def partitioned(self) -> bool:
+        return self.partition_fn is not None
+
+    @property
+    def one_row(self) -> bool:
+        """One row per unit and one partition: the sketch is a :class:`_MinSketch`."""
+        return self.partition_fn is None and self.linf == 1
+
+    def partition_codes(self, table: Any, n: int) -> tuple[np.ndarray, np.ndarray]:
+        codes = np.asarray(self.partition_fn(table))
+        if codes.shape != (n,) or codes.dtype.kind not in "iu":
+            raise TypeError(f"partition_fn must return one integer partition code per row "
+                            f"(int64 or uint64, shape ({n},)); it returned {codes.dtype} of "
+                            f"shape {codes.shape}")
+        if codes.dtype.kind == "i":
+            codes = codes.astype(np.int64, copy=False)
+            return codes.view(U64), codes < 0
+        return codes.astype(U64, copy=False), np.zeros(n, bool)
+
+    def units(self, col: pa.Array) -> np.ndarray:
+        return hash_units(self.unit_key, self.int_key, col)
+
+    def part_priorities(self, u: np.ndarray, p: np.ndarray) -> np.ndarray:
+        return aes_prf(self.part_key, u, p)
+
+    def too_many(self, seen: int) -> None:
+        if seen > self.max_units:
+            raise UnitLimitError(self.unit_column, seen, self.max_units, self.explicit_cap)
+
+
+# --------------------------------------------------------------------------- the sketch
+FIELDS = ("u", "rh", "s", "rid")  # + "p", "pp" when partitioned
+_HI32 = U64(0xFFFFFFFF00000000)
+SHARDS = 64  # an accumulator is split by unit hash, so each reduction is small (in cache)
+_SHARD_SHIFT = U64(58)  # 64 shards: the top 6 bits of the unit hash
+_SHARD_MIN = 4096  # pending entries of a shard before it is first reduced
+
+
+def _group_order(g: np.ndarray, ident: list[np.ndarray], hi: np.ndarray,
+                 ties: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Rows ordered by group, then by ``hi`` and ``ties`` within each group: ``(order, new)``
+    where ``new[j]`` says sorted row ``j`` starts a group. A group is an identity (the arrays
+    ``ident``: the unit hash, or unit hash and partition) and ``g`` a 64-bit hash of it;
+    ``ties`` order rows of equal ``hi`` (the record identity, unique).
+
+    One quicksort of a 64-bit key (the top halves of ``g`` and ``hi``) instead of a lexsort,
+    ~10x faster; the few runs it cannot order on its own (two identities sharing the top half
+    of ``g``, or equal top halves of ``hi`` in a group) are found and re-sorted exactly."""
+    comp = (g & _HI32) | (hi >> U64(32))
+    order = np.argsort(comp)
+    n = order.size
+    cs = comp[order]
+    same_run = (cs[1:] & _HI32) == (cs[:-1] & _HI32)
+    differ = np.zeros(n - 1, bool)
+    for a in ident:
+        s_ = a[order]
+        differ |= s_[1:] != s_[:-1]
+    bad = same_run & (differ | (cs[1:] == cs[:-1]))
+    if bad.any():
+        run = np.zeros(n, np.int64)
+        np.cumsum(~same_run, out=run[1:])
+        bad_run = np.zeros(int(run[-1]) + 1, bool)
+        bad_run[run[1:][bad]] = True
+        pos = np.flatnonzero(bad_run[run])
+        rows = order[pos]
+        keys = tuple(t[rows] for t in reversed(ties)) + (hi[rows],) \
+            + tuple(a[rows] for a in reversed(ident)) + (g[rows],)
+        order[pos] = rows[np.lexsort(keys)]
+        differ = np.zeros(n - 1, bool)
+        for a in ident:
+            s_ = a[order]
+            differ |= s_[1:] != s_[:-1]
+    new = np.empty(n, bool)
+    new[0] = True
+    new[1:] = differ
+    return order, new
+
+
+def _first_k(order: np.ndarray, new: np.ndarray, k: int) -> np.ndarray:
+    """The rows among the first ``k`` of their group (``order``/``new`` from _group_order)."""
+    starts = np.flatnonzero(new)
+    rank = np.arange(order.size) - np.repeat(starts, np.diff(np.append(starts, order.size)))
+    return order[rank < k]
+
+
+def reduce_candidates(c: dict, l0: int, linf: int, partitioned: bool) -> tuple[dict, int]:
+    """Keep, per unit ``u``, its ``l0`` partitions of smallest priority ``pp`` (ties: smaller
+    partition code) and, in each ``(u, p)``, its ``linf`` rows of smallest priority ``rh``
+    (ties: smaller record identity ``(s, rid)``). Returns the kept candidates and the number
+    of distinct units."""
+    return _reduce(c, l0, linf, partitioned)
+
+
+def shard_of(u: np.ndarray) -> np.ndarray:
+    """The shard of each unit hash (its top 6 bits): a unit never spans two shards."""
+    return (u >> _SHARD_SHIFT).astype(np.uint8)
+
+
+def _reduce(c: dict, l0: int, linf: int, partitioned: bool) -> tuple[dict, int]:
+    u = c["u"]
+    n = u.size
+    if n == 0:
+        return c, 0
+    ties = [c["s"], c["rid"]]
+    if partitioned:
+        order, new = _group_order(c["pp"], [u, c["p"]], c["rh"], ties)
+    else:
+        order, new = _group_order(u, [u], c["rh"], ties)
+    keep = _first_k(order, new, linf)
+    if partitioned:
+        firsts = order[new]  # one row per (unit, partition)
+        uf = u[firsts]
+        o2, new2 = _group_order(uf, [uf], c["pp"][firsts], [c["p"][firsts]])
+        units = int(new2.sum())
+        pairs = _first_k(o2, new2, l0)
+        if pairs.size < firsts.size:  # some unit has more than l0 partitions
+            ok = np.zeros(n, bool)
+            ok[firsts[pairs]] = True
+            # a row is kept when the first row of its (unit, partition) is
+            pair_of = np.empty(n, np.int64)
+            pair_of[order] = order[np.flatnonzero(new)[np.cumsum(new) - 1]]
+            keep = keep[ok[pair_of[keep]]]
+    else:
+        units = int(new.sum())
+    if keep.size == n:
+        return c, units
+    keep.sort()
+    return {k: v[keep] for k, v in c.items()}, units
+
+
+def _concat(parts: list[dict], partitioned: bool) -> dict:
+    names = FIELDS + (("p", "pp") if partitioned else ())
+    if not parts:
+        return {k: np.empty(0, np.int64 if k == "rid" else U64) for k in names}
+    if len(parts) == 1:
+        return parts[0]
+    return {k: np.concatenate([q[k] for q in parts]) for k in names}
+
+
+class _Acc:
+    """A bounding sketch: per shard of units, its candidates (a list of parts: the first
+    ``reduced`` entries already reduced, ``pending`` more not yet) and its units when last
+    reduced."""
+
+    __slots__ = ("shards",)
+
+    def __init__(self) -> None:
+        self.shards: dict[int, list] = {}  # shard -> [parts, pending, reduced, units]
+
+    def __getstate__(self):
+        return self.shards
+
+    def __setstate__(self, state):
+        self.shards = state
+
+    def add(self, shard: int, part: dict, reduced: bool = False, units: int = 0) -> list:
+        sh = self.shards.setdefault(shard, [[], 0, 0, 0])
+        size = int(part["u"].size)
+        if reduced and size > sh[2]:  # the largest reduced part leads; the rest is pending
+            sh[0].insert(0, part)
+            sh[1] += sh[2]
+            sh[2], sh[3] = size, units
+        else:
+            sh[0].append(part)
+            sh[1] += size
+        return sh
+
+
+_EMPTY = U64(_MASK64)  # a slot's row reference while it holds no row (and its priority)
+_MAX64 = _EMPTY
+_REF_BITS = 48  # a packed row reference: stream index << 48 | record number
+_REF_MASK = U64((1 << _REF_BITS) - 1)
+_MAX_STREAMS = (1 << (64 - _REF_BITS)) - 1  # indices 0..65534: a packed reference is never _EMPTY
+_TABLE_MIN = 4096  # slots of a new table
+_TABLE_LOAD = 0.6  # most units per slot after an insert: probing stays short (3.6 probes a miss)
+_TABLE_FULL = 0.9  # most units per slot while a chunk goes in (each row could be a new unit)
+_TABLE_GROW = 1.5  # a full table grows by half: it holds 2/5 to 3/5 of its slots
+_TABLE_PAD = 64  # slots past the last home slot, so a sorted rebuild needs no wrap-around
+_QUEUE = 4  # C inserts a sketch may have queued or running (62,500-row batches: ~6 MB of rows)
+_WINDOW = 32  # slots a probing round reads per row once few rows are left
+_SLOT = np.dtype((np.void, 16))  # a slot's unit hash and priority as one item: one gather
+
+
+def _home(u: np.ndarray, size: int) -> np.ndarray:
+    """The home slot of each unit hash in a table of ``size`` slots: bits 1-32 of the hash
+    (above its fixed lowest bit; the top bits choose the shard of a _MinSketch) scaled to
+    ``size`` by a multiply and shift, so any size works and the slot grows with the hash."""
+    return ((((u >> U64(1)) & U64(0xFFFFFFFF)) * U64(size)) >> U64(32)).astype(np.int64)
+
+
+_POOL: Any = None  # (process id, executor)
+
+
+def _background() -> Any:
+    """The one thread that runs the C inserts of every sketch in this process (each sketch
+    waits for its own insert before the next, so one thread is enough). A forked worker
+    process gets its own (the parent's thread does not exist there)."""
+    global _POOL
+    if _POOL is None or _POOL[0] != os.getpid():
+        from concurrent.futures import ThreadPoolExecutor
+
+        _POOL = (os.getpid(), ThreadPoolExecutor(1, thread_name_prefix="ldp-beam-bounding"))
+    return _POOL[1]
+
+
+def _native_insert(tables: list, names: np.ndarray | None, u: np.ndarray, prio: np.ndarray,
+                   ref: np.ndarray, s: np.ndarray | None) -> list[int]:
+    """Rows into ``tables`` (a power of two of :class:`_MinTable`, row ``i`` into the one the
+    top bits of ``u[i]`` name) by the C loop; the units each table claimed."""
+    c = np.ascontiguousarray
+    return _NATIVE.insert([(t.kp, t.ref, t.s, t.size) for t in tables], names, c(u, U64),
+                          c(prio, U64), c(ref, U64), None if s is None else c(s, U64))
+
+
+class _MinTable:
+    """The bounding sketch for one row per unit and one partition (``Linf = 1``, no
+    ``partition_fn``, the LDP default): per unit, the row of smallest ``(priority, stream,
+    record)``. An open-addressing hash table (linear probing, at most 3/5 full between inserts)
+    indexed by the keyed unit hash, whose slots hold the unit hash (0: empty; hashes have their
+    low bit set) and the smallest priority seen, side by side (one 16-byte gather reads both),
+    and that row's reference: 24 bytes a slot (32 in wide mode, see :class:`_MinSketch`),
+    40-60 bytes a unit, never the rows. A batch of candidates is inserted with vectorized
+    probing; only the rows at or below their unit's current priority (about ``H_n / n`` of a
+    unit's ``n`` rows) go on to ``np.minimum.at``: no sort, O(1) per row. Two rows of a unit
+    with the same 64-bit priority (about ``rows^2 / 2^65`` per unit) are told apart by
+    ``(stream, record)`` in a per-slot loop, so the result is the exact minimum whatever the
+    order the rows arrive in: merging tables, or inserting rows in any batches, gives the same
+    table.
+
+    A table grows by half when full, rebuilt by placing its units in the order of their home
+    slots (then each one's slot is a running maximum: no probing, no wrap-around). Frozen
+    (:meth:`freeze`), it keeps only its held entries and rebuilds itself when a row comes."""
+
+    __slots__ = ("size", "kp", "slots", "keys", "prio", "ref", "s", "units", "frozen",
+                 "streams", "names")
+
+    def __init__(self, streams: list | None = None, wide: bool = False,
+                 size: int = _TABLE_MIN) -> None:
+        self.streams = streams if streams is not None else []  # packed stream index -> stream
+        self.names = None  # self.streams as an array, for the C insert's ties
+        self.units = 0
+        self.frozen = None
+        self._alloc(size, size + _TABLE_PAD, wide)
+
+    def _alloc(self, size: int, alloc: int, wide: bool) -> None:
+        """Empty slots: unit hash 0. The numpy rounds also read an empty slot's priority and
+        reference (both ``_EMPTY``); the C loop never does, so there the table is zeroed memory
+        the kernel hands over untouched (``calloc``: no pass filling it)."""
+        if _NATIVE is not None:
+            kp, ref = np.zeros((alloc, 2), U64), np.zeros(alloc, U64)
+        else:
+            kp = np.empty((alloc, 2), U64)
+            kp[:, 0] = 0
+            kp[:, 1] = _EMPTY
+            ref = np.full(alloc, _EMPTY, U64)
+        self.size, self.kp = size, kp
+        self.slots = kp.view(_SLOT).reshape(alloc)
+        self.keys, self.prio = kp[:, 0], kp[:, 1]
+        self.ref = ref
+        self.s = np.zeros(alloc, U64) if wide else None
+
+    def _drop(self) -> None:
+        self.kp = self.slots = self.keys = self.prio = self.ref = self.s = None
+
+    @property
+    def wide(self) -> bool:
+        return (self.frozen[3] if self.frozen is not None else self.s) is not None
+
+    # Pickled as its held entries only (24 bytes a unit, not a slot); unpickled, it stays so
+    # until a row is added (extracting the kept rows needs no table).
+    def __getstate__(self):
+        return self.entries() + (self.units,)
+
+    def __setstate__(self, state):
+        self._drop()
+        self.streams, self.names = [], None
+        self.frozen, self.units = tuple(state[:4]), state[4]
+
+    def entries(self) -> tuple:
+        """The held units: (unit hashes, priorities, references, streams or None)."""
+        if self.frozen is not None:
+            return self.frozen
+        occ = np.flatnonzero(self.keys)
+        return (self.keys[occ], self.prio[occ], self.ref[occ],
+                None if self.s is None else self.s[occ])
+
+    def freeze(self) -> None:
+        """Keep the held entries only (the table's slots are freed)."""
+        if self.frozen is None:
+            self.frozen = self.entries()
+            self._drop()
+
+    def _thaw(self) -> None:
+        if self.frozen is not None:
+            held, self.frozen = self.frozen, None
+            self._place(held, max(_TABLE_MIN, int(held[0].size / _TABLE_LOAD) + 1))
+
+    def _place(self, held: tuple, size: int) -> None:
+        """A table of ``size`` slots holding ``held`` (distinct units): units in the order of
+        their home slots, each at the first slot past the previous one's and not before its
+        home (a running maximum), which is where linear probing would put them."""
+        u, p, ref, s = held
+        if _NATIVE is not None:  # distinct units into an empty table: probing claims, in C
+            self._alloc(size, size + _TABLE_PAD, s is not None)
+            self.units = _native_insert([self], self._names(), u, p, ref, s)[0]
+            return
+        h = _home(u, size)
+        order = np.argsort(h, kind="stable")  # nearly sorted when rebuilt from a table: runs
+        h = h[order]
+        ar = np.arange(h.size, dtype=np.int64)
+        pos = ar + np.maximum.accumulate(h - ar) if h.size else h
+        self._alloc(size, max(size, int(pos[-1]) + 1 if h.size else 0) + _TABLE_PAD,
+                    s is not None)
+        self.keys[pos], self.prio[pos], self.ref[pos] = u[order], p[order], ref[order]
+        if s is not None:
+            self.s[pos] = s[order]
+        self.units = int(h.size)
+
+    def widen(self) -> None:
+        """Packed references -> (stream, record) in two columns (see :class:`_MinSketch`)."""
+        if self.wide:
+            return
+        names = np.array(self.streams + [0], U64)
+        if self.frozen is not None:
+            u, p, ref, _ = self.frozen
+            self.frozen = (u, p, ref & _REF_MASK, names[(ref >> U64(_REF_BITS)).astype(np.int64)])
+            return
+        self.s = np.zeros(self.ref.size, U64)
+        occ = np.flatnonzero(self.keys)
+        r = self.ref[occ]
+        self.s[occ] = names[(r >> U64(_REF_BITS)).astype(np.int64)]
+        self.ref[occ] = r & _REF_MASK
+
+    def add(self, u: np.ndarray, prio: np.ndarray, ref: np.ndarray,
+            s: np.ndarray | None = None) -> None:
+        """Insert candidate rows: unit hashes, priorities, references (and streams in wide
+        mode). Rows go in by chunks that cannot fill the table past 9/10 even if each is a new
+        unit (most are not: a unit's later rows find it held), and the table grows by half (or
+        more) when an insert has left it more than 3/5 full, or before a chunk when its room is
+        below 1/16 of it: so it is 2/5 to 3/5 full between inserts and chunks stay large (at
+        3/4, probing a table as it fills measured ~30% slower)."""
+        self._thaw()
+        i, n = 0, int(u.size)
+        while i < n:
+            room = int(_TABLE_FULL * self.size) - self.units
+            if room < min(n - i, max(self.size // 16, 256)):
+                self._grow(n - i)
+                continue
+            j = min(n, i + room)
+            self._add(u[i:j], prio[i:j], ref[i:j], None if s is None else s[i:j])
+            i = j
+            if self.units > _TABLE_LOAD * self.size:
+                self._grow(n - i)
+
+    def _grow(self, rows: int) -> None:
+        need = self.units + min(rows, max(self.size // 16, 256))
+        size = max(int(self.size * _TABLE_GROW), int(need / _TABLE_LOAD) + 1)
+        if _NATIVE is not None and self.frozen is None:  # slot to slot in C, no entries
+            old = (self.kp, self.ref, self.s)
+            self._alloc(size, size + _TABLE_PAD, self.s is not None)
+            self.units = _NATIVE.rehash(*old, (self.kp, self.ref, self.s, self.size))
+            return
+        self._place(self.entries(), size)
+
+    def _slots(self, u: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The slot of each unit hash and the priority it holds, claiming empty slots for new
+        units (vectorized linear probing: each round resolves the rows whose slot holds their
+        unit or was empty; rows racing for one empty slot: the unit written last holds it, the
+        others probe on)."""
+        keys, alloc = self.keys, self.keys.size
+        pos = _home(u, self.size)
+        g = self.slots[pos].view(U64)  # the home slots' (unit, priority) pairs
+        k, cur = g[0::2], g[1::2]
+        slot = pos
+        idx = np.flatnonzero(k != u)
+        if idx.size == 0:
+            return slot, cur
+        u, pos = u[idx], pos[idx] - 1  # the others probe on from their home slot
+        while True:  # the others: the next slot a round, then a window once few rows are left
+            w = 1 if idx.size > 1024 else _WINDOW
+            if w == 1:
+                pos += 1
+                pos[pos == alloc] = 0
+                q, win = pos, keys[pos]
+                eq = win == u
+                stop = eq | (win == 0)  # its unit, or an empty slot: the unit is not held
+                found, at, first_eq = stop, pos, eq
+                nxt = pos
+            else:
+                q = pos[:, None] + np.arange(1, w + 1, dtype=np.int64)
+                q[q >= alloc] -= alloc
+                win = keys[q]
+                eq = win == u[:, None]
+                stop = eq | (win == 0)
+                j = stop.argmax(axis=1)
+                r = np.arange(idx.size)
+                found, at, first_eq = stop[r, j], q[r, j], eq[r, j]
+                nxt = pos + w
+            new = np.flatnonzero(found & ~first_eq)
+            if new.size:  # claim the empty slots; of units racing for one, the last written wins
+                fp, fu = at[new], u[new]
+                keys[fp] = fu
+                lost = new[keys[fp] != fu]
+                if lost.size:
+                    found = found.copy()
+                    found[lost] = False
+                    nxt = nxt.copy()
+                    nxt[lost] = at[lost]  # probe on past the slot another unit took
+            done = np.flatnonzero(found)
+            ph = at[done]
+            slot[idx[done]] = ph
+            cur[idx[done]] = self.prio[ph]
+            if done.size == idx.size:
+                return slot, cur
+            rest = np.flatnonzero(~found)
+            idx, u, pos = idx[rest], u[rest], nxt[rest]
+            pos[pos >= alloc] -= alloc
+
+    def _names(self) -> np.ndarray | None:
+        """The streams by packed index, as an array (for the C insert's ties; None when
+        wide)."""
+        if self.s is not None:
+            return None
+        if self.names is None or self.names.size != len(self.streams):
+            self.names = np.array(self.streams, U64)
+        return self.names
+
+    def _add(self, u: np.ndarray, prio: np.ndarray, ref: np.ndarray,
+             s: np.ndarray | None) -> None:
+        if _NATIVE is not None:  # the same table, one C loop (ldp_beam/_minsketch.c)
+            self.units += _native_insert([self], self._names(), u, prio, ref, s)[0]
+            return
+        slot, cur = self._slots(u)
+        c = np.flatnonzero(prio <= cur)  # the others cannot be their unit's minimum
+        if c.size == 0:
+            return
+        sc, pc_ = slot[c], prio[c]
+        np.minimum.at(self.prio, sc, pc_)
+        w = np.flatnonzero(pc_ == self.prio[sc])  # rows at their unit's minimum
+        win, ws = c[w], sc[w]
+        held = self.ref[ws] != _EMPTY
+        tie_held = held & (prio[win] == cur[win])  # equal to the row the slot held already
+        # two new rows at one slot's minimum: one of them loses a scatter of row numbers
+        mark = np.empty(self.ref.size, np.int32)  # only the slots written are read back
+        nums = np.arange(ws.size, dtype=np.int32)
+        mark[ws] = nums
+        tie_batch = ws[mark[ws] != nums]
+        if tie_held.any() or tie_batch.size:
+            contested = np.unique(np.concatenate([ws[tie_held], tie_batch]))
+            self._settle(contested, set(ws[tie_held].tolist()), win, ws, ref, s)
+            keep = ~np.isin(ws, contested)
+            win, ws, held = win[keep], ws[keep], held[keep]
+        self.units += int(win.size - np.count_nonzero(held))
+        self.ref[ws] = ref[win]
+        if s is not None:
+            self.s[ws] = s[win]
+
+    def _ident(self, ref: int, s: int | None) -> tuple[int, int]:
+        """A row's identity ``(stream, record)`` from its reference."""
+        if s is not None:
+            return s, ref - (1 << 64) if ref >= 1 << 63 else ref  # the record number, signed
+        return int(self.streams[ref >> _REF_BITS]), ref & ((1 << _REF_BITS) - 1)
+
+    def _settle(self, contested: np.ndarray, held_ties: set, win: np.ndarray, ws: np.ndarray,
+                ref: np.ndarray, s: np.ndarray | None) -> None:
+        """Slots where several rows share the smallest priority: the smallest ``(stream,
+        record)`` among them takes the slot (with the row it held, when that one ties too:
+        ``held_ties``)."""
+        for slot in contested.tolist():
+            rows = [(int(ref[j]), None if s is None else int(s[j]))
+                    for j in win[ws == slot].tolist()]
+            fresh = int(self.ref[slot]) == _MASK64
+            if slot in held_ties:
+                rows.append((int(self.ref[slot]), None if s is None else int(self.s[slot])))
+            r, st = min(rows, key=lambda x: self._ident(*x))
+            self.ref[slot] = U64(r)
+            if st is not None:
+                self.s[slot] = U64(st)
+            self.units += int(fresh)
+
+
+def _order_of(rid: np.ndarray) -> np.ndarray:
+    """``np.argsort(rid)`` for distinct record numbers >= 0, by sorting ``rid`` and position
+    packed in one 64-bit word when they fit (a vectorized sort of plain integers, several times
+    faster than an argsort)."""
+    n = rid.size
+    bits = max(n - 1, 1).bit_length()
+    if n == 0 or int(rid.min()) < 0 or int(rid.max()) >= 1 << (63 - bits):
+        return np.argsort(rid, kind="stable")
+    packed = np.sort((rid.astype(np.int64) << bits) | np.arange(n, dtype=np.int64))
+    return packed & ((1 << bits) - 1)
+
+
+_FLUSH = 1 << 15  # pending rows of a shard before they go into its table
+
+
+def _trim_heap() -> None:
+    """Hand the freed heap back to the operating system (glibc's ``malloc_trim``), where there
+    is one: the tables' slots are freed shard by shard, and glibc keeps arrays of a few MB in
+    its heap once it has raised its mmap threshold, so the next stage (the filter, its reads)
+    would otherwise run on top of the first pass's peak."""
+    global _LIBC
+    if _LIBC is None:
+        try:
+            import ctypes
+
+            _LIBC = ctypes.CDLL("libc.so.6").malloc_trim
+        except (OSError, AttributeError):
+            _LIBC = False
+    if _LIBC:
+        _LIBC(0)
+    pa.default_memory_pool().release_unused()  # Arrow's own pool (the first read's buffers)
+
+
+_LIBC: Any = None
+_MIN_SHARD_BITS = 4  # 16 shards: the top 4 bits of the unit hash
+
+
+class _MinSketch:
+    """:class:`_MinTable` split in 16 shards by the top 4 bits of the unit hash. Rows wait in
+    their shard's queue (at most 32,768, 24 bytes each: at most 12 MB in all) and go into the
+    shard's table together: each table is 1/16 of the sketch (~3 MB for a million units), so its
+    probing and updates mostly hit the processor's cache, a table that grows copies 1/16 of the
+    sketch, and each insert is large enough to amortize its Python steps. Same result as one
+    table: a unit lives in one shard.
+
+    A row is referenced by one 64-bit word, its stream's index in :attr:`streams` (the sketch's
+    own numbering, in order of arrival) above its record number (48 bits). A record number
+    outside ``[0, 2^48)`` or more than 65,535 streams turn the sketch *wide* for good: streams
+    and record numbers in two columns (32 bytes a slot). The choice of rows does not depend on
+    the mode: ties are broken on the decoded ``(stream, record)``.
+
+    :meth:`freeze` (the combine's ``compact``, before Beam encodes the sketch) replaces the
+    tables by their held entries sorted by reference (by stream, then record number: the order
+    :class:`KeptRows` wants), table by table so the slots are freed as the entries are
+    gathered. Encoded, a frozen sketch is its unit hashes (8 bytes a unit) and the gaps between
+    its sorted references (2 bytes a unit when kept rows are < 65,536 records apart, else 4 or
+    8); the priorities are left out when the sketch knows the row key (:attr:`key`, set by the
+    combine, never encoded), which recomputes them (one AES block a unit) only if rows are added
+    or sketches merged after decoding. A frozen sketch thaws back into tables when rows come."""
+
+    __slots__ = ("tables", "pending", "queued", "streams", "index", "wide", "frozen", "key",
+                 "inflight")
+
+    def __init__(self, key: bytes | None = None) -> None:
+        self.tables: list = [None] * (1 << _MIN_SHARD_BITS)
+        self.pending: list = [[] for _ in range(1 << _MIN_SHARD_BITS)]
+        self.queued = [0] * (1 << _MIN_SHARD_BITS)
+        self.streams: list[int] = []  # stream index -> stream
+        self.index: dict[int, int] = {}  # stream -> stream index
+        self.wide = False
+        self.frozen = None  # (u, priorities or None, references, streams or None, units)
+        self.key = key  # the row key's AES key (see row_priorities), or None
+        self.inflight: deque = deque()  # C inserts queued or running in the background
+
+    def __getstate__(self):
+        self.freeze()
+        u, p, ref, s, units = self.frozen
+        if not self.wide and isinstance(ref, _Ids):  # sorted references, as their gaps
+            if self.key is not None:
+                p = None  # recomputed from the key if ever needed
+        elif not self.wide:  # references past 2^63 (over 32,767 streams): gaps here
+            gaps = np.diff(ref, prepend=U64(0))
+            top = int(gaps.max()) if gaps.size else 0
+            ref = gaps.astype(np.uint16 if top < 1 << 16 else np.uint32 if top < 1 << 32
+                              else U64)
+            if self.key is not None:
+                p = None  # recomputed from the key if ever needed
+        return self.streams, self.wide, units, u, p, ref, s
+
+    def __setstate__(self, state):
+        self.streams, self.wide, units, u, p, ref, s = state
+        if not self.wide and not isinstance(ref, _Ids):
+            ref = np.cumsum(ref, dtype=U64)
+        self.frozen = (u, p, ref, s, units)
+        self.index = {x: i for i, x in enumerate(self.streams)}
+        self.tables = [None] * (1 << _MIN_SHARD_BITS)
+        self.pending = [[] for _ in range(1 << _MIN_SHARD_BITS)]
+        self.queued = [0] * (1 << _MIN_SHARD_BITS)
+        self.key = None
+        self.inflight = deque()
+
+    def _settle(self, keep: int = 0) -> None:
+        """Wait for the C inserts queued in the background until at most ``keep`` are left
+        (the first error is raised here, after the queue is drained): every method that reads
+        or changes the tables calls this first with ``keep=0``."""
+        error = None
+        while len(self.inflight) > keep:
+            try:
+                self.inflight.popleft().result()
+            except BaseException as exc:  # noqa: BLE001 - raised below, once all have run
+                if error is None:
+                    error = exc
+                keep = 0  # a failed insert: the rest of the queue is waited for too
+        if error is not None:
+            raise error
+
+    @property
+    def units(self) -> int:
+        self._settle()
+        if self.frozen is not None:
+            return self.frozen[4]
+        return sum(t.units for t in self.tables if t is not None)
+
+    def _stream_index(self, stream: int) -> int | None:
+        i = self.index.get(stream)
+        if i is None:
+            if len(self.streams) >= _MAX_STREAMS:
+                return None
+            i = self.index[stream] = len(self.streams)
+            self.streams.append(stream)
+        return i
+
+    def _refs(self, s: np.ndarray, rid: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        """Row references (and streams, in wide mode) of rows of streams ``s`` (one per row, or
+        one for all) and record numbers ``rid``; turns the sketch wide when they do not pack."""
+        s = np.asarray(s, U64).reshape(-1)
+        rid = np.asarray(rid, np.int64)
+        n = rid.size
+        if not self.wide and n:
+            if s.size == 1 or not (s != s[0]).any():
+                code = self._stream_index(int(s[0]))
+                codes = None if code is None else U64(code)
+            else:
+                names, inv = np.unique(s, return_inverse=True)
+                idx = [self._stream_index(int(x)) for x in names.tolist()]
+                codes = None if None in idx else np.array(idx, U64)[inv.reshape(-1)]
+            if codes is not None and int(rid.min()) >= 0 and int(rid.max()) <= int(_REF_MASK):
+                if s.size == 1 and codes == 0:
+                    return rid.view(U64), None
+                return rid.view(U64) | (codes << U64(_REF_BITS)), None
+            self._widen()
+        if not self.wide:
+            return rid.view(U64), None
+        return rid.view(U64), (np.full(n, s[0], U64) if s.size == 1 and n != 1 else s)
+
+    def _widen(self) -> None:
+        self._thaw()
+        self.flush()
+        for t in self.tables:
+            if t is not None:
+                t.widen()
+        self.wide = True
+
+    def add(self, u: np.ndarray, prio: np.ndarray, s: np.ndarray, rid: np.ndarray
+            ) -> int | None:
+        """Queue candidate rows (``s``: each row's stream, or one stream for all). Returns the
+        units to check against the cap when tables took rows (else None): with the C insert,
+        the units the tables held when this batch was queued (see :meth:`_add_native`)."""
+        if self.frozen is not None:
+            self._thaw()
+        ref, sw = self._refs(s, rid)
+        if _NATIVE is not None:
+            return self._add_native(u, prio, ref, sw)
+        shard = (u >> U64(64 - _MIN_SHARD_BITS)).astype(np.uint8)
+        order = np.argsort(shard, kind="stable")  # a radix sort for 8-bit keys
+        ends = np.cumsum(np.bincount(shard, minlength=1 << _MIN_SHARD_BITS)).tolist()
+        cols = (u[order], prio[order], ref[order]) + (() if sw is None else (sw[order],))
+        grew, a = False, 0
+        for k, b in enumerate(ends):
+            if b > a:
+                self.pending[k].append(tuple(c[a:b] for c in cols))
+                self.queued[k] += b - a
+                if self.queued[k] >= _FLUSH:
+                    self._flush(k)
+                    grew = True
+            a = b
+        return self.units if grew else None
+
+    def _add_native(self, u: np.ndarray, prio: np.ndarray, ref: np.ndarray,
+                    sw: np.ndarray | None) -> int:
+        """:meth:`add` by one C call for all the shards: no queues by shard, no sort by shard
+        (the C loop prefetches each row's slot a few rows ahead, which hides the misses the
+        shard queues were there to avoid). Each table first grows, if need be, to take all its
+        rows as new units below 9/10 full, and after the insert when it is more than 3/5 full
+        (as :meth:`_MinTable.add`).
+
+        The batch is queued for the one background thread (the C loop releases the GIL) behind
+        at most ``_QUEUE - 1`` earlier ones, so the reading and hashing of the next batches
+        overlap the inserts (with a single batch in flight, measured at 10^7 rows, the reading
+        thread waited 0.15-0.17 s for them and the inserting thread idled as long). The growing
+        and inserting both run there, in the order the batches came; every other method waits
+        for the whole queue first (:meth:`_settle`). The result is the per-unit minimum, which
+        does not depend on the order anyway. Returns the units the tables held when the batch
+        was queued: the cap is checked against it late by at most ``_QUEUE`` batches (a few
+        hundred thousand units at most), and exactly by every caller that settles
+        (``extract_output``, merges)."""
+        self._settle(keep=_QUEUE - 1)
+        tables = self.tables  # its items are set by the background thread only
+        before = sum(t.units for t in tables if t is not None)
+
+        def insert() -> None:
+            nt = 1 << _MIN_SHARD_BITS
+            counts = np.bincount((u >> U64(64 - _MIN_SHARD_BITS)).astype(np.intp),
+                                 minlength=nt).tolist()
+            for k in range(nt):
+                t = tables[k]
+                if t is None:
+                    t = tables[k] = _MinTable(self.streams, sw is not None)
+                t._thaw()
+                while t.units + counts[k] > _TABLE_FULL * t.size:
+                    t._grow(counts[k])
+            # the streams array (ties) as of now: every stream of this batch is registered
+            got = _native_insert(tables, tables[0]._names(), u, prio, ref, sw)
+            for t, g in zip(tables, got):
+                t.units += g
+                if t.units > _TABLE_LOAD * t.size:
+                    t._grow(0)
+
+        self.inflight.append(_background().submit(insert))
+        return before
+
+    def _flush(self, k: int) -> None:
+        parts = self.pending[k]
+        if not parts:
+            return
+        cols = parts[0] if len(parts) == 1 else \
+            tuple(np.concatenate([p[j] for p in parts]) for j in range(len(parts[0])))
+        self.pending[k], self.queued[k] = [], 0
+        if self.tables[k] is None:
+            self.tables[k] = _MinTable(self.streams, self.wide)
+        self.tables[k].add(*cols)
+
+    def flush(self) -> None:
+        self._settle()
+        for k in range(len(self.tables)):
+            self._flush(k)
+
+    def freeze(self) -> None:
+        """Flush the queues and replace the tables by their held entries, sorted by reference
+        in the narrow mode (see the class)."""
+        self.flush()
+        if self.frozen is not None:
+            return
+        n = self.units
+        keep_p = self.key is None or self.wide
+        u, ref = np.empty(n, U64), np.empty(n, U64)
+        p = np.empty(n, U64) if keep_p else None
+        s = np.empty(n, U64) if self.wide else None
+        at = 0
+        for k, t in enumerate(self.tables):
+            if t is None:
+                continue
+            e = t.entries()
+            m = e[0].size
+            u[at: at + m], ref[at: at + m] = e[0], e[2]
+            if p is not None:
+                p[at: at + m] = e[1]
+            if s is not None:
+                s[at: at + m] = e[3]
+            at += m
+            self.tables[k] = e = t = None  # the table's slots go now
+        if not self.wide and n:
+            bits = max(n - 1, 1).bit_length()
+            if int(ref.max()) < 1 << (63 - bits):  # reference and position in one word
+                packed = np.left_shift(ref.view(np.int64), bits)
+                packed |= np.arange(n, dtype=np.int64)
+                if _NATIVE is not None:  # radix, ~4x numpy's sort at 10^6 (_minsketch.c)
+                    _NATIVE.sort(packed.view(U64))  # non-negative: the same order as int64
+                else:
+                    packed.sort()
+                order = packed & ((1 << bits) - 1)
+                np.right_shift(packed, bits, out=packed)
+                ref = packed.view(U64)
+            else:
+                order = np.argsort(ref, kind="stable")
+                ref = ref[order]
+            u = u[order]
+            if p is not None:
+                p = p[order]
+            if int(ref[-1]) < 1 << 63:  # as gaps (~2 bytes a unit, not 8): see _Ids
+                ref = _Ids(ref.view(np.int64))
+        self.frozen = (u, p, ref, s, n)
+        _trim_heap()
+
+    def _thaw(self) -> None:
+        """A frozen sketch back into tables (priorities recomputed from the key if left out)."""
+        self._settle()
+        if self.frozen is None:
+            return
+        u, p, _, s, _ = self.frozen
+        ref = self._frozen_ref()
+        if p is None:
+            if self.key is None:
+                raise RuntimeError("a decoded bounding sketch without priorities needs its row "
+                                   "key to take more rows")
+            p = np.empty(u.size, U64)
+            cuts = np.searchsorted(ref, np.arange(len(self.streams) + 1, dtype=U64)
+                                   << U64(_REF_BITS)).tolist() + [u.size]
+            for i, name in enumerate(self.streams):
+                lo, hi = cuts[i], cuts[i + 1]
+                if hi > lo:
+                    p[lo:hi] = aes_prf(self.key, ref[lo:hi] & _REF_MASK, U64(name))
+        self.frozen = None
+        shard = (u >> U64(64 - _MIN_SHARD_BITS)).astype(np.uint8)
+        order = np.argsort(shard, kind="stable")
+        ends = np.cumsum(np.bincount(shard, minlength=1 << _MIN_SHARD_BITS)).tolist()
+        a = 0
+        for k, b in enumerate(ends):
+            if b > a:
+                part = order[a:b]
+                t = self.tables[k] = _MinTable(self.streams, self.wide)
+                t.freeze()
+                t.frozen = (u[part], p[part], ref[part], None if s is None else s[part])
+                t.units = b - a
+            a = b
+
+    def _decoded(self, t: _MinTable | None = None) -> tuple:
+        """A table's entries (the frozen sketch's when ``t`` is None) as (unit hashes,
+        priorities, streams, record numbers)."""
+        u, p, ref, s = t.entries() if t is not None else \
+            self.frozen[:2] + (self._frozen_ref(),) + self.frozen[3:4]
+        if s is not None:
+            return u, p, s, ref.view(np.int64)
+        names = np.array(self.streams + [0], U64)
+        return u, p, names[(ref >> U64(_REF_BITS)).astype(np.int64)], \
+            (ref & _REF_MASK).view(np.int64)
+
+    def _frozen_ref(self) -> np.ndarray:
+        """The frozen sketch's sorted references as one array (decoded from gaps if held so)."""
+        ref = self.frozen[2]
+        return ref.decode().view(U64) if isinstance(ref, _Ids) else ref
+
+    def merge(self, other: "_MinSketch") -> None:
+        other._thaw()
+        other.flush()
+        for t in other.tables:
+            if t is not None:
+                self.add(*other._decoded(t))
+        self.flush()
+
+    def kept(self) -> dict:
+        """The kept rows: {"u": unit hashes, "s": streams, "rid": record numbers}."""
+        self.flush()
+        parts = [self._decoded()] if self.frozen is not None else \
+            [self._decoded(t) for t in self.tables if t is not None]
+        if not parts:
+            return {"u": np.empty(0, U64), "s": np.empty(0, U64), "rid": np.empty(0, np.int64)}
+        return {f: np.concatenate([p[j] for p in parts]) for j, f in ((0, "u"), (2, "s"),
+                                                                      (3, "rid"))}
+
+    def kept_rows(self) -> "KeptRows":
+        """The kept rows as :class:`KeptRows`, sharing the frozen sketch's arrays: its
+        references sort by stream index, then record number, so each stream's record numbers
+        are a slice of them (the first stream's as they are, the others' less their index)."""
+        self.freeze()
+        if self.wide:
+            return KeptRows.of(self.kept(), self.units, False)
+        u, _, ref, _, units = self.frozen
+        if isinstance(ref, _Ids):  # each stream's record numbers: a range of the gaps
+            n = ref.n
+            cuts = [ref.position(i << _REF_BITS) for i in range(len(self.streams))] + [n]
+            streams = {}
+            for i, name in enumerate(self.streams):
+                lo, hi = cuts[i], cuts[i + 1]
+                if hi > lo:
+                    off = i << _REF_BITS
+                    ids = ref if (lo, hi, off) == (0, n, 0) else \
+                        _Ids(ref.ids[lo:hi] - off) if ref.ids is not None else \
+                        _Ids.of_chunks((c - off for c in ref.chunks(lo, hi)), hi - lo,
+                                       ref.gaps.dtype)
+                    streams[name] = (ids, u[lo:hi], None)
+            return KeptRows(streams, units, n)
+        cuts = np.searchsorted(ref, np.arange(len(self.streams) + 1, dtype=U64)
+                               << U64(_REF_BITS)).tolist() + [ref.size]
+        streams = {}
+        for i, name in enumerate(self.streams):
+            lo, hi = cuts[i], cuts[i + 1]
+            if hi > lo:
+                seg = ref[lo:hi] if i == 0 else ref[lo:hi] - U64(i << _REF_BITS)
+                streams[name] = (seg.view(np.int64), u[lo:hi], None)
+        return KeptRows(streams, units, int(ref.size))
+
+
+_MARK = 1024  # kept record numbers per absolute mark in _Ids
+
+
+class _Ids:
+    """A sorted run of distinct record numbers (int64), held as the gaps between them in the
+    narrowest unsigned integers that hold them (2 bytes each when kept rows are < 65,536
+    records apart) plus every 1,024th number whole, so a range is decoded on its own
+    (:meth:`span`, :meth:`chunks`) and the whole run never needs to be: ~2 bytes a kept row in
+    memory and encoded, not 8. Gaps of 2^32 or more keep the numbers whole."""
+
+    __slots__ = ("n", "marks", "gaps", "ids")
+    STEP = 1 << 16  # numbers decoded or encoded at a time: no whole-run temporary
+
+    def __init__(self, rid: np.ndarray | None = None) -> None:
+        rid = np.empty(0, np.int64) if rid is None else np.asarray(rid, np.int64)
+        n, step = int(rid.size), self.STEP
+        top = max((int(np.diff(rid[a:a + step + 1]).max()) for a in range(0, n - 1, step)),
+                  default=0)
+        if top >= 1 << 32:
+            self.n, self.marks, self.gaps, self.ids = n, None, None, rid
+            return
+        self._fill((rid[a:a + step] for a in range(0, n, step)), n,
+                   np.uint16 if top < 1 << 16 else np.uint32)
+
+    @classmethod
+    def of_chunks(cls, chunks, n: int, dtype: Any) -> "_Ids":
+        """From the run's numbers in increasing chunks (``n`` in all), gaps of ``dtype``."""
+        out = cls.__new__(cls)
+        out._fill(chunks, n, dtype)
+        return out
+
+    def _fill(self, chunks, n: int, dtype: Any) -> None:
+        gaps = np.empty(n, dtype)
+        marks = np.empty(-(-n // _MARK), np.int64)
+        at, prev = 0, None
+        for c in chunks:
+            k = int(c.size)
+            if k == 0:
+                continue
+            gaps[at] = 0 if prev is None else int(c[0]) - prev
+            gaps[at + 1:at + k] = np.diff(c)
+            first = -(-at // _MARK)  # the marks in [at, at + k)
+            marks[first:-(-(at + k) // _MARK)] = c[first * _MARK - at::_MARK]
+            at, prev = at + k, int(c[-1])
+        if at != n:
+            raise ValueError(f"_Ids: {at} numbers, {n} announced")
+        self.n, self.marks, self.gaps, self.ids = n, marks, gaps, None
+
+    def __getstate__(self):
+        return self.n, self.marks, self.gaps, self.ids
+
+    def __setstate__(self, state):
+        self.n, self.marks, self.gaps, self.ids = state
+
+    @property
+    def nbytes(self) -> int:
+        return sum(int(x.nbytes) for x in (self.marks, self.gaps, self.ids) if x is not None)
+
+    def span(self, lo: int, hi: int) -> tuple[int, np.ndarray]:
+        """The numbers in ``[lo, hi]``: (index of the first, the numbers)."""
+        if self.ids is not None:
+            a = int(np.searchsorted(self.ids, lo, side="left"))
+            b = int(np.searchsorted(self.ids, hi, side="right"))
+            return a, self.ids[a:b]
+        if self.n == 0:
+            return 0, np.empty(0, np.int64)
+        i = max(int(np.searchsorted(self.marks, lo, side="right")) - 1, 0)
+        j = int(np.searchsorted(self.marks, hi, side="right"))
+        a0, b0 = i * _MARK, min(j * _MARK, self.n)
+        if b0 <= a0:  # the range ends before the first number
+            return 0, np.empty(0, np.int64)
+        vals = self._decode(a0, b0)
+        a = int(np.searchsorted(vals, lo, side="left"))
+        b = int(np.searchsorted(vals, hi, side="right"))
+        return a0 + a, vals[a:b]
+
+    def chunks(self, a: int, b: int):
+        """The numbers at positions ``[a, b)``, decoded a slice at a time."""
+        for x in range(a, b, self.STEP):
+            y = min(b, x + self.STEP)
+            if self.ids is not None:
+                yield self.ids[x:y]
+                continue
+            start = x - x % _MARK
+            yield self._decode(start, y)[x - start:]
+
+    def position(self, v: int) -> int:
+        """How many numbers are below ``v``."""
+        if self.ids is not None:
+            return int(np.searchsorted(self.ids, v, side="left"))
+        i = int(np.searchsorted(self.marks, v, side="right")) - 1
+        if i < 0:
+            return 0
+        a0 = i * _MARK
+        return a0 + int(np.searchsorted(self._decode(a0, min(a0 + _MARK, self.n)), v,
+                                        side="left"))
+
+    def _decode(self, a: int, b: int) -> np.ndarray:
+        """The numbers at positions ``[a, b)``, ``a`` a multiple of 1,024 (a mark): the mark,
+        then the running sum of the gaps after it."""
+        g = self.gaps[a:b].astype(np.int64)
+        g[0] = self.marks[a // _MARK]
+        return np.cumsum(g, out=g)
+
+    def decode(self) -> np.ndarray:
+        """All the numbers (int64)."""
+        if self.ids is not None:
+            return self.ids
+        parts = list(self.chunks(0, self.n))
+        return parts[0] if len(parts) == 1 else np.concatenate(parts) if parts else \
+            np.empty(0, np.int64)
+
+
+def unit_fingerprint(u: np.ndarray) -> np.ndarray:
+    """The top 32 bits of keyed unit hashes: what :class:`KeptRows` keeps to check that a kept
+    row still belongs to its unit in the second read (a row whose unit changed between the
+    reads goes unnoticed with probability 2^-32)."""
+    return (np.asarray(u, U64) >> U64(32)).astype(np.uint32)
+
+
+class KeptRows:
+    """The first pass's result: per stream, the kept record numbers (sorted, as :class:`_Ids`:
+    ~2 bytes a row) with their units' fingerprints (:func:`unit_fingerprint`, 4 bytes) and
+    partitions (None for one partition), and how many units and rows it holds. Built from
+    ``{stream: (record numbers int64 sorted, unit hashes, partitions or None)}``."""
+
+    def __init__(self, streams: dict | None = None, units: int = 0, rows: int = 0) -> None:
+        self.streams = {name: (rid if isinstance(rid, _Ids) else _Ids(rid),
+                               unit_fingerprint(u), p)
+                        for name, (rid, u, p) in (streams or {}).items()}
+        self.units, self.rows = units, rows
+
+    # Encoded (a side input) as it is held: the gaps, the fingerprints, the partitions.
+    def __getstate__(self):
+        return self.streams, self.units, self.rows
+
+    def __setstate__(self, state):
+        self.streams, self.units, self.rows = state
+
+    @property
+    def nbytes(self) -> int:
+        return sum(ids.nbytes + int(fp.nbytes) + (0 if p is None else int(p.nbytes))
+                   for ids, fp, p in self.streams.values())
+
+    def stream(self, name: int) -> tuple[np.ndarray, np.ndarray, Any]:
+        """One stream's kept rows decoded: (record numbers, unit fingerprints, partitions)."""
+        ids, fp, p = self.streams[name]
+        return ids.decode(), fp, p
+
+    @classmethod
+    def of(cls, c: dict, units: int, partitioned: bool) -> "KeptRows":
+        s = c["s"]
+        names = np.unique(s)
+        if names.size <= 16:  # few streams (files): a pass each
+            groups = [np.flatnonzero(s == x) for x in names] if names.size > 1 else \
+                [np.arange(s.size)]
+        else:
+            order = np.argsort(s, kind="stable")
+            groups = np.split(order, np.flatnonzero(np.diff(s[order])) + 1)
+        streams = {}
+        for idx in (groups if s.size else []):
+            idx = idx[_order_of(c["rid"][idx])]
+            streams[int(s[idx[0]])] = (c["rid"][idx], c["u"][idx],
+                                       c["p"][idx] if partitioned else None)
+        return cls(streams, units, int(s.size))
+
+    def lookup(self, stream: int, ids: np.ndarray) -> tuple[np.ndarray, Any]:
+        """For rows with record numbers ``ids`` (increasing) of ``stream``: which are kept,
+        and the kept entries ``(unit fingerprints, partitions)`` of those rows, in the same
+        order."""
+        hit = np.zeros(ids.size, bool)
+        entry = self.streams.get(int(stream) & _MASK64)
+        if entry is None or ids.size == 0:
+            return hit, None
+        seq, u, p = entry
+        lo, rid = seq.span(int(ids[0]), int(ids[-1]))
+        u = u[lo:lo + rid.size]
+        p = p[lo:lo + rid.size] if p is not None else None
+        if rid.size == 0:
+            return hit, None
+        if ids[-1] - ids[0] + 1 == ids.size:  # consecutive records: positions by subtraction
+            pos = rid - ids[0]
+            found = np.ones(rid.size, bool)
+        else:
+            pos = np.minimum(np.searchsorted(ids, rid), ids.size - 1)
+            found = ids[pos] == rid
+        hit[pos[found]] = True
+        return hit, (u[found], None if p is None else p[found])
+
+    def __repr__(self) -> str:
+        return f"KeptRows({self.rows:,} rows of {self.units:,} units, " \
+               f"{len(self.streams)} streams)"
+
+
+__all__ = ["DEFAULT_MAX_UNITS", "KeptRows", "MISSING_UNIT_REASON", "UNITS_CAP", "UNITS_ENV",
+           "UnitLimitError", "aes_prf", "check_bound", "hash_units", "reduce_candidates",
+           "row_priorities", "shard_of", "siphash_text", "siphash_words", "unit_column",
+           "unit_fingerprint", "units_cap"]
