@@ -69,6 +69,7 @@ import numpy as np
 
 from .core import Mechanism
 from .errors import InvalidRecordsError, ParameterError
+from .jsonio import encoder
 
 #: the key of the mechanism metadata in a reports schema (``ldp_beam.transforms.batches``
 #: writes it; repeated here so that the client does not import the Beam layer)
@@ -78,7 +79,7 @@ MAX_MESSAGE_BYTES = 900_000  # a batched message's data, at most (Pub/Sub's limi
 # collector's 1 MiB: a message larger than that is dead-lettered there)
 SEQ_BLOCK = 1 << 16  # sequence numbers reserved per durable write (a restart skips the rest)
 _TOPIC = re.compile(r"^projects/([^/]+)/topics/([^/]+)$")
-_ENCODE = json.JSONEncoder(separators=(",", ":")).encode
+_ENCODE = encoder(compact=True, sort_keys=False)  # NaN: _json_value refuses it first
 
 
 class PublishError(RuntimeError):

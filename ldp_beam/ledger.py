@@ -118,6 +118,7 @@ from typing import Any, Iterable, Iterator, Mapping, Sequence
 from urllib.parse import urlsplit, urlunsplit
 
 from .errors import LdpBeamError, ParameterError
+from .jsonio import dumps
 
 SCHEMA_VERSION = 2
 DEFAULT_TIMEOUT = 5.0  # seconds: to connect, and to wait for a lock held by another run
@@ -208,18 +209,8 @@ def _now() -> str:
 
 
 def _dumps(x: Any, sort_keys: bool = True) -> str | None:
-    return None if x is None else json.dumps(x, sort_keys=sort_keys, separators=(",", ":"),
-                                              default=_json_default)
-
-
-def _json_default(x: Any) -> Any:
-    if hasattr(x, "item"):
-        return x.item()
-    if hasattr(x, "tolist"):
-        return x.tolist()
-    if isinstance(x, (set, frozenset)):
-        return sorted(x)
-    return str(x)
+    """Compact JSON, NaN as a token (request keys hash these bytes: see :mod:`.jsonio`)."""
+    return None if x is None else dumps(x, compact=True, sort_keys=sort_keys)
 
 
 def _loads(x: str | None) -> Any:

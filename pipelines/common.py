@@ -13,6 +13,9 @@ import apache_beam as beam
 from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import PipelineOptions
 
+# write_json: the name stream.py and pubsub_stream.py import from here
+from ldp_beam.jsonio import json_line, write_json_atomic as write_json  # noqa: F401
+
 from .outputs import RunFailed
 
 DASK_RUNNER = "apache_beam.runners.dask.dask_runner.DaskRunner"
@@ -419,25 +422,6 @@ def counters(result: Any, namespace: str = "ldp_beam") -> dict[str, int]:
     return out
 
 
-def write_json(path: str, obj: Any) -> None:
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = path + ".tmp"
-    with open(tmp, "w") as fh:
-        json.dump(obj, fh, indent=2, default=_default, sort_keys=False)
-        fh.write("\n")
-    os.replace(tmp, path)
-
-
-def _default(x: Any) -> Any:
-    if hasattr(x, "item"):
-        return x.item()
-    if hasattr(x, "tolist"):
-        return x.tolist()
-    if isinstance(x, tuple):
-        return list(x)
-    return str(x)
-
-
 def say(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
@@ -516,10 +500,10 @@ class WriteOneLine:
         self.path = path
 
     def __call__(self, obj: Any) -> str:
-        from ldp_beam.transforms.io import fs_open, to_json_line
+        from ldp_beam.transforms.io import fs_open
 
         with fs_open(self.path, "w") as fh:
-            fh.write(to_json_line(obj).encode("utf-8") + b"\n")
+            fh.write(json_line(obj).encode("utf-8") + b"\n")
         return self.path
 
 

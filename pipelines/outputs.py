@@ -69,6 +69,7 @@ import time
 from typing import Any, Iterable, Mapping, Sequence
 
 from ldp_beam.errors import LdpBeamError
+from ldp_beam.jsonio import json_bytes
 
 STAGING_PREFIX = ".ldp-beam-staging-"
 OWNER_FILE = "OWNER"
@@ -194,10 +195,6 @@ def _unlink_quiet(path: str) -> None:
         os.unlink(path)
     except OSError:
         pass
-
-
-def json_bytes(obj: Any) -> bytes:
-    return (json.dumps(obj, indent=2, default=_default) + "\n").encode()
 
 
 def read_json_lines(path: str, flags: Sequence[str] = ()) -> list[dict]:
@@ -1014,16 +1011,6 @@ def _partial(dst: str):
     except BaseException:
         _unlink_quiet(tmp)
         raise
-
-
-def _default(x: Any) -> Any:
-    if hasattr(x, "item"):
-        return x.item()
-    if hasattr(x, "tolist"):
-        return x.tolist()
-    if isinstance(x, tuple):
-        return list(x)
-    return str(x)
 
 
 def read_manifest(path: str, flags: Sequence[str] = ()) -> dict:

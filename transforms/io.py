@@ -99,9 +99,7 @@ from __future__ import annotations
 import copy
 import csv
 import glob
-import json
 import logging
-import math
 import os
 import re
 from dataclasses import dataclass, fields as dc_fields
@@ -115,6 +113,7 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from ldp_beam.errors import LdpBeamError, ParameterError
+from ldp_beam.jsonio import json_line as to_json_line  # also imported by windowed.py
 from ldp_beam.rng import stream_id
 
 from .batches import KeyedBatch
@@ -1676,36 +1675,6 @@ def join_text_parts(parts: Sequence[str], path: str) -> str:
                 shutil.copyfileobj(fh, out, 1 << 22)
 
     return _join_parts(parts, path, stream)
-
-
-def _json_default(x: Any) -> Any:
-    if hasattr(x, "item"):
-        return x.item()
-    if hasattr(x, "tolist"):
-        return x.tolist()
-    if isinstance(x, (bytes, bytearray)):
-        return x.decode("utf-8", "replace")
-    return str(x)
-
-
-def _strict(x: Any) -> Any:
-    """NaN and infinities (e.g. a missing value in a dead-lettered record) become null, so every
-    line is standard JSON."""
-    if isinstance(x, float):
-        return x if math.isfinite(x) else None
-    if isinstance(x, dict):
-        return {k: _strict(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_strict(v) for v in x]
-    if hasattr(x, "item") and getattr(x, "ndim", 1) == 0:
-        return _strict(x.item())
-    if hasattr(x, "tolist"):
-        return _strict(x.tolist())
-    return x
-
-
-def to_json_line(obj: Any) -> str:
-    return json.dumps(_strict(obj), default=_json_default, sort_keys=True, allow_nan=False)
 
 
 class WriteJsonLines(beam.PTransform):

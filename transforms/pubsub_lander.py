@@ -119,6 +119,7 @@ from datetime import datetime, timezone
 from typing import Any, Callable
 
 from ldp_beam.client import iso_micros
+from ldp_beam.jsonio import dumps, encoder
 from ldp_beam.transforms.spool import MAX_LINE_BYTES, SUFFIX, event_micros
 
 LANDER_DIR = ".lander"
@@ -572,7 +573,7 @@ class Lander:
             self._land(new)
         if dead:
             with open(self.dead_letter_path, "ab") as fh:
-                fh.write(b"".join(json.dumps(d, ensure_ascii=False).encode() + b"\n"
+                fh.write(b"".join(dumps(d, sort_keys=False, ensure_ascii=False).encode() + b"\n"
                                   for d in dead))
                 fh.flush()
                 os.fsync(fh.fileno())
@@ -668,7 +669,8 @@ class Lander:
         return {r for (r,) in self._db.execute("SELECT report_id FROM landed")}
 
 
-_dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+# a record re-encoded as it came: its field order, its text, a NaN json.loads accepted
+_dumps = encoder(compact=True, sort_keys=False, ensure_ascii=False)
 
 
 def _raw(resp: Any) -> list:
