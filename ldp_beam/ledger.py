@@ -90,9 +90,10 @@ per-record one): conservative, never an under-count.
 
 Per-unit spending (streams)
 ---------------------------
-:meth:`Ledger.admit_units` records one row per (dataset name, unit, window) in a batch and refuses
-units whose cumulative epsilon would pass a cap; unit values are stored only as keyed hashes
-(:meth:`Ledger.unit_hash`, keyed by a random salt kept in the ledger).
+A stream keeps its units' spending in its own state, ``OUT/units.sqlite``
+(:class:`ldp_beam.longitudinal.UnitState`: one spend store, beside the key of its unit hashes).
+The ledger's ``ldp_beam_unit_spend`` table and ``unit_salt`` remain in the schema only so that
+ledgers written by earlier versions keep their rows through the migration; nothing writes them.
 
 The ledger runs on the launcher (the trusted side), never inside a Beam worker, and this module
 imports no Beam.
@@ -427,25 +428,6 @@ def _table_url(input: str) -> str:
     query = "&".join(f"{k}={v}" for k, v in sorted(parse_qsl(parts.query)))
     return f"{parts.scheme.lower()}://{parts.netloc}{parts.path}" + (f"?{query}" if query
                                                                      else "")
-
-
-def stream_identity(name: str, dataset: str | None = None) -> dict:
-    """The identity of an unbounded source (a spool folder, a subscription): ``{"dataset",
-    "uri", "fingerprint", "files", "bytes"}``, from its name, since its content is not known in
-    advance. ``dataset`` (the ``--dataset`` name; default: its location, the real path of a
-    folder, a URL without credentials, a subscription's name as given) is what per-unit spending
-    (:meth:`Ledger.admit_units`) is kept against."""
-    if not isinstance(name, str) or not name:
-        raise ParameterError("stream", name, "the name of a spool folder or subscription")
-    if "://" in name:
-        uri = _url_location(name, "stream")
-    elif name.startswith("projects/"):  # a Pub/Sub subscription or topic, not a path
-        uri = name
-    else:
-        uri = os.path.realpath(name)
-    return {"dataset": uri if dataset is None else check_dataset_name(dataset), "uri": uri,
-            "fingerprint": "stream:" + hashlib.sha256(uri.encode()).hexdigest(),
-            "files": None, "bytes": None}
 
 
 def _hash_stream(read) -> tuple[int, str]:
@@ -1132,15 +1114,6 @@ class _Postgres:
 
 
 # ----------------------------------------------------------------------------------- ledger
-@dataclass(frozen=True)
-class UnitAdmission:
-    """Which units a stream window may use: ``admitted`` (their spend recorded, or already
-    recorded for this window), ``refused`` (unit hash -> epsilon already spent, over the cap)."""
-
-    admitted: list
-    refused: dict
-
-
 class Reservation:
     """A pending ledger entry (see :meth:`Ledger.reserve`).
 
@@ -1233,7 +1206,6 @@ class Ledger:
         self._db = backend
         self.url = redact(url)
         self._lock = threading.RLock()
-        self._salt: bytes | None = None
         self.ledger_id: str | None = None
         self._file_id: tuple[int, int] | None = None
         self.opened = _now()
@@ -1910,69 +1882,6 @@ class Ledger:
                         "budget_changes": changes.get(name, [])})
         return out
 
-    # ------------------------------------------------------------------ per-unit (streams)
-    def unit_hash(self, value: Any) -> str:
-        """A unit value as the ledger stores it: a keyed BLAKE2b hash (the key is a random salt
-        kept in the ledger), never the value itself."""
-        if self._salt is None:
-            with self._tx(write=False) as tx:
-                row = tx.one("SELECT value FROM ldp_beam_meta WHERE key = 'unit_salt'")
-            self._salt = bytes.fromhex(row[0])
-        return hashlib.blake2b(str(value).encode(), key=self._salt, digest_size=16).hexdigest()
-
-    def admit_units(self, dataset: Mapping[str, Any], window: str, units: Iterable[str],
-                    epsilon: float, cap: float, run_id: str) -> UnitAdmission:
-        """For one window of a stream (``dataset``: its name or :func:`stream_identity`; the
-        spending is kept against the name): record that each unit (a :meth:`unit_hash`) spends
-        ``epsilon`` in ``window``, unless its cumulative spending would pass ``cap`` (then it is
-        refused and nothing is recorded for it). A unit already recorded for this window is
-        admitted again without spending twice (a re-fired or re-run window). Pure-epsilon sums
-        (per-unit stream reports are epsilon-LDP); one batched transaction per call."""
-        epsilon, _ = _check_eps_delta(epsilon, 0.0)
-        if isinstance(cap, bool) or not isinstance(cap, (int, float)) or not cap >= 0:
-            raise ParameterError("unit cap", cap, "an epsilon >= 0")
-        name = _name_of(dataset)
-        units = sorted(set(units))
-        window = str(window)
-        admitted, refused, new = [], {}, []
-        with self._locked(name) as tx:
-            spent, already = {}, set()
-            among, arg = tx.among(units)
-            for u, total, here in tx.all(
-                    "SELECT unit_hash, SUM(epsilon), MAX(CASE WHEN window_id = ? THEN 1 ELSE 0 "
-                    "END) FROM ldp_beam_unit_spend WHERE dataset = ? AND unit_hash IN "
-                    f"{among} GROUP BY unit_hash", (window, name, arg)):
-                spent[u] = float(total)
-                if here:
-                    already.add(u)
-            for u in units:
-                if u in already:
-                    admitted.append(u)
-                elif spent.get(u, 0.0) + epsilon <= cap * (1 + BUDGET_TOLERANCE) + 1e-12:
-                    admitted.append(u)
-                    new.append(u)
-                else:
-                    refused[u] = spent.get(u, 0.0)
-            now = _now()
-            tx.executemany("INSERT INTO ldp_beam_unit_spend (dataset, unit_hash, window_id, "
-                           "epsilon, run_id, recorded) VALUES (?, ?, ?, ?, ?, ?)",
-                           [(name, u, window, epsilon, run_id, now) for u in new])
-        return UnitAdmission(admitted, refused)
-
-    def unit_spent(self, dataset: str, units: Iterable[str] | None = None) -> dict[str, float]:
-        """Cumulative epsilon per unit hash of a stream (its dataset name, or
-        :func:`stream_identity`; all its units if ``units`` is None)."""
-        name = _name_of(dataset)
-        with self._tx(write=False) as tx:
-            return self._unit_spent(tx, name, None if units is None else sorted(set(units)))
-
-    def _unit_spent(self, tx: _Tx, name: str, units: list[str] | None) -> dict[str, float]:
-        base = ("SELECT unit_hash, SUM(epsilon) FROM ldp_beam_unit_spend WHERE dataset = ?")
-        if units is None:
-            return {u: float(s) for u, s in tx.all(base + " GROUP BY unit_hash", (name,))}
-        among, arg = tx.among(units)
-        return {u: float(t) for u, t in tx.all(base + f" AND unit_hash IN {among} GROUP BY "
-                                                "unit_hash", (name, arg))}
 
 
 def _remaining(b_eps: float | None, total: Spent) -> float | None:
@@ -2082,7 +1991,7 @@ def open_ledger(url: str | None = None, timeout: float = DEFAULT_TIMEOUT,
 
 
 __all__ = ["BudgetExceeded", "Ledger", "LedgerError", "LedgerNotFound", "LedgerUnavailable",
-           "Reservation", "Spent", "UnitAdmission", "canonical_location", "check_dataset_name",
+           "Reservation", "Spent", "canonical_location", "check_dataset_name",
            "compose", "dataset_identity", "default_url", "open_ledger", "redact",
-           "release_request", "request_key", "stream_identity", "check_accounting",
+           "release_request", "request_key", "check_accounting",
            "DATASET_NAME_MAX", "RAISE_HINT", "SCHEMA_VERSION"]

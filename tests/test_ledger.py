@@ -25,7 +25,7 @@ import pytest
 
 from ldp_beam.errors import ParameterError
 from ldp_beam.ledger import (BudgetExceeded, Ledger, LedgerError, LedgerUnavailable, compose,
-                             dataset_identity, default_url, release_request, stream_identity)
+                             dataset_identity, default_url, release_request)
 
 _spec = importlib.util.spec_from_file_location(
     "ldp_beam_postgres_server", Path(__file__).with_name("postgres_server.py"))
@@ -552,31 +552,6 @@ def test_fingerprint_of_csv_folders_and_globs(tmp_path):
     assert dataset_identity(str(e))["fingerprint"] != whole["fingerprint"]
     with pytest.raises(ParameterError, match="--input"):
         dataset_identity(str(tmp_path / "nothing*.csv"))
-    s = stream_identity(str(tmp_path / "spool"))
-    assert s["fingerprint"].startswith("stream:") and s == stream_identity(str(tmp_path / "spool"))
-
-
-# ------------------------------------------------------------------------- per-unit spend
-def test_stream_units_are_capped_per_unit(ledger_url, tmp_path):
-    ds = stream_identity(str(tmp_path / "spool"))
-    with Ledger.open(ledger_url) as led:
-        units = [led.unit_hash(f"user-{i}") for i in range(5000)]
-        assert led.unit_hash("user-1") == units[1] and "user-1" not in units[1]
-        t0 = time.perf_counter()
-        a = led.admit_units(ds, "2026-01-01T00:00", units, 1.0, cap=2.5, run_id="s1")
-        batch = time.perf_counter() - t0
-        assert len(a.admitted) == 5000 and not a.refused
-        again = led.admit_units(ds, "2026-01-01T00:00", units[:10], 1.0, cap=2.5, run_id="s1")
-        assert len(again.admitted) == 10  # the same window re-fired: not spent twice
-        led.admit_units(ds, "2026-01-01T00:01", units[:100], 1.0, cap=2.5, run_id="s1")
-        third = led.admit_units(ds, "2026-01-01T00:02", units[:200], 1.0, cap=2.5, run_id="s1")
-        assert sorted(third.refused) == sorted(units[:100])  # 2 + 1 > 2.5
-        assert set(third.refused.values()) == {2.0}
-        assert sorted(third.admitted) == sorted(units[100:200])
-        spent = led.unit_spent(ds["dataset"], units[:3] + units[150:151])
-        assert spent == {units[0]: 2.0, units[1]: 2.0, units[2]: 2.0, units[150]: 2.0}
-        assert len(led.unit_spent(ds["dataset"])) == 5000
-    assert batch < 10, batch  # one batched transaction, not a round trip per unit
 
 
 # ---------------------------------------------------------------------------- the command
