@@ -307,7 +307,7 @@ class _CountLive(beam.DoFn):
 def _read_tables(p: beam.Pipeline) -> list:
     """(ReadTable transform, its read step's output) of every ReadTable in the pipeline."""
     from apache_beam.pipeline import PipelineVisitor
-    from ldp_beam.transforms.io import ReadTable
+    from ldp_beam.transforms.read import ReadTable
 
     found: list = []
 

@@ -29,6 +29,15 @@ from ldp_beam.core import Mechanism
 SCHEMA_KEY = b"ldp_beam"
 
 
+@dataclass(frozen=True)
+class EstimateFailure:
+    """What ``EstimatorCombineFn(on_empty="report")`` emits when no estimate is possible."""
+
+    mechanism: str
+    n_reports: int
+    reason: str
+
+
 @dataclass(frozen=True, eq=False)
 class KeyedBatch:
     """Rows of one stream with their identities: row ``i`` of ``table`` is record ``offset + i``

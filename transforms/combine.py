@@ -6,7 +6,6 @@ untrusted clients) to a dead-letter output before they reach the accumulator.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Mapping
 
 import apache_beam as beam
@@ -17,18 +16,9 @@ from apache_beam.metrics import Metrics
 from ldp_beam.core import CountEstimator, Estimator, Reasons
 from ldp_beam.errors import EmptyAccumulatorError
 
-from .batches import (KeyedBatch, check_report_field, get_column, is_batch, num_rows,
-                      report_columns, report_field_columns, row_dict, take)
+from .batches import (EstimateFailure, KeyedBatch, check_report_field, get_column, is_batch,
+                      num_rows, report_columns, report_field_columns, row_dict, take)
 from .perturb import clipped_record as _clipped, dead_letter, split_dead_letters
-
-
-@dataclass(frozen=True)
-class EstimateFailure:
-    """What ``EstimatorCombineFn(on_empty="report")`` emits when no estimate is possible."""
-
-    mechanism: str
-    n_reports: int
-    reason: str
 
 
 class EstimatorCombineFn(beam.CombineFn):

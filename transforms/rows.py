@@ -21,7 +21,9 @@ import numpy as np
 import pyarrow as pa
 from apache_beam.typehints.row_type import RowTypeConstraint
 
-from ldp_beam.core import Mechanism
+from ldp_beam.core import Estimate, Mechanism
+
+from .batches import EstimateFailure
 
 
 def is_named_row(element: Any) -> bool:
@@ -161,9 +163,6 @@ def _num(x: Any) -> float | None:
 
 def estimate_rows(element: Any) -> list[beam.Row]:
     """One estimate (or ``(key, estimate)``) -> its rows (see :class:`EstimatesAsRows`)."""
-    from ldp_beam.core import Estimate
-    from .combine import EstimateFailure
-
     key = None
     if isinstance(element, tuple) and len(element) == 2 and \
             not isinstance(element, (Estimate, EstimateFailure)):

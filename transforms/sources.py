@@ -1,5 +1,5 @@
 """Warehouse tables as sources: DuckDB, PostgreSQL and Apache Iceberg, read as Arrow record
-batches into the same batch path as files (:class:`~ldp_beam.transforms.io.ReadTable` takes
+batches into the same batch path as files (:class:`~ldp_beam.transforms.read.ReadTable` takes
 their URLs).
 
 URLs
