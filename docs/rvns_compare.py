@@ -22,7 +22,7 @@ import time
 import numpy as np
 
 from ldp_beam.estimators.density import wasserstein_grid
-from ldp_beam.evaluation.datasets import chi2_truncated
+from ldp_beam.reproduce.datasets import chi2_truncated
 from ldp_beam.estimators.rvns import RVNSEstimator
 from ldp_beam.mechanisms.rvns import RVNS
 

@@ -11,7 +11,7 @@ What shows (all on stderr):
 
 The command line switches pipeline progress on with :func:`configure` (``enabled=True``); the
 Python API stays silent unless asked, so library users and embedding code see no output they did
-not request. :class:`~ldp_beam.evaluation.records.Progress` (``reproduce``, ``audit``, ``bench``)
+not request. :class:`~ldp_beam.pipelines.records.Progress` (``reproduce``, ``audit``, ``bench``)
 reads ``quiet`` from here too.
 
 tqdm is imported only when a bar is drawn (``import ldp_beam`` stays light).

@@ -58,7 +58,7 @@ import threading
 import time
 from typing import Any
 
-from ldp_beam.evaluation.records import make_record
+from ldp_beam.pipelines.records import make_record
 
 _CHILD = r'''
 import json, resource, sys, time

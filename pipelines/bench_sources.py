@@ -40,7 +40,7 @@ import tempfile
 import time
 from typing import Iterator
 
-from ldp_beam.evaluation.records import make_record
+from ldp_beam.pipelines.records import make_record
 
 from .postgres_server import PostgresServer, PostgresStartError, free_port, missing
 

@@ -631,8 +631,8 @@ def cmd_bench(a: argparse.Namespace) -> int:
             records = json.load(fh)
         total = next((r["bench_seconds"] for r in records if "bench_seconds" in r), None)
     else:
-        from ldp_beam.evaluation import bench
-        from ldp_beam.evaluation.records import Progress
+        from . import bench_core as bench
+        from .records import Progress
 
         t0 = time.perf_counter()
         prog = Progress("bench")
@@ -675,8 +675,9 @@ def cmd_bench(a: argparse.Namespace) -> int:
 
 def cmd_audit(a: argparse.Namespace) -> int:
     """Exit 0 when every audited claim is consistent, 1 when one is violated."""
-    from ldp_beam.evaluation import audit_recipe
-    from ldp_beam.evaluation.records import Progress
+    from ldp_beam.reproduce import audit_recipe
+
+    from .records import Progress
 
     records = audit_recipe.run(quick=a.quick, progress=Progress("audit"), seed=a.seed,
                                only=a.only)
@@ -699,7 +700,7 @@ def cmd_audit(a: argparse.Namespace) -> int:
 def _write_reproduction(out: str, families: list[str], readme: str | None) -> None:
     """Write ``out/report.md`` and, with ``readme``, that README's results block, both from the
     outputs in ``out/FAMILY/`` (each family's run, quick or full and its seed, from its records)."""
-    from ldp_beam.evaluation.report import results_section, update_readme, write_report
+    from ldp_beam.reproduce.report import results_section, update_readme, write_report
 
     path = write_report(out, families)
     print(f"ldp-beam reproduce: report written to {path}", file=sys.stderr)
@@ -716,18 +717,22 @@ def cmd_reproduce(a: argparse.Namespace) -> int:
     ``DIR/report.md`` (every claim's verdict and evidence, and the figures); ``report`` only
     rewrites that report (and, with ``--readme``, the README's results block)."""
     from importlib import import_module
+    from importlib.util import find_spec
 
     families = list(FAMILIES) if a.family in ("all", "report") else [a.family]
     if a.readme:  # find a README without markers before, not after, the experiments
-        from ldp_beam.evaluation.report import readme_block
+        from ldp_beam.reproduce.report import readme_block
 
         readme_block(a.readme)
     if a.family == "report":
         _write_reproduction(a.out, families, a.readme)
         return 0
+    if find_spec("matplotlib") is None:  # the experiments draw figures: stop before, not after
+        raise UsageError("the reproductions need matplotlib, which the `reproduce` extra "
+                         "installs: pip install 'ldp-beam[reproduce]'")
     records: list[dict] = []
     for fam in families:
-        recipe = import_module(f"ldp_beam.evaluation.{fam}_recipe")
+        recipe = import_module(f"ldp_beam.reproduce.{fam}_recipe")
         out = os.path.join(a.out, fam) if a.out and a.family == "all" else a.out
         records += recipe.run(quick=a.quick, data_dir=a.data_dir, out_dir=out, seed=a.seed)
     if a.family == "all" and a.out:  # each family's run (quick/full, seed) read from its records

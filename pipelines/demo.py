@@ -33,6 +33,7 @@ import shutil
 import sys
 import tempfile
 from importlib import resources
+from importlib.util import find_spec
 from typing import Any, Iterable
 
 import numpy as np
@@ -40,6 +41,8 @@ import pyarrow.parquet as pq
 
 from ldp_beam.privacy import compose
 from ldp_beam.registry import build_mechanism
+from ldp_beam.reproduce.metrics import range_query_mse
+from ldp_beam.reproduce.recipe import pyplot
 
 from .collect import run_collect
 from .common import records_line, say
@@ -78,11 +81,9 @@ def _row(label: str, truth: float, stat: dict, digits: int = 3) -> str:
 
 
 def _pyplot():
-    """matplotlib's pyplot (Agg), or None without matplotlib: a figure is a convenience, never a
-    reason to fail the job."""
+    """matplotlib's pyplot (Agg), or None without matplotlib (the ``reproduce`` extra; run_demo
+    says so once): a figure is a convenience, never a reason to fail the job."""
     try:
-        from ldp_beam.evaluation.records import pyplot
-
         return pyplot()
     except Exception:
         return None
@@ -343,8 +344,6 @@ def _plot_hist(path: str, edges: np.ndarray, series: dict[str, np.ndarray]) -> s
 def dphr_section(data: str, out_dir: str, epsilon: float, seed: Any,
                  beam_args: Iterable[str], w) -> dict:
     """DPHR on the curator: the income histogram released once, beside the truth and LPA."""
-    from ldp_beam.evaluation.metrics import range_query_mse
-
     lo, hi = INCOME
     params = dict(epsilon=HIST_EPSILON, bins=HIST_BINS, lower=lo, upper=hi)
     options = {} if seed is None else {"seed": seed}
@@ -449,6 +448,8 @@ def run_demo(out_dir: str | None = None, epsilon: float = 3.0, seed: Any = None,
         raise ValueError(f"unknown demo section(s) {unknown}; available: {list(SECTIONS)}")
     w = stream.write
     w(f"\nldp-beam demo on the bundled survey sample ({data}; Apache Beam, DirectRunner)\n")
+    if find_spec("matplotlib") is None:
+        w("  figures: skipped, they need matplotlib (pip install 'ldp-beam[reproduce]')\n")
     results = {"out_dir": out_dir}
     # The demo's runs are recorded in a ledger of their own, removed afterwards: synthetic data
     # has no budget to track, and a second demo must draw its releases afresh rather than

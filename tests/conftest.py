@@ -252,7 +252,7 @@ def check_records(records, out, family: str, seed: int) -> None:
     the run's seed and quick flag; strict JSON (no NaN); and FAMILY.json holds exactly them."""
     import json
 
-    from ldp_beam.evaluation.records import REQUIRED_KEYS
+    from ldp_beam.pipelines.records import REQUIRED_KEYS
 
     assert records
     for r in records:

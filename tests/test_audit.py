@@ -1,4 +1,4 @@
-"""Privacy audits (``ldp-beam audit``; ldp_beam.audit and ldp_beam.evaluation.audit_recipe).
+"""Privacy audits (``ldp-beam audit``; ldp_beam.audit and ldp_beam.reproduce.audit_recipe).
 
 Statistical tolerances: every empirical bound is a one-sided Clopper-Pearson bound at confidence
 1 - 0.05/38 per audit (Bonferroni over the 38 audits of a run), so for a mechanism whose claim is
@@ -14,7 +14,7 @@ import pytest
 from scipy import stats
 
 from ldp_beam import audit as A
-from ldp_beam.evaluation import audit_recipe as R
+from ldp_beam.reproduce import audit_recipe as R
 from ldp_beam.registry import build_mechanism
 from ldp_beam_test_helpers import run_cli
 

@@ -6,7 +6,7 @@ import math
 import pytest
 from ldp_beam_test_helpers import run_cli
 
-from ldp_beam.evaluation import bench
+from ldp_beam.pipelines import bench_core as bench
 from ldp_beam.pipelines import bench as pipeline_bench
 
 

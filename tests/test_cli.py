@@ -279,7 +279,7 @@ def test_reproduce_all_writes_one_report(tmp_path, monkeypatch):
     DIR/report.md and R's results block (restricted here to one fast family)."""
     from ldp_beam.pipelines import cli
 
-    from ldp_beam.evaluation.report import README_BEGIN_LINE, README_END
+    from ldp_beam.reproduce.report import README_BEGIN_LINE, README_END
 
     monkeypatch.setattr(cli, "FAMILIES", ("uldp",))
     readme = tmp_path / "README.md"
@@ -300,7 +300,7 @@ def test_reproduce_all_writes_one_report(tmp_path, monkeypatch):
 def test_reproduce_report_rewrites_report_and_readme(tmp_path):
     """`reproduce report --out DIR --readme README` runs no experiment: it rewrites DIR/report.md
     and the README's block from the outputs already in DIR/FAMILY/."""
-    from ldp_beam.evaluation.report import README_BEGIN_LINE, README_END
+    from ldp_beam.reproduce.report import README_BEGIN_LINE, README_END
 
     out = tmp_path / "figures"
     (out / "uldp").mkdir(parents=True)

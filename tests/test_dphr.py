@@ -21,7 +21,7 @@ from ldp_beam.central.dphr import (DPHR, approximate_sort, brute_force_grouping,
 from ldp_beam.central.histogram import IdentityLaplace, group_means_with_noise, split_budget
 from ldp_beam.errors import EmptyAccumulatorError, ParameterError
 from ldp_beam.noise import discrete_laplace_pmf, discrete_laplace_scale
-from ldp_beam.evaluation.metrics import range_query_mse, range_sums
+from ldp_beam.reproduce.metrics import range_query_mse, range_sums
 from ldp_beam.privacy import CENTRAL, NONE
 from ldp_beam_test_helpers import ScriptedNoise, read_jsonl, run_cli
 

@@ -28,7 +28,7 @@ from ldp_beam.central.ospdprr import (OSPDPRR, OSPDPRREstimator, OsdpRR, OsdpRRE
                                       noise_scales, personal_epsilon, statistic_lattice,
                                       unit_personal_epsilon)
 from ldp_beam.central.partition import bound_contributions
-from ldp_beam.evaluation import audit_recipe as R
+from ldp_beam.reproduce import audit_recipe as R
 from ldp_beam.noise import discrete_laplace_pmf, discrete_laplace_scale, discrete_laplace_variance
 from ldp_beam.privacy import (CENTRAL, LDP, NONE, PER_RECORD_TEXT, ContributionBounds,
                               PrivacyGuarantee, per_unit)

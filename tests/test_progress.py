@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from ldp_beam import progress
-from ldp_beam.evaluation.records import Progress
+from ldp_beam.pipelines.records import Progress
 from ldp_beam.pipelines.cli import main
 
 ROWS = 5000

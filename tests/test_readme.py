@@ -33,7 +33,7 @@ def test_readme_opens_with_the_two_commands():
 def test_readme_results_block_is_generated_from_the_committed_outputs():
     """The README's results block is exactly what `ldp-beam reproduce report --out docs/figures
     --readme README.md` writes from the committed recipe outputs (rerun it after changing them)."""
-    from ldp_beam.evaluation.report import readme_block, results_section
+    from ldp_beam.reproduce.report import readme_block, results_section
     from ldp_beam.pipelines.cli import FAMILIES
 
     root = README.parent

@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from ldp_beam.evaluation.report import (EVIDENCE_CHARS, README_BEGIN_LINE, README_END, TITLES,
-                                        describe_run, readme_block, results_section,
-                                        update_readme, write_report)
+from ldp_beam.reproduce.report import (EVIDENCE_CHARS, README_BEGIN_LINE, README_END, TITLES,
+                                       describe_run, readme_block, results_section,
+                                       update_readme, write_report)
 
 
 def test_report_lists_claims_verdicts_and_figures(tmp_path):

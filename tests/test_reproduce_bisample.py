@@ -17,11 +17,10 @@ import pytest
 from ldp_beam_test_helpers import check_records, recipe_outputs, run_quick_recipe
 from scipy.stats import binom, norm
 
-from ldp_beam.evaluation import bisample_recipe as recipe
-from ldp_beam.evaluation import datasets as ds
-from ldp_beam.evaluation import metrics
-from ldp_beam.evaluation.records import (Progress, make_record, select,
-                                         write_records)
+from ldp_beam.pipelines.records import Progress, make_record, select, write_records
+from ldp_beam.reproduce import bisample_recipe as recipe
+from ldp_beam.reproduce import datasets as ds
+from ldp_beam.reproduce import metrics
 
 SHARED_DATA = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data")
 if not os.path.isdir(SHARED_DATA):

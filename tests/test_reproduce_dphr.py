@@ -19,9 +19,9 @@ import pytest
 from ldp_beam_test_helpers import check_records, recipe_outputs, run_quick_recipe
 from scipy.stats import chi2
 
-from ldp_beam.evaluation import dphr_recipe as recipe
-from ldp_beam.evaluation.metrics import range_query_mse
-from ldp_beam.evaluation.records import select
+from ldp_beam.pipelines.records import select
+from ldp_beam.reproduce import dphr_recipe as recipe
+from ldp_beam.reproduce.metrics import range_query_mse
 from ldp_beam.privacy import CENTRAL, NONE
 
 SHARED_DATA = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data")

@@ -19,8 +19,8 @@ from ldp_beam_test_helpers import check_records, recipe_outputs, run_quick_recip
 from scipy.stats import norm
 
 from ldp_beam.central.ospdprr import OSPDPRR, OSPDPRREstimator
-from ldp_beam.evaluation import ospdprr_recipe as recipe
-from ldp_beam.evaluation.records import select
+from ldp_beam.pipelines.records import select
+from ldp_beam.reproduce import ospdprr_recipe as recipe
 
 SHARED_DATA = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data")
 if not os.path.isdir(SHARED_DATA):

@@ -13,8 +13,8 @@ import os
 import numpy as np
 import pytest
 
-from ldp_beam.evaluation import rvns_recipe as recipe
-from ldp_beam.evaluation.records import make_record, select
+from ldp_beam.pipelines.records import make_record, select
+from ldp_beam.reproduce import rvns_recipe as recipe
 from ldp_beam_test_helpers import check_records, run_quick_recipe
 
 SHARED_DATA = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data")

@@ -19,8 +19,8 @@ import pytest
 from ldp_beam_test_helpers import check_records, recipe_outputs, run_quick_recipe
 from scipy.stats import chi2
 
-from ldp_beam.evaluation import uldp_recipe as recipe
-from ldp_beam.evaluation.records import select
+from ldp_beam.pipelines.records import select
+from ldp_beam.reproduce import uldp_recipe as recipe
 from ldp_beam.mechanisms.joint import jurr_min_epsilon, jurr_valid
 
 SHARED_DATA = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data")

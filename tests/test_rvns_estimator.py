@@ -33,10 +33,10 @@ from scipy import integrate, optimize, stats
 
 from ldp_beam.errors import EmptyAccumulatorError, ParameterError
 from ldp_beam.estimators.density import wasserstein_grid
-from ldp_beam.evaluation.datasets import chi2_truncated
 from ldp_beam.estimators.rvns import (RVNSEstimator, paper_objective, report_cdf,
                                       transition_matrix)
 from ldp_beam.mechanisms.rvns import RVNS, rvns_density
+from ldp_beam.reproduce.datasets import chi2_truncated
 
 P_MIN = 1e-4
 A, B = 0.0, 10.0

@@ -13,14 +13,14 @@ import pytest
 from scipy import stats
 
 from ldp_beam.errors import InvalidRecordsError, ParameterError
-from ldp_beam.evaluation.adversary import (euclidean_distance, infer_rvns, noise_adding_inferred,
-                                           reports_matrix, rvns_privacy_metric)
 from ldp_beam.mechanisms import rvns as R
 from ldp_beam.mechanisms.rvns import (RVNS, WorstCase, rvns_box_probability, rvns_density,
                                       rvns_interval_probability, rvns_joint_density,
                                       rvns_neighbourhood_epsilon, rvns_paper_epsilon,
                                       rvns_worst_case)
 from ldp_beam.privacy import NEIGHBOURHOOD_LDP
+from ldp_beam.reproduce.adversary import (euclidean_distance, infer_rvns, noise_adding_inferred,
+                                          reports_matrix, rvns_privacy_metric)
 
 # (a, b, d): a typical case, d > (b - a)/2, a unit domain, a shifted domain
 CONFIGS = [(0.0, 10.0, 2.0), (0.0, 10.0, 7.0), (0.0, 1.0, 0.3), (-5.0, 5.0, 0.5)]
@@ -340,7 +340,7 @@ def test_analysis_parameters_are_validated():
 
 # --------------------------------------------------------------------------- the adversary
 def test_adversary_likelihood_is_the_density_product():
-    from ldp_beam.evaluation.adversary import _loglik_joint, _loglik_marginal
+    from ldp_beam.reproduce.adversary import _loglik_joint, _loglik_marginal
 
     a, b, d = 0.0, 10.0, 2.0
     m = RVNS(lower=a, upper=b, d=d, k=3)

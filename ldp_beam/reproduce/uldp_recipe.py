@@ -3,7 +3,7 @@
 utility-optimized LDP (spec: shared/specs/uldp_joint.md).
 
 ``run(quick, data_dir, out_dir, seed)`` returns a list of JSON records (see
-:mod:`ldp_beam.evaluation.records`) and, with ``out_dir``, writes one PNG per figure panel
+:mod:`ldp_beam.pipelines.records`) and, with ``out_dir``, writes one PNG per figure panel
 (``fig3_<dataset>.png``, ``fig4_<dataset>.png``, ``fig5_<dataset>.png``, ``fig6.png``,
 ``fig7.png``) plus ``uldp.json`` (the records), ``uldp_claims.json`` (:func:`claims`) and
 ``uldp_summary.txt`` (:func:`summary`).
@@ -82,7 +82,7 @@ turn. These are simulations, so the fast PCG64 replaces the library's AES-CTR de
 
 Sizes: full = the paper's (10 repetitions, 7 budgets everywhere); ``quick`` = 5 repetitions and
 eps in {1, 2, 4} for Figs. 6-7. Run it as
-``python -m ldp_beam.evaluation.uldp_recipe [--quick] [--data-dir D] [--out DIR] [--seed S]``.
+``python -m ldp_beam.reproduce.uldp_recipe [--quick] [--data-dir D] [--out DIR] [--seed S]``.
 """
 from __future__ import annotations
 
@@ -97,9 +97,9 @@ import numpy as np
 
 from ..estimators import estimator_for
 from ..mechanisms.joint import jurr_min_epsilon, jurr_valid
+from ..pipelines.records import make_record, select
 from ..registry import build_mechanism
-from .records import (finish_recipe, make_record, pyplot, recipe_main, save_figure, select,
-                      start_recipe)
+from .recipe import finish_recipe, pyplot, recipe_main, save_figure, start_recipe
 
 FAMILY = "uldp"
 EPS_GRID = (0.5, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0)
@@ -1166,7 +1166,7 @@ def summary(records: Sequence[Mapping]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    return recipe_main(run, "python -m ldp_beam.evaluation.uldp_recipe",
+    return recipe_main(run, "python -m ldp_beam.reproduce.uldp_recipe",
                        __doc__.split("\n")[0],
                        "5 repetitions; eps in {1, 2, 4} for Figs. 6-7",
                        "folder holding uci_nursery/nursery.data and "

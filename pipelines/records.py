@@ -1,4 +1,6 @@
-"""Helpers shared by every family's experiment recipe: records, JSON output, progress, figures.
+"""Measurement records and progress lines, shared by ``ldp-beam bench``, ``audit`` and the
+reproductions (:mod:`ldp_beam.reproduce`; their figures and command line are in
+:mod:`ldp_beam.reproduce.recipe`).
 
 A *record* is one measured number, a flat JSON-able dict with at least
 ``{"experiment", "dataset", "method", "epsilon", "metric", "value"}`` plus any parameters of the
@@ -108,7 +110,7 @@ class Progress:
     def __init__(self, family: str, total: int | None = None, *, stream: TextIO | None = None,
                  enabled: bool = True, sink: Callable[[str], Any] | None = None,
                  bar: bool | None = None) -> None:
-        from ..progress import SETTINGS
+        from ldp_beam.progress import SETTINGS
 
         self.family = family
         self.total = total
@@ -129,7 +131,7 @@ class Progress:
             return False
         if self._bar_wanted is not None:
             return self._bar_wanted
-        from ..progress import SETTINGS, is_terminal
+        from ldp_beam.progress import SETTINGS, is_terminal
 
         return SETTINGS.enabled and is_terminal(self.stream)
 
@@ -152,7 +154,7 @@ class Progress:
             if self._bar is None:
                 import atexit
 
-                from ..progress import make_bar
+                from ldp_beam.progress import make_bar
 
                 self._bar = make_bar(self.total or None, f"[{self.family}]", "step",
                                      self.stream)
@@ -201,84 +203,3 @@ def as_progress(progress: Any, family: str) -> Progress:
         return Progress(family, sink=progress)
     raise TypeError(f"progress must be None, a bool, a Progress or a callable, not "
                     f"{type(progress).__name__}")
-
-
-def pyplot():
-    """matplotlib's pyplot on the non-interactive Agg backend (imported lazily: the core and the
-    tests of other families need no matplotlib)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def save_figure(fig: Any, path: str | os.PathLike, *, dpi: int = 90) -> str:
-    """Save a matplotlib figure as PNG (Agg), create parent folders, close it. Returns the path."""
-    plt = pyplot()
-    path = os.fspath(path)
-    parent = os.path.dirname(path)
-    if parent:
-        os.makedirs(parent, exist_ok=True)
-    fig.savefig(path, dpi=dpi, format="png", bbox_inches="tight")
-    plt.close(fig)
-    return path
-
-
-def recipe_main(run: Callable[..., list], prog: str, description: str, quick_help: str,
-                data_help: str, argv: list[str] | None = None) -> int:
-    """The command line every recipe module shares (``python -m ldp_beam.evaluation.X_recipe``):
-    ``--quick``, ``--data-dir``, ``--out``, ``--seed``, ``--json``."""
-    import argparse
-
-    ap = argparse.ArgumentParser(prog=prog, description=description)
-    ap.add_argument("--quick", action="store_true", help=quick_help)
-    ap.add_argument("--data-dir", default=None, help=data_help)
-    ap.add_argument("--out", default=None, help="folder for PNG figures and JSON records")
-    ap.add_argument("--seed", type=int, default=None, help="default: drawn from OS entropy")
-    ap.add_argument("--json", default=None, help="also write the records to this file")
-    args = ap.parse_args(argv)
-    recs = run(args.quick, args.data_dir, args.out, args.seed)  # the table goes to stderr
-    if args.json:
-        write_records(recs, args.json)
-    else:
-        print(json.dumps(recs, indent=1, allow_nan=False))
-    return 0
-
-
-def start_recipe(family: str, quick: bool, seed: int | None, progress: Any, total: int
-                 ) -> tuple[int, Progress, dict]:
-    """What every recipe's ``run`` does first: draw the seed from OS entropy unless one is given
-    (it goes into every record so a run can be repeated), set up progress for ``total`` steps,
-    and return ``(seed, progress, fields every record carries)``."""
-    import secrets
-
-    if seed is None:
-        seed = secrets.randbits(63)
-    prog = as_progress(progress, family)
-    prog.total = total
-    return int(seed), prog, {"seed": int(seed), "quick": bool(quick)}
-
-
-def finish_recipe(family: str, records: list, out_dir: str | None, prog: Progress,
-                  claims: Callable[[list], list], figures: Callable[[list, str], list],
-                  summary: Callable[[list], str]) -> list:
-    """The end of every recipe: print the summary table and, with ``out_dir``, write
-    ``FAMILY.json`` (the records), ``FAMILY_claims.json`` (one verdict record per claim),
-    ``FAMILY_summary.txt`` and the figures there. Returns ``records``."""
-    table = summary(records)
-    if out_dir is not None:
-        os.makedirs(out_dir, exist_ok=True)
-        write_records(records, os.path.join(out_dir, f"{family}.json"))
-        write_records([{**c, "experiment": "claims", "dataset": "-", "method": "-",
-                        "epsilon": None, "metric": "verdict", "value": c["verdict"]}
-                       for c in claims(records)], os.path.join(out_dir, f"{family}_claims.json"))
-        paths = figures(records, out_dir)
-        with open(os.path.join(out_dir, f"{family}_summary.txt"), "w", encoding="utf-8") as fh:
-            fh.write(table + "\n")
-        prog.note(f"wrote {len(paths)} figures, {family}.json, {family}_claims.json and "
-                  f"{family}_summary.txt to {out_dir}")
-    prog.block(table)
-    prog.close()
-    return records

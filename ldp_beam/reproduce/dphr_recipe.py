@@ -3,7 +3,7 @@ Publishing Method Based on Differential Privacy", Symmetry 15(5) 1099, 2023, Sec
 recipe: central-DP histogram publishing, MSE of range-query answers (spec: shared/specs/dphr.md).
 
 ``run(quick, data_dir, out_dir, seed)`` returns a list of JSON records (see
-:mod:`ldp_beam.evaluation.records`) and, with ``out_dir``, writes ``fig3_<dataset>.png`` (MSE vs
+:mod:`ldp_beam.pipelines.records`) and, with ``out_dir``, writes ``fig3_<dataset>.png`` (MSE vs
 range length, one panel per eps, log y), ``soundness.png`` (MSE of the sound DPHR over the
 published DPHR), ``dphr.json`` (the records), ``dphr_claims.json`` (:func:`claims`) and
 ``dphr_summary.txt`` (:func:`summary`).
@@ -11,7 +11,7 @@ published DPHR), ``dphr.json`` (the records), ``dphr_claims.json`` (:func:`claim
 Experiment ``fig3`` (the paper's Figure 3): for every dataset, eps in {1, ln 2, 0.1, 0.01} and
 method, ``reps`` independent releases; for each release and each range length L in
 50, 100, ..., 500 the MSE over *all* n - L + 1 ranges of L consecutive buckets
-(:func:`~ldp_beam.evaluation.metrics.range_query_mse`: the expectation over a uniformly random
+(:func:`~ldp_beam.reproduce.metrics.range_query_mse`: the expectation over a uniformly random
 range, Section 6.2's MSE without the sampling error of drawing ranges). A record holds the mean
 over the releases (``value``), its standard error (``se``: sample sd / sqrt(reps)) and the
 smallest and largest release (``min``, ``max``), and splits
@@ -69,7 +69,7 @@ run's releases are the first releases of a full run with the same seed; syntheti
 
 Sizes: full = 10 releases per cell, StructureFirst k in {16, 64, 256} and (k=64, F=N), scaling
 best of 3; ``quick`` = 2 releases, StructureFirst k = 16 only, scaling best of 1. Run it as
-``python -m ldp_beam.evaluation.dphr_recipe [--quick] [--data-dir D] [--out DIR] [--seed S]``
+``python -m ldp_beam.reproduce.dphr_recipe [--quick] [--data-dir D] [--out DIR] [--seed S]``
 (or ``ldp-beam reproduce dphr``).
 """
 from __future__ import annotations
@@ -86,9 +86,9 @@ import numpy as np
 from ..central.dphr import DPHR, optimal_grouping
 from ..central.histogram import HistogramRelease, IdentityLaplace
 from ..central.histogram_baselines import AHP, StructureFirst
+from ..pipelines.records import make_record, select
 from .metrics import range_query_mse
-from .records import (finish_recipe, make_record, pyplot, recipe_main, save_figure, select,
-                      start_recipe)
+from .recipe import finish_recipe, pyplot, recipe_main, save_figure, start_recipe
 
 FAMILY = "dphr"
 EPS_GRID = (1.0, math.log(2.0), 0.1, 0.01)
@@ -937,7 +937,7 @@ def figures(records: Sequence[Mapping], out_dir: str, dpi: int = 80) -> list[str
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    return recipe_main(run, "python -m ldp_beam.evaluation.dphr_recipe",
+    return recipe_main(run, "python -m ldp_beam.reproduce.dphr_recipe",
                        __doc__.split("\n")[0],
                        "2 releases per cell, StructureFirst k = 16 only",
                        "folder holding dpbench_1d/{HEPTH,INCOME,MEDCOST}.n4096.npy", argv)

@@ -1,7 +1,7 @@
 """Reproduction of the BiSample paper's experiments (Sun et al., Section 5) as a recipe.
 
 ``run(quick, data_dir, out_dir, seed)`` returns a list of JSON records (see
-:mod:`ldp_beam.evaluation.records`) and, with ``out_dir``, writes one PNG per figure panel plus
+:mod:`ldp_beam.pipelines.records`) and, with ``out_dir``, writes one PNG per figure panel plus
 ``bisample.json`` (the records) and ``bisample_claims.json`` (:func:`claims`). Experiments:
 
 * ``datasets``: the mean of every dataset beside Table 2.
@@ -17,7 +17,7 @@
 * ``variance``: no missing data; the empirical Var(m) (Eq. 21) of BiSample, Harmony and PM beside
   Eq. 14's worst case ((e^eps + 1)/(e^eps - 1))^2 / n and the exact variances.
 
-Metrics (Eq. 21, :mod:`ldp_beam.evaluation.metrics`), all on the [-1, 1] scale:
+Metrics (Eq. 21, :mod:`ldp_beam.reproduce.metrics`), all on the [-1, 1] scale:
 ``AE(m)``/``Var(m)`` of the raw estimator (Eq. 11 for forced answers, Eq. 20 for BiSample-MD);
 repetitions where Eq. 20 is undefined (estimated answering share <= 0) are left out and counted in
 ``undefined``. ``AE(m,clip)``/``Var(m,clip)`` use the post-processed estimate clipped to [-1, 1]
@@ -32,7 +32,7 @@ These are simulations of many users, not real reports, so the fast PCG64 is used
 mechanisms' noise here instead of the library's AES-CTR default.
 
 Sizes: full = the paper's (n = 10^5, T = 100); ``quick`` = n = 10^4, T = 10 and reduced grids.
-Run it as ``python -m ldp_beam.evaluation.bisample_recipe [--quick] [--data-dir D] [--out DIR]``.
+Run it as ``python -m ldp_beam.reproduce.bisample_recipe [--quick] [--data-dir D] [--out DIR]``.
 """
 from __future__ import annotations
 
@@ -47,12 +47,12 @@ import numpy as np
 
 from ..errors import EmptyAccumulatorError
 from ..estimators import estimator_for
+from ..pipelines.records import make_record, select
 from ..registry import build_mechanism
 from . import datasets as ds
 from .metrics import (absolute_error, bisample_variance, chi2_interval,
                       harmony_worst_case_variance, pm_variance, squared_error)
-from .records import (finish_recipe, make_record, pyplot, recipe_main, save_figure, select,
-                      start_recipe)
+from .recipe import finish_recipe, pyplot, recipe_main, save_figure, start_recipe
 
 FAMILY = "bisample"
 
@@ -708,7 +708,7 @@ def summary(records: Sequence[Mapping], eps_shown: Iterable[float] = (0.1, 1.0, 
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    return recipe_main(run, "python -m ldp_beam.evaluation.bisample_recipe",
+    return recipe_main(run, "python -m ldp_beam.reproduce.bisample_recipe",
                        __doc__.split("\n")[0], 'n=10^4, T=10, reduced grids',
                        'folder holding uci_adult/adult.data', argv)
 

@@ -1,7 +1,7 @@
 """Reproduction of the RVNS paper's experiments (Section V) as a recipe.
 
 ``run(quick, data_dir, out_dir, seed)`` returns a list of JSON records (see
-:mod:`ldp_beam.evaluation.records`) and, with ``out_dir``, writes the figures
+:mod:`ldp_beam.pipelines.records`) and, with ``out_dir``, writes the figures
 (``rvns_fig2.png`` .. ``rvns_fig5.png``), ``rvns.json`` (the records), ``rvns_claims.json``
 (:func:`claims`) and ``rvns_summary.txt`` (:func:`summary`).
 
@@ -41,7 +41,7 @@ error):
 
 * ``privacy``: Eq. 16, dis(X, X_infer) = sqrt(sum (x_i - x_infer_i)^2) (unnormalized, as the
   paper; the record's ``rmse`` = dis / sqrt(n)). X_infer: RVNS, the paper's adversary (Eqs.
-  17-18, :func:`~ldp_beam.evaluation.adversary.infer_rvns`, product of marginals, median of ties)
+  17-18, :func:`~ldp_beam.reproduce.adversary.infer_rvns`, product of marginals, median of ties)
   on a grid of ``adversary_grid`` points; noise-adding, the noisy values themselves, unclipped
   (the paper); EMS, the square-wave report mapped back to data units, a + y (b - a), unclipped
   (our choice: the analogue of "the perturbed value").
@@ -77,7 +77,7 @@ data at m = 1000; about 6.5 minutes on the 2-core reference machine, docs/result
 Set ``OPENBLAS_NUM_THREADS=1`` on a shared machine: the matrices are small, and two BLAS threads
 competing with another process made the reconstructions up to 8x slower.
 
-Run it as ``python -m ldp_beam.evaluation.rvns_recipe [--quick] [--data-dir D] [--out DIR]``.
+Run it as ``python -m ldp_beam.reproduce.rvns_recipe [--quick] [--data-dir D] [--out DIR]``.
 """
 from __future__ import annotations
 
@@ -96,11 +96,11 @@ from ..estimators.density import DensityGrid, sample_density, wasserstein_grid
 from ..estimators.rvns import RVNSEstimator
 from ..mechanisms.continuous_baselines import GeneralizedGaussianNoise, LaplaceNoise, SquareWave
 from ..mechanisms.rvns import RVNS, rvns_neighbourhood_epsilon, rvns_paper_epsilon
+from ..pipelines.records import make_record, select
 from . import datasets as ds
 from .adversary import euclidean_distance, infer_rvns
 from .datasets import chi2_truncated
-from .records import (finish_recipe, make_record, pyplot, recipe_main, save_figure, select,
-                      start_recipe)
+from .recipe import finish_recipe, pyplot, recipe_main, save_figure, start_recipe
 
 FAMILY = "rvns"
 EXPERIMENT = "sec5"
@@ -885,7 +885,7 @@ def figures(records: Sequence[Mapping], out_dir: str, dpi: int = 90,
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    return recipe_main(run, "python -m ldp_beam.evaluation.rvns_recipe",
+    return recipe_main(run, "python -m ldp_beam.reproduce.rvns_recipe",
                        __doc__.split("\n")[0], 'n=20000, 2 repetitions, m=100',
                        'folder holding uci_adult/ and students_performance/', argv)
 

@@ -48,7 +48,7 @@ import numpy as np
 
 from .. import audit as A
 from ..registry import build_mechanism, get_registry
-from .records import make_record
+from ..pipelines.records import make_record
 
 FAMILY_ALPHA = 0.05  # for the whole run: every audit gets FAMILY_ALPHA / (number of audits)
 ALPHA = FAMILY_ALPHA  # per audit; set by run() (Bonferroni over the audits of one run)

@@ -5,7 +5,7 @@ baseline (spec: shared/specs/ospdprr.md §8; the paper's full text is unavailabl
 constant below is the spec's reconstruction).
 
 ``run(quick, data_dir, out_dir, seed)`` returns a list of JSON records (see
-:mod:`ldp_beam.evaluation.records`) and, with ``out_dir``, writes PNG figures, ``ospdprr.json``
+:mod:`ldp_beam.pipelines.records`) and, with ``out_dir``, writes PNG figures, ``ospdprr.json``
 (the records), ``ospdprr_claims.json`` (:func:`claims`) and ``ospdprr_summary.txt``
 (:func:`summary`).
 
@@ -57,7 +57,7 @@ fast PCG64 rather than the library's AES-CTR default.
 Sizes: full = n = 10,000, k = 3, 200 repetitions, 5 data seeds, the full grids (Adult: all 32,561
 rows); ``quick`` = n = 2,000, 50 repetitions, 2 data seeds, rho in {0.1, 0.5, 0.9} (Adult: a
 5,000-row subsample). Run it as
-``python -m ldp_beam.evaluation.ospdprr_recipe [--quick] [--data-dir D] [--out DIR] [--seed S]``.
+``python -m ldp_beam.reproduce.ospdprr_recipe [--quick] [--data-dir D] [--out DIR] [--seed S]``.
 """
 from __future__ import annotations
 
@@ -75,8 +75,8 @@ from ..central.ospdprr import (comprehensive_weight, exact_answer, importance_ti
                                osdp_keep_probability, personal_budgets, query_answer,
                                sampling_probabilities, statistic_lattice, statistic_units)
 from ..noise import discrete_laplace_cumulants, discrete_laplace_scale
-from .records import (finish_recipe, make_record, pyplot, recipe_main, save_figure, select,
-                      start_recipe)
+from ..pipelines.records import make_record, select
+from .recipe import finish_recipe, pyplot, recipe_main, save_figure, start_recipe
 
 FAMILY = "ospdprr"
 T_GRID = (0.6, 0.7, 0.8, 0.9)
@@ -1066,7 +1066,7 @@ def figures(records: Sequence[Mapping], out_dir: str, dpi: int = 80) -> list[str
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    return recipe_main(run, "python -m ldp_beam.evaluation.ospdprr_recipe",
+    return recipe_main(run, "python -m ldp_beam.reproduce.ospdprr_recipe",
                        __doc__.split("\n")[0],
                        "n = 2,000, 50 runs x 2 data seeds, rho in {0.1, 0.5, 0.9}",
                        "folder holding uci_adult/adult.data (the Adult substitute; skipped "
