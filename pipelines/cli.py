@@ -592,16 +592,18 @@ def cmd_stream(a: argparse.Namespace, beam_args: list[str]) -> int:
     if a.subscription and not a.beam_pubsub:  # land (fsync, then ack), then stream the spool
         from .pubsub_stream import run_pubsub_stream
 
-        def run_stream(output, mechanism, *, spool, subscription, **kw):  # noqa: F811
+        def run(output, mechanism, *, spool, subscription, **kw):
             return run_pubsub_stream(subscription, output, mechanism, spool_dir=a.landing_dir,
                                      lander_options={
                                          "report_id_attribute": a.report_id_attribute,
                                          "timestamp_attribute": a.timestamp_attribute,
                                          "timestamp_field": a.timestamp_field},
                                      **kw)
-    elif a.landing_dir or a.beam_pubsub:
+    elif a.landing_dir or a.beam_pubsub and not a.subscription:
         raise UsageError("--landing-dir and --beam-pubsub go with --subscription")
-    summary = run_stream(
+    else:
+        run = run_stream
+    summary = run(
         a.output, mech, spool=a.spool, subscription=a.subscription, window_seconds=a.window,
         allowed_lateness=a.allowed_lateness, early_seconds=a.early,
         releases_per_window=a.releases_per_window, columns=columns,
