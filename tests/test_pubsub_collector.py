@@ -208,3 +208,22 @@ def test_results_topic_gets_each_pane_with_its_release_id(emulator, tmp_path):
     assert set(by_id) == set(rows)  # deduplicated by release_id, a subscriber has each once
     for rid, copies in by_id.items():
         assert all(c == rows[rid] for c in copies)
+
+
+def test_cli_beam_pubsub_runs_and_says_at_most_once(emulator, tmp_path):
+    topic = emulator.topic()
+    sub = emulator.subscription(topic)
+    producer = Producer(topic, str(tmp_path / "device"), seconds=3.0, rate=100)
+    producer.start()
+    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    proc = subprocess.run(
+        [sys.executable, "-m", "ldp_beam.pipelines.cli", "stream", "--subscription", sub,
+         "--beam-pubsub", "-m", "grr", "-p", "epsilon=1", "-p", f"domain={GRR['domain']}",
+         "--window", str(WINDOW), "--duration", "4", "-o", str(tmp_path / "out")],
+        capture_output=True, text=True, env=env, timeout=120)
+    producer.join(30)
+    summary = json.loads((tmp_path / "out" / "curator" / "summary.json").read_text())
+    assert summary["delivery"].startswith("at most once"), proc.stderr
+    # exit 0 only when every record read is in a window; else 1, and the summary says why
+    assert proc.returncode == (0 if summary["reconciles"] else 1), proc.stderr
+    assert "through Beam's ReadFromPubSub" in proc.stderr
