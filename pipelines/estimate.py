@@ -7,12 +7,17 @@ a passthrough column (each is post-processing of the same LDP reports: no extra 
 """
 from __future__ import annotations
 
+import hashlib
 import os
 from typing import Any, Iterable, Mapping
+from urllib.parse import urlsplit
 
 import apache_beam as beam
 import numpy as np
+import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from ldp_beam.core import Mechanism
@@ -23,16 +28,17 @@ from ldp_beam.privacy import ledger_cost, run_guarantee
 from ldp_beam.registry import get_registry
 from ldp_beam.rng import RunKey
 from ldp_beam.transforms.batches import report_columns
-from ldp_beam.transforms import (EstimatorCombineFn, ReadTable, SplitByKey, ValidateReports,
-                                 WriteJsonLines)
+from ldp_beam.transforms import (EstimatorCombineFn, Perturb, ReadTable, SplitByKey,
+                                 ValidateReports, WriteJsonLines)
 from ldp_beam.transforms.combine import EstimateFailure
 from ldp_beam.transforms.io import open_input, table_format
 from ldp_beam.transforms.sinks import tidy_bytes, tidy_format, tidy_output
+from ldp_beam.transforms.sources import parse_settings
 
 from ldp_beam.privacy import ContributionBounds
 
 from .collect import (_read_options, check_unit_column, invalid_rows, read_bounded,
-                      read_tally, tally_inputs)
+                      read_tally, resolve_columns, tally_inputs)
 from .common import (Tally, WriteOneLine, check_readable, check_reconciles, reconcile,
                      run_pipeline)
 from .lifecycle import ledger_state, publish
@@ -120,9 +126,6 @@ class _WriteResult:
 
 def distinct_keys(files: list[str], column: str, flags: Iterable[str] = ()) -> int:
     """Distinct values of one column over the input files (read alone, column-wise)."""
-    import pyarrow.compute as pc
-    import pyarrow.csv as pacsv
-
     seen = None
     for f in files:
         try:
@@ -316,10 +319,6 @@ def side_prefix(output: str, side_outputs: str | None = None) -> str:
     fmt = tidy_format(output)
     if fmt not in ("duckdb", "postgresql"):
         return output
-    from urllib.parse import urlsplit
-
-    from ldp_beam.transforms.sources import parse_settings
-
     base, settings, _ = parse_settings(output)
     table = settings.get("table") or "table"
     if fmt == "duckdb":
@@ -396,10 +395,6 @@ def run_release(input: str, output: str, mech: Mechanism, columns: Mapping[str, 
     manifest ``PREFIX.manifest.json`` is written last and names the three (``PREFIX``: see
     :func:`side_prefix`).
     """
-    from ldp_beam.transforms import Perturb
-
-    from .collect import resolve_columns
-
     if by and unit is None:
         raise ValueError(f"--by {by}: a per-key central release needs --privacy-unit (each "
                          "person's keys and rows are bounded, and keys are selected privately or "
@@ -520,10 +515,6 @@ class _KeyCodes:
         self.column = column
 
     def __call__(self, table: Any) -> np.ndarray:
-        import hashlib
-
-        import pandas as pd
-
         col = table.column(self.column).to_pandas().astype(object)
         codes, uniques = pd.factorize(col, use_na_sentinel=True)
         lut = np.array([int.from_bytes(hashlib.blake2b(str(u).encode(), digest_size=7).digest(),
@@ -575,6 +566,8 @@ class ReleaseKeys(beam.DoFn):
         self.estimator, self.public, self.selector, self.seed = estimator, public, selector, seed
 
     def process(self, items):
+        # lazy: ldp_beam.central.partition costs 13 ms at import (measured), only per-key
+        # central releases need it (not `estimate` of LDP reports)
         from ldp_beam.central.partition import selection_source
 
         found = dict(items)
@@ -603,11 +596,9 @@ def run_release_by(input: str, output: str, mech: Mechanism, columns: Mapping[st
     addressed by the key. Which keys appear is either public (``keys``: every listed key is
     released, an absent one as a noisy empty histogram; other keys are not released) or chosen by private partition selection (``selection`` = (epsilon, delta):
     thresholded noisy distinct-unit counts), whose cost composes with the releases."""
+    # lazy: ldp_beam.central.partition costs 13 ms at import (measured), only this path needs it
     from ldp_beam.central.partition import (PartitionSelection, PublicPartitions,
                                             per_key_guarantee)
-    from ldp_beam.transforms import Perturb
-
-    from .collect import resolve_columns
 
     if (keys is None) == (selection is None):
         raise ValueError(f"--by {by}: give the public keys (--keys A,B,...) or a partition "

@@ -37,6 +37,9 @@ import threading
 from typing import Any, Iterator, Mapping
 
 from ldp_beam.errors import LdpBeamError
+from ldp_beam.ledger import LedgerError
+
+from .ledger_cli import ledger_outputs
 
 
 # ------------------------------------------------------------------------------ signals
@@ -135,10 +138,6 @@ def publish(entry: Any, outs: Any, manifest: Mapping[str, Any],
     """Prepare the ledger entry, commit the outputs, then commit the entry (see the module
     docstring). Returns the manifest as written. Raises what stopped it, with the entry settled
     (aborted when nothing was published, pending when something may have been)."""
-    from ldp_beam.ledger import LedgerError
-
-    from .ledger_cli import ledger_outputs
-
     with deferred_signals():
         entry.prepare(ledger_outputs(outs), None if release is None else dict(release))
         try:

@@ -58,14 +58,18 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fnmatch
 import glob
 import hashlib
 import io
 import json
+import logging
 import os
 import shutil
 import socket
+import stat
 import time
+import uuid
 from typing import Any, Iterable, Mapping, Sequence
 
 from ldp_beam.errors import LdpBeamError
@@ -119,6 +123,8 @@ def location(path: str) -> str:
     """How manifests and messages name an output: a local path made absolute, a URL as given (a
     database URL without its password)."""
     if is_table_url(path):
+        # lazy: Beam (ldp_beam.transforms) costs 1.2 s at import (measured); the CLI imports this
+        # module for every command, --help and `ledger` included
         from ldp_beam.transforms.sources import redact
 
         return redact(path)
@@ -136,7 +142,7 @@ def _join(folder: str, name: str) -> str:
 
 
 def _fs(path: str, flags: Sequence[str]):
-    from ldp_beam.transforms.io import _filesystem
+    from ldp_beam.transforms.io import _filesystem  # lazy: Beam (see location())
 
     return _filesystem(path, flags)
 
@@ -151,7 +157,7 @@ def exists(path: str, flags: Sequence[str] = ()) -> bool:
 def open_read(path: str, flags: Sequence[str] = ()):
     """A binary file object reading ``path`` (local, or through Beam's FileSystems)."""
     if is_url(path):
-        from apache_beam.io.filesystem import CompressionTypes
+        from apache_beam.io.filesystem import CompressionTypes  # lazy: Beam (see location())
 
         return _fs(path, flags).open(path, compression_type=CompressionTypes.UNCOMPRESSED)
     return open(_local(path), "rb")
@@ -161,7 +167,7 @@ def open_write(path: str, flags: Sequence[str] = ()):
     """A binary file object writing ``path`` (local: parent folders created; a URL: through
     Beam's FileSystems, the object appearing whole when the file is closed)."""
     if is_url(path):
-        from apache_beam.io.filesystem import CompressionTypes
+        from apache_beam.io.filesystem import CompressionTypes  # lazy: Beam (see location())
 
         return _fs(path, flags).create(path, compression_type=CompressionTypes.UNCOMPRESSED)
     os.makedirs(os.path.dirname(os.path.abspath(_local(path))), exist_ok=True)
@@ -252,8 +258,6 @@ def _real_pattern(pattern: str) -> str:
 def _glob_match(path: str, pattern: str) -> bool:
     """Whether ``glob.glob(pattern)`` would name ``path`` (both real paths): component by
     component, a wildcard never crossing a ``/`` nor matching a leading ``.``."""
-    import fnmatch
-
     a, b = path.split(os.sep), pattern.split(os.sep)
     if len(a) != len(b):
         return False
@@ -268,8 +272,6 @@ def _glob_match(path: str, pattern: str) -> bool:
 
 def _file_id(path: str) -> tuple[int, int] | None:
     """(st_dev, st_ino) of the regular file at ``path`` (links followed), else None."""
-    import stat
-
     try:
         st = os.stat(path)
     except (OSError, ValueError):
@@ -360,8 +362,6 @@ def _long(path: str) -> str:
 def _url_overlap(out: str, src: str) -> str | None:
     """'is' / 'inside' when the URL ``out`` is the URL input ``src`` (a file, a prefix or a
     glob) or lies below it, else None."""
-    import fnmatch
-
     if any(c in src for c in "*?["):
         return "inside" if fnmatch.fnmatchcase(out, src) or fnmatch.fnmatchcase(
             out, src.rstrip("/") + "/**") else None
@@ -371,7 +371,7 @@ def _url_overlap(out: str, src: str) -> str | None:
 
 
 def _same_table(a: str, b: str) -> bool:
-    from ldp_beam.transforms.sources import parse_settings, redact
+    from ldp_beam.transforms.sources import parse_settings, redact  # lazy: Beam (see location())
 
     try:
         base_a, set_a, _ = parse_settings(a)
@@ -439,7 +439,7 @@ def check_outputs(outputs: Mapping[str, str], inputs: Iterable[str], force: bool
     existing = []
     for role, p in outputs.items():
         if is_table_url(p):
-            from ldp_beam.transforms.sinks import tidy_table_exists
+            from ldp_beam.transforms.sinks import tidy_table_exists  # lazy: Beam (see location())
 
             if tidy_table_exists(p):
                 existing.append(location(p))
@@ -519,8 +519,6 @@ def _probe(folder: str) -> None:
     """Create then remove an empty file in ``folder``: the only test a write will succeed
     (``os.access`` says yes to root even where a write fails: an immutable folder, a read-only
     or special file system, a root-squashed NFS export)."""
-    import uuid
-
     for _ in range(3):
         probe = os.path.join(folder, PROBE_PREFIX + uuid.uuid4().hex[:12])
         try:
@@ -700,6 +698,7 @@ class RunOutputs:
                  inputs: Iterable[str] = (), force: bool = False,
                  options: Iterable[str] = (), *,
                  labels: Mapping[str, str] | None = None) -> None:
+        # lazy: Beam, 1.2 s at import (measured; see location())
         from ldp_beam.transforms.io import beam_flags, check_object_store
 
         self.given = dict(outputs)  # the paths as the caller gave them (messages name them)
@@ -807,8 +806,6 @@ class RunOutputs:
             try:
                 _delete([p for p, _ in _listing(self.staging + "/**", self.flags)], self.flags)
             except Exception as exc:  # noqa: BLE001 - the next run in this folder sweeps it
-                import logging
-
                 logging.getLogger(__name__).warning(
                     "could not remove the staging folder %s (%s); the next run there removes "
                     "it", self.staging, exc)
@@ -898,6 +895,8 @@ class RunOutputs:
             if not self.exists(staged):
                 raise OutputError(f"the run produced no {role} output ({staged}): not committed")
             if is_table_url(final):
+                # lazy: pyarrow.parquet costs 100 ms at import (measured); the CLI imports this
+                # module for every command, --help and `ledger` included
                 import pyarrow.parquet as pq
 
                 with self.open(staged) as fh:
@@ -906,7 +905,7 @@ class RunOutputs:
             else:
                 files[role] = {"path": location(final), **self.digest(role)}
         if not self.force:  # a table created since the run started is not replaced unasked
-            from ldp_beam.transforms.sinks import tidy_table_exists
+            from ldp_beam.transforms.sinks import tidy_table_exists  # lazy: Beam (see location())
 
             for role in tables:
                 if tidy_table_exists(self.outputs[role]):
@@ -922,7 +921,7 @@ class RunOutputs:
                 os.remove(_local(self.manifest))
             self.manifest_removed = True
         for role, table in tables.items():  # each table replaced in one transaction
-            from ldp_beam.transforms.sinks import write_tidy
+            from ldp_beam.transforms.sinks import write_tidy  # lazy: Beam (see location())
 
             step[:] = [f"writing the {role} table", location(self.outputs[role])]
             write_tidy(table, self.outputs[role], mode="replace")

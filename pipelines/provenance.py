@@ -32,7 +32,11 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
+import pyarrow.parquet as pq
+
 from ldp_beam.errors import LdpBeamError
+from ldp_beam.transforms import ReadTable, mechanism_metadata
+from ldp_beam.transforms.io import open_input, table_format
 
 from .outputs import _listing, exists, file_digest, is_url, location, open_read
 
@@ -140,11 +144,6 @@ def config_differences(a: dict, b: dict) -> list[tuple[str, str]]:
 def _read_footer(path: str, flags: Sequence[str]) -> tuple[dict | None, int | None, str | None]:
     """(ldp-beam schema metadata or None, row count, None) of a Parquet file, or (None, None,
     the reason it could not be read)."""
-    import pyarrow.parquet as pq
-
-    from ldp_beam.transforms import mechanism_metadata
-    from ldp_beam.transforms.io import open_input
-
     try:
         with open_input(path, tuple(flags)) as fh:
             pf = pq.ParquetFile(fh)
@@ -154,8 +153,6 @@ def _read_footer(path: str, flags: Sequence[str]) -> tuple[dict | None, int | No
 
 
 def _is_parquet(path: str) -> bool:
-    from ldp_beam.transforms.io import table_format
-
     try:
         return table_format(path) == "parquet"
     except ValueError:
@@ -260,8 +257,6 @@ def verify_reports(input: str, beam_args: Iterable[str] = (), *, unverified: boo
 
     ``read``: the :class:`~ldp_beam.transforms.ReadTable` the estimate reads with (else one is
     made from ``input`` and ``beam_args``), so the files checked are exactly those read."""
-    from ldp_beam.transforms import ReadTable
-
     if read is None:
         read = ReadTable(input, options=list(beam_args))
     flags = tuple(read.flags)

@@ -22,12 +22,18 @@ With ``once=True`` the backlog is landed and read once (a bounded run), with no 
 from __future__ import annotations
 
 import os
+import sys
 import threading
+import time
 from dataclasses import asdict
 from typing import Any, Mapping
 
 from ldp_beam.core import Mechanism
 from ldp_beam.transforms.pubsub_lander import Lander, LanderError
+from ldp_beam.transforms.windowed import SUMMARY
+
+from .common import write_json
+from .stream import run_stream
 
 
 DELIVERY = ("exactly once in effect: each message landed (fsynced, its report ids recorded) "
@@ -46,8 +52,6 @@ def run_pubsub_stream(subscription: str, output_dir: str, mechanism: Mechanism, 
     ``window_seconds``, ``watermark_lag``, ``privacy_unit``); returns the stream's summary with
     the lander's counts under ``"lander"``. ``lander_options``: keyword options of
     :class:`~ldp_beam.transforms.pubsub_lander.Lander` (attribute names, ``max_messages``...)."""
-    from .stream import run_stream
-
     if "spool" in stream_kwargs or "subscription" in stream_kwargs:
         raise ValueError("run_pubsub_stream takes the subscription and lands it into "
                          "spool_dir: do not pass spool= or subscription=")
@@ -55,8 +59,6 @@ def run_pubsub_stream(subscription: str, output_dir: str, mechanism: Mechanism, 
     os.makedirs(output_dir, exist_ok=True)
     say = None
     if progress:
-        import sys
-
         def say(msg: str) -> None:
             print(msg, file=sys.stderr, flush=True)
     stop = stop or threading.Event()
@@ -97,9 +99,6 @@ def run_pubsub_stream(subscription: str, output_dir: str, mechanism: Mechanism, 
 
 def _rewrite(output_dir: str, summary: dict) -> None:
     """The run's summary file, with the lander's counts and the delivery guarantee."""
-    from .common import write_json
-    from ldp_beam.transforms.windowed import SUMMARY
-
     write_json(os.path.join(output_dir, SUMMARY), summary)
 
 
@@ -131,8 +130,6 @@ def drain_backlog(lander: Lander, seconds: float, stop: threading.Event) -> int:
     (caught up with the live rate: a steady producer does not hold the stream back; a batch
     closed by its size or time limit is not the end of the backlog), ``seconds`` or ``stop``;
     returns the messages landed."""
-    import time
-
     end = time.monotonic() + seconds
     n = 0
     while time.monotonic() < end and not stop.is_set():

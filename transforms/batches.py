@@ -22,9 +22,12 @@ from typing import Any, Mapping
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from ldp_beam import __version__
 from ldp_beam.core import Mechanism
+from ldp_beam.errors import InvalidRecordsError
+from ldp_beam.privacy import run_guarantee
 
 SCHEMA_KEY = b"ldp_beam"
 
@@ -168,8 +171,6 @@ def report_schema(mechanism: Mechanism, passthrough: pa.Schema | None = None,
     ``run_id``: the run that wrote the reports (``collect`` records it, so ``estimate`` can tie a
     reports file to the manifest that committed it).
     """
-    from ldp_beam.privacy import run_guarantee
-
     fields = [pa.field(name, pa.from_numpy_dtype(np.dtype(dt)), nullable=False)
               for name, dt in mechanism.report_fields]
     if passthrough is not None:
@@ -401,8 +402,6 @@ def _check_text(col: pa.Array, name: str, dt: np.dtype) -> FieldCheck:
     """Text: well-formed numbers go through pyarrow's parsers at once (exact for integers,
     correctly rounded for floats, as Python's are), everything else through the reference
     :func:`report_value`, once per distinct text."""
-    import pyarrow.compute as pc
-
     n = len(col)
     values = np.zeros(n, dtype=dt)
     handled = np.zeros(n, dtype=bool)
@@ -489,8 +488,6 @@ def report_columns(element: Any, fields: tuple) -> dict[str, np.ndarray]:
     cast keeps it. Raises :class:`~ldp_beam.errors.InvalidRecordsError` naming the rows that
     cannot be cast (dead-letter them first with
     :class:`~ldp_beam.transforms.ValidateReports`): nothing is cast that would change it."""
-    from ldp_beam.errors import InvalidRecordsError
-
     raw, n = report_field_columns(element, fields)
     dtypes = dict(fields)
     cols: dict[str, np.ndarray] = {}

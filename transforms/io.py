@@ -96,16 +96,25 @@ pages are checked against their CRC where the writer stored one.
 """
 from __future__ import annotations
 
+import codecs
 import csv
 import glob
+import gzip
+import io
 import logging
 import os
 import re
+import shutil
+import uuid
 from dataclasses import dataclass, fields as dc_fields
 from typing import Any, Callable, Iterable, Mapping, Sequence
+from urllib.parse import unquote
 
 import apache_beam as beam
+from apache_beam.io.filesystem import CompressionTypes
+from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
+from apache_beam.options.pipeline_options import PipelineOptions, S3Options
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
@@ -193,9 +202,6 @@ def _hidden(name: str) -> bool:
 def _filesystem(path: str, flags: Sequence[str] = ()):
     """Beam's FileSystem for ``path``'s scheme, built from the Beam arguments ``flags`` (e.g.
     ``--s3_endpoint_url=...``); the environment fills in what they leave out."""
-    from apache_beam.io.filesystems import FileSystems
-    from apache_beam.options.pipeline_options import PipelineOptions
-
     cls = type(FileSystems.get_filesystem(path))
     return cls(PipelineOptions(list(flags)))
 
@@ -204,8 +210,6 @@ def open_input(path: str, flags: Sequence[str] = ()):
     """A binary, seekable file object for a local path or any Beam FileSystems URL."""
     if not is_remote(path):
         return open(path[7:] if path.startswith("file://") else path, "rb")
-    from apache_beam.io.filesystem import CompressionTypes
-
     return _filesystem(path, flags).open(path, compression_type=CompressionTypes.UNCOMPRESSED)
 
 
@@ -231,8 +235,6 @@ def list_input(pattern: str, flags: Sequence[str] = ()) -> InputListing:
     named outright must be a table. Raises FileNotFoundError when no table file remains, and
     ValueError for a partition folder whose value is null (``__HIVE_DEFAULT_PARTITION__``) or
     a file missing a partition column its siblings have, naming the file."""
-    from urllib.parse import unquote
-
     skipped: list[dict] = []
     root: str | None = None
     if is_remote(pattern):
@@ -360,8 +362,6 @@ class CsvOptions:
         if not isinstance(self.double_quote, bool):
             raise ParameterError("csv_options['double_quote']", self.double_quote, "True or False")
         try:
-            import codecs
-
             codecs.lookup(self.encoding)
         except (LookupError, TypeError):
             raise ParameterError("csv_options['encoding']", self.encoding,
@@ -377,8 +377,6 @@ class CsvOptions:
 
     @property
     def utf8(self) -> bool:
-        import codecs
-
         return codecs.lookup(self.encoding).name == "utf-8"
 
     def python_dialect(self) -> dict:
@@ -392,13 +390,9 @@ class CsvOptions:
         """The file as text for Python's ``csv`` module (gzip-compressed ``.gz`` files too, which
         pyarrow decompresses by their extension); remote paths through Beam's FileSystems
         (``flags``: Beam arguments such as ``--s3_endpoint_url``)."""
-        import io
-
         enc = "utf-8-sig" if self.utf8 else self.encoding
         raw = open_input(path, flags)
         if path.lower().endswith(".gz"):
-            import gzip
-
             raw = gzip.GzipFile(fileobj=raw, mode="rb")
         return io.TextIOWrapper(raw, newline="", encoding=enc, errors="replace")
 
@@ -1278,8 +1272,6 @@ def beam_flags(options: Any = None) -> tuple[str, ...]:
     ``AWS_ENDPOINT_URL_S3``/``AWS_ENDPOINT_URL``, ``AWS_DEFAULT_REGION``)."""
     if options is None:
         return ()
-    from apache_beam.options.pipeline_options import PipelineOptions, S3Options
-
     if not isinstance(options, PipelineOptions):
         if isinstance(options, str) or not isinstance(options, Iterable):
             raise ParameterError("options", options, "Beam PipelineOptions, a list of Beam "
@@ -1308,14 +1300,13 @@ def check_object_store(url: str, flags: Sequence[str] = (), timeout: float = 5.0
     if not url.startswith("s3://"):
         return
     try:
+        # lazy: optional dependency (the [s3] extra: boto3, Beam's AWS extra)
         import boto3
         from botocore.config import Config
         from botocore import exceptions as bx
     except ImportError:
         raise SourceError(f"{url}: reading s3:// needs boto3, Beam's AWS extra (pip install "
                           "'ldp-beam[s3]' or 'apache-beam[aws]')") from None
-    from apache_beam.options.pipeline_options import PipelineOptions, S3Options
-
     o = PipelineOptions(list(flags)).view_as(S3Options)
     session = boto3.session.Session(
         aws_access_key_id=o.s3_access_key_id, aws_secret_access_key=o.s3_secret_access_key,
@@ -1366,6 +1357,7 @@ def _check_gcs(url: str, flags: Sequence[str], timeout: float) -> None:
     FileSystem builds (its credentials, or anonymous; ``STORAGE_EMULATOR_HOST`` names an
     emulator), without retries (Beam's would go on for 120 s, then end in a traceback)."""
     try:
+        # lazy: optional dependency (the [gcs] extra: google-cloud-storage, Beam's GCP extra)
         import requests
         from google.api_core import exceptions as gx
         from google.auth import exceptions as ax
@@ -1373,8 +1365,6 @@ def _check_gcs(url: str, flags: Sequence[str], timeout: float) -> None:
     except ImportError:
         raise SourceError(f"{url}: reading gs:// needs google-cloud-storage, Beam's GCP extra "
                           "(pip install 'ldp-beam[gcs]' or 'apache-beam[gcp]')") from None
-    from apache_beam.options.pipeline_options import PipelineOptions
-
     bucket, prefix = _s3_parts("s3://" + url[len("gs://"):])
     try:
         client = create_storage_client(PipelineOptions(list(flags)))
@@ -1442,9 +1432,6 @@ def _sep(path: str) -> str:
 def fs_open(path: str, mode: str = "r"):
     """A binary stream reading (``mode="r"``) or writing (``"w"``) a local path or any Beam
     FileSystems URL, as stored (no compression guessed from the name)."""
-    from apache_beam.io.filesystem import CompressionTypes
-    from apache_beam.io.filesystems import FileSystems
-
     fn = FileSystems.create if mode == "w" else FileSystems.open
     return fn(path, compression_type=CompressionTypes.UNCOMPRESSED)
 
@@ -1460,8 +1447,6 @@ class _WritePartFn(beam.DoFn):
         self.fh = self.writer = None
 
     def _open(self) -> str:
-        import uuid
-
         name = (_parts_folder(self.path) + _sep(self.path) + "part-" + uuid.uuid4().hex
                 + (".parquet" if self.schema is not None else ".jsonl"))
         self.fh = fs_open(name, "w")
@@ -1499,8 +1484,6 @@ def _join_parts(parts: Sequence[str], path: str, stream: Callable[[list[str], An
     open output; no part: an empty file), then remove the parts folder (with any part a failed
     bundle attempt left). Safe to retry: parts are removed only once ``path`` is complete, so a
     missing part with ``path`` present means an earlier attempt finished."""
-    from apache_beam.io.filesystems import FileSystems
-
     parts = sorted(set(parts))
     present = [p for p in parts if FileSystems.exists(p)]
     if len(present) < len(parts):
@@ -1548,8 +1531,6 @@ def join_parquet_parts(parts: Sequence[str], path: str, schema: pa.Schema) -> st
 def join_text_parts(parts: Sequence[str], path: str) -> str:
     """Concatenate text part files into one file at ``path`` (streamed; see
     :class:`WriteJsonLines`)."""
-    import shutil
-
     def stream(files: list[str], out: Any) -> None:
         for f in files:
             with fs_open(f) as fh:

@@ -184,7 +184,7 @@ def _cut(text: str, n: int = 200) -> str:
 
 
 def _transient() -> tuple:
-    from google.api_core import exceptions as gexc
+    from google.api_core import exceptions as gexc  # lazy: optional dependency (the [pubsub] extra)
 
     return (gexc.ServiceUnavailable, gexc.DeadlineExceeded, gexc.InternalServerError,
             gexc.Aborted, gexc.ResourceExhausted, gexc.Unknown, gexc.RetryError)
@@ -322,7 +322,7 @@ class Lander:
     def _client(self) -> Any:
         if self._subscriber is None:
             try:
-                from google.cloud import pubsub_v1
+                from google.cloud import pubsub_v1  # lazy: optional dependency (the [pubsub] extra)
             except ImportError as exc:
                 raise LanderError(f"--subscription {self.subscription}: reading Pub/Sub needs "
                                   "the Pub/Sub client: pip install 'ldp-beam[pubsub]'") from exc
@@ -390,7 +390,7 @@ class Lander:
                 pause = min(pause * 2, 2.0)
 
     def _pull(self, max_messages: int, timeout: float) -> list:
-        from google.api_core import exceptions as gexc
+        from google.api_core import exceptions as gexc  # lazy: optional (the [pubsub] extra)
 
         client = self._client()
         request = {"subscription": self.subscription, "max_messages": max_messages}
@@ -707,6 +707,7 @@ def drain_plain(subscription: str, *, expected: int, max_messages: int = 1000,
                 timeout: float = 60.0, subscriber: Any = None) -> tuple[int, float]:
     """The broker's own rate, for comparison: pull and ack (no parsing, no disk) until
     ``expected`` messages were received or ``timeout``; returns ``(messages, seconds)``."""
+    # lazy: optional dependency (the [pubsub] extra)
     from google.api_core import exceptions as gexc
     from google.cloud import pubsub_v1
 

@@ -45,17 +45,23 @@ takes one writer at a time; a database table is written in one transaction).
 """
 from __future__ import annotations
 
+import io
 import math
+import os
 import re
 from typing import Any, Iterable, Mapping, Sequence
 
 import apache_beam as beam
 import numpy as np
 import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
 
 from ldp_beam.errors import ParameterError
+from ldp_beam.privacy import SEEDED_KIND, is_seeded_guarantee
 
 from .io import SourceError, _error_text, fs_open
+from .sources import CONNECT_TIMEOUT, _pg_error, parse_settings, quote_ident, redact
 
 from .s3compat import apply as _s3_fixes
 
@@ -155,8 +161,6 @@ def _guarantee_fields(g: Any, seeded: Any) -> dict:
     """The guarantee columns of a tidy row. A seeded run (``seeded`` given, or a guarantee that
     says ``seeded``/``private: false``/the seeded kind) promises nothing, whatever the guarantee
     dict carries: kind :data:`ldp_beam.privacy.SEEDED_KIND`, null epsilon and delta."""
-    from ldp_beam.privacy import SEEDED_KIND, is_seeded_guarantee
-
     if not isinstance(g, Mapping):
         s = None if seeded is None else bool(seeded)
         return {"guarantee": None if g is None else str(g),
@@ -298,8 +302,6 @@ def tidy_format(url: str) -> str:
 
 
 def _table_setting(url: str) -> str:
-    from .sources import parse_settings, quote_ident, redact
-
     _, settings, other = parse_settings(url)
     table = settings.get("table")
     if not table or set(settings) - {"table"}:
@@ -311,17 +313,11 @@ def _table_setting(url: str) -> str:
 def tidy_bytes(rows: Iterable[Mapping[str, Any]] | pa.Table, fmt: str) -> bytes:
     """Tidy rows encoded as a whole ``parquet`` or ``csv`` file (for a writer that puts the
     bytes somewhere itself, e.g. a run's staging folder on an object store)."""
-    import io
-
     table = rows if isinstance(rows, pa.Table) else tidy_table(rows)
     buf = io.BytesIO()
     if fmt == "parquet":
-        import pyarrow.parquet as pq
-
         pq.write_table(table, buf)
     elif fmt == "csv":
-        import pyarrow.csv as pacsv
-
         pacsv.write_csv(table, buf)
     else:
         raise ParameterError("fmt", fmt, "parquet or csv")
@@ -332,15 +328,11 @@ def tidy_table_exists(url: str) -> bool:
     """Whether the table a ``duckdb:///FILE?table=T`` or ``postgresql://...?table=T`` output
     names exists already (a DuckDB file that does not exist holds no table). Errors name the
     output (an unreachable server, a file that is not a DuckDB database)."""
-    from .sources import quote_ident, redact
-
     fmt = tidy_format(url)
     name = _table_setting(url)
     parts = name.split(".")
     if fmt == "duckdb":
-        import os
-
-        import duckdb
+        import duckdb  # lazy: optional dependency (the [duckdb] extra)
 
         path = _duckdb_path(url)
         if not os.path.exists(path):
@@ -370,8 +362,6 @@ def tidy_table_exists(url: str) -> bool:
             found = bool(cur.fetchone()[0])
             cur.close()
         except Exception as exc:  # noqa: BLE001
-            from .sources import _pg_error
-
             raise SourceError(f"{redact(url)}: cannot check table {name}: "
                               f"{_pg_error(exc)}") from None
         finally:
@@ -388,14 +378,12 @@ def _duckdb_path(url: str) -> str:
 def _pg_connect(url: str):
     """An ADBC connection to the PostgreSQL database of ``url`` (our ``table=`` setting taken
     out, a connect timeout added); errors name the output."""
-    from .sources import CONNECT_TIMEOUT, _pg_error, parse_settings, redact
-
     base, _, other = parse_settings(url)
     params = dict(other)
     params.setdefault("connect_timeout", str(CONNECT_TIMEOUT))
     conninfo = base + "?" + "&".join(f"{k}={v}" for k, v in params.items())
     try:
-        import adbc_driver_postgresql.dbapi as pg
+        import adbc_driver_postgresql.dbapi as pg  # lazy: optional dependency ([postgresql] extra)
     except ImportError:
         raise SourceError(f"{redact(url)}: writing PostgreSQL needs adbc-driver-postgresql "
                           "(pip install 'ldp-beam[postgresql]')") from None
@@ -418,13 +406,9 @@ def write_tidy(rows: Iterable[Mapping[str, Any]] | pa.Table, url: str,
     table = rows if isinstance(rows, pa.Table) else tidy_table(rows)
     fmt = tidy_format(url)
     if fmt == "parquet":
-        import pyarrow.parquet as pq
-
         with fs_open(url, "w") as fh:
             pq.write_table(table, fh)
     elif fmt == "csv":
-        import pyarrow.csv as pacsv
-
         with fs_open(url, "w") as fh:
             pacsv.write_csv(table, fh)
     elif fmt == "duckdb":
@@ -438,11 +422,7 @@ def write_tidy(rows: Iterable[Mapping[str, Any]] | pa.Table, url: str,
 
 
 def _write_duckdb(table: pa.Table, url: str, mode: str) -> None:
-    import os
-
-    import duckdb
-
-    from .sources import quote_ident, redact
+    import duckdb  # lazy: optional dependency (the [duckdb] extra)
 
     name = _table_setting(url)
     path = _duckdb_path(url)
@@ -474,8 +454,6 @@ def _write_duckdb(table: pa.Table, url: str, mode: str) -> None:
 
 
 def _write_postgres(table: pa.Table, url: str, mode: str) -> None:
-    from .sources import _pg_error, redact
-
     name = _table_setting(url)
     con = _pg_connect(url)
     parts = name.split(".")
@@ -484,8 +462,6 @@ def _write_postgres(table: pa.Table, url: str, mode: str) -> None:
     try:
         cur = con.cursor()
         if mode == "replace":
-            from .sources import quote_ident
-
             cur.execute(f"DROP TABLE IF EXISTS {quote_ident(name)}")
             cur.adbc_ingest(tname, table, mode="create", db_schema_name=schema_name)
         else:

@@ -83,6 +83,7 @@ import math
 import os
 import queue
 import re
+import sqlite3
 import threading
 from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
@@ -297,7 +298,7 @@ class DuckDBSource(Source):
 
     def _duckdb(self):
         try:
-            import duckdb
+            import duckdb  # lazy: optional dependency (the [duckdb] extra)
         except ImportError:
             raise SourceError(f"{self.name}: reading DuckDB needs the duckdb package "
                               "(pip install 'ldp-beam[duckdb]')") from None
@@ -531,7 +532,7 @@ class PostgresSource(Source):
 
     def _new_connection(self, autocommit: bool):
         try:
-            import adbc_driver_postgresql.dbapi as pg
+            import adbc_driver_postgresql.dbapi as pg  # lazy: optional dependency ([postgresql])
         except ImportError:
             raise SourceError(f"{self.name}: reading PostgreSQL needs "
                               "adbc-driver-postgresql (pip install "
@@ -992,7 +993,7 @@ class IcebergSource(Source):
         if self._table is not None:
             return self._table
         try:
-            from pyiceberg.catalog import load_catalog
+            from pyiceberg.catalog import load_catalog  # lazy: optional dependency ([iceberg])
         except ImportError:
             raise SourceError(f"{self.name}: reading Iceberg needs pyiceberg (pip install "
                               "'ldp-beam[iceberg]')") from None
@@ -1001,7 +1002,7 @@ class IcebergSource(Source):
                 if not os.path.isfile(self.catalog_file):
                     raise SourceError(f"{self.name}: the Iceberg catalog file "
                                       f"{self.catalog_file!r} does not exist")
-                from pyiceberg.catalog.sql import SqlCatalog
+                from pyiceberg.catalog.sql import SqlCatalog  # lazy: optional ([iceberg] extra)
 
                 cat = SqlCatalog(self._sqlite_catalog_name(),
                                  uri="sqlite:///" + os.path.abspath(self.catalog_file))
@@ -1019,8 +1020,6 @@ class IcebergSource(Source):
         ``catalog=NAME`` in the URL, else the only one in the file."""
         if self.settings.get("catalog"):
             return self.settings["catalog"]
-        import sqlite3
-
         try:
             con = sqlite3.connect(f"file:{os.path.abspath(self.catalog_file)}?mode=ro", uri=True)
             try:
@@ -1054,7 +1053,7 @@ class IcebergSource(Source):
         else:
             cur = tbl.current_snapshot()
             self.snapshot_id = None if cur is None else cur.snapshot_id
-        from pyiceberg.io.pyarrow import schema_to_pyarrow
+        from pyiceberg.io.pyarrow import schema_to_pyarrow  # lazy: optional dependency ([iceberg])
 
         scan = self._scan()
         self.schema = _plain_schema(schema_to_pyarrow(scan.projection(),
@@ -1074,6 +1073,7 @@ class IcebergSource(Source):
         self.rows = total
 
     def read(self, unit: SourceUnit, batch_rows: int) -> Iterator[pa.RecordBatch]:
+        # lazy: optional dependency (the [iceberg] extra)
         from pyiceberg.expressions import AlwaysTrue
         from pyiceberg.io.pyarrow import ArrowScan
 

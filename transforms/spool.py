@@ -157,6 +157,9 @@ from typing import Any, Iterator
 
 import apache_beam as beam
 from apache_beam import coders
+from apache_beam.portability.api import beam_runner_api_pb2 as runner_api
+from apache_beam.testing.test_stream import TestStream
+from apache_beam.testing.test_stream_service import TestStreamServiceController
 from apache_beam.transforms.window import TimestampedValue
 from apache_beam.utils.timestamp import MIN_TIMESTAMP, Duration, Timestamp
 
@@ -938,8 +941,6 @@ class SpoolSource(beam.PTransform):
 
     # -- the TestStreamService
     def __enter__(self) -> "SpoolSource":
-        from apache_beam.testing.test_stream_service import TestStreamServiceController
-
         if self.duration is not None:
             self.deadline = time.monotonic() + self.duration
         self._controller = TestStreamServiceController(self)
@@ -953,8 +954,6 @@ class SpoolSource(beam.PTransform):
             self._controller = None
 
     def expand(self, pbegin):
-        from apache_beam.testing.test_stream import TestStream
-
         if self._controller is None:
             raise RuntimeError("SpoolSource must be entered (with source: ...) before the "
                                "pipeline is built: that starts the service feeding it")
@@ -1010,9 +1009,7 @@ class SpoolSource(beam.PTransform):
         return starts
 
     def _events(self) -> Iterator[Any]:
-        from apache_beam.portability.api import beam_runner_api_pb2 as api
-
-        ev = api.TestStreamPayload.Event
+        ev = runner_api.TestStreamPayload.Event
         settled0 = self.spool.settled()
         watermark = settled0  # in force for the too-late rule (a fresh spool: none yet)
         last_tick = time.monotonic()
@@ -1033,7 +1030,7 @@ class SpoolSource(beam.PTransform):
             if batch and (size + len(enc) > EVENT_BYTES or len(batch) >= EVENT_ELEMENTS):
                 out = [ev(element_event=ev.AddElements(elements=batch, tag="None"))]
                 batch, size = [], 0
-            batch.append(api.TestStreamPayload.TimestampedElement(encoded_element=enc,
+            batch.append(runner_api.TestStreamPayload.TimestampedElement(encoded_element=enc,
                                                                   timestamp=t_us))
             size += len(enc)
             return out
