@@ -249,7 +249,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds between looks at the spool directory (default 1, at most 10)")
     s.add_argument("--watermark-lag", type=float, default=0.0,
                    help="seconds the spool's watermark trails the wall clock: how long a window "
-                        "waits for stragglers before its on-time pane (default 0)")
+                        "waits for stragglers before its on-time pane (default 0; with "
+                        "--subscription give at least the subscription's ack deadline, so that "
+                        "messages a crashed collector had pulled are still on time)")
     s.add_argument("--duration", type=float,
                    help="stop cleanly after this many seconds (default: run until Ctrl-C)")
     s.add_argument("--once", action="store_true",
