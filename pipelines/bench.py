@@ -1382,7 +1382,10 @@ def stream_soak(seconds: float, tmp: str, progress: Any = None, *, rate: float =
     mech = build_mechanism("grr", epsilon=STREAM_EPSILON, domain=_LABELS)
     say(f"stream-soak: starting Google's Pub/Sub emulator; then {seconds:g} s of a live "
         f"collector at {rate:g} reports/s, its RSS sampled every {interval:g} s")
-    with PubSubEmulator(start_timeout=90) as emu:
+    # the emulator keeps what it was sent in its JVM heap: with the default 256 MiB it stopped
+    # answering (connection timeouts) after ~116k messages (1.16M reports, 38 min at 500/s),
+    # twice at the same count, loaded or not; an hour at 500 reports/s is 180k messages
+    with PubSubEmulator(start_timeout=90, heap="2g") as emu:
         topic = emu.topic()
         sub = emu.subscription(topic, ack_deadline=30)
         cmd = [sys.executable, "-m", "ldp_beam.pipelines.cli", "stream", "--subscription", sub,
