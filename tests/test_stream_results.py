@@ -118,6 +118,18 @@ def test_results_destinations_are_checked(dest):
         check_results([dest], None)
 
 
-def test_open_results_closes_what_it_opened_when_one_fails(tmp_path):
-    with pytest.raises(Exception):
+def test_an_unreachable_results_table_is_an_error_naming_it(tmp_path):
+    with pytest.raises(Exception, match=r"127\.0\.0\.1:1"):
         open_results([str(tmp_path / "ok"), "postgresql://127.0.0.1:1/x?table=t"], None)
+
+
+def test_each_sink_says_whether_it_added_the_pane(tmp_path):
+    row = {"window_start": "2023-11-14T22:13:20Z", "window_start_epoch": T0,
+           "window_end_epoch": T0 + 10, "pane": {"index": 0, "timing": "on_time"}, "run": "r"}
+    sinks = open_results([str(tmp_path / "f"), f"duckdb:///{tmp_path / 'r.db'}?table=t"], None)
+    try:
+        assert [s.write(row) for s in sinks] == [True, True]
+        assert [s.write(row) for s in sinks] == [False, False]  # kept once, never overwritten
+    finally:
+        for s in sinks:
+            s.close()

@@ -95,13 +95,9 @@ class DuckDBResults:
         self.con.execute(f"CREATE TABLE IF NOT EXISTS {self.table} ({_COLUMNS})")
 
     def write(self, row: Mapping[str, Any]) -> bool:
-        before = self._count()
-        self.con.execute(f"INSERT INTO {self.table} VALUES (?, ?, ?, ?, ?, ?) "
-                         "ON CONFLICT DO NOTHING", _values(row))
-        return self._count() > before
-
-    def _count(self) -> int:
-        return int(self.con.execute(f"SELECT count(*) FROM {self.table}").fetchone()[0])
+        added = self.con.execute(f"INSERT INTO {self.table} VALUES (?, ?, ?, ?, ?, ?) "
+                                 "ON CONFLICT DO NOTHING RETURNING pane", _values(row))
+        return bool(added.fetchall())
 
     def close(self) -> None:
         self.con.close()
