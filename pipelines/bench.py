@@ -60,6 +60,8 @@ from typing import Any
 
 from ldp_beam.pipelines.records import make_record
 
+from .bench_sources import stop_processes
+
 _CHILD = r'''
 import json, resource, sys, time
 
@@ -1457,13 +1459,7 @@ def stream_soak(seconds: float, tmp: str, progress: Any = None, *, rate: float =
         finally:
             stop.set()
             thread.join(30)
-            if proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(15)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait(10)
+            stop_processes([proc])
             log.close()
     with open(os.path.join(folder, "collector.log"), "rb") as fh:
         tail = fh.read()[-2000:].decode("utf-8", "replace")

@@ -137,6 +137,21 @@ def fresh_pg_url(pg_server):
     return pg_server.create_database(f"fresh_{next(_fresh_dbs)}")
 
 
+@pytest.fixture(scope="module")
+def emulator():
+    """Google's Pub/Sub emulator for a test module (ldp_beam.pipelines.pubsub_emulator: a free
+    loopback port, a bounded start, PUBSUB_EMULATOR_HOST set while it runs, always stopped);
+    each test makes its own topics and subscriptions. Skipped only when java or the emulator
+    is absent (.ci/run fails in that case)."""
+    from ldp_beam.pipelines.pubsub_emulator import PubSubEmulator, missing
+
+    reason = missing()
+    if reason:
+        pytest.skip(reason)
+    with PubSubEmulator(start_timeout=90) as emu:
+        yield emu
+
+
 @pytest.fixture(params=["sqlite", "postgresql"])
 def ledger_url(request, tmp_path):
     """A new budget ledger, once on SQLite and once on PostgreSQL."""

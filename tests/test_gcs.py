@@ -27,6 +27,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from ldp_beam_test_helpers import free_port, run_cli
+from ldp_beam.pipelines.bench_sources import stop_processes
 
 pytest.importorskip("gcp_storage_emulator", reason="the gs:// tests need gcp-storage-emulator "
                     "(pip install 'ldp-beam[test]')")
@@ -73,12 +74,7 @@ def gcs(tmp_path_factory):
             mp.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(adc))
             yield url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
+        stop_processes([proc], wait=10)
         log.close()
         from apache_beam.io.filesystems import FileSystems
         from apache_beam.options.pipeline_options import PipelineOptions

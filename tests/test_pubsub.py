@@ -46,25 +46,6 @@ DOMAIN = ("alpha-secret-label", "bravo-secret-label", "charlie-secret-label")
 GRR = {"epsilon": 1.0, "domain": ",".join(DOMAIN)}
 
 
-@pytest.fixture(scope="module")
-def emulator():
-    reason = pubsub_emulator.missing()
-    if reason:
-        pytest.skip(reason)
-    emu = pubsub_emulator.PubSubEmulator(start_timeout=90)
-    emu.start()
-    old = os.environ.get("PUBSUB_EMULATOR_HOST")
-    os.environ["PUBSUB_EMULATOR_HOST"] = emu.host
-    try:
-        yield emu
-    finally:
-        emu.stop()
-        if old is None:
-            os.environ.pop("PUBSUB_EMULATOR_HOST", None)
-        else:
-            os.environ["PUBSUB_EMULATOR_HOST"] = old
-
-
 def _lines(spool: str) -> list[dict]:
     """Every record in the spool's files (new, claimed or done)."""
     out = []

@@ -27,7 +27,6 @@ pytest.importorskip("google.cloud.pubsub_v1", reason="google-cloud-pubsub is not
 
 from ldp_beam_test_helpers import read_jsonl  # noqa: E402
 from ldp_beam.client import Reporter  # noqa: E402
-from ldp_beam.pipelines.pubsub_emulator import PubSubEmulator, missing  # noqa: E402
 
 DOMAIN = ("a", "b", "c", "d")
 GRR = {"epsilon": 1.0, "domain": ",".join(DOMAIN)}
@@ -35,25 +34,6 @@ WINDOW = 2
 # the emulator's subscriptions have a 10 s ack deadline: what a killed collector had pulled comes
 # back after it, so the watermark lag covers it (the collector says so when it does not)
 LAG = 12
-
-
-@pytest.fixture(scope="module")
-def emulator():
-    reason = missing()
-    if reason:
-        pytest.skip(reason)
-    emu = PubSubEmulator(start_timeout=90)
-    emu.start()
-    old = os.environ.get("PUBSUB_EMULATOR_HOST")
-    os.environ["PUBSUB_EMULATOR_HOST"] = emu.host
-    try:
-        yield emu
-    finally:
-        emu.stop()
-        if old is None:
-            os.environ.pop("PUBSUB_EMULATOR_HOST", None)
-        else:
-            os.environ["PUBSUB_EMULATOR_HOST"] = old
 
 
 class Producer(threading.Thread):
