@@ -787,7 +787,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.command in ("collect", "estimate"):
         # the ledger's fingerprint of a local input (every run records one), hashed while Beam
         # is imported
-        from ldp_beam.ledger import prefetch_dataset_identity
+        from .datasets import prefetch_dataset_identity
 
         prefetch_dataset_identity(a.input)
     if a.command in ("demo", "collect", "estimate", "stream"):  # commands that build pipelines

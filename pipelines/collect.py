@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ldp_beam.core import Mechanism
-from ldp_beam.ledger import Ledger, dataset_identity
+from ldp_beam.ledger import Ledger
 from ldp_beam.registry import get_registry
 from ldp_beam.privacy import check_contribution_bound, ledger_cost, run_guarantee
 from ldp_beam.rng import RunKey
@@ -27,6 +27,7 @@ from ldp_beam.transforms import (Perturb, ReadTable, WriteJsonLines, WriteParque
                                  report_schema)
 from ldp_beam.transforms.units import BoundContributions
 
+from .datasets import dataset_identity
 from .common import Tally, check_readable, check_reconciles, reconcile, run_pipeline
 from .lifecycle import ledger_state, publish
 from .outputs import (OutputError, RunFailed, RunOutputs, check_output_format, is_table_url,

@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 
 from ldp_beam.core import Mechanism
 from ldp_beam.estimators import estimator_for
-from ldp_beam.ledger import Ledger, dataset_identity, release_request
+from ldp_beam.ledger import Ledger, release_request
 from ldp_beam.limits import check_groups
 from ldp_beam.privacy import ledger_cost, run_guarantee
 from ldp_beam.registry import get_registry
@@ -41,6 +41,7 @@ from .collect import (_read_options, check_unit_column, invalid_rows, read_bound
                       read_tally, resolve_columns, tally_inputs)
 from .common import (Tally, WriteOneLine, check_readable, check_reconciles, reconcile,
                      run_pipeline)
+from .datasets import dataset_identity
 from .lifecycle import ledger_state, publish
 from .outputs import RunOutputs, location
 from .provenance import agreed_metadata, mark_unverified, verify_reports

@@ -136,7 +136,7 @@ def test_collect_then_estimate_through_the_bucket(bucket, tmp_path):
     the same bytes read locally (the reader keys records by file name and row, not location), so
     the estimates from them are equal too; the ledger fingerprinted the gs:// input through
     pyarrow (a hang here before: from_uri ignored STORAGE_EMULATOR_HOST)."""
-    from ldp_beam.ledger import dataset_identity
+    from ldp_beam.pipelines.datasets import dataset_identity
     from ldp_beam.pipelines.outputs import verify
 
     local = tmp_path / "local" / "t.parquet"
@@ -187,7 +187,7 @@ def test_collect_then_estimate_through_the_bucket(bucket, tmp_path):
 def test_collect_reads_a_csv_folder(bucket, tmp_path):
     """A gs:// prefix of CSV files (hive partitions, a _SUCCESS marker skipped) read through
     Beam, fingerprinted through pyarrow as the local folder holding the same bytes is."""
-    from ldp_beam.ledger import dataset_identity
+    from ldp_beam.pipelines.datasets import dataset_identity
 
     local = tmp_path / "local"
     for day, seed in ((1, 1), (2, 2)):
@@ -208,7 +208,7 @@ def test_collect_reads_a_csv_folder(bucket, tmp_path):
 def test_fingerprint_of_gs_inputs_equals_the_local_one(bucket, tmp_path):
     """A file, and a folder with hidden entries, fingerprint as their local copies do (a single
     file by its content only, a folder by names relative to it); changing one byte changes it."""
-    from ldp_beam.ledger import dataset_identity
+    from ldp_beam.pipelines.datasets import dataset_identity
 
     local = tmp_path / "local"
     body = _parquet(_table(300, 5))
@@ -284,7 +284,7 @@ def test_unreachable_and_silent_endpoints_fail_in_one_line(gcs, silent_store, tm
     args = ("collect", "-i", "gs://bkt/in/t.parquet", "-c", "v", *GRR,
             "-o", str(tmp_path / "r.parquet"), "--ledger", f"sqlite:///{tmp_path / 'l.db'}")
     fingerprint = """
-        import sys, ldp_beam.ledger as L
+        import sys, ldp_beam.pipelines.datasets as L
         L.REMOTE_STALL_SECONDS = 3
         try:
             L.dataset_identity("gs://bkt/in/t.parquet")
@@ -346,7 +346,7 @@ def _sigterm_cli(silent, connected, tmp_path, started) -> None:
 def _sigterm_fingerprint(silent, connected, started) -> None:
     proc = _python("""
         import sys
-        from ldp_beam.ledger import dataset_identity
+        from ldp_beam.pipelines.datasets import dataset_identity
         from ldp_beam.pipelines.lifecycle import Interrupted, install_signal_handlers
         install_signal_handlers()
         try:

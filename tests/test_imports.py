@@ -41,6 +41,7 @@ MODULES = {
     "pipelines/ledger_cli.py": "ldp_beam.pipelines.ledger_cli",
     "pipelines/collect.py": "ldp_beam.pipelines.collect",
     "ldp_beam/ledger.py": "ldp_beam.ledger",
+    "pipelines/datasets.py": "ldp_beam.pipelines.datasets",
     "ldp_beam/core.py": "ldp_beam.core",
     "ldp_beam/privacy.py": "ldp_beam.privacy",
     "ldp_beam/audit.py": "ldp_beam.audit",

@@ -25,7 +25,8 @@ import pytest
 
 from ldp_beam.errors import ParameterError
 from ldp_beam.ledger import (BudgetExceeded, Ledger, LedgerError, LedgerUnavailable, compose,
-                             dataset_identity, default_url, release_request)
+                             default_url, release_request)
+from ldp_beam.pipelines.datasets import dataset_identity
 
 _spec = importlib.util.spec_from_file_location(
     "ldp_beam_postgres_server", Path(__file__).with_name("postgres_server.py"))
@@ -650,7 +651,7 @@ def test_a_prefetched_fingerprint_is_the_same_and_a_changed_file_is_hashed_again
     time or inode) is hashed again rather than trusted."""
     import os
 
-    from ldp_beam import ledger as L
+    from ldp_beam.pipelines import datasets as L
 
     f = tmp_path / "d.csv"
     f.write_text("x\n1\n2\n")

@@ -36,7 +36,8 @@ import pytest
 from ldp_beam.errors import ParameterError
 from ldp_beam.ledger import (RAISE_HINT, SCHEMA_VERSION, BudgetExceeded, Ledger, LedgerError,
                              LedgerNotFound, LedgerUnavailable, canonical_location,
-                             dataset_identity, release_request)
+                             release_request)
+from ldp_beam.pipelines.datasets import dataset_identity
 
 # fixtures ledger_url (SQLite and PostgreSQL) and fresh_pg_url: tests/conftest.py
 
@@ -152,7 +153,7 @@ def test_the_default_name_is_the_canonical_location(tmp_path, monkeypatch):
 
 
 def test_a_prefetched_identity_takes_the_name_given(tmp_path):
-    from ldp_beam import ledger as L
+    from ldp_beam.pipelines import datasets as L
 
     path = _csv(tmp_path / "p.csv", 5)
     L.prefetch_dataset_identity(path, name="people")
