@@ -203,3 +203,11 @@ def as_progress(progress: Any, family: str) -> Progress:
         return Progress(family, sink=progress)
     raise TypeError(f"progress must be None, a bool, a Progress or a callable, not "
                     f"{type(progress).__name__}")
+
+
+class SectionFailed(RuntimeError):
+    """A section failed after some of its records were measured: they are kept."""
+
+    def __init__(self, message: str, records: list[dict]) -> None:
+        super().__init__(message)
+        self.records = records

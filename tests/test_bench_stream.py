@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from ldp_beam.pipelines import bench as pipeline_bench
+from ldp_beam.pipelines import bench_stream
 from ldp_beam.pipelines import pubsub_emulator
 
 needs_emulator = pytest.mark.skipif(pubsub_emulator.unavailable() is not None,
@@ -30,7 +31,7 @@ def test_stream_sections_are_selected_by_name_and_the_soak_only_when_named():
 
 @needs_emulator
 def test_stream_bench_measures_every_path_on_one_emulator(tmp_path):
-    recs = pipeline_bench.stream_bench(str(tmp_path), sizes=SMALL, stamp={"machine": "test"})
+    recs = bench_stream.stream_bench(str(tmp_path), sizes=SMALL, stamp={"machine": "test"})
     by = {r["mode"]: r for r in recs}
     assert list(by) == ["plain-pull", "lander", "lander-batched", "end-to-end", "beam-pubsub"]
     for r in recs:
@@ -52,7 +53,7 @@ def test_stream_bench_measures_every_path_on_one_emulator(tmp_path):
     beam = by["beam-pubsub"]
     assert beam["messages"] == SMALL["beam_messages"] and beam["drained"] is True
     assert math.isclose(beam["ratio_to_plain_pull"], beam["value"] / plain["value"])
-    line = pipeline_bench._stream_line(by)
+    line = bench_stream._stream_line(by)
     assert "goal ≥ 0.5" in line and "ReadFromPubSub" in line
 
 
@@ -72,14 +73,14 @@ def test_rss_trend_tells_a_flat_noisy_run_from_a_leak():
     rng = np.random.default_rng(3)
     t = np.arange(0, 600, 10.0)
     flat = 200 + rng.normal(0, 1.5, t.size)
-    trend = pipeline_bench.rss_trend(list(zip(t, flat)), warmup=60)
+    trend = bench_stream.rss_trend(list(zip(t, flat)), warmup=60)
     assert trend["flat"] and abs(trend["growth_mb"]) < trend["bound_mb"]
     assert trend["samples"] == t[t >= 60].size and 1.0 < trend["noise_mb"] < 2.0
     leak = flat + t * (20 / 600)  # 20 MB per 10 min
-    trend = pipeline_bench.rss_trend(list(zip(t, leak)), warmup=60)
+    trend = bench_stream.rss_trend(list(zip(t, leak)), warmup=60)
     assert not trend["flat"] and math.isclose(trend["slope_mb_per_10min"], 20, rel_tol=0.15)
     with pytest.raises(ValueError, match="too few"):
-        pipeline_bench.rss_trend([(0, 1.0), (100, 2.0)], warmup=60)
+        bench_stream.rss_trend([(0, 1.0), (100, 2.0)], warmup=60)
 
 
 SOAK_SECONDS = 600
@@ -95,11 +96,11 @@ def test_stream_soak_keeps_the_collectors_memory_flat(tmp_path):
     errors of the rise, or 2% of the median RSS if more (rss_trend). A leak of 1 MB a minute
     rises ~8 MB over the 480 s fitted, beyond the ~4 MB a ~200 MB collector's noise allows
     here. Every published report is estimated and the run reconciles."""
-    recs = pipeline_bench.stream_soak(SOAK_SECONDS, str(tmp_path), stamp={})
+    recs = bench_stream.stream_soak(SOAK_SECONDS, str(tmp_path), stamp={})
     (rec,) = recs
     print("\nsoak:", json.dumps({k: v for k, v in rec.items() if k != "rss_samples"}),
           file=sys.stderr)
-    assert rec["published"] >= 0.9 * pipeline_bench.SOAK_RATE * (SOAK_SECONDS - 20)
+    assert rec["published"] >= 0.9 * bench_stream.SOAK_RATE * (SOAK_SECONDS - 20)
     assert rec["in_windows"] == rec["published"] and rec["reconciles"] is True
     assert rec["samples"] >= 40
     assert rec["growth_mb"] <= rec["bound_mb"], (
