@@ -500,7 +500,7 @@ class WriteOneLine:
         self.path = path
 
     def __call__(self, obj: Any) -> str:
-        from ldp_beam.transforms.io import fs_open
+        from ldp_beam.transforms.write import fs_open
 
         with fs_open(self.path, "w") as fh:
             fh.write(json_line(obj).encode("utf-8") + b"\n")

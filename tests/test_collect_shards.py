@@ -21,7 +21,7 @@ from ldp_beam import build_mechanism
 from ldp_beam.pipelines.collect import run_collect
 from ldp_beam.pipelines.outputs import STAGING_PREFIX, verify
 from ldp_beam.transforms import WriteJsonLines, WriteParquetFile
-from ldp_beam.transforms.io import PARTS_SUFFIX, join_parquet_parts, join_text_parts
+from ldp_beam.transforms.write import PARTS_SUFFIX, join_parquet_parts, join_text_parts
 
 MULTI = ["--runner=DirectRunner", "--direct_num_workers=2",
          "--direct_running_mode=multi_processing"]

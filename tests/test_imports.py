@@ -25,6 +25,7 @@ REPO = Path(__file__).resolve().parents[1]
 #: the modules held to the rule (repository path -> installed module name)
 MODULES = {
     "transforms/io.py": "ldp_beam.transforms.io",
+    "transforms/write.py": "ldp_beam.transforms.write",
     "transforms/sinks.py": "ldp_beam.transforms.sinks",
     "transforms/sources.py": "ldp_beam.transforms.sources",
     "transforms/pubsub_lander.py": "ldp_beam.transforms.pubsub_lander",

@@ -74,9 +74,10 @@ def test_write_json_atomic(tmp_path):
 def test_call_sites_use_it():
     from ldp_beam import client, ledger
     from ldp_beam.pipelines import common, outputs
-    from ldp_beam.transforms import io, pubsub_lander
+    from ldp_beam.transforms import pubsub_lander, windowed, write
 
-    assert io.to_json_line is json_line and outputs.json_bytes is json_bytes
+    assert write.to_json_line is json_line and windowed.to_json_line is json_line
+    assert outputs.json_bytes is json_bytes
     assert common.write_json is write_json_atomic
     rec = {"y": 1, "id": "é", "v": float("nan")}
     assert client._ENCODE(rec) == '{"y":1,"id":"\\u00e9","v":NaN}'

@@ -18,8 +18,8 @@ from ldp_beam.bounding import UnitLimitError  # the bounding's error (pure), exp
 from .batches import KeyedBatch, mechanism_metadata, report_schema
 from .combine import (Accumulate, EstimateGlobally, EstimatePerKey, EstimatorCombineFn,
                       SplitByKey, ValidateReports)
-from .io import (EmptySourceError, SourceError, WriteJsonLines, WriteParquetFile, input_schema,
-                 match_files)
+from .io import EmptySourceError, SourceError, input_schema, match_files
+from .write import WriteJsonLines, WriteParquetFile
 from .read import ReadTable
 from .rows import EstimatesAsRows
 from .sinks import TIDY_SCHEMA, WriteTidy, tidy_output, tidy_rows, tidy_table, write_tidy

@@ -49,7 +49,7 @@ import io
 import math
 import os
 import re
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Mapping
 
 import apache_beam as beam
 import numpy as np
@@ -60,7 +60,8 @@ import pyarrow.parquet as pq
 from ldp_beam.errors import ParameterError
 from ldp_beam.privacy import SEEDED_KIND, is_seeded_guarantee
 
-from .io import SourceError, _error_text, fs_open
+from .io import SourceError, _error_text
+from .write import fs_open
 from .sources import CONNECT_TIMEOUT, _pg_error, parse_settings, quote_ident, redact
 
 from .s3compat import apply as _s3_fixes

@@ -36,7 +36,7 @@ from ldp_beam.privacy import PrivacyGuarantee, compose
 from ldp_beam.transforms.batches import num_rows
 from ldp_beam.transforms.perturb import dead_letter, split_dead_letters
 from ldp_beam.transforms.combine import EstimateFailure, EstimatorCombineFn
-from ldp_beam.transforms.io import to_json_line
+from ldp_beam.jsonio import json_line as to_json_line
 from ldp_beam.transforms.stream_results import open_results
 from ldp_beam.transforms.batches import report_columns
 from ldp_beam.transforms.spool import (DEAD, HEARTBEAT, LEDGER, MARK, RECORD, RECORDS, WindowClock,
