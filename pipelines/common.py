@@ -207,9 +207,12 @@ def share_filesystem_options(args: Sequence[str]) -> None:
 
 
 def run_pipeline(build: Callable[[beam.Pipeline], Sequence[Any]],
-                 beam_args: Iterable[str] = ()) -> Any:
+                 beam_args: Iterable[str] = (),
+                 wait: Callable[[Any], Any] | None = None) -> Any:
     """Build a pipeline with ``build(p)`` (which returns every terminal PCollection, e.g. the
-    outputs of its writes), run it to completion and return the result.
+    outputs of its writes), run it to completion and return the result. ``wait(result)``: how
+    to wait for it (default ``result.wait_until_finish()``; an unbounded pipeline passes its
+    own stop, see :func:`ldp_beam.pipelines.stream.until_stopped`).
 
     All terminals are joined by one final step, so runners that compute only the graph's last
     node (Beam's Dask runner does) still run every branch: no output is silently skipped. A
@@ -248,7 +251,7 @@ def run_pipeline(build: Callable[[beam.Pipeline], Sequence[Any]],
             if prog is not None and prog.show_bar and prog._live is None:
                 prog.set_live(lambda: _running_rows(result), interval=1.0)
             try:
-                result.wait_until_finish()
+                (wait or _finish)(result)
             finally:
                 client = getattr(result, "client", None)  # the Dask runner's own client
                 if client is not None:
@@ -265,6 +268,10 @@ def run_pipeline(build: Callable[[beam.Pipeline], Sequence[Any]],
                 prog.finish(rows, ok)
                 _LIVE.pop(run_id, None)
     return result
+
+
+def _finish(result: Any) -> Any:
+    return result.wait_until_finish()
 
 
 def _done(_: Any) -> None:

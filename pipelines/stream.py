@@ -113,7 +113,6 @@ from datetime import datetime, timezone
 from typing import Any, Iterable, Mapping
 
 import apache_beam as beam
-from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.utils.timestamp import Duration
 
 from ldp_beam.core import Mechanism
@@ -419,9 +418,9 @@ def run_stream(output_dir: str, mechanism: Mechanism, *, spool: str | None = Non
                 with source:
                     result = run_pipeline(build, args)
             elif subscription is not None:
-                result = run_until_stopped(
-                    build, args, stop, duration, log,
-                    drain=window_seconds + allowed_lateness + watermark_lag + 2.0)
+                result = run_pipeline(build, args, wait=until_stopped(
+                    stop, duration, log,
+                    drain=window_seconds + allowed_lateness + watermark_lag + 2.0))
             else:
                 result = run_pipeline(build, args)
         if spool_dir is not None:
@@ -566,49 +565,48 @@ def _resend(rows: list[dict], results: Iterable[str], topic: str | None) -> int:
     return added
 
 
-def run_until_stopped(build: Any, args: list[str], stop: threading.Event,
-                      duration: float | None, log: Any, drain: float) -> Any:
-    """Run an unbounded pipeline (Beam's Pub/Sub source) until ``duration`` seconds, ``stop``
-    (SIGINT/SIGTERM) or its failure; then keep it running ``drain`` seconds more (a window,
-    the allowed lateness, the watermark lag and a margin) so that the windows open at the stop
-    fire as the source's wall-clock watermark passes them, and cancel it. The DirectRunner
-    implements no ``wait_until_finish(duration=)``: this is that, with the drain. What the
-    source pulled during the drain into windows still open at the cancel is lost with them
-    (its acks are sent): at most once, which the summary counts (records read less those in
-    windows) and the module docstring states."""
-    p = beam.Pipeline(options=PipelineOptions(args))
-    build(p)
-    result = p.run()
-    failure: list[BaseException] = []
-    done = threading.Event()
+def until_stopped(stop: threading.Event, duration: float | None, log: Any,
+                  drain: float) -> Any:
+    """How :func:`~.common.run_pipeline` waits for an unbounded pipeline (Beam's Pub/Sub
+    source): until ``duration`` seconds, ``stop`` (SIGINT/SIGTERM) or its failure; then
+    ``drain`` seconds more (a window, the allowed lateness, the watermark lag and a margin) so
+    that the windows open at the stop fire as the source's wall-clock watermark passes them;
+    then it cancels the pipeline. The DirectRunner implements no
+    ``wait_until_finish(duration=)``: this is that, with the drain. What the source pulled
+    during the drain into windows still open at the cancel is lost with them (its acks are
+    sent): at most once, which the summary counts (records read less those in windows) and the
+    module docstring states."""
+    def wait(result: Any) -> None:
+        failure: list[BaseException] = []
+        done = threading.Event()
 
-    def wait() -> None:
-        try:
-            result.wait_until_finish()
-        except BaseException as exc:  # raised below, after the stop
-            failure.append(exc)
-        finally:
-            done.set()
+        def finish() -> None:
+            try:
+                result.wait_until_finish()
+            except BaseException as exc:  # raised below, after the stop
+                failure.append(exc)
+            finally:
+                done.set()
 
-    threading.Thread(target=wait, name="ldp-beam-pubsub-wait", daemon=True).start()
-    deadline = None if duration is None else time.monotonic() + duration
-    while not (stop.is_set() or done.is_set()):
-        left = 0.5 if deadline is None else min(0.5, deadline - time.monotonic())
-        if left <= 0:
-            break
-        stop.wait(left)
-    if not done.is_set():
-        log(f"stopping: letting the open windows fire for {drain:g}s, then cancelling the "
-            "pipeline")
-        done.wait(drain)
-        # the DirectRunner's shutdown waits for a pull in progress (up to 30 s): not for long
-        cancel = threading.Thread(target=result.cancel, name="ldp-beam-cancel", daemon=True)
-        cancel.start()
-        cancel.join(5.0)
-    if failure and not isinstance(failure[0], (KeyboardInterrupt, SystemExit)):
-        ours = failure[0]
-        raise RuntimeError(f"the Pub/Sub pipeline failed: {ours}") from ours
-    return result
+        threading.Thread(target=finish, name="ldp-beam-pubsub-wait", daemon=True).start()
+        deadline = None if duration is None else time.monotonic() + duration
+        while not (stop.is_set() or done.is_set()):
+            left = 0.5 if deadline is None else min(0.5, deadline - time.monotonic())
+            if left <= 0:
+                break
+            stop.wait(left)
+        if not done.is_set():
+            log(f"stopping: letting the open windows fire for {drain:g}s, then cancelling the "
+                "pipeline")
+            done.wait(drain)
+            # the DirectRunner's shutdown waits for a pull in progress (up to 30 s): not long
+            cancel = threading.Thread(target=result.cancel, name="ldp-beam-cancel",
+                                      daemon=True)
+            cancel.start()
+            cancel.join(5.0)
+        if failure and not isinstance(failure[0], (KeyboardInterrupt, SystemExit)):
+            raise RuntimeError(f"the Pub/Sub pipeline failed: {failure[0]}") from failure[0]
+    return wait
 
 
 class _stop_on_signals:

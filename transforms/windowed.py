@@ -1047,6 +1047,7 @@ class ParseMessagesFn(beam.DoFn):
         self._hasher = None if unit_key is None else UnitHasher(unit_key)
         self.n_records = Metrics.counter("ldp_beam", "stream_records")
         self.n_lines = Metrics.counter("ldp_beam", "stream_lines")
+        self._tally = [0, 0, 0]  # lines, records, the latest event time (µs) of the bundle
 
     def start_bundle(self) -> None:
         self._tally = [0, 0, 0]  # lines, records, the latest event time (µs)
@@ -1061,8 +1062,6 @@ class ParseMessagesFn(beam.DoFn):
                                 Timestamp(micros=latest), [GlobalWindow()])
 
     def process(self, data: bytes, timestamp=beam.DoFn.TimestampParam):
-        if not hasattr(self, "_tally"):
-            self.start_bundle()
         self._tally[2] = max(self._tally[2], int(getattr(timestamp, "micros", 0)))
         for i, raw in enumerate(bytes(data).splitlines(), 1):
             if not raw.strip():
