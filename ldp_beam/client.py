@@ -67,7 +67,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from .core import Mechanism
+from .core import CentralRelease, Mechanism
 from .errors import InvalidRecordsError, ParameterError
 from .jsonio import encoder
 
@@ -324,7 +324,7 @@ class Reporter:
                  id_key: bytes | None = None, allow_no_guarantee: bool = False,
                  timeout: float = 60.0) -> None:
         mech = mechanism_from(mechanism_or_schema, params, allow_no_guarantee)
-        if getattr(mech, "central", False):
+        if isinstance(mech, CentralRelease):
             raise ParameterError("mechanism", mech.name, "an LDP mechanism: a central-DP "
                                  "family's reports are the raw values bucketed, which must not "
                                  "leave a trusted curator")

@@ -492,31 +492,34 @@ class Reasons:
 
 
 # --------------------------------------------------------------------------- the mechanism
-class Mechanism(ABC):
-    """Client-side randomizer. Subclasses are frozen dataclasses validated in ``__post_init__``."""
+class Configured(ABC):
+    """What a client mechanism and a central release share: frozen validated parameters, input
+    roles, and ``check`` (coerce the input columns, flag invalid rows with their reasons).
+    Subclasses are frozen dataclasses validated in ``__post_init__``."""
 
     family: ClassVar[str] = ""
     roles: ClassVar[tuple[Role, ...]] = (Role("value"),)
     report_fields: ClassVar[tuple[tuple[str, str], ...]] = ()
 
-    # -- what subclasses provide
+    @property
+    @abstractmethod
+    def guarantee(self) -> PrivacyGuarantee:
+        """The privacy promise, stated as we can defend it (and for which unit)."""
+
     @property
     @abstractmethod
     def draws(self) -> int:
         """Uniforms consumed per record (fixed, so seeded runs do not depend on batching)."""
 
-    @property
-    @abstractmethod
-    def guarantee(self) -> PrivacyGuarantee:
-        """The privacy promise of one report, stated as we can defend it."""
-
     @abstractmethod
     def validate(self, cols: dict[str, np.ndarray], reasons: Reasons) -> None:
-        """Flag rows of already-coerced columns that cannot be perturbed."""
+        """Flag rows of already-coerced columns that cannot be used."""
 
     @abstractmethod
-    def randomize(self, cols: dict[str, np.ndarray], u: np.ndarray) -> Reports:
-        """Perturb valid rows given an ``(n, draws)`` array of uniforms. Vectorized."""
+    def rows(self, cols: dict[str, np.ndarray], u: np.ndarray) -> Reports:
+        """What the Beam layer emits for valid rows, given an ``(n, draws)`` array of uniforms:
+        a mechanism's reports (:meth:`Mechanism.randomize`) or a central release's encoded true
+        values (:meth:`CentralRelease.prepare`)."""
 
     def labels(self, role: str) -> tuple[str, ...]:
         """The declared labels of a 'category' role (codes are positions in this tuple)."""
@@ -580,24 +583,6 @@ class Mechanism(ABC):
         self.validate(out, reasons)
         return out, reasons
 
-    def perturb(self, data: Any, rng: RngLike = None, *, stream: int | None = None,
-                offset: int | None = None) -> Reports:
-        """Perturb a batch. Raises :class:`InvalidRecordsError` if any row is invalid.
-
-        ``rng``: None (OS entropy), a seed, a :class:`~ldp_beam.rng.RandomSource` or a numpy
-        Generator. ``stream``/``offset`` key the records for seeded, batch-independent noise.
-        """
-        cols, reasons = self.check(data)
-        if reasons.bad.any():
-            raise InvalidRecordsError(reasons.as_dict(), reasons.n)
-        return self.perturb_valid(cols, rng, stream=stream, offset=offset)
-
-    def perturb_valid(self, cols: dict[str, np.ndarray], rng: RngLike = None, *,
-                      stream: int | None = None, offset: int | None = None) -> Reports:
-        n = len(next(iter(cols.values())))
-        u = draw_uniforms(as_source(rng), n, self.draws, stream=stream, offset=offset)
-        return self.randomize(cols, u)
-
     def empty_reports(self) -> Reports:
         return {name: np.empty(0, dtype=dt) for name, dt in self.report_fields}
 
@@ -629,6 +614,78 @@ class Mechanism(ABC):
     def describe(self) -> str:
         ps = ", ".join(f"{k}={v!r}" for k, v in self.params().items())
         return f"{self.name}({ps})"
+
+
+class Mechanism(Configured):
+    """Client-side randomizer: turns true values into reports (LDP), each carrying
+    :attr:`guarantee` on its own."""
+
+    @abstractmethod
+    def randomize(self, cols: dict[str, np.ndarray], u: np.ndarray) -> Reports:
+        """Perturb valid rows given an ``(n, draws)`` array of uniforms. Vectorized."""
+
+    def rows(self, cols: dict[str, np.ndarray], u: np.ndarray) -> Reports:
+        return self.randomize(cols, u)
+
+    def perturb(self, data: Any, rng: RngLike = None, *, stream: int | None = None,
+                offset: int | None = None) -> Reports:
+        """Perturb a batch. Raises :class:`InvalidRecordsError` if any row is invalid.
+
+        ``rng``: None (OS entropy), a seed, a :class:`~ldp_beam.rng.RandomSource` or a numpy
+        Generator. ``stream``/``offset`` key the records for seeded, batch-independent noise.
+        """
+        cols, reasons = self.check(data)
+        if reasons.bad.any():
+            raise InvalidRecordsError(reasons.as_dict(), reasons.n)
+        return self.perturb_valid(cols, rng, stream=stream, offset=offset)
+
+    def perturb_valid(self, cols: dict[str, np.ndarray], rng: RngLike = None, *,
+                      stream: int | None = None, offset: int | None = None) -> Reports:
+        n = len(next(iter(cols.values())))
+        u = draw_uniforms(as_source(rng), n, self.draws, stream=stream, offset=offset)
+        return self.randomize(cols, u)
+
+
+
+class CentralRelease(Configured):
+    """Curator-side (central DP) release: the curator sees true values. ``check`` validates raw
+    records, :meth:`prepare` encodes the valid ones for the accumulator (no noise: e.g. bucket
+    codes), the paired estimator (:meth:`estimator`) folds them into a small mergeable
+    accumulator and releases once, adding noise from a :class:`~ldp_beam.rng.RandomSource`
+    addressed by the accumulator (and the partition key of a per-key release), returning the
+    same :class:`Estimate` as an LDP estimator. Nothing is released per record, so a release
+    is not a :class:`Mechanism`: it has no ``randomize`` and no reports a device could send.
+
+    ``draws``: uniforms per record for curator-side randomness that depends on the record
+    (0 for most; sampling releases draw per record, keyed so a retry draws the same)."""
+
+    @property
+    def draws(self) -> int:
+        return 0
+
+    @abstractmethod
+    def prepare(self, cols: dict[str, np.ndarray], u: np.ndarray) -> Reports:
+        """Encode valid rows' true values as the accumulator's input (``report_fields``)."""
+
+    def rows(self, cols: dict[str, np.ndarray], u: np.ndarray) -> Reports:
+        return self.prepare(cols, u)
+
+    def records(self, data: Any, rng: RngLike = None) -> Reports:
+        """Check and encode a batch (curator side). Raises :class:`InvalidRecordsError` if any
+        row is invalid."""
+        cols, reasons = self.check(data)
+        if reasons.bad.any():
+            raise InvalidRecordsError(reasons.as_dict(), reasons.n)
+        n = len(next(iter(cols.values())))
+        return self.prepare(cols, draw_uniforms(as_source(rng), n, self.draws))
+
+    def estimator(self, **options: Any) -> "Estimator":
+        """The estimator that accumulates and releases (registered with this release)."""
+        # lazy: the registry imports every family's module; a release built by hand needs it
+        # only when it asks for its estimator
+        from .registry import get_registry
+
+        return get_registry().estimator_for(self, **options)
 
 
 # --------------------------------------------------------------------------- the release

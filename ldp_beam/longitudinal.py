@@ -77,7 +77,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from .core import Mechanism, Reports
+from .core import CentralRelease, Mechanism, Reports
 from .errors import InvalidRecordsError, ParameterError
 from .mechanisms.categorical import GRR, urr_probabilities
 from .privacy import LDP, NONE, PrivacyGuarantee
@@ -183,7 +183,7 @@ class Memoized:
     def __init__(self, mechanism: Mechanism, device_secret: bytes) -> None:
         if not isinstance(mechanism, Mechanism):
             raise ParameterError("mechanism", mechanism, "a registered LDP mechanism instance")
-        if getattr(mechanism, "central", False):
+        if isinstance(mechanism, CentralRelease):
             raise ParameterError("mechanism", mechanism.name, "an LDP mechanism (a central-DP "
                                  "release has no per-report randomization to memoize)")
         if mechanism.draws < 1:

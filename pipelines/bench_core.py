@@ -214,9 +214,9 @@ def bench_histograms(quick: bool, repeats: int) -> list[dict]:
                         per_second=False, estimator="approximate_sort (paper)", buckets=n))
         for variant in ("sound", "paper"):
             mech = DPHR(1.0, variant=variant)
-            t, _ = _best(lambda: mech.publish(counts, gen), 1)
+            t, _ = _best(lambda: mech.release_counts(counts, gen), 1)
             out.append(_rec("dphr", "estimate", "release seconds", n, t, 1.0, per_second=False,
-                            estimator=f"publish ({variant})", buckets=n))
+                            estimator=f"release_counts ({variant})", buckets=n))
     return out + bench_noise(quick, repeats)
 
 

@@ -14,42 +14,17 @@ import io
 import os
 from typing import Any, Iterable, Mapping
 
-import apache_beam as beam
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ldp_beam.core import Mechanism
-from ldp_beam.ledger import Ledger
+from ldp_beam.core import CentralRelease, Mechanism
 from ldp_beam.registry import get_registry
-from ldp_beam.privacy import check_contribution_bound, ledger_cost, run_guarantee
+from ldp_beam.privacy import check_contribution_bound, run_guarantee
 from ldp_beam.rng import RunKey
-from ldp_beam.transforms import (Perturb, ReadTable, WriteJsonLines, WriteParquetFile,
-                                 report_schema)
-from ldp_beam.transforms.units import BoundContributions
+from ldp_beam.transforms import Perturb, ReadTable, WriteParquetFile, report_schema
 
-from .datasets import dataset_identity
-from .common import Tally, check_readable, check_reconciles, reconcile, run_pipeline
-from .lifecycle import ledger_state, publish
-from .outputs import (OutputError, RunFailed, RunOutputs, check_output_format, is_table_url,
-                      location)
-
-
-def resolve_columns(mech: Mechanism, schema: pa.Schema, columns: Mapping[str, str],
-                    keep: Iterable[str]) -> dict[str, str]:
-    """Check the role -> column mapping against the input schema; error with what exists."""
-    cols = dict(columns)
-    roles = {r.name: r for r in mech.roles}
-    for role in cols:
-        if role not in roles:
-            raise ValueError(f"{mech.name} has no input role {role!r}; roles: {sorted(roles)}")
-    for r in mech.roles:
-        if r.required and r.name not in cols:
-            raise ValueError(f"{mech.name} needs a column for role {r.name!r} "
-                             f"(use --column for 'value' or --role {r.name}=COLUMN)")
-    for c in list(cols.values()) + list(keep):
-        if c not in schema.names:
-            raise ValueError(f"input has no column {c!r}; columns: {', '.join(schema.names)}")
-    return cols
+from .outputs import OutputError, check_output_format, is_table_url, location
+from .run import Run, read_options
 
 
 def run_collect(input: str, output: str, mechanism: Mechanism, columns: Mapping[str, str],
@@ -75,7 +50,7 @@ def run_collect(input: str, output: str, mechanism: Mechanism, columns: Mapping[
     """
     keep = tuple(keep)
     public = tuple(public)
-    if getattr(mechanism, "central", False):
+    if isinstance(mechanism, CentralRelease):
         raise ValueError(f"{mechanism.name} is a central-DP release: there is no client-side "
                          "report to collect; run `ldp-beam estimate -i TABLE -c COLUMN -m "
                          f"{mechanism.name} ...` on the trusted curator, which adds the noise once")
@@ -85,13 +60,13 @@ def run_collect(input: str, output: str, mechanism: Mechanism, columns: Mapping[
                          "unprotected; declare the column public with --public "
                          f"{undeclared[0]} if it is neither about a person nor an identifier "
                          "(a grouping key such as a region or a release date)")
-    run = run_key or RunKey.new(seed)
-    read = ReadTable(input, batch_rows=batch_rows, options=list(beam_args),
-                     **_read_options(null_values))
-    in_schema = read.schema
-    cols = resolve_columns(mechanism, in_schema, columns, keep)
+    run = Run("collect", input, seed=seed, run_key=run_key, beam_args=beam_args,
+              read=ReadTable(input, batch_rows=batch_rows, options=list(beam_args),
+                             **read_options(null_values)), ledger=ledger, budget=budget, budget_delta=budget_delta,
+              dataset=dataset, force=force, allow_unreadable=allow_unreadable)
+    in_schema = run.schema
+    cols = run.columns(mechanism, columns, keep, unit)
     if unit is not None:
-        check_unit_column(unit, in_schema, cols, keep)
         check_contribution_bound(max_reports_per_unit, "max_reports_per_unit")
     for c in keep:
         if c in cols.values():
@@ -112,46 +87,31 @@ def run_collect(input: str, output: str, mechanism: Mechanism, columns: Mapping[
     check_output_format("--output", output, (".parquet", ".pq"))
     dead_letter = dead_letter or output + ".deadletter.jsonl"
     check_output_format("--dead-letter", dead_letter, (".jsonl",))
-    outs = RunOutputs({"reports": output, "dead_letter": dead_letter},
-                      output + ".manifest.json", run.run_id, inputs=[input], force=force,
-                      options=beam_args)
-    # the ledger: reachable, and the budget holds, before any noise is drawn
     guarantee = run_guarantee(mechanism.guarantee, seeded=run.seeded, public=keep, unit=unit,
                               bounds=max_reports_per_unit if unit else None)
-    ds = dataset_identity(input, beam_args, name=dataset)
-    epsilon, delta, kind = ledger_cost(guarantee)
-    with outs, Ledger.open(ledger) as led, led.reserve(
-            run.run_id, ds, command="collect", mechanism=mechanism.name,
-            params=mechanism.params(), epsilon=epsilon, delta=delta, kind=kind, unit=unit,
-            budget=budget, budget_delta=budget_delta, seeded=run.seeded) as entry:
-        staged, staged_dead = outs.staged("reports"), outs.staged("dead_letter")
-        tally_path = outs.scratch("tally.jsonl")
+    with run.spend({"reports": output, "dead_letter": dead_letter}, output + ".manifest.json",
+                   mechanism, guarantee=guarantee, unit=unit):
+        staged = run.staged("reports")
 
         def build(p):
-            rd, rows, unit_dead, dropped = read_bounded(p, read, unit, run, 1,
-                                                         max_reports_per_unit)
+            rd, rows, unit_dead, dropped = run.read_rows(p, unit, 1, max_reports_per_unit)
             out = rows | "Perturb" >> Perturb(
-                mechanism, columns=cols, keep=keep, run_key=run, passthrough_schema=passthrough,
-                dead_letter_columns=dead_letter_columns)
-            invalid = invalid_rows(out.dead_letter, unit_dead)
+                mechanism, columns=cols, keep=keep, run_key=run.key,
+                passthrough_schema=passthrough, dead_letter_columns=dead_letter_columns)
             return [out.reports | "WriteReports" >> WriteParquetFile(staged, schema),
-                    (rd.dead_letter, invalid)
-                    | "WriteDeadLetters" >> WriteJsonLines(staged_dead),
-                    tally_inputs(rd, out.reports, invalid, dropped)
-                    | "Tally" >> Tally(tally_path)]
+                    *run.bookkeeping(rd, out.reports, out.dead_letter, dropped, unit_dead)]
 
-        run_pipeline(build, beam_args)
-        if not outs.exists(staged):  # no valid record at all: still a readable, empty table
-            outs.write(staged, parquet_bytes(schema.empty_table()))
-        with outs.open(staged) as fh:
-            reported = pq.ParquetFile(fh).metadata.num_rows
-        rec = reconcile(read_tally(outs, tally_path), outs.count_lines(staged_dead), reported)
-        check_reconciles(rec)
-        check_readable(rec, staged_dead, allow_unreadable, opener=outs.open_text)
+        def reported() -> int:
+            if not run.outs.exists(staged):  # no valid record at all: a readable, empty table
+                run.outs.write(staged, parquet_bytes(schema.empty_table()))
+            with run.outs.open(staged) as fh:
+                return pq.ParquetFile(fh).metadata.num_rows
+
+        _, rec = run.execute(build, reported)
         manifest = {
             "command": "collect",
-            "input": os.path.abspath(input) if os.path.exists(input) else read.source_name,
-            "skipped_inputs": read.skipped,
+            "input": os.path.abspath(input) if os.path.exists(input) else run.read.source_name,
+            "skipped_inputs": run.read.skipped,
             "output": location(output),
             "dead_letter": location(dead_letter),
             "mechanism": mechanism.name, "params": mechanism.params(),
@@ -161,7 +121,7 @@ def run_collect(input: str, output: str, mechanism: Mechanism, columns: Mapping[
                 "column": unit, "max_reports_per_unit": max_reports_per_unit,
                 "estimand": "per unit: each unit's reports come from at most "
                             f"{max_reports_per_unit} of its rows, chosen uniformly"},
-            "records": {"input": rec["input"], "reported": reported,
+            "records": {"input": rec["input"], "reported": rec["accepted"],
                         "dead_lettered": rec["dead_lettered"],
                         "unreadable_rows": rec["unreadable_rows"],
                         "unreadable_parts": rec["unreadable_parts"],
@@ -169,80 +129,15 @@ def run_collect(input: str, output: str, mechanism: Mechanism, columns: Mapping[
                         **({"bounded_out": rec["bounded_out"]} if unit else {}),
                         "reconciles": rec["reconciles"], "counted_from": rec["counted_from"]},
         }
-        manifest["dataset"] = ds["dataset"]
-        manifest["ledger"] = led.url
-        written = publish(entry, outs, manifest)  # the ledger settled as what truly happened
-        written["ledger_state"] = ledger_state(led, ds["dataset"], ledger)
+        written = run.commit(manifest)  # the ledger settled as what truly happened
+        written["ledger_state"] = run.ledger_state()
         return written
-
-
-def read_tally(outs: RunOutputs, path: str) -> dict:
-    """The run's tally (one JSON line the pipeline wrote into the staging folder), read back
-    through the staging folder's file system. The pipeline always writes that line (``{}`` for
-    an empty input), so a run without it fails: its counts would otherwise read as all zeros
-    and "reconcile"."""
-    vals = outs.read_json_lines(path) if outs.exists(path) else []
-    if len(vals) != 1:
-        raise RunFailed(f"the run wrote {len(vals)} tally lines instead of one (the runner lost "
-                        "or repeated part of the pipeline's output); its counts cannot be "
-                        "checked and nothing was committed")
-    return vals[0]
 
 
 def parquet_bytes(table: pa.Table) -> bytes:
     buf = io.BytesIO()
     pq.write_table(table, buf)
     return buf.getvalue()
-
-
-def check_unit_column(unit: str, schema: pa.Schema, cols: Mapping[str, str],
-                      keep: Iterable[str]) -> None:
-    """The privacy-unit column exists, is not an input of the mechanism and is never kept."""
-    if unit not in schema.names:
-        raise ValueError(f"--privacy-unit {unit}: the input has no column {unit!r}; columns: "
-                         f"{', '.join(schema.names)}")
-    if unit in cols.values():
-        raise ValueError(f"--privacy-unit {unit}: the column is an input of the mechanism; the "
-                         "privacy unit names a person, it is never perturbed or reported")
-    if unit in keep:
-        raise ValueError(f"--keep {unit}: the privacy unit identifies a person and can never be "
-                         "copied into the reports")
-
-
-def read_bounded(p: Any, read: Any, unit: str | None, run: RunKey, l0: int, linf: int,
-                 partition_fn: Any = None) -> tuple[Any, Any, Any, Any]:
-    """Read the input; with a privacy unit, keep at most ``l0`` partitions x ``linf`` rows per
-    unit (the input is read twice, so memory stays flat). Returns (reader outputs, rows to use,
-    dead letters of rows without a unit, {"bounded_out": n} counts); the last two are None
-    without a privacy unit (see :func:`invalid_rows`)."""
-    if unit is None:
-        rd = p | "ReadTable" >> read
-        return rd, rd.batches, None, None
-    b = p | "BoundPerUnit" >> BoundContributions(unit, run, l0, linf, partition_fn, source=read)
-    return b.read, b.batches, b.dead_letter, b.dropped
-
-
-def invalid_rows(dead_letter: Any, unit_dead: Any) -> Any:
-    """The rows validation dead-lettered, with those that had no privacy unit (if any).
-
-    Without a unit nothing is flattened in: Beam's DirectRunner materializes every multi-input
-    Flatten in memory (it never fuses one), so flattening the dead letters with an empty
-    PCollection held every one of them (10^6 input rows, half invalid: ~700 MB, not ~280)."""
-    if unit_dead is None:
-        return dead_letter
-    return (dead_letter, unit_dead) | "InvalidRows" >> beam.Flatten()
-
-
-def tally_inputs(rd: Any, accepted: Any, invalid: Any, dropped: Any) -> tuple:
-    """What :class:`~.common.Tally` counts: the reader's batches and dead letters, the accepted
-    rows, the invalid ones and, with a privacy unit, the rows its bound left out."""
-    parts = (rd.batches, rd.dead_letter, accepted, invalid)
-    return parts if dropped is None else parts + (dropped,)
-
-
-def _read_options(null_values: Iterable[str] | None) -> dict:
-    """ReadTable keyword arguments for options the user set (``None``: the reader's default)."""
-    return {} if null_values is None else {"null_values": tuple(null_values)}
 
 
 def build(name: str, params: Mapping[str, Any], allow_no_guarantee: bool = False) -> Mechanism:

@@ -26,6 +26,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
+from ldp_beam.core import CentralRelease
 from ldp_beam.errors import LdpBeamError
 
 from .cli import UsageError, _kv as _cli_kv
@@ -256,7 +257,7 @@ def cmd_emit(a: argparse.Namespace) -> int:
     if a.input != "-" and not os.path.isfile(a.input):
         raise EmitError(f"--input {a.input!r}: no such file")
     mech = _mechanism(a)
-    if getattr(mech, "central", False):
+    if isinstance(mech, CentralRelease):
         raise EmitError(f"--mechanism {mech.name}: a central-DP release, whose reports are the "
                         "raw values: it runs at the curator (ldp-beam estimate/stream), never "
                         "on a device")

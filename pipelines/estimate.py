@@ -20,11 +20,11 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
-from ldp_beam.core import Mechanism
+from ldp_beam.core import CentralRelease, Mechanism
 from ldp_beam.estimators import estimator_for
-from ldp_beam.ledger import Ledger, release_request
+from ldp_beam.ledger import release_request
 from ldp_beam.limits import check_groups
-from ldp_beam.privacy import ledger_cost, run_guarantee
+from ldp_beam.privacy import run_guarantee
 from ldp_beam.registry import get_registry
 from ldp_beam.rng import RunKey
 from ldp_beam.transforms.batches import report_columns
@@ -37,13 +37,9 @@ from ldp_beam.transforms.sources import parse_settings
 
 from ldp_beam.privacy import ContributionBounds
 
-from .collect import (_read_options, check_unit_column, invalid_rows, read_bounded,
-                      read_tally, resolve_columns, tally_inputs)
-from .common import (Tally, WriteOneLine, check_readable, check_reconciles, reconcile,
-                     run_pipeline)
-from .datasets import dataset_identity
-from .lifecycle import ledger_state, publish
+from .common import WriteOneLine
 from .outputs import RunOutputs, location
+from .run import Run, take_seed
 from .provenance import agreed_metadata, mark_unverified, verify_reports
 
 
@@ -170,14 +166,17 @@ def run_estimate(input: str, output: str, mechanism: Mechanism | None = None,
     configurations are refused either way. The outputs name the ``runs`` used and the
     ``verification``."""
     options = dict(options or {})
-    if mechanism is not None and getattr(mechanism, "central", False):
+    if mechanism is not None and isinstance(mechanism, CentralRelease):
         mech = mechanism
         return run_release(input, output, mech, columns or {}, by, options, beam_args,
                            seed=seed, force=force, allow_unreadable=allow_unreadable,
                            null_values=null_values, run_key=run_key, ledger=ledger,
                            budget=budget, budget_delta=budget_delta, unit=unit, keys=keys,
                            selection=selection, side_outputs=side_outputs, dataset=dataset)
-    read = ReadTable(input, options=list(beam_args), **_read_options(null_values))
+    run = Run("estimate", input, seed=seed, run_key=run_key, beam_args=beam_args,
+              null_values=null_values, ledger=ledger, dataset=dataset, force=force,
+              allow_unreadable=allow_unreadable)
+    read = run.read
     # the reports' provenance (issue 23), before anything runs: the files read are exactly the
     # files verified; mixed configurations are refused even when unverified
     prov = verify_reports(input, beam_args, unverified=unverified, read=read)
@@ -195,11 +194,9 @@ def run_estimate(input: str, output: str, mechanism: Mechanism | None = None,
     if columns:
         raise ValueError(f"{mech.name} estimates from reports; --column maps raw columns only "
                          "for central-DP releases")
-    run = run_key or RunKey.new(seed)
     est = estimator_for(mech, **options)
     fmt = tidy_format(output)
     side = side_prefix(output, side_outputs)
-    dead_letter = side + ".deadletter.jsonl"
     # seeded when any verified file is seeded (None: no file states it, e.g. CSV reports)
     seeded_reports = prov.seeded
     unit_meta = prov.privacy_unit or {}
@@ -207,17 +204,11 @@ def run_estimate(input: str, output: str, mechanism: Mechanism | None = None,
     if by:  # one accumulator per key: check their number before any is built
         check_groups(distinct_keys(read.files, by, read.flags), est.create().size, "--by")
 
-    outs = RunOutputs({"estimate": output, "dead_letter": dead_letter},
-                      side + ".manifest.json", run.run_id, inputs=[input], force=force,
-                      options=beam_args)
     # post-processing of LDP reports: recorded (epsilon 0) against the reports' dataset
-    ds = dataset_identity(input, beam_args, name=dataset)
-    with outs, Ledger.open(ledger) as led, led.reserve(
-            run.run_id, ds, command="estimate", mechanism=mech.name,
-            params=mech.params(), epsilon=0.0, unit=unit, seeded=bool(seeded_reports),
-            note="post-processing of LDP reports") as entry:
-        parts, tally_path = outs.scratch("estimates.jsonl"), outs.scratch("tally.jsonl")
-        staged_dead = outs.staged("dead_letter")
+    with run.spend({"estimate": output, "dead_letter": side + ".deadletter.jsonl"},
+                   side + ".manifest.json", mech, unit=unit, seeded=bool(seeded_reports),
+                   note="post-processing of LDP reports"):
+        parts = run.results
 
         def build(p):
             rd = p | "ReadReports" >> read
@@ -234,14 +225,9 @@ def run_estimate(input: str, output: str, mechanism: Mechanism | None = None,
             else:  # one estimate (the combine's default when there is no report)
                 written = (valid.reports | "Estimate" >> beam.CombineGlobally(combine_fn)
                            | "WriteEstimates" >> beam.Map(_WriteResult(parts, widen)))
-            return [written,
-                    (rd.dead_letter, valid.dead_letter)
-                    | "WriteDeadLetters" >> WriteJsonLines(staged_dead),
-                    (rd.batches, rd.dead_letter, valid.reports, valid.dead_letter)
-                    | "Tally" >> Tally(tally_path)]
+            return [written, *run.bookkeeping(rd, valid.reports, valid.dead_letter, None)]
 
-        rows, rec = _run_and_check(build, beam_args, parts, tally_path, staged_dead,
-                                   allow_unreadable, outs)
+        rows, rec = run.execute(build)
         guarantee = mark_unverified(run_guarantee(mech.guarantee, seeded=bool(seeded_reports),
                                                   unit=unit_col, bounds=k if unit_col else None),
                                     prov)
@@ -260,7 +246,7 @@ def run_estimate(input: str, output: str, mechanism: Mechanism | None = None,
                         "unreadable_rows": rec["unreadable_rows"],
                         "unreadable_parts": rec["unreadable_parts"],
                         "reconciles": rec["reconciles"], "counted_from": rec["counted_from"],
-                        "dead_letter": outs.location("dead_letter")},
+                        "dead_letter": run.outs.location("dead_letter")},
         }
         if by:
             out["by"] = by
@@ -269,14 +255,12 @@ def run_estimate(input: str, output: str, mechanism: Mechanism | None = None,
         else:
             out["estimate"] = _mark(rows[0], guarantee) if rows else \
                 {"error": "no reports", "n_reports": 0}
-        write_estimate(out, outs.staged("estimate"), fmt, run.run_id, outs)
-        publish(entry, outs, {"command": "estimate", "ledger": led.url,
-                              "dataset": ds["dataset"], "input": read.source_name,
-                              "mechanism": mech.name,
-                              "seeded": seeded_reports, "guarantee": guarantee,
-                              "reports": out["reports"], "runs": prov.run_ids,
-                              "verification": prov.to_dict()})
-        out["ledger_state"] = ledger_state(led, ds["dataset"], ledger)
+        write_estimate(out, run.staged("estimate"), fmt, run.run_id, run.outs)
+        run.commit({"command": "estimate", "input": read.source_name, "mechanism": mech.name,
+                    "seeded": seeded_reports, "guarantee": guarantee,
+                    "reports": out["reports"], "runs": prov.run_ids,
+                    "verification": prov.to_dict()})
+        out["ledger_state"] = run.ledger_state()
     return out
 
 
@@ -335,46 +319,7 @@ def _mark(est: dict, guarantee: dict) -> dict:
     return est
 
 
-def _bookkeeping(rd: Any, accepted: Any, invalid: Any, dropped: Any, dead_letter_path: str,
-                 tally_path: str) -> list:
-    """A release pipeline's dead letters (reader's and validation's) and its tally."""
-    return [(rd.dead_letter, invalid)
-            | "WriteDeadLetters" >> WriteJsonLines(dead_letter_path),
-            tally_inputs(rd, accepted, invalid, dropped)
-            | "Tally" >> Tally(tally_path)]
-
-
-def _run_and_check(build: Any, beam_args: Iterable[str], parts: str, tally_path: str,
-                   dead_letter_path: str, allow_unreadable: bool,
-                   outs: RunOutputs) -> tuple[list, dict]:
-    """Run a pipeline; its result lines and reconciled counts, or RunFailed. The pipeline
-    writes them into the staging folder (on the output's file system, wherever the workers
-    run); they are read back from there through that file system."""
-    run_pipeline(build, beam_args)
-    rows = outs.read_json_lines(parts)
-    tally = reconcile(read_tally(outs, tally_path), outs.count_lines(dead_letter_path))
-    check_reconciles(tally)
-    check_readable(tally, dead_letter_path, allow_unreadable, opener=outs.open_text)
-    return rows, tally
-
-
-def curator_records(tally: dict, dead_letter: str) -> dict:
-    """A release's record counts, for the curator's bookkeeping only (never published)."""
-    return {"input": tally["input"], "released_from": tally["accepted"],
-            "dead_lettered": tally["dead_lettered"], "bounded_out": tally["bounded_out"],
-            "unreadable_rows": tally["unreadable_rows"],
-            "unreadable_parts": tally["unreadable_parts"],
-            "dead_letter": location(dead_letter), "reconciles": tally["reconciles"],
-            "counted_from": tally["counted_from"]}
-
-
-def _release_seed(run: RunKey) -> int:
-    """The integer the central estimators key a release's noise with: the caller's seed text
-    hashed (seeded runs), else 256 bits derived from the run's secret key."""
-    return int.from_bytes(run.derive("release"), "big")
-
-
-def run_release(input: str, output: str, mech: Mechanism, columns: Mapping[str, str],
+def run_release(input: str, output: str, mech: CentralRelease, columns: Mapping[str, str],
                 by: str | None = None, options: Mapping[str, Any] | None = None,
                 beam_args: Iterable[str] = (), *, seed: Any = None, force: bool = False,
                 allow_unreadable: bool = False, null_values: Iterable[str] | None = None,
@@ -383,12 +328,15 @@ def run_release(input: str, output: str, mech: Mechanism, columns: Mapping[str, 
                 unit: str | None = None, keys: Iterable[str] | None = None,
                 selection: tuple[float, float] | None = None,
                 side_outputs: str | None = None, dataset: str | None = None) -> dict:
-    """A central-DP release on the trusted curator: raw records are validated and bucketed (bad
-    ones dead-lettered with the reason), accumulated, and released once with noise.
+    """A central-DP release on the trusted curator: raw records are validated and encoded (bad
+    ones dead-lettered with the reason), accumulated, and released once with noise; with ``by``,
+    one release per value of that column (:func:`release_by`).
 
     The noise is a function of the run's secret key and the accumulator: a runner that
     re-executes the release step (Dask does) publishes the same numbers, never a second draw.
-    ``seed`` (or an estimator option ``seed``) makes it reproducible and not private.
+    A re-run of the identical request on the same data publishes the recorded release again
+    (epsilon 0 in the ledger), globally and per key. ``seed`` (or an estimator option ``seed``)
+    makes it reproducible and not private.
 
     ``OUTPUT`` is the release (what may be published): the statistics and the guarantee, no exact
     counts. ``PREFIX.curator.json`` holds the curator's bookkeeping (records read, accepted and
@@ -401,107 +349,102 @@ def run_release(input: str, output: str, mech: Mechanism, columns: Mapping[str, 
                          "person's keys and rows are bounded, and keys are selected privately or "
                          "given with --keys), else the set of keys and their sizes would be "
                          "disclosed")
+    if by and (keys is None) == (selection is None):
+        raise ValueError(f"--by {by}: give the public keys (--keys A,B,...) or a partition "
+                         "selection budget (--partition-selection EPSILON,DELTA), one of them")
     options = dict(options or {})
-    if by:
-        return run_release_by(input, output, mech, columns, by, options, beam_args, seed=seed,
-                              force=force, allow_unreadable=allow_unreadable,
-                              null_values=null_values, run_key=run_key, ledger=ledger,
-                              budget=budget, budget_delta=budget_delta, unit=unit, keys=keys,
-                              selection=selection, side_outputs=side_outputs, dataset=dataset)
-    if "seed" in options:
-        if seed is not None and str(seed) != str(options["seed"]):
-            raise ValueError("give the seed once: --seed or --option seed")
-        seed = options.pop("seed")
-    run = run_key or RunKey.new(seed)
-    read = ReadTable(input, options=list(beam_args), **_read_options(null_values))
+    run = Run("release", input, seed=take_seed(seed, options), run_key=run_key,
+              beam_args=beam_args, null_values=null_values, ledger=ledger, budget=budget,
+              budget_delta=budget_delta, dataset=dataset, force=force,
+              allow_unreadable=allow_unreadable)
     fmt = tidy_format(output)
-    cols = resolve_columns(mech, read.schema, columns or {r.name: r.name for r in mech.roles
-                                                          if r.required}, ())
-    bounds = None
-    if unit is not None:  # one histogram = one partition: each unit keeps at most Linf rows
-        check_unit_column(unit, read.schema, cols, ())
-        cb = getattr(mech, "contribution_bounds", None)
-        if cb is None:
-            raise ValueError(f"--privacy-unit: {mech.name} states no contribution bounds, so its "
-                             "release cannot be calibrated per unit")
-        bounds = ContributionBounds(1, cb.max_rows_per_partition)
-    # the release's noise: the seed as the core uses it, else a key derived from the run's secret
-    est = estimator_for(mech, seed=int(run.seed) if run.seeded and run.seed.lstrip("-").isdigit()
-                        else _release_seed(run), **options)
-    side = side_prefix(output, side_outputs)
-    dead_letter = side + ".deadletter.jsonl"
-    curator_path = side + ".curator.json"
-    roles = {"release": output, "curator": curator_path, "dead_letter": dead_letter}
-    guarantee = run_guarantee(mech.guarantee, seeded=run.seeded, unit=unit, bounds=bounds)
-    ds = dataset_identity(input, beam_args, name=dataset)
-    epsilon, delta, kind = ledger_cost(guarantee)
+    cols = run.columns(mech, columns, unit=unit)
+    plan = (_PerKey(mech, by, unit, keys, selection, run, cols) if by else
+            _Global(mech, unit))
+    est = estimator_for(mech, seed=run.release_seed, **options)
+    guarantee = run_guarantee(plan.guarantee, seeded=run.seeded, unit=unit, bounds=plan.bounds)
     request = release_request(mech.name, mech.params(), cols, options, unit=unit or "record",
-                              seed=run.seed)
-    outs = RunOutputs(roles, side + ".manifest.json", run.run_id, inputs=[input], force=force,
-                      options=beam_args)
-    with Ledger.open(ledger) as led:
-        prior = led.find_release(ds["fingerprint"], request)
-        if prior:  # an identical release is recorded: publish it again, draw no new noise
-            with outs, led.reserve(run.run_id, ds, command="release", mechanism=mech.name,
-                                   params=mech.params(), epsilon=0.0, kind=kind, unit=unit,
-                                   request=request, seeded=run.seeded,
-                                   republished_from=prior["run_id"]) as entry:
-                out = dict(prior["release"])
-                curator = {"input": read.source_name, "release": location(output),
-                           "columns": cols,
-                           "run_id": run.run_id, "republished_from": prior["run_id"]}
-                write_estimate(out, outs.staged("release"), fmt, run.run_id, outs)
-                outs.write_json(outs.staged("curator"), curator)
-                outs.write(outs.staged("dead_letter"), b"")
-                publish(entry, outs, {"command": "release", "mechanism": mech.name,
-                                      "seeded": run.seeded, "guarantee": out["guarantee"],
-                                      "republished_from": prior["run_id"],
-                                      "dataset": ds["dataset"], "ledger": led.url}, out)
-            return {**out, "curator": curator, "republished_from": prior["run_id"],
-                    "curator_file": location(curator_path),
-                    "ledger_state": ledger_state(led, ds["dataset"], ledger)}
-    with outs, Ledger.open(ledger) as led, led.reserve(
-            run.run_id, ds, command="release", mechanism=mech.name, params=mech.params(),
-            epsilon=epsilon, delta=delta, kind=kind, unit=unit, budget=budget,
-            budget_delta=budget_delta, request=request, seeded=run.seeded) as entry:
-        parts, tally_path = outs.scratch("release.jsonl"), outs.scratch("tally.jsonl")
-        staged_dead = outs.staged("dead_letter")
-
+                              seed=run.key.seed, **plan.request)
+    side = side_prefix(output, side_outputs)
+    dead_letter, curator_path = side + ".deadletter.jsonl", side + ".curator.json"
+    roles = {"release": output, "curator": curator_path, "dead_letter": dead_letter}
+    curator: dict[str, Any] = {"input": run.read.source_name, "release": location(output),
+                               "columns": cols, **plan.request, "run_id": run.run_id}
+    manifest = {"command": "release", **plan.request, "mechanism": mech.name,
+                "seeded": run.seeded}
+    prior = run.prior_release(request)
+    if prior:  # an identical release is recorded: publish it again, draw no new noise
+        with run.spend(roles, side + ".manifest.json", mech, guarantee=guarantee, unit=unit,
+                       request=request, republished_from=prior["run_id"]):
+            out = dict(prior["release"])
+            curator["republished_from"] = prior["run_id"]
+            write_estimate(out, run.staged("release"), fmt, run.run_id, run.outs)
+            run.outs.write_json(run.staged("curator"), curator)
+            run.outs.write(run.staged("dead_letter"), b"")
+            run.commit({**manifest, "guarantee": out["guarantee"],
+                        "republished_from": prior["run_id"]}, out)
+            out["ledger_state"] = run.ledger_state()
+        return {**out, "curator": curator, "republished_from": prior["run_id"],
+                "curator_file": location(curator_path)}
+    with run.spend(roles, side + ".manifest.json", mech, guarantee=guarantee, unit=unit,
+                   request=request):
         def build(p):
-            rd, rows, unit_dead, dropped = read_bounded(
-                p, read, unit, run, 1, bounds.max_rows_per_partition if bounds else 1)
-            rec = rows | "Validate" >> Perturb(mech, columns=cols, run_key=run)
-            invalid = invalid_rows(rec.dead_letter, unit_dead)
-            return [rec.reports
-                    | "Release" >> beam.CombineGlobally(EstimatorCombineFn(est, on_empty="report"))
-                    | "WriteRelease" >> beam.Map(_WriteResult(parts)),
-                    *_bookkeeping(rd, rec.reports, invalid, dropped, staged_dead, tally_path)]
+            rd, rows, unit_dead, dropped = run.read_rows(p, unit, *plan.read_bounds)
+            rec = rows | "Validate" >> Perturb(mech, columns=cols, run_key=run.key,
+                                               keep=plan.keep)
+            return [plan.release(rec.reports, est, run.results),
+                    *run.bookkeeping(rd, rec.reports, rec.dead_letter, dropped, unit_dead)]
 
-        rows, tally = _run_and_check(build, beam_args, parts, tally_path, staged_dead,
-                                     allow_unreadable, outs)
+        rows_out, tally = run.execute(build)
+        out: dict[str, Any] = {"mechanism": mech.name, "params": mech.params(),
+                               "estimator_options": options, "guarantee": guarantee,
+                               "seeded": run.seeded, **plan.describe()}
+        exact = plan.collect(rows_out, out, guarantee)
+        write_estimate(out, run.staged("release"), fmt, run.run_id, run.outs)
+        curator["records"] = run.records(tally)
+        if exact:
+            curator["releases" if by else "release"] = exact
+        run.outs.write_json(run.staged("curator"), curator)
+        run.commit({**manifest, "guarantee": guarantee}, out)
+        out["ledger_state"] = run.ledger_state()
+    out["curator"] = curator
+    out["curator_file"] = location(curator_path)
+    return out
+
+
+class _Global:
+    """A release's configuration: one release of all records (a privacy unit keeps at most
+    Linf rows: one histogram is one partition)."""
+
+    keep: tuple = ()
+    request: dict = {}
+
+    def __init__(self, mech: CentralRelease, unit: str | None) -> None:
+        self.guarantee = mech.guarantee
+        self.bounds = None
+        if unit is not None:
+            cb = getattr(mech, "contribution_bounds", None)
+            if cb is None:
+                raise ValueError(f"--privacy-unit: {mech.name} states no contribution bounds, "
+                                 "so its release cannot be calibrated per unit")
+            self.bounds = ContributionBounds(1, cb.max_rows_per_partition)
+        self.read_bounds = (1, self.bounds.max_rows_per_partition if self.bounds else 1)
+
+    def release(self, records: Any, est: Any, results: str) -> Any:
+        return (records
+                | "Release" >> beam.CombineGlobally(EstimatorCombineFn(est, on_empty="report"))
+                | "WriteRelease" >> beam.Map(_WriteResult(results)))
+
+    def describe(self) -> dict:
+        return {}
+
+    def collect(self, rows: list, out: dict, guarantee: dict) -> dict:
         release = rows[0] if rows else {"error": "no records"}
         exact = release.pop("curator", None)  # never published
         if "error" in release:
             release.pop("n_reports", None)  # the exact count stays with the curator
-        release = _mark(release, guarantee)
-        out: dict[str, Any] = {"mechanism": mech.name, "params": mech.params(),
-                               "estimator_options": options, "guarantee": guarantee,
-                               "seeded": run.seeded, "estimate": release}
-        write_estimate(out, outs.staged("release"), fmt, run.run_id, outs)
-        curator = {"input": read.source_name, "release": location(output),
-                   "columns": cols,
-                   "run_id": run.run_id,
-                   "records": curator_records(tally, dead_letter)}
-        if exact:
-            curator["release"] = exact
-        outs.write_json(outs.staged("curator"), curator)
-        publish(entry, outs, {"command": "release", "mechanism": mech.name,
-                              "seeded": run.seeded, "guarantee": guarantee,
-                              "dataset": ds["dataset"], "ledger": led.url}, out)
-        out["ledger_state"] = ledger_state(led, ds["dataset"], ledger)
-    out["curator"] = curator
-    out["curator_file"] = location(curator_path)
-    return out
+        out["estimate"] = _mark(release, guarantee)
+        return exact or {}
 
 
 # --------------------------------------------------------------------------- per-key releases
@@ -582,110 +525,72 @@ class ReleaseKeys(beam.DoFn):
             yield {"key": key, **_result(self.estimator.finalize_key(acc, key))}
 
 
-def run_release_by(input: str, output: str, mech: Mechanism, columns: Mapping[str, str],
-                   by: str, options: Mapping[str, Any], beam_args: Iterable[str] = (), *,
-                   seed: Any = None, force: bool = False, allow_unreadable: bool = False,
-                   null_values: Iterable[str] | None = None, run_key: RunKey | None = None,
-                   ledger: str | None = None, budget: float | None = None,
-                   budget_delta: float | None = None, unit: str, keys: Iterable[str] | None,
-                   selection: tuple[float, float] | None,
-                   side_outputs: str | None = None, dataset: str | None = None) -> dict:
-    """One central release per value of ``by`` (issue 14). Each privacy unit keeps at most L0
-    keys and Linf rows per key (the mechanism's ``max_partitions_per_unit`` and
-    ``max_rows_per_partition``), chosen uniformly; every key's histogram is released with noise
-    calibrated to the unit's total L1 over all keys (so all keys together cost epsilon once) and
+class _PerKey:
+    """A release's configuration: one release per value of ``by`` (issue 14). Each privacy unit
+    keeps at most L0 keys and Linf rows per key (the release's ``max_partitions_per_unit`` and
+    ``max_rows_per_partition``), chosen uniformly; every key's release has noise calibrated to
+    the unit's total contribution over all keys (so all keys together cost epsilon once) and
     addressed by the key. Which keys appear is either public (``keys``: every listed key is
-    released, an absent one as a noisy empty histogram; other keys are not released) or chosen by private partition selection (``selection`` = (epsilon, delta):
-    thresholded noisy distinct-unit counts), whose cost composes with the releases."""
-    # lazy: ldp_beam.central.partition costs 13 ms at import (measured), only this path needs it
-    from ldp_beam.central.partition import (PartitionSelection, PublicPartitions,
-                                            per_key_guarantee)
+    released, an absent one as a noisy empty release; other keys are not released) or chosen by
+    private partition selection (``selection`` = (epsilon, delta): thresholded noisy
+    distinct-unit counts), whose cost composes with the releases."""
 
-    if (keys is None) == (selection is None):
-        raise ValueError(f"--by {by}: give the public keys (--keys A,B,...) or a partition "
-                         "selection budget (--partition-selection EPSILON,DELTA), one of them")
-    run = run_key or RunKey.new(seed if seed is not None else options.pop("seed", None))
-    options.pop("seed", None)
-    read = ReadTable(input, options=list(beam_args), **_read_options(null_values))
-    fmt = tidy_format(output)
-    cols = resolve_columns(mech, read.schema, columns or {r.name: r.name for r in mech.roles
-                                                          if r.required}, ())
-    check_unit_column(unit, read.schema, cols, ())
-    if by not in read.schema.names or by in cols.values() or by == unit:
-        raise ValueError(f"--by {by}: a column of the input other than the mechanism's inputs "
-                         f"and the privacy unit; columns: {', '.join(read.schema.names)}")
-    cb = mech.contribution_bounds
-    public = None if keys is None else tuple(str(k) for k in keys)
-    if public is not None:
-        check_groups(len(public), mech_cells(mech), "--keys")
-        selector, sel_g = None, PublicPartitions(public).guarantee
-    else:
-        selector = PartitionSelection(float(selection[0]), float(selection[1]), cb.l0)
-        sel_g = selector.guarantee
-    base = per_key_guarantee(mech.guarantee, sel_g)
-    guarantee = run_guarantee(base, seeded=run.seeded, unit=unit, bounds=cb)
-    release_seed = int(run.seed) if run.seeded and str(run.seed).lstrip("-").isdigit() \
-        else _release_seed(run)
-    est = estimator_for(mech, seed=release_seed, **options)
-    side = side_prefix(output, side_outputs)
-    dead_letter, curator_path = side + ".deadletter.jsonl", side + ".curator.json"
-    ds = dataset_identity(input, beam_args, name=dataset)
-    epsilon, delta, kind = ledger_cost(guarantee)
-    outs = RunOutputs({"release": output, "curator": curator_path,
-                       "dead_letter": dead_letter}, side + ".manifest.json", run.run_id,
-                      inputs=[input], force=force, options=beam_args)
-    with outs, Ledger.open(ledger) as led, led.reserve(
-            run.run_id, ds, command="release", mechanism=mech.name, params=mech.params(),
-            epsilon=epsilon, delta=delta, kind=kind, unit=unit, budget=budget,
-            budget_delta=budget_delta, seeded=run.seeded) as entry:
-        parts, tally_path = outs.scratch("release.jsonl"), outs.scratch("tally.jsonl")
-        staged_dead = outs.staged("dead_letter")
+    def __init__(self, mech: CentralRelease, by: str, unit: str, keys: Iterable[str] | None,
+                 selection: tuple[float, float] | None, run: Run,
+                 cols: Mapping[str, str]) -> None:
+        # lazy: ldp_beam.central.partition costs 13 ms at import (measured), only per-key
+        # central releases need it (not `estimate` of LDP reports)
+        from ldp_beam.central.partition import (PartitionSelection, PublicPartitions,
+                                                per_key_guarantee)
 
-        def build(p):
-            rd, rows, unit_dead, dropped = read_bounded(p, read, unit, run, cb.l0, cb.linf,
-                                                         key_codes(by))
-            rec = rows | "Validate" >> Perturb(mech, columns=cols, run_key=run, keep=(by, unit))
-            invalid = invalid_rows(rec.dead_letter, unit_dead)
-            released = (rec.reports | "SplitKeys" >> beam.ParDo(SplitByKey(by))
-                        | "KeyParts" >> beam.Map(_per_key_part(unit, by))
-                        | "PerKey" >> beam.CombinePerKey(PerKeyCombineFn(est))
-                        | "AllKeys" >> beam.combiners.ToList()
-                        | "Release" >> beam.ParDo(ReleaseKeys(est, public, selector,
-                                                              release_seed))
-                        | "WriteRelease" >> WriteJsonLines(parts))
-            return [released,
-                    *_bookkeeping(rd, rec.reports, invalid, dropped, staged_dead, tally_path)]
+        if by not in run.schema.names or by in cols.values() or by == unit:
+            raise ValueError(f"--by {by}: a column of the input other than the mechanism's "
+                             f"inputs and the privacy unit; columns: "
+                             f"{', '.join(run.schema.names)}")
+        self.by, self.unit = by, unit
+        cb = mech.contribution_bounds
+        self.public = None if keys is None else tuple(str(k) for k in keys)
+        if self.public is not None:
+            check_groups(len(self.public), mech_cells(mech), "--keys")
+            self.selector, sel_g = None, PublicPartitions(self.public).guarantee
+            self.request = {"by": by, "keys": list(self.public)}
+        else:
+            self.selector = PartitionSelection(float(selection[0]), float(selection[1]), cb.l0)
+            sel_g = self.selector.guarantee
+            self.request = {"by": by, "selection": [float(selection[0]), float(selection[1])]}
+        self.selection = selection
+        self.guarantee = per_key_guarantee(mech.guarantee, sel_g)
+        self.bounds = cb
+        self.read_bounds = (cb.l0, cb.linf, key_codes(by))
+        self.keep = (by, unit)
+        self.seed = run.release_seed
 
-        rows_out, tally = _run_and_check(build, beam_args, parts, tally_path, staged_dead,
-                                         allow_unreadable, outs)
+    def release(self, records: Any, est: Any, results: str) -> Any:
+        by, unit = self.by, self.unit
+        return (records | "SplitKeys" >> beam.ParDo(SplitByKey(by))
+                | "KeyParts" >> beam.Map(_per_key_part(unit, by))
+                | "PerKey" >> beam.CombinePerKey(PerKeyCombineFn(est))
+                | "AllKeys" >> beam.combiners.ToList()
+                | "Release" >> beam.ParDo(ReleaseKeys(est, self.public, self.selector,
+                                                      self.seed))
+                | "WriteRelease" >> WriteJsonLines(results))
+
+    def describe(self) -> dict:
+        return {"by": self.by,
+                "keys": "public" if self.public is not None else
+                {"selection": {"epsilon": self.selection[0], "delta": self.selection[1]}}}
+
+    def collect(self, rows: list, out: dict, guarantee: dict) -> dict:
         releases, exact = {}, {}
-        for r in sorted(rows_out, key=lambda r: r["key"]):
+        for r in sorted(rows, key=lambda r: r["key"]):
             key = r.pop("key")
             r.pop("n_reports", None)  # exact counts stay with the curator
             if r.get("curator"):
                 exact[key] = r.pop("curator")
             r.pop("curator", None)
             releases[key] = _mark(r, guarantee)
-        out: dict[str, Any] = {"mechanism": mech.name, "params": mech.params(),
-                               "estimator_options": options, "guarantee": guarantee,
-                               "seeded": run.seeded, "by": by,
-                               "keys": "public" if public is not None else
-                               {"selection": {"epsilon": selection[0], "delta": selection[1]}},
-                               "estimates": releases}
-        write_estimate(out, outs.staged("release"), fmt, run.run_id, outs)
-        curator = {"input": read.source_name, "release": location(output),
-                   "columns": cols, "by": by, "run_id": run.run_id,
-                   "records": curator_records(tally, dead_letter)}
-        if exact:
-            curator["releases"] = exact
-        outs.write_json(outs.staged("curator"), curator)
-        publish(entry, outs, {"command": "release", "by": by, "mechanism": mech.name,
-                              "seeded": run.seeded, "guarantee": guarantee,
-                              "dataset": ds["dataset"], "ledger": led.url}, out)
-        out["ledger_state"] = ledger_state(led, ds["dataset"], ledger)
-    out["curator"] = curator
-    out["curator_file"] = location(curator_path)
-    return out
+        out["estimates"] = releases
+        return exact
 
 
 def mech_cells(mech: Mechanism) -> int:

@@ -115,7 +115,7 @@ from typing import Any, Iterable, Mapping
 import apache_beam as beam
 from apache_beam.utils.timestamp import Duration
 
-from ldp_beam.core import Mechanism
+from ldp_beam.core import CentralRelease, Mechanism
 from ldp_beam.longitudinal import UnitState, UnitStateError
 from ldp_beam.rng import RunKey
 from ldp_beam.transforms.sources import redact
@@ -261,7 +261,7 @@ def run_stream(output_dir: str, mechanism: Mechanism, *, spool: str | None = Non
                                 "--subscription")
     if duration is not None and not (math.isfinite(duration) and duration > 0):
         raise StreamConfigError(f"--duration {duration!r}: expected seconds > 0")
-    central = bool(getattr(mechanism, "central", False))
+    central = isinstance(mechanism, CentralRelease)
     start_us, end_us = _range_bound(start, "--start"), _range_bound(end, "--end")
     if not central and (start_us is not None or end_us is not None):
         raise StreamConfigError(f"--start/--end set the release range of a central-DP stream; "

@@ -282,15 +282,15 @@ class PerturbFn(beam.DoFn):
         n = u.shape[0]
         step = RANDOMIZE_ROWS
         if n <= step:
-            return self.mechanism.randomize(cols, u)
+            return self.mechanism.rows(cols, u)
         parts = []
         for lo in range(0, n, step):
             hi = min(n, lo + step)
-            part = self.mechanism.randomize({k: v[lo:hi] for k, v in cols.items()}, u[lo:hi])
+            part = self.mechanism.rows({k: v[lo:hi] for k, v in cols.items()}, u[lo:hi])
             if parts and part.keys() != parts[0].keys() or not all(
                     isinstance(v, np.ndarray) and v.ndim >= 1 and v.shape[0] == hi - lo
                     and (not parts or v.dtype == parts[0][k].dtype) for k, v in part.items()):
-                return self.mechanism.randomize(cols, u)
+                return self.mechanism.rows(cols, u)
             parts.append(part)
         return {k: np.concatenate([part[k] for part in parts]) for k in parts[0]}
 
@@ -390,7 +390,7 @@ class PerturbFn(beam.DoFn):
             u = np.empty((len(okl), 0), order="F")
         if not whole:
             cols = {k: v[ok] for k, v in cols.items()}
-        rep = self.mechanism.randomize(cols, u)
+        rep = self.mechanism.rows(cols, u)
         del u
         names = list(rep)
         columns = [v.tolist() for v in rep.values()]

@@ -29,7 +29,7 @@ from apache_beam.transforms.window import (FixedWindows, GlobalWindow, GlobalWin
 from apache_beam.utils.timestamp import Duration, Timestamp
 from apache_beam.utils.windowed_value import WindowedValue
 
-from ldp_beam.core import Estimate, Mechanism
+from ldp_beam.core import CentralRelease, Estimate, Mechanism
 from ldp_beam.estimators import estimator_for
 from ldp_beam.longitudinal import UnitHasher, UnitState, priority
 from ldp_beam.privacy import PrivacyGuarantee, compose
@@ -109,7 +109,7 @@ def check_unit(mechanism: Mechanism, unit: PrivacyUnit,
     """Refuse a privacy unit that cannot serve ``mechanism`` (StreamConfigError naming the
     option): a memo field for a central release, a unit or memo field that is one of the
     mechanism's inputs, a budget without a finite pure epsilon to charge."""
-    central = bool(getattr(mechanism, "central", False))
+    central = isinstance(mechanism, CentralRelease)
     g = mechanism.guarantee
     if unit.memo_field is not None and central:
         raise StreamConfigError(f"--memo-field: {mechanism.name} is a central-DP release of raw "
@@ -581,7 +581,7 @@ class BatchPerWindowFn(beam.DoFn):
                  columns: Mapping[str, str] | None = None, max_rows: int = 4096,
                  unit: PrivacyUnit | None = None, hashed: bool = False) -> None:
         self.mechanism = mechanism
-        self.central = bool(getattr(mechanism, "central", False))
+        self.central = isinstance(mechanism, CentralRelease)
         self.fields = tuple(name for name, _ in mechanism.report_fields)
         self.estimator = estimator
         self.columns = dict(columns or {r.name: r.name for r in mechanism.roles if r.required})
@@ -665,7 +665,7 @@ class BatchPerWindowFn(beam.DoFn):
             yield from self._dead(reasons, group, window, shown, shown_records)
             ok = np.flatnonzero(~reasons.bad)
             if ok.size:
-                batch = self.mechanism.randomize({k: v[ok] for k, v in cols.items()},
+                batch = self.mechanism.rows({k: v[ok] for k, v in cols.items()},
                                                  np.empty((int(ok.size), 0)))
                 t = min(group[i][1] for i in ok.tolist())
                 if self.unit is not None:
@@ -804,7 +804,7 @@ class WindowedEstimate(beam.PTransform):
             raise StreamConfigError(f"--releases-per-window {releases_per_window!r}: expected "
                                     "an integer >= 1")
         self.mechanism = mechanism
-        self.central = bool(getattr(mechanism, "central", False))
+        self.central = isinstance(mechanism, CentralRelease)
         self.window_seconds, self.allowed_lateness = window_seconds, allowed_lateness
         self.early_seconds = None if early_seconds is None else int(early_seconds)
         refirings = [o for o, on in (("--allowed-lateness", allowed_lateness > 0),

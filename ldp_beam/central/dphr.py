@@ -38,7 +38,7 @@ uses prefix sums (each err is O(1)) and one vectorized row per i: O(n^2) time, O
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar, Mapping
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -191,7 +191,7 @@ class DPHR(TwoPartBudget, HistogramRelease):
                   "(docs/floating_point.md)",
             params={"epsilon1": e1, "epsilon2": e2, "variant": "sound"})
 
-    def publish(self, counts: Any, rng: RngLike = None) -> dict[str, Any]:
+    def _publish(self, counts: Any, rng: RngLike = None) -> dict[str, Any]:
         h = check_counts(counts, cap=self.BUCKET_CAP)
         gen = as_generator(rng)
         e1, e2 = self.budget
@@ -212,6 +212,3 @@ class DPHR(TwoPartBudget, HistogramRelease):
         if view is not None:
             out["view"] = view
         return out
-
-    def noise_variance(self, release: Mapping[str, Any]) -> np.ndarray:
-        return np.asarray(release["noise_var"])

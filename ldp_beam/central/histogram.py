@@ -5,7 +5,8 @@ frozen dataclass of validated parameters (the budget and the bucket domain) that
 
 * maps raw records to bucket codes (``check``/``randomize``: validation and encoding only, no
   noise — ``draws == 0``; invalid records are dead-lettered by the Beam layer), and
-* publishes a noisy histogram from true bucket counts, once: ``publish(counts, rng)``.
+* publishes a noisy histogram from true bucket counts, once: ``release_counts(counts, rng)``
+  (an :class:`~ldp_beam.core.Estimate`).
 
 :class:`HistogramReleaseEstimator` is the server side: its accumulator is the vector of bucket
 counts (int64; mergeable by summation, so any Beam runner can build it), and ``finalize`` makes
@@ -31,9 +32,11 @@ floating-point Laplace variate, whose low-order bits can reveal the input (docs/
 
 The bucket domain is either numeric (``bins`` equal-width buckets on ``[lower, upper]``; the last
 bucket includes ``upper``) or categorical (``categories``). Counts that are already aggregated
-(e.g. the DPBench histograms) go straight to ``publish``.
+(e.g. the DPBench histograms) go straight to ``release_counts``.
 """
 from __future__ import annotations
+
+import dataclasses
 
 import math
 from dataclasses import dataclass
@@ -41,7 +44,7 @@ from typing import Any, ClassVar, Mapping
 
 import numpy as np
 
-from ..core import (CountEstimator, Estimate, Mechanism, Reasons, Reports, Role, Statistic,
+from ..core import (CentralRelease, CountEstimator, Estimate, Reasons, Reports, Role, Statistic,
                     check_epsilon, check_labels, coerce_numeric, encode_categories)
 from ..errors import EmptyAccumulatorError, ParameterError
 from ..limits import check_cap
@@ -119,10 +122,9 @@ class TwoPartBudget:
 
 
 @dataclass(frozen=True)
-class HistogramRelease(Mechanism):
+class HistogramRelease(CentralRelease):
     """Base of the central histogram algorithms: the budget and the bucket domain."""
 
-    central: ClassVar[bool] = True
     family: ClassVar[str] = "dphr"
     roles: ClassVar[tuple[Role, ...]] = (
         Role("value", help="a number in [lower, upper] (numeric bins) or a label of categories"),)
@@ -177,7 +179,7 @@ class HistogramRelease(Mechanism):
 
     @classmethod
     def check_buckets(cls, n: int, param: str) -> None:
-        """Check a number of buckets (declared, or of counts given to ``publish``) against the
+        """Check a number of buckets (declared, or of counts given to ``release_counts``) against the
         release's size cap, before anything of that size is built."""
         check_cap(cls.BUCKET_CAP, n, param)
 
@@ -203,7 +205,7 @@ class HistogramRelease(Mechanism):
     # -- the domain
     @property
     def n_buckets(self) -> int:
-        """Buckets of the declared domain (0: only ``publish`` on given counts is possible)."""
+        """Buckets of the declared domain (0: only ``release_counts`` on given counts is possible)."""
         return len(self.categories) if self.categories else int(self.bins)
 
     def bucket_edges(self) -> np.ndarray | None:
@@ -211,10 +213,6 @@ class HistogramRelease(Mechanism):
 
     def labels(self, role: str) -> tuple[str, ...]:
         return self.categories
-
-    @property
-    def draws(self) -> int:
-        return 0  # no per-record noise: the release is noised once, in publish
 
     def check(self, data: Any) -> tuple[dict[str, np.ndarray], Reasons]:
         if not self.n_buckets:
@@ -274,19 +272,52 @@ class HistogramRelease(Mechanism):
     def validate(self, cols: dict[str, np.ndarray], reasons: Reasons) -> None:
         pass  # check() above does it all
 
-    def randomize(self, cols: dict[str, np.ndarray], u: np.ndarray) -> Reports:
+    def prepare(self, cols: dict[str, np.ndarray], u: np.ndarray) -> Reports:
         return {"bucket": np.asarray(cols["value"], dtype=np.int32)}
 
+    # -- the release
+    def release_counts(self, counts: Any, rng: RngLike = None) -> Estimate:
+        """One release from true bucket counts (the curator's), as an :class:`Estimate`:
+        ``histogram`` (one value per bucket in bucket order; stderr: the noise alone, where
+        known) and whatever else the algorithm publishes with it (``groups``, ``view``,
+        ``order``, ``starts``, ``planned_error``: all functions of the noisy outputs, so
+        publishable). ``rng``: None (OS entropy), a seed (testing only: not private), a
+        :class:`~ldp_beam.rng.RandomSource` or a numpy Generator. The exact counts are not in
+        it (``n_reports`` is None)."""
+        rel = self._publish(counts, rng)
+        var = self._noise_variance(rel)
+        stats = {"histogram": Statistic(
+            np.asarray(rel["histogram"]), None if var is None else np.sqrt(var),
+            note="the published counts in bucket order; stderr: the noise alone (grouping "
+                 "methods add a reconstruction bias it does not include)")}
+        for name, value in rel.items():
+            if name not in ("histogram", "noise_var"):
+                stats[name] = Statistic(np.asarray(value) if not np.isscalar(value) else value,
+                                        note=_RELEASE_NOTES.get(name, "part of the release"))
+        return Estimate(self.name, None, stats, self.guarantee, self.params())
+
     # -- what subclasses provide
-    def publish(self, counts: Any, rng: RngLike = None) -> dict[str, Any]:
-        """One release from true bucket counts. Returns at least ``histogram`` (float64, one
-        value per bucket, in the original bucket order) and may add ``groups`` (the group id of
-        every bucket) and other diagnostics."""
+    def _publish(self, counts: Any, rng: RngLike = None) -> dict[str, Any]:
+        """The algorithm: one release from true bucket counts, as arrays. Returns at least
+        ``histogram`` (float64, one value per bucket, in the original bucket order) and may add
+        ``noise_var`` (per-bucket noise variance), ``groups`` and other published outputs."""
         raise NotImplementedError
 
-    def noise_variance(self, release: Mapping[str, Any]) -> np.ndarray | None:
+    def _noise_variance(self, release: Mapping[str, Any]) -> np.ndarray | None:
         """Per-bucket variance of the *noise* in a release (not the grouping bias), if known."""
-        return None
+        var = release.get("noise_var")
+        return None if var is None else np.asarray(var)
+
+
+#: what the extra outputs of a histogram release are (Statistic notes)
+_RELEASE_NOTES = {
+    "epsilon_spent": "the budget parts (eps1, eps2) the release spent",
+    "groups": "group id of every bucket (part of the release)",
+    "order": "the bucket order the grouping used (from the noisy view)",
+    "view": "the noisy view of the counts the grouping was chosen on (epsilon1)",
+    "starts": "first bucket of every group",
+    "planned_error": "the grouping's planned error (a function of the noisy view)",
+}
 
 
 def laplace_counts(counts: np.ndarray, epsilon: float, gen: np.random.Generator,
@@ -332,14 +363,12 @@ class IdentityLaplace(HistogramRelease):
         m = self.unit_sensitivity
         return realized_epsilon(m, discrete_laplace_scale(m, self.epsilon))
 
-    def publish(self, counts: Any, rng: RngLike = None) -> dict[str, Any]:
+    def _publish(self, counts: Any, rng: RngLike = None) -> dict[str, Any]:
         h = check_counts(counts, cap=self.BUCKET_CAP)
         return {"histogram": laplace_counts(h, self.epsilon, as_generator(rng),
-                                            self.unit_sensitivity).astype(float)}
-
-    def noise_variance(self, release: Mapping[str, Any]) -> np.ndarray:
-        return np.full(len(release["histogram"]),
-                       count_noise_variance(self.epsilon, self.unit_sensitivity))
+                                            self.unit_sensitivity).astype(float),
+                "noise_var": np.full(h.size, count_noise_variance(self.epsilon,
+                                                                  self.unit_sensitivity))}
 
 
 def group_means_with_noise(counts: np.ndarray, groups: np.ndarray, epsilon: float,
@@ -403,7 +432,7 @@ class HistogramReleaseEstimator(CountEstimator):
         super().__init__(mechanism)
         if not mechanism.n_buckets:
             raise ParameterError("bins", 0, "a declared domain (bins or categories) to accumulate "
-                                 "raw records; use publish(counts) for ready-made counts")
+                                 "raw records; use release_counts(counts) for ready-made counts")
         self.n_cells = mechanism.n_buckets
         self.seed = seed
 
@@ -441,15 +470,8 @@ class HistogramReleaseEstimator(CountEstimator):
         return self._release(acc, release_source(self.seed, acc, key))
 
     def _release(self, acc: np.ndarray, source: Any) -> Estimate:
-        rel = self.mechanism.publish(acc, source)
-        var = self.mechanism.noise_variance(rel)
-        stats = {"histogram": Statistic(
-            np.asarray(rel["histogram"]), None if var is None else np.sqrt(var),
-            note="the published counts in bucket order; stderr: the noise alone (grouping "
-                 "methods add a reconstruction bias it does not include)")}
-        if "groups" in rel:
-            stats["groups"] = Statistic(np.asarray(rel["groups"]),
-                                        note="group id of every bucket (part of the release)")
-        # n_reports=None: the exact number of records is itself sensitive and is not released
-        return Estimate(self.mechanism.name, None, stats, self.mechanism.guarantee,
-                        self.mechanism.params())
+        est = self.mechanism.release_counts(acc, source)
+        # what the pipelines publish per release: the histogram and its groups (the other
+        # outputs are the algorithm's diagnostics, kept for the paper reproductions)
+        return dataclasses.replace(est, statistics={k: v for k, v in est.statistics.items()
+                                                    if k in ("histogram", "groups")})

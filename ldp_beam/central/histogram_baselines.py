@@ -17,7 +17,7 @@ publication", Distributed and Parallel Databases 37, 2019) is not implemented: o
 between the grouping and the noise phases, chosen from a theoretical analysis) could be found,
 which does not pin the algorithm down.
 
-Every algorithm here is a frozen :class:`~.histogram.HistogramRelease`: ``publish(counts, rng)``
+Every algorithm here is a frozen :class:`~.histogram.HistogramRelease`: ``release_counts(counts, rng)``
 makes one release, ``guarantee`` says what it costs. Neighbouring datasets differ by one record,
 which changes one bucket count by 1 -- or, with contribution bounds (``max_partitions_per_unit`` =
 L0, ``max_rows_per_partition`` = Linf, enforced by the pipeline; issue 14), by all rows of one
@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar, Mapping
+from typing import Any, Callable, ClassVar
 
 import numpy as np
 
@@ -244,7 +244,7 @@ class StructureFirst(TwoPartBudget, HistogramRelease):
                   "discussed, not bounded by this epsilon, in docs/floating_point.md",
             params=params)
 
-    def publish(self, counts: Any, rng: RngLike = None) -> dict[str, Any]:
+    def _publish(self, counts: Any, rng: RngLike = None) -> dict[str, Any]:
         h = check_counts(counts, cap=self.BUCKET_CAP)
         n = h.size
         k = int(self.k)
@@ -288,9 +288,6 @@ class StructureFirst(TwoPartBudget, HistogramRelease):
             err = T[j, q] + _sse(s1, s2, q, right)
             bounds[j] = q[exponential_mechanism(-err, eps_choice, sensitivity, gen)]
         return bounds[:-1]
-
-    def noise_variance(self, release: Mapping[str, Any]) -> np.ndarray:
-        return np.asarray(release["noise_var"])
 
 
 # --------------------------------------------------------------------------- AHP
@@ -418,7 +415,7 @@ class AHP(TwoPartBudget, HistogramRelease):
                   "integer counts and group sums (docs/floating_point.md)",
             params={"epsilon1": e1, "epsilon2": e2, "eta": self.eta})
 
-    def publish(self, counts: Any, rng: RngLike = None) -> dict[str, Any]:
+    def _publish(self, counts: Any, rng: RngLike = None) -> dict[str, Any]:
         h = check_counts(counts, cap=self.BUCKET_CAP)
         gen = as_generator(rng)
         e1, e2 = self.budget
@@ -439,6 +436,3 @@ class AHP(TwoPartBudget, HistogramRelease):
         groups = np.empty(thr.size, dtype=np.int64)
         groups[order] = ahp_greedy_cluster(thr[order], e2 / m)
         return groups
-
-    def noise_variance(self, release: Mapping[str, Any]) -> np.ndarray:
-        return np.asarray(release["noise_var"])

@@ -10,7 +10,7 @@ ospdprr_one_sided_personalized_dp.txt``: abstract and the Algorithm 1 box only).
 The curator sees every user's ``k`` items. A user's row holds the values of the *target* items
 ``T`` (the query's input) and, for every item, a sensitivity level and an importance. Three
 stages, all in :meth:`OSPDPRR.release` on arrays of every user (the estimator's finalize in the
-data-reference modes; in sound-self, stage 2's draw is made per row by :meth:`OSPDPRR.randomize`
+data-reference modes; in sound-self, stage 2's draw is made per row by :meth:`OSPDPRR.prepare`
 and stage 3 by :meth:`OSPDPRR.release_sums`, see below):
 
 1. **Sensitivity weights and the comprehensive weight** (spec §2). A pluggable *sensitivity
@@ -61,7 +61,7 @@ not published.
 
 **sound-self: one pass, memory that does not grow with users (issue 16).** M_u is a function
 of user u's own row, so so is pi_u, and the row's sampling Bernoulli(pi_u) is drawn where the
-row is read: the mechanism draws one uniform per row (``draws = 1``), and :meth:`OSPDPRR.randomize`
+row is read: the mechanism draws one uniform per row (``draws = 1``), and :meth:`OSPDPRR.prepare`
 reports the row's target values and ``sampled = u < pi_u`` (not its weights). In a pipeline,
 ``Perturb`` addresses that uniform exactly as ``collect`` addresses LDP noise: by the run's
 secret key (:class:`~ldp_beam.rng.RunKey`, fresh OS entropy; never a fixed default seed) and
@@ -150,7 +150,7 @@ from typing import Any, Callable, ClassVar, Iterable, Mapping, Union
 
 import numpy as np
 
-from ..core import (Estimate, Estimator, Mechanism, Reasons, Reports, Role, Statistic,
+from ..core import (CentralRelease, Estimate, Estimator, Reasons, Reports, Role, Statistic,
                     check_choice, check_interval, coerce_numeric)
 from ..errors import EmptyAccumulatorError, ParameterError
 from ..limits import cap, check_cap
@@ -710,7 +710,7 @@ class _UnitBounded:
 
 
 @dataclass(frozen=True)
-class OSPDPRR(_UnitBounded, Mechanism):
+class OSPDPRR(_UnitBounded, CentralRelease):
     """OSPDPRR: one-sided personalized DP query on users' k items (central, one release).
 
     TOPSIS sensitivity scores, personalized sampling with threshold t, one Laplace release.
@@ -735,7 +735,6 @@ class OSPDPRR(_UnitBounded, Mechanism):
     """
 
     NAME: ClassVar[str] = "ospdprr"
-    central: ClassVar[bool] = True
     family: ClassVar[str] = "ospdprr"
     roles = _ByItem(_ospdprr_roles, (
         Role("value<i>", help="one per target item i: a number in [lower, upper]"),
@@ -987,7 +986,7 @@ class OSPDPRR(_UnitBounded, Mechanism):
                                  f"{lvl.shape}, not {w.shape}")
         return w
 
-    def randomize(self, cols: dict[str, np.ndarray], u: np.ndarray) -> Reports:
+    def prepare(self, cols: dict[str, np.ndarray], u: np.ndarray) -> Reports:
         """The report of each valid row: its target values and, in the data-reference modes,
         its weights (sampled at release time); in sound-self (:attr:`one_pass`) its sampling
         decision ``sampled = u < pi_u`` instead of the weights, ``u`` the row's one uniform
@@ -1004,7 +1003,7 @@ class OSPDPRR(_UnitBounded, Mechanism):
         u = np.asarray(u)
         if u.ndim != 2 or u.shape[0] != n or u.shape[1] < 1:
             raise ValueError(f"{self.name} (mode sound-self) samples each row with one uniform: "
-                             f"randomize needs an ({n}, 1) array of uniforms, not shape {u.shape}")
+                             f"prepare needs an ({n}, 1) array of uniforms, not shape {u.shape}")
         if self.k == 1 and n:  # the common case: no (n, 1) matrix, the same arithmetic
             pi = _self_sampling_one_item(np.asarray(cols["weight1"], dtype=np.float64), self.t)
         else:
@@ -1352,7 +1351,7 @@ class OSPDPRREstimator(_UserRowsEstimator):
     """The one release of OSPDPRR.
 
     **sound-self (one pass, bounded).** Each report carries its row's sampling decision
-    (:meth:`OSPDPRR.randomize`: ``sampled = u < pi_u``, u drawn where the row was read); the
+    (:meth:`OSPDPRR.prepare`: ``sampled = u < pi_u``, u drawn where the row was read); the
     accumulator is four int64 numbers, ``[users, N, S, Q]``: the users seen (the curator's
     count, never released) and the sample's statistics summed exactly on the integer lattice
     (:func:`statistic_lattice`); with ``clip=True`` a fifth, the values clipped (released only
@@ -1662,7 +1661,7 @@ def _osdp_fields(m: "OsdpRR") -> tuple[tuple[str, str], ...]:
 
 
 @dataclass(frozen=True)
-class OsdpRR(_UnitBounded, Mechanism):
+class OsdpRR(_UnitBounded, CentralRelease):
     """OsdpRR: OSDP randomized response, record-level one-sided DP (the OSPDPRR baseline).
 
     Kotsogiannis et al., ICDE 2020. Every target item of every user is a record; a sensitive
@@ -1709,7 +1708,6 @@ class OsdpRR(_UnitBounded, Mechanism):
     """
 
     NAME: ClassVar[str] = "osdp-rr"
-    central: ClassVar[bool] = True
     family: ClassVar[str] = "ospdprr"
     roles = _ByItem(_osdp_roles, (
         Role("value<i>", help="one per target item i: a number in [lower, upper]"),
@@ -1829,7 +1827,7 @@ class OsdpRR(_UnitBounded, Mechanism):
         for i in self.target:
             cols[f"sensitive{i}"] = (np.nan_to_num(cols[f"level{i}"]) > 0).astype(np.uint8)
 
-    def randomize(self, cols: dict[str, np.ndarray], u: np.ndarray) -> Reports:
+    def prepare(self, cols: dict[str, np.ndarray], u: np.ndarray) -> Reports:
         """Each valid row's target values and, per record (target item i), whether it is in
         the released sample: ``released<i> = (not sensitive) and u[:, j] < q``, u the row's k_T
         uniforms (per record, from the run's secret key and the row's identity in a pipeline):
@@ -1839,7 +1837,7 @@ class OsdpRR(_UnitBounded, Mechanism):
         n = vals[f"value{self.target[0]}"].shape[0]
         u = np.asarray(u)
         if u.ndim != 2 or u.shape[0] != n or u.shape[1] < kt:
-            raise ValueError(f"{self.name} keeps each record with one uniform: randomize needs "
+            raise ValueError(f"{self.name} keeps each record with one uniform: prepare needs "
                              f"an ({n}, {kt}) array of uniforms, not shape {u.shape}")
         q = self.keep_probability
         out = dict(vals)
@@ -1920,7 +1918,7 @@ class OsdpRREstimator(_ReleasedOnce, Estimator):
     """The one release of OsdpRR, in one pass (see :class:`OsdpRR`).
 
     Each report carries its records' values and whether each is in the released sample
-    (:meth:`OsdpRR.randomize`, drawn where the row was read). The accumulator is a numpy object
+    (:meth:`OsdpRR.prepare`, drawn where the row was read). The accumulator is a numpy object
     array of four Python integers ``[users, records, S, Q]``: the users seen (curator
     bookkeeping, never released), the released records, and the exact sums of their values and
     squares in units of 2^-1074 (Python integers: float64 sums need up to ~2,100 bits); with

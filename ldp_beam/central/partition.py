@@ -72,7 +72,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from ..core import Estimate, check_epsilon
+from ..core import CentralRelease, Estimate, check_epsilon
 from ..errors import ParameterError
 from ..limits import check_cap
 from ..noise import discrete_laplace, discrete_laplace_scale, realized_epsilon
@@ -440,7 +440,7 @@ def release_per_key(estimator: Any, accumulators: Mapping[Any, Any],
     accumulator) and unlisted keys are ignored. Noise: the estimator's ``seed`` addresses each
     key's selection and release draws (OS entropy without one)."""
     mech = estimator.mechanism
-    if not getattr(mech, "central", False) or not hasattr(estimator, "finalize_key"):
+    if not isinstance(mech, CentralRelease) or not hasattr(estimator, "finalize_key"):
         raise ParameterError("estimator", type(estimator).__name__,
                              "the estimator of a central release (with finalize_key)")
     seed = getattr(estimator, "seed", None)

@@ -257,8 +257,8 @@ def _central_hist(m: Any, reps: int, gen, bucket: int = 0) -> tuple:
     base = np.array([12, 3, 0, 7, 7, 1, 20, 4])
     nb = base.copy()
     nb[bucket] += 1
-    s1 = np.array([m.publish(base, gen)["histogram"][bucket] for _ in range(reps)])
-    s2 = np.array([m.publish(nb, gen)["histogram"][bucket] for _ in range(reps)])
+    s1 = np.array([m.release_counts(base, gen)["histogram"].value[bucket] for _ in range(reps)])
+    s2 = np.array([m.release_counts(nb, gen)["histogram"].value[bucket] for _ in range(reps)])
     res = _thresholds(s1, s2)
     note = (f"Monte Carlo: {reps} releases on counts {base.tolist()} and with one record added "
             f"to bucket {bucket}; threshold events on that bucket's published value")
@@ -336,9 +336,10 @@ def _person_counts(gen, bounds: Any, bucket: int = 0, base: np.ndarray = _BASE) 
 
 def _person_hist(m: Any, reps: int, gen, bounded: bool, bucket: int = 0) -> tuple:
     bounds = m.contribution_bounds if bounded else None
-    s1 = np.array([m.publish(_person_counts(gen, bounds, bucket), gen)["histogram"][bucket]
+    s1 = np.array([m.release_counts(_person_counts(gen, bounds, bucket),
+                                    gen)["histogram"].value[bucket]
                    for _ in range(reps)])
-    s2 = np.array([m.publish(_BASE, gen)["histogram"][bucket] for _ in range(reps)])
+    s2 = np.array([m.release_counts(_BASE, gen)["histogram"].value[bucket] for _ in range(reps)])
     res = _thresholds(s1, s2)
     shift = _person_counts(gen, bounds, bucket) - _BASE
     exact = None
@@ -377,7 +378,7 @@ def _person_per_key(m: Any, reps: int, gen) -> tuple:
     def stat(counts: list[np.ndarray]) -> float:
         # LPA's noise is independent per bucket, so one publish of the three keys' counts side by
         # side has the law of the three per-key releases (and is 3x cheaper)
-        return float(m.publish(np.concatenate(counts), gen)["histogram"][::8].sum())
+        return float(m.release_counts(np.concatenate(counts), gen)["histogram"].value[::8].sum())
     s1 = np.array([stat(counts_with(gen)) for _ in range(reps)])
     s2 = np.array([stat([base[k] for k in keys]) for _ in range(reps)])
     res = _thresholds(s1, s2)

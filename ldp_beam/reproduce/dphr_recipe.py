@@ -314,7 +314,7 @@ class CellResult:
 def simulate(method: Method, epsilon: float, data: Dataset, lengths: Sequence[int], reps: int,
              seed: int) -> tuple[CellResult, HistogramRelease]:
     """``reps`` releases of one method on one histogram; the range-query MSE of each (and its
-    reconstruction/noise split) and the wall time of each ``publish``."""
+    reconstruction/noise split) and the wall time of each release."""
     mech = method.build(float(epsilon), data)
     h = data.counts
     nl = len(lengths)
@@ -323,15 +323,15 @@ def simulate(method: Method, epsilon: float, data: Dataset, lengths: Sequence[in
     for r in range(reps):
         gen = release_rng(seed, data.name, method.name, epsilon, r)
         t0 = time.perf_counter()
-        rel = mech.publish(h, gen)
+        rel = mech.release_counts(h, gen).statistics
         res.seconds[r] = time.perf_counter() - t0
-        hist = np.asarray(rel["histogram"], dtype=float)
+        hist = np.asarray(rel["histogram"].value, dtype=float)
         res.mse[r] = range_query_mse(h, hist, lengths)
         if "groups" in rel:
-            gm = _group_means(h, np.asarray(rel["groups"]))
+            gm = _group_means(h, np.asarray(rel["groups"].value))
             res.bias[r] = range_query_mse(h, gm, lengths)
             res.noise[r] = range_query_mse(gm, hist, lengths)
-            res.groups[r] = int(np.asarray(rel["groups"]).max()) + 1
+            res.groups[r] = int(np.asarray(rel["groups"].value).max()) + 1
         else:
             res.bias[r] = 0.0
             res.noise[r] = res.mse[r]
@@ -443,8 +443,8 @@ def _scaling_records(cfg: Config, data: Dataset, seed: int, common: Mapping) -> 
         gen = np.random.default_rng([seed, _code("scaling"), n])
         view = np.sort(h + gen.laplace(0.0, 2.0, n))
         jobs = {"Optimized_Cluster (DP grouping)": lambda: optimal_grouping(view, 0.5),
-                "DPHR-paper": lambda: DPHR(1.0, variant="paper").publish(h, gen),
-                "DPHR-sound": lambda: DPHR(1.0).publish(h, gen)}
+                "DPHR-paper": lambda: DPHR(1.0, variant="paper").release_counts(h, gen),
+                "DPHR-sound": lambda: DPHR(1.0).release_counts(h, gen)}
         for name, job in jobs.items():
             best = math.inf
             for _ in range(cfg.scaling_repeats):
