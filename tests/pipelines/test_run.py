@@ -1,0 +1,81 @@
+"""The Run engine (issue 25): one lifecycle for every batch command, and what it makes true for
+all of them at once: a re-run of an identical central release (global or per key) publishes the
+recorded release again and spends nothing; central releases are their own type."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from ldp_beam.core import CentralRelease, Configured, Mechanism
+from ldp_beam.errors import InvalidRecordsError
+from ldp_beam.registry import get_registry
+from ldp_beam_test_helpers import run_cli
+
+HIST = ("-m", "laplace-histogram", "--epsilon", "1", "-p", "categories=a,b,c")
+
+
+def _table(path):
+    uid = np.repeat(np.arange(600), 3)
+    v = np.random.default_rng(1).choice(list("abc"), uid.size)
+    region = np.where(uid < 400, "north", "south").astype(object)
+    pq.write_table(pa.table({"uid": uid.astype(str), "v": v, "region": region}), path)
+
+
+def _committed_epsilon(ledger_url):
+    code, so, se = run_cli("ledger", "--ledger", ledger_url, "--json")
+    assert code == 0, se
+    entries = [e for e in json.loads(so)["entries"] if e["status"] == "committed"]
+    return len(entries), sum(e["epsilon"] for e in entries)
+
+
+@pytest.mark.parametrize("per_key", [False, True], ids=["global", "per-key"])
+def test_rerun_of_an_identical_release_republishes_and_spends_nothing(tmp_path, per_key):
+    _table(tmp_path / "t.parquet")
+    led = f"sqlite:///{tmp_path / 'ledger.db'}"
+    args = ["estimate", "-i", str(tmp_path / "t.parquet"), "-c", "v", *HIST,
+            "--privacy-unit", "uid", "--ledger", led, "--force"]
+    if per_key:
+        args += ["--by", "region", "--partition-selection", "1,1e-6"]
+    outs = []
+    for i in range(2):
+        code, so, se = run_cli(*args, "-o", str(tmp_path / f"h{i}.json"))
+        assert code == 0, se
+        outs.append(json.loads((tmp_path / f"h{i}.json").read_text()))
+    stats = "estimates" if per_key else "estimate"
+    assert outs[0][stats] == outs[1][stats]  # the same numbers: no second draw
+    cur = json.loads((tmp_path / "h1.json.curator.json").read_text())
+    assert cur["republished_from"]
+    # two runs recorded, spent once: epsilon 1 (+1 for the key selection), not twice
+    assert _committed_epsilon(led) == (2, pytest.approx(2.0 if per_key else 1.0))
+
+
+def test_central_releases_are_not_mechanisms():
+    reg = get_registry()
+    for name in reg.names():
+        cls = reg.get(name).mechanism
+        assert issubclass(cls, Configured)
+        assert issubclass(cls, CentralRelease) != issubclass(cls, Mechanism), name
+        if issubclass(cls, CentralRelease):
+            assert not hasattr(cls, "randomize") and not hasattr(cls, "perturb"), name
+            assert not hasattr(cls, "publish"), name
+
+
+def test_a_central_release_checks_and_encodes_records_without_noise():
+    m = get_registry().build("laplace-histogram", {"epsilon": 1.0, "categories": "a,b,c"})
+    assert isinstance(m, CentralRelease) and m.draws == 0
+    rec = m.records(np.array(["c", "a", "a"], dtype=object))
+    assert rec["bucket"].tolist() == [2, 0, 0]  # true values, encoded: the noise comes once
+    with pytest.raises(InvalidRecordsError):
+        m.records(np.array(["a", "zzz"], dtype=object))
+    est = m.estimator(seed=3)
+    acc = est.add(est.create(), rec)
+    e = est.finalize(acc)
+    assert e.n_reports is None and e["histogram"].value.shape == (3,)
+    # exact discrete Laplace of scale 1 (sensitivity 1, epsilon 1): variance
+    # 2 e^-1 / (1 - e^-1)^2 = 1.841, not the continuous Laplace's 2
+    assert e["histogram"].stderr == pytest.approx(np.sqrt(2 * np.exp(-1) / (1 - np.exp(-1)) ** 2),
+                                                  rel=1e-6)
