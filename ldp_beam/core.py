@@ -704,6 +704,10 @@ class Statistic:
     stderr: Any = None
     clipped: Any = None
     note: str = ""
+    #: the declared range of the estimand, where the mechanism declares one (a mean: [lower,
+    #: upper]; a frequency: [0, 1]); None where it has none. A group whose interval is wider
+    #: than half of it says nothing useful (see :meth:`Estimate.uninformative`).
+    domain: tuple[float, float] | None = None
 
     def ci(self, level: float = 0.95) -> tuple[float, float] | None:
         """Normal-approximation confidence interval, or None where no standard error exists."""
@@ -757,6 +761,28 @@ class Estimate:
             return self.statistics[name]
         except KeyError:
             raise KeyError(f"no statistic {name!r}; available: {sorted(self.statistics)}") from None
+
+    def uninformative(self, level: float = 0.95) -> str | None:
+        """Why this estimate says nothing useful, or None: the first statistic with a declared
+        domain whose CI half-width (at ``level``, largest over its cells) exceeds half of the
+        domain's width, i.e. whose interval is wider than the whole range it estimates in. A
+        function of the released statistics only (post-processing: no privacy cost)."""
+        for name, st in self.statistics.items():
+            if st.domain is None or st.stderr is None or st.value is None:
+                continue
+            se = np.asarray(st.stderr, dtype=float)
+            if se.size == 0 or not np.isfinite(se).all():
+                continue
+            lo, hi = st.domain
+            ci = st.ci(level)
+            half = float(np.max((np.asarray(ci[1], dtype=float) - np.asarray(ci[0], dtype=float))
+                                / 2))
+            if half > (hi - lo) / 2:
+                return (f"{name}: the {level:.0%} CI half-width {half:.3g} exceeds half of the "
+                        f"declared domain [{lo:g}, {hi:g}] ({(hi - lo) / 2:g}): too few "
+                        f"reports{'' if self.n_reports is None else f' ({self.n_reports})'} for "
+                        "this epsilon")
+        return None
 
     def with_design_effect(self, k: int, why: str) -> "Estimate":
         """Standard errors widened by sqrt(k), for reports that come up to ``k`` at a time from

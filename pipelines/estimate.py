@@ -96,9 +96,38 @@ def check_recorded(mech: Mechanism, meta: Mapping[str, Any] | None) -> None:
                          f"(recorded, given): {diff}")
 
 
-def _keyed_json(kv: Any) -> dict:
-    key, est = kv
-    return {"key": key, **_result(est)}
+class GroupRule:
+    """Which groups of a ``--by`` estimate are published: ``min_group_size`` None (the
+    default) suppresses a group whose estimate is uninformative (a statistic's CI is wider than
+    its declared domain: :meth:`~ldp_beam.core.Estimate.uninformative`, i.e. the group is
+    smaller than the size at which this mechanism's variance gives a CI within the domain); an
+    integer N suppresses groups of fewer than N reports (0: none is suppressed). A suppressed
+    group is published as ``{"suppressed": reason, "n_reports": n}`` (the report count of LDP
+    reports is public; a central release's exact count is not, so only the default rule, on
+    the released statistics, applies there). Both rules read only released values:
+    post-processing, no privacy cost."""
+
+    def __init__(self, min_group_size: int | None = None) -> None:
+        if min_group_size is not None and (isinstance(min_group_size, bool) or
+                                           not isinstance(min_group_size, int) or
+                                           min_group_size < 0):
+            raise ValueError(f"--min-group-size {min_group_size!r}: an integer >= 0 (0: "
+                             "publish every group)")
+        self.min_group_size = min_group_size
+
+    def __call__(self, key: Any, est: Any) -> dict:
+        if isinstance(est, EstimateFailure):
+            return {"key": key, **_result(est)}
+        n = est.n_reports
+        if self.min_group_size is None:
+            why = est.uninformative()
+        elif n is not None and n < self.min_group_size:
+            why = f"{n} reports, fewer than --min-group-size {self.min_group_size}"
+        else:
+            why = None
+        if why is not None:
+            return {"key": key, "suppressed": why, "n_reports": n}
+        return {"key": key, **_result(est)}
 
 
 def _result(est: Any) -> dict:
@@ -107,6 +136,13 @@ def _result(est: Any) -> dict:
     # exact curator-only counts (e.g. values clipped) under "curator": a release moves them
     # into its curator file before anything is written or published
     return est.to_dict(curator=True)
+
+
+def group_outcomes(estimates: Mapping[str, Mapping[str, Any]]) -> dict:
+    """The groups that were not published as numbers, by outcome: ``suppressed`` (too small to
+    say anything; reason) and ``failed`` (no estimate possible; error)."""
+    return {"suppressed": {k: e["suppressed"] for k, e in estimates.items() if "suppressed" in e},
+            "failed": {k: e["error"] for k, e in estimates.items() if "error" in e}}
 
 
 class _WriteResult:
@@ -149,7 +185,7 @@ def run_estimate(input: str, output: str, mechanism: Mechanism | None = None,
                  keys: Iterable[str] | None = None,
                  selection: tuple[float, float] | None = None,
                  side_outputs: str | None = None, unverified: bool = False,
-                 dataset: str | None = None) -> dict:
+                 dataset: str | None = None, min_group_size: int | None = None) -> dict:
     """Estimate from a reports table (LDP) or release from raw rows (central DP, see
     :func:`run_release`). Writes ``OUTPUT`` (the estimate: a ``.json``, ``.parquet`` or ``.csv``
     file, local or any Beam FileSystems URL, or a ``duckdb://``/``postgresql://`` table),
@@ -164,7 +200,10 @@ def run_estimate(input: str, output: str, mechanism: Mechanism | None = None,
     are refused unless ``unverified``; the estimate, its tidy rows and its manifest then say so
     (the guarantee's summary starts with "UNVERIFIED reports"). Reports of different
     configurations are refused either way. The outputs name the ``runs`` used and the
-    ``verification``."""
+    ``verification``.
+
+    ``min_group_size``: which ``by`` groups are published (:class:`GroupRule`); the output
+    names the ``suppressed`` and ``failed`` groups with their reasons."""
     options = dict(options or {})
     if mechanism is not None and isinstance(mechanism, CentralRelease):
         mech = mechanism
@@ -172,7 +211,8 @@ def run_estimate(input: str, output: str, mechanism: Mechanism | None = None,
                            seed=seed, force=force, allow_unreadable=allow_unreadable,
                            null_values=null_values, run_key=run_key, ledger=ledger,
                            budget=budget, budget_delta=budget_delta, unit=unit, keys=keys,
-                           selection=selection, side_outputs=side_outputs, dataset=dataset)
+                           selection=selection, side_outputs=side_outputs, dataset=dataset,
+                           min_group_size=min_group_size)
     run = Run("estimate", input, seed=seed, run_key=run_key, beam_args=beam_args,
               null_values=null_values, ledger=ledger, dataset=dataset, force=force,
               allow_unreadable=allow_unreadable)
@@ -203,6 +243,7 @@ def run_estimate(input: str, output: str, mechanism: Mechanism | None = None,
     unit_col, k = unit_meta.get("column"), int(unit_meta.get("max_reports_per_unit", 1))
     if by:  # one accumulator per key: check their number before any is built
         check_groups(distinct_keys(read.files, by, read.flags), est.create().size, "--by")
+    rule = GroupRule(min_group_size)
 
     # post-processing of LDP reports: recorded (epsilon 0) against the reports' dataset
     with run.spend({"estimate": output, "dead_letter": side + ".deadletter.jsonl"},
@@ -220,7 +261,7 @@ def run_estimate(input: str, output: str, mechanism: Mechanism | None = None,
                 written = (valid.reports | "SplitByKey" >> beam.ParDo(SplitByKey(by))
                            | "EstimatePerKey" >> beam.CombinePerKey(combine_fn)
                            | "PerUnitSE" >> beam.MapTuple(lambda key, e: (key, widen(e)))
-                           | "ToJson" >> beam.Map(_keyed_json)
+                           | "ToJson" >> beam.MapTuple(rule)
                            | "WriteEstimates" >> WriteJsonLines(parts))
             else:  # one estimate (the combine's default when there is no report)
                 written = (valid.reports | "Estimate" >> beam.CombineGlobally(combine_fn)
@@ -252,6 +293,7 @@ def run_estimate(input: str, output: str, mechanism: Mechanism | None = None,
             out["by"] = by
             out["estimates"] = {str(r.pop("key")): _mark(r, guarantee)
                                 for r in sorted(rows, key=lambda r: str(r["key"]))}
+            out.update(group_outcomes(out["estimates"]))
         else:
             out["estimate"] = _mark(rows[0], guarantee) if rows else \
                 {"error": "no reports", "n_reports": 0}
@@ -327,7 +369,8 @@ def run_release(input: str, output: str, mech: CentralRelease, columns: Mapping[
                 budget: float | None = None, budget_delta: float | None = None,
                 unit: str | None = None, keys: Iterable[str] | None = None,
                 selection: tuple[float, float] | None = None,
-                side_outputs: str | None = None, dataset: str | None = None) -> dict:
+                side_outputs: str | None = None, dataset: str | None = None,
+                min_group_size: int | None = None) -> dict:
     """A central-DP release on the trusted curator: raw records are validated and encoded (bad
     ones dead-lettered with the reason), accumulated, and released once with noise; with ``by``,
     one release per value of that column (:func:`release_by`).
@@ -352,6 +395,12 @@ def run_release(input: str, output: str, mech: CentralRelease, columns: Mapping[
     if by and (keys is None) == (selection is None):
         raise ValueError(f"--by {by}: give the public keys (--keys A,B,...) or a partition "
                          "selection budget (--partition-selection EPSILON,DELTA), one of them")
+    if min_group_size not in (None, 0) and by:
+        raise ValueError(f"--min-group-size {min_group_size}: a central release does not "
+                         "publish its groups' exact sizes (they are private); small keys are "
+                         "left out by partition selection, and a key whose released interval is "
+                         "wider than its domain is suppressed by default (--min-group-size 0: "
+                         "publish every selected key)")
     options = dict(options or {})
     run = Run("release", input, seed=take_seed(seed, options), run_key=run_key,
               beam_args=beam_args, null_values=null_values, ledger=ledger, budget=budget,
@@ -359,7 +408,8 @@ def run_release(input: str, output: str, mech: CentralRelease, columns: Mapping[
               allow_unreadable=allow_unreadable)
     fmt = tidy_format(output)
     cols = run.columns(mech, columns, unit=unit)
-    plan = (_PerKey(mech, by, unit, keys, selection, run, cols) if by else
+    plan = (_PerKey(mech, by, unit, keys, selection, run, cols, GroupRule(min_group_size))
+            if by else
             _Global(mech, unit))
     est = estimator_for(mech, seed=run.release_seed, **options)
     guarantee = run_guarantee(plan.guarantee, seeded=run.seeded, unit=unit, bounds=plan.bounds)
@@ -506,8 +556,10 @@ class ReleaseKeys(beam.DoFn):
     """Select keys (public list, or private partition selection on distinct-unit counts) and
     release each kept key's histogram with noise addressed by the key."""
 
-    def __init__(self, estimator: Any, public: tuple | None, selector: Any, seed: int) -> None:
+    def __init__(self, estimator: Any, public: tuple | None, selector: Any, seed: int,
+                 rule: Any = None) -> None:
         self.estimator, self.public, self.selector, self.seed = estimator, public, selector, seed
+        self.rule = rule or GroupRule()
 
     def process(self, items):
         # lazy: ldp_beam.central.partition costs 13 ms at import (measured), only per-key
@@ -522,7 +574,7 @@ class ReleaseKeys(beam.DoFn):
                       if self.selector.keep(found[k][1], selection_source(self.seed, k))]
         for key in chosen:
             acc = found.get(key, (None, 0))[0]
-            yield {"key": key, **_result(self.estimator.finalize_key(acc, key))}
+            yield self.rule(key, self.estimator.finalize_key(acc, key))
 
 
 class _PerKey:
@@ -537,7 +589,7 @@ class _PerKey:
 
     def __init__(self, mech: CentralRelease, by: str, unit: str, keys: Iterable[str] | None,
                  selection: tuple[float, float] | None, run: Run,
-                 cols: Mapping[str, str]) -> None:
+                 cols: Mapping[str, str], rule: "GroupRule") -> None:
         # lazy: ldp_beam.central.partition costs 13 ms at import (measured), only per-key
         # central releases need it (not `estimate` of LDP reports)
         from ldp_beam.central.partition import (PartitionSelection, PublicPartitions,
@@ -564,6 +616,7 @@ class _PerKey:
         self.read_bounds = (cb.l0, cb.linf, key_codes(by))
         self.keep = (by, unit)
         self.seed = run.release_seed
+        self.rule = rule
 
     def release(self, records: Any, est: Any, results: str) -> Any:
         by, unit = self.by, self.unit
@@ -572,7 +625,7 @@ class _PerKey:
                 | "PerKey" >> beam.CombinePerKey(PerKeyCombineFn(est))
                 | "AllKeys" >> beam.combiners.ToList()
                 | "Release" >> beam.ParDo(ReleaseKeys(est, self.public, self.selector,
-                                                      self.seed))
+                                                      self.seed, self.rule))
                 | "WriteRelease" >> WriteJsonLines(results))
 
     def describe(self) -> dict:
@@ -590,6 +643,7 @@ class _PerKey:
             r.pop("curator", None)
             releases[key] = _mark(r, guarantee)
         out["estimates"] = releases
+        out.update(group_outcomes(releases))
         return exact
 
 

@@ -187,7 +187,9 @@ def tidy_rows(estimate: Mapping[str, Any], group_key: Any = None, window: Any = 
     end)`` or a dict with ``window_start``/``window_end``; ``guarantee``/``seeded``: the run's
     (used when the estimate carries none). Scalars give one row; a vector one row per cell with
     its label, bucket edges, grid point or probability; a matrix one row per cell with its x and
-    y labels. An estimate with an ``error`` gives one row saying so (nothing is dropped)."""
+    y labels. An estimate with an ``error`` (or ``suppressed``: a group too small to say
+    anything, see :class:`~ldp_beam.pipelines.estimate.GroupRule`) gives one row saying so
+    (nothing is dropped)."""
     if not isinstance(estimate, Mapping):
         raise ParameterError("estimate", type(estimate).__name__, "an estimate dict")
     w_start = w_end = None
@@ -205,7 +207,9 @@ def tidy_rows(estimate: Mapping[str, Any], group_key: Any = None, window: Any = 
     base.update(_guarantee_fields(g if g is not None else guarantee, seeded))
     if "statistics" not in estimate:
         row = dict(base)
-        row["error"] = str(estimate.get("error", "no statistics in the estimate"))
+        row["error"] = ("suppressed: " + str(estimate["suppressed"])
+                        if "suppressed" in estimate else
+                        str(estimate.get("error", "no statistics in the estimate")))
         return [row]
     params = estimate.get("params") or {}
     stats = estimate["statistics"]

@@ -50,7 +50,8 @@ class BiSampleEstimator(CodedCountEstimator):
             x = (f_pos - f_neg) / k  # Eq. 11, normalized scale
             se = math.sqrt(var_pos + var_neg) / k
             mean = m.denormalize(x)
-            return {"mean": Statistic(mean, se * half, float(np.clip(mean, L, U))),
+            return {"mean": Statistic(mean, se * half, float(np.clip(mean, L, U)),
+                                      domain=(L, U)),
                     "sum": Statistic(n * mean, n * se * half,
                                      float(np.clip(n * mean, n * L, n * U)))}
         miss = (1 - f_pos - f_neg) / k  # Eq. 18
@@ -61,7 +62,7 @@ class BiSampleEstimator(CodedCountEstimator):
         total = n / k * (U * f_pos + L * f_neg + (U + L) * (p - 1))
         se_total = n / k * math.sqrt(U * U * var_pos + L * L * var_neg)
         stats = {
-            "missing_rate": Statistic(miss, se_miss, float(np.clip(miss, 0, 1))),
+            "missing_rate": Statistic(miss, se_miss, float(np.clip(miss, 0, 1)), domain=(0, 1)),
             "answering_count": Statistic(answering, n * se_miss, float(np.clip(answering, 0, n))),
             "sum": Statistic(total, se_total, float(np.clip(total, n * min(L, 0), n * max(U, 0)))),
         }
@@ -76,5 +77,6 @@ class BiSampleEstimator(CodedCountEstimator):
             se = math.sqrt(g_pos**2 * var_pos + g_neg**2 * var_neg) * half
             mean = m.denormalize(x)
             stats["mean"] = Statistic(mean, se, float(np.clip(mean, L, U)),
-                                      note="mean of the answering users (Eq. 20, ratio estimator)")
+                                      note="mean of the answering users (Eq. 20, ratio estimator)",
+                                      domain=(L, U))
         return stats

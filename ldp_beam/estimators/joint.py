@@ -125,7 +125,8 @@ class LinearFrequencyEstimator(CountEstimator):
 
     def statistics(self, acc: np.ndarray) -> dict[str, Statistic]:
         f, se, _ = self.estimate_table(acc)
-        return {"frequency": Statistic(f, se, project_simplex(f), note=NOTE_CONSISTENT)}
+        return {"frequency": Statistic(f, se, project_simplex(f), note=NOTE_CONSISTENT,
+                                       domain=(0, 1))}
 
 
 NOTE_CONSISTENT = ("value: unbiased, may be negative; clipped: the consistent estimate, the "
@@ -162,7 +163,7 @@ class JointEstimator(LinearFrequencyEstimator):
 
     def statistics(self, acc: np.ndarray) -> dict[str, Statistic]:
         f, se, _ = self.estimate_table(acc)
-        out = {"joint": Statistic(f, se, project_simplex(f), note=NOTE_CONSISTENT)}
+        out = {"joint": Statistic(f, se, project_simplex(f), note=NOTE_CONSISTENT, domain=(0, 1))}
         out.update(self.derived(f, acc, out["joint"].clipped))
         return out
 
@@ -179,8 +180,8 @@ class JointEstimator(LinearFrequencyEstimator):
                      "frequency 0; no standard error (a ratio of estimates)")
         note = ("value: sum of the unbiased joint (unbiased); clipped: from the consistent joint")
         return {
-            prefix + "marginal_x": Statistic(mx, se_x, cx, note),
-            prefix + "marginal_y": Statistic(my, se_y, cy, note),
+            prefix + "marginal_x": Statistic(mx, se_x, cx, note, domain=(0, 1)),
+            prefix + "marginal_y": Statistic(my, se_y, cy, note, domain=(0, 1)),
             prefix + "y_given_x": Statistic(y_given_x, None, None,
                                             "rows: x labels, columns: P(y | x); " + cond_note),
             prefix + "x_given_y": Statistic(x_given_y, None, None,

@@ -15,7 +15,8 @@ def _mean_stats(m: Any, x: float, se: float | None, n: int) -> dict[str, Statist
     half = (m.upper - m.lower) / 2
     mean = m.denormalize(x)
     se_o = None if se is None else se * half
-    return {"mean": Statistic(mean, se_o, float(np.clip(mean, m.lower, m.upper))),
+    return {"mean": Statistic(mean, se_o, float(np.clip(mean, m.lower, m.upper)),
+                              domain=(m.lower, m.upper)),
             "sum": Statistic(n * mean, None if se_o is None else n * se_o,
                              float(np.clip(n * mean, n * m.lower, n * m.upper)))}
 
@@ -94,7 +95,8 @@ class PrivKVMEstimator(CodedCountEstimator):
         f1 = (acc[1] + acc[2]) / n
         fk = (f1 + p1 - 1) / (2 * p1 - 1)
         se_fk = math.sqrt(binomial_variance(acc[1] + acc[2], n)) / (2 * p1 - 1)
-        stats = {"missing_rate": Statistic(1 - fk, se_fk, float(np.clip(1 - fk, 0, 1)))}
+        stats = {"missing_rate": Statistic(1 - fk, se_fk, float(np.clip(1 - fk, 0, 1)),
+                                           domain=(0, 1))}
         N = int(acc[1] + acc[2])
         if N == 0:
             stats["mean"] = Statistic(None, None, None, note="undefined: no report carries key 1")
