@@ -89,7 +89,7 @@ def _pyplot():
         return None
 
 
-def _plot(path: str, truth: dict, by_region: dict) -> str | None:
+def _plot(path: str, truth: dict, by_region: dict, epsilon: float) -> str | None:
     plt = _pyplot()
     if plt is None:
         return None
@@ -104,8 +104,10 @@ def _plot(path: str, truth: dict, by_region: dict) -> str | None:
                 label="BiSample-MD estimate (95% CI)")
     ax.scatter(x, tru, marker="x", color="black", zorder=3, label="true mean (answering people)")
     ax.set_xticks(x, regions)
-    ax.set_ylabel("mean age")
-    ax.set_title("Mean age per region from LDP reports")
+    ax.set_xlabel("region")
+    ax.set_ylabel("mean age (years)")
+    ax.set_title(f"Mean age per region from BiSample-MD reports (LDP, epsilon = {epsilon:g})",
+                 fontsize=10)
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path)
@@ -135,7 +137,8 @@ def bisample_section(data: str, out_dir: str, epsilon: float, seed: Any,
     h_est = run_estimate(h_reports, os.path.join(out_dir, "estimate_harmony.json"),
                          beam_args=beam_args, force=True)
     truth = _truth(data, epsilon)
-    figure = _plot(os.path.join(out_dir, "mean_age_by_region.png"), truth, per["estimates"])
+    figure = _plot(os.path.join(out_dir, "mean_age_by_region.png"), truth, per["estimates"],
+                   epsilon)
 
     s = est["estimate"]["statistics"]
     w("\n== BiSample-MD: mean age with missing answers (LDP) ==\n")
@@ -212,8 +215,9 @@ def rvns_section(data: str, out_dir: str, epsilon: float, seed: Any,
                 "kurtosis": float(sps.kurtosis(x))}
     st = est["statistics"]
     figure = _plot_density(os.path.join(out_dir, "income_density_rvns.png"), x, est, lo, hi,
-                           f"Income density from {est['n_reports']:,} RVNS reports "
-                           f"(each says where the value is NOT)")
+                           f"Income density from {est['n_reports']:,} RVNS reports (each says "
+                           f"where the value is NOT; neighbourhood-LDP, epsilon = "
+                           f"{mech.guarantee.epsilon:.3g})")
     g = mech.guarantee
     w("\n== RVNS: the income distribution from negative reports ==\n")
     w("  records: " + records_line(man, f"income outside [{lo:g}, {hi:g}]") + "\n")
@@ -233,13 +237,14 @@ def rvns_section(data: str, out_dir: str, epsilon: float, seed: Any,
             "wasserstein": wd}
 
 
-def _plot_joint(path: str, tables: dict[str, np.ndarray], rows, cols) -> str | None:
+def _plot_joint(path: str, tables: dict[str, np.ndarray], rows, cols,
+                title: str) -> str | None:
     plt = _pyplot()
     if plt is None:
         return None
     vmax = max(float(t.max()) for t in tables.values())
     fig, axes = plt.subplots(1, len(tables), figsize=(3.6 * len(tables), 3.4), dpi=100)
-    for k, (ax, (title, t)) in enumerate(zip(axes, tables.items())):
+    for k, (ax, (name, t)) in enumerate(zip(axes, tables.items())):
         im = ax.imshow(t, vmin=0, vmax=vmax, cmap="viridis")
         for i in range(t.shape[0]):
             for j in range(t.shape[1]):
@@ -247,8 +252,12 @@ def _plot_joint(path: str, tables: dict[str, np.ndarray], rows, cols) -> str | N
                         color="white" if t[i, j] < vmax / 2 else "black")
         ax.set_xticks(range(len(cols)), cols, rotation=30, fontsize=7)
         ax.set_yticks(range(len(rows)), rows if k == 0 else [""] * len(rows), fontsize=7)
-        ax.set_title(title, fontsize=9)
-    fig.colorbar(im, ax=list(axes), shrink=0.8)
+        ax.set_xlabel("health", fontsize=8)
+        if k == 0:
+            ax.set_ylabel("employment", fontsize=8)
+        ax.set_title(name, fontsize=9)
+    fig.colorbar(im, ax=list(axes), shrink=0.8, label="share of people")
+    fig.suptitle(title, fontsize=10)
     fig.savefig(path, bbox_inches="tight")
     plt.close(fig)
     return path
@@ -291,7 +300,9 @@ def uldp_section(data: str, out_dir: str, epsilon: float, seed: Any,
                          {"true joint": truth, f"CPRR (eps={epsilon:g}, consistent)": joint,
                           "JD-GRR (consistent)": np.asarray(
                               results["jd-grr"]["estimate"]["statistics"]["joint"]["clipped"])},
-                         EMPLOYMENT, HEALTH)
+                         EMPLOYMENT, HEALTH,
+                         f"Joint table of employment and health (utility-optimized LDP, "
+                         f"epsilon = {epsilon:g})")
     man = results["cprr"]["manifest"]
     w("\n== CPRR: the joint table of two categorical answers (utility-optimized LDP) ==\n")
     w("  records: " + records_line(man, "null or unknown labels") + "\n")
@@ -373,7 +384,9 @@ def dphr_section(data: str, out_dir: str, epsilon: float, seed: Any,
     w(f"  records: {cur['input']:,} read = {cur['released_from']:,} in the histogram + "
       f"{cur['dead_lettered']:,} dead-lettered (income outside [{lo:g}, {hi:g}]; curator-only "
       "bookkeeping, not part of the release)\n")
-    w(f"  privacy: {g['summary']}: {g['notes']}\n")
+    # the summary states the unit; the notes' first part is the budget split (their unit
+    # sentences repeat the summary's)
+    w(f"  privacy: {g['summary']}; {g['notes'].split(' Unit: ')[0]}\n")
     w(f"  {HIST_BINS} buckets in {groups} groups; mean squared error of range-count queries:\n")
     w(f"    {'range length':<16}" + "".join(f"{L:>14}" for L in lengths) + "\n")
     for k in ("dphr", "laplace-histogram"):
