@@ -405,6 +405,13 @@ def _arrow_numpy(col: Any) -> np.ndarray:
     return out if out.dtype == object else out.astype(object)
 
 
+def _is_table(data: Any) -> bool:
+    """A pandas DataFrame or a pyarrow Table / RecordBatch (mapped by role)."""
+    mod = type(data).__module__
+    return (mod.startswith("pandas") and hasattr(data, "iloc")) or \
+        (mod.startswith("pyarrow") and hasattr(data, "column_names"))
+
+
 def _as_column(values: Any, kind: str | None) -> Any:
     """A role's input column: numpy, or an Arrow array kept as is for a 'category' role (read
     by :func:`encode_categories` without converting every string to a Python object)."""
@@ -537,9 +544,18 @@ class Configured(ABC):
     def params(self) -> dict:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}  # type: ignore
 
-    def columns(self, data: Any) -> dict[str, np.ndarray]:
-        """Accept a 1-D array (the 'value' role) or a mapping role -> column."""
-        if not isinstance(data, Mapping):
+    def columns(self, data: Any, roles: Mapping[str, str] | None = None) -> dict[str, np.ndarray]:
+        """The input columns by role, from a 1-D array (the first role), a mapping role ->
+        column, or a table (a pandas DataFrame or a pyarrow Table) of any number of columns,
+        mapped by role: ``roles`` (role -> column name) where given, else the column named
+        after each role; its other columns are ignored."""
+        if _is_table(data):
+            data = self._table_columns(data, roles)
+        elif roles:
+            raise ParameterError("roles", dict(roles), "a mapping for a table input (a pandas "
+                                 "DataFrame or a pyarrow Table); give an array or a mapping "
+                                 "role -> column otherwise")
+        elif not isinstance(data, Mapping):
             data = {self.roles[0].name: data}
         kinds = {r.name: r.kind for r in self.roles}
         cols = {k: _as_column(v, kinds.get(k)) for k, v in data.items()}
@@ -555,9 +571,34 @@ class Configured(ABC):
             raise ParameterError("columns", {k: len(v) for k, v in cols.items()}, "equal lengths")
         return cols
 
-    def check(self, data: Any) -> tuple[dict[str, np.ndarray], Reasons]:
-        """Coerce the input columns and find invalid rows. Returns (columns, reasons)."""
-        cols = self.columns(data)
+    def _table_columns(self, table: Any, roles: Mapping[str, str] | None) -> dict[str, Any]:
+        names = [str(c) for c in (table.columns if hasattr(table, "iloc")
+                                  else table.column_names)]
+        known = {r.name for r in self.roles}
+        mapping = dict(roles or {})
+        unknown = sorted(set(mapping) - known)
+        if unknown:
+            raise ParameterError("roles", unknown, f"roles among {sorted(known)}")
+        for r in self.roles:
+            if r.name not in mapping and r.name in names:
+                mapping[r.name] = r.name
+        absent = sorted(c for c in mapping.values() if c not in names)
+        if absent:
+            raise ParameterError("roles", absent, f"columns of the table: {names}")
+        for r in self.roles:
+            if r.required and r.name not in mapping:
+                raise ParameterError(
+                    "roles", dict(mapping), f"a column for role {r.name!r}: name one with "
+                    f"roles={{{r.name!r}: COLUMN}} (the table's columns: {names})")
+        if hasattr(table, "iloc"):  # pandas
+            return {role: table[col].to_numpy() for role, col in mapping.items()}
+        return {role: table.column(col) for role, col in mapping.items()}
+
+    def check(self, data: Any, roles: Mapping[str, str] | None = None
+              ) -> tuple[dict[str, np.ndarray], Reasons]:
+        """Coerce the input columns (see :meth:`columns`) and find invalid rows. Returns
+        (columns, reasons)."""
+        cols = self.columns(data, roles)
         n = len(next(iter(cols.values()))) if cols else 0
         reasons = Reasons(n)
         out: dict[str, np.ndarray] = {}
@@ -628,16 +669,35 @@ class Mechanism(Configured):
         return self.randomize(cols, u)
 
     def perturb(self, data: Any, rng: RngLike = None, *, stream: int | None = None,
-                offset: int | None = None) -> Reports:
-        """Perturb a batch. Raises :class:`InvalidRecordsError` if any row is invalid.
+                offset: int | None = None, roles: Mapping[str, str] | None = None,
+                on_invalid: str = "raise") -> Any:
+        """Perturb a batch: an array, a mapping role -> column, or a table mapped by role (see
+        :meth:`columns`; ``roles``: role -> column name).
+
+        ``on_invalid="raise"`` (the default): raises :class:`InvalidRecordsError` if any row is
+        invalid, perturbing nothing. ``on_invalid="return"``: returns ``(reports, dead)``, the
+        reports of the valid rows (in input order) and ``dead``, ``{row index: reason}`` of the
+        others, so one bad row does not stop a batch (nothing is dropped silently: every input
+        row is in one of the two).
 
         ``rng``: None (OS entropy), a seed, a :class:`~ldp_beam.rng.RandomSource` or a numpy
         Generator. ``stream``/``offset`` key the records for seeded, batch-independent noise.
         """
-        cols, reasons = self.check(data)
-        if reasons.bad.any():
-            raise InvalidRecordsError(reasons.as_dict(), reasons.n)
-        return self.perturb_valid(cols, rng, stream=stream, offset=offset)
+        check_choice(on_invalid, "on_invalid", ("raise", "return"))
+        cols, reasons = self.check(data, roles)
+        bad = reasons.bad
+        if on_invalid == "raise":
+            if bad.any():
+                raise InvalidRecordsError(reasons.as_dict(), reasons.n)
+            return self.perturb_valid(cols, rng, stream=stream, offset=offset)
+        if not bad.any():
+            return self.perturb_valid(cols, rng, stream=stream, offset=offset), {}
+        ok = ~bad
+        valid = {k: (v[ok] if isinstance(v, np.ndarray) else v.filter(ok)) for k, v in
+                 cols.items()}
+        if not ok.any():
+            return self.empty_reports(), reasons.as_dict()
+        return self.perturb_valid(valid, rng, stream=stream, offset=offset), reasons.as_dict()
 
     def perturb_valid(self, cols: dict[str, np.ndarray], rng: RngLike = None, *,
                       stream: int | None = None, offset: int | None = None) -> Reports:
