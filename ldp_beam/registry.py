@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import Any, Callable
 
-from .core import Estimator, Mechanism, type_hints
+from .core import Configured, Estimator, Mechanism, type_hints
 from .errors import ParameterError, UnknownPluginError
 from .privacy import NONE
 
@@ -53,8 +53,8 @@ class Registry:
         if name in self._plugins or name in self._deferred:
             by = self._plugins[name].source if name in self._plugins else "ldp-beam"
             raise ValueError(f"a mechanism named {name!r} is already registered (by {by})")
-        if not (isinstance(mechanism, type) and issubclass(mechanism, Mechanism)):
-            raise TypeError(f"{name}: mechanism must be a Mechanism subclass")
+        if not (isinstance(mechanism, type) and issubclass(mechanism, Configured)):
+            raise TypeError(f"{name}: mechanism must be a Mechanism or CentralRelease subclass")
         self._plugins[name] = Plugin(name, mechanism, estimator,
                                      summary or (mechanism.__doc__ or "").strip().split("\n")[0],
                                      source)
@@ -342,6 +342,17 @@ BUILTINS = (
     ("ospdprr", "ldp_beam.central.ospdprr:OSPDPRR",
      "ldp_beam.central.ospdprr:OSPDPRREstimator"),
     ("osdp-rr", "ldp_beam.central.ospdprr:OsdpRR", "ldp_beam.central.ospdprr:OsdpRREstimator"),
+    ("central-count", "ldp_beam.central.count:CentralCount",
+     "ldp_beam.central.count:CentralCountEstimator"),
+    ("privacy-id-count", "ldp_beam.central.count:PrivacyIdCount",
+     "ldp_beam.central.count:CentralCountEstimator"),
+    ("central-sum", "ldp_beam.central.sum:CentralSum", "ldp_beam.central.sum:CentralSumEstimator"),
+    ("central-mean", "ldp_beam.central.mean:CentralMean",
+     "ldp_beam.central.mean:CentralMeanEstimator"),
+    ("central-variance", "ldp_beam.central.variance:CentralVariance",
+     "ldp_beam.central.variance:CentralVarianceEstimator"),
+    ("central-quantiles", "ldp_beam.central.quantiles:CentralQuantiles",
+     "ldp_beam.central.quantiles:CentralQuantilesEstimator"),
 )
 
 

@@ -457,6 +457,47 @@ def _person_selection(sel: Any, reps: int, gen) -> tuple:
     return exact, res, note
 
 
+def _person_aggregation(m: Any, stat: str, reps: int, gen) -> tuple:
+    """The central aggregations (central-count ... central-quantiles): 40 single-row units with
+    values across the domain, with and without a person with PERSON_ROWS rows at its upper bound
+    (bounded to the release's contribution bounds: 250 bounding draws, used in turn); releases
+    from the release's own accumulate-and-release code; threshold events on the statistic (a
+    quantile release: its first quantile). Exact for the counts: ||shift||_1 / t."""
+    from ..central.partition import bound_contributions
+
+    b, est = m.contribution_bounds, m.estimator()
+    lo, hi = (m.lower, m.upper) if hasattr(m, "lower") else (0.0, 1.0)
+    base = np.linspace(lo, hi, 42)[1:-1]
+    vals = np.concatenate([base, np.full(PERSON_ROWS, hi)])
+    units = np.concatenate([np.arange(base.size), np.full(PERSON_ROWS, -1)])
+
+    def acc_of(v):
+        cols, _ = m.check(v)
+        return est.add(est.create(), m.prepare(cols, np.empty((v.size, 0))))
+
+    def release(acc) -> float:
+        return float(np.ravel(m.release_from(acc, gen)[0][stat].value)[0])
+    accs: dict = {}
+    keeps = [bound_contributions(units, None, b.l0, b.linf, gen) for _ in range(250)]
+    s1 = []
+    for i in range(reps):
+        kept = np.sort(vals[keeps[i % len(keeps)]])
+        if kept.tobytes() not in accs:
+            accs[kept.tobytes()] = acc_of(kept)
+        s1.append(release(accs[kept.tobytes()]))
+    without = acc_of(base)
+    s2 = np.array([release(without) for _ in range(reps)])
+    res = _thresholds(np.array(s1), s2)
+    shift = int(keeps[0][units == -1].sum())
+    exact = A.discrete_laplace_shift_epsilon([shift], m.scale) if hasattr(m, "sensitivity") \
+        and stat in ("count", "privacy_id_count") else None
+    note = (f"Monte Carlo: {reps} releases of {stat} on 40 single-row units with and without a "
+            f"person's {PERSON_ROWS} rows at the upper bound, bounded to L0 = {b.l0}, Linf = "
+            f"{b.linf} ({shift} kept); threshold events"
+            + ("; exact: ||shift||_1 / t from the discrete Laplace pmf" if exact else ""))
+    return exact, res, note
+
+
 def _person_plan(reps: int) -> list[tuple[str, str, Callable]]:
     from ..central.partition import PartitionSelection
 
@@ -497,6 +538,20 @@ def _person_plan(reps: int) -> list[tuple[str, str, Callable]]:
         sel = PartitionSelection(EPS, 1e-5, 2)
         return _Audited(sel, sel.guarantee), _person_selection(sel, reps, g)
     plan.append(("partition-selection", "person L0=2 delta=1e-5", select))
+
+    def agg(name, stat, setting, **kw):
+        def f(g):
+            m = build_mechanism(name, epsilon=EPS, **kw)
+            return _Audited(m, _unit_claim(m, True)), _person_aggregation(m, stat, reps, g)
+        plan.append((name, setting, f))
+    dom = {"lower": 0.0, "upper": 1.0}
+    agg("central-count", "count", "person Linf=3", max_rows_per_partition=3)
+    agg("privacy-id-count", "privacy_id_count", "person L0=Linf=1")
+    agg("central-sum", "sum", "person Linf=3", max_rows_per_partition=3, **dom)
+    agg("central-mean", "mean", "person Linf=3", max_rows_per_partition=3, **dom)
+    agg("central-variance", "variance", "person Linf=2", max_rows_per_partition=2, **dom)
+    agg("central-quantiles", "quantiles", "person Linf=2 q=0.9 tree 2^3",
+        max_rows_per_partition=2, quantiles=(0.9,), branching=2, height=3, **dom)
     return plan
 
 
