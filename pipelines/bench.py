@@ -16,7 +16,11 @@ Paths (``path`` in every record):
   cluster of 2 worker processes, each against the reference on the same runner (on Dask the
   reference reads the file's row groups with pyarrow in a ``FlatMap``: Beam 2.77's Dask runner
   cannot run ``ReadFromParquetBatched``); the privacy-unit bounding runs (``--only
-  bounding``) keep their ``ratio_to_unbounded``;
+  bounding``) keep their ``ratio_to_unbounded``. And the pipeline a user writes from the
+  README's Python example, built by hand in a fresh process (``mode="readme"``; bisample-md and
+  grr), against the reference built the same way, without and with the Beam speedups opt-in
+  (``"readme+speedups"``), each the median of fresh-process runs (:func:`_api_readme`; ``--only
+  api-readme`` runs only this part);
 * ``cli``: ``ldp-beam collect`` then ``ldp-beam estimate`` as subprocesses (process start-up
   counted), and central releases from raw rows (``ldp-beam estimate -m dphr|ospdprr``); each
   command's own peak RSS comes from a tiny wrapper that reports its process's VmHWM;
@@ -74,6 +78,8 @@ def main():
 
     cfg = json.loads(sys.argv[1])
     mode = cfg["mode"]
+    if cfg.get("by_hand"):  # the README's way: beam.Pipeline(runner=...) in a `with` block
+        return by_hand(cfg)
     if mode == "reference":
         build = lambda p: [reference(p, cfg)]
     elif mode == "reference-element":
@@ -104,6 +110,40 @@ def main():
     run_pipeline(build, cfg["beam_args"])
     secs = time.perf_counter() - t
     print(json.dumps({"seconds": secs, "peak_rss_mb": peak_rss_mb()}))
+
+
+def by_hand(cfg):
+    """The pipeline a user writes from the README's Python example, built by hand (no ldp-beam
+    helper: ``with beam.Pipeline(runner="DirectRunner") as p:``), on the reference's file:
+    ``ReadTable(path).batches | Perturb``, its reports ``| EstimateGlobally | beam.Map(print)``
+    and its dead letters ``| beam.Map(print)`` (the README reads files with ReadTable); or the
+    reference (``mode="reference"``) built the same way. ``speedups``: the Python API's opt-in,
+    ``beam_speed.install()``, called first (timed with the rest; on a Beam it refuses, the run
+    says so: ``installed`` false)."""
+    import apache_beam as beam
+
+    mech, ours = None, cfg["mode"] != "reference"
+    if ours:
+        from ldp_beam import build_mechanism, estimator_for
+        from ldp_beam.transforms import EstimateGlobally, Perturb, ReadTable
+
+        mech = build_mechanism(cfg["mechanism"], **cfg["params"])
+    if cfg.get("speedups"):
+        from ldp_beam.transforms import beam_speed
+    t, cpu = time.perf_counter(), time.process_time()
+    installed = bool(cfg.get("speedups")) and beam_speed.install()
+    with beam.Pipeline(runner="DirectRunner") as p:
+        if ours:
+            out = (p | ReadTable(cfg["path"])).batches | Perturb(mech, columns=cfg["columns"])
+            (out.reports
+             | EstimateGlobally(estimator_for(mech))
+             | beam.Map(lambda e: print("beam:", e.n_reports, file=sys.stderr)))
+            out.dead_letter | beam.Map(print)
+        else:
+            reference(p, cfg)
+    secs, cpu = time.perf_counter() - t, time.process_time() - cpu
+    print(json.dumps({"seconds": secs, "cpu_seconds": cpu, "peak_rss_mb": peak_rss_mb(),
+                      "installed": installed}))
 
 
 def reference(p, cfg):
@@ -350,7 +390,14 @@ RELEASES = {
                 {"value1": "x", "level1": "level"}, "levels"),
 }
 ELEMENT_MECHANISM = "grr"
-SECTIONS = ("api", "cli", "element", "runners", "bounding", "sources", "startup", "stream")
+SECTIONS = ("api", "cli", "element", "runners", "bounding", "sources", "startup", "stream",
+            "central")
+#: a part of a section that ``--only`` may also name alone: ``api-readme`` is the README-style
+#: pipeline of ``api`` (:func:`_api_readme`) without the rest of that section
+SUBSECTIONS = ("api-readme",)
+#: the README-style pipeline's mechanisms: the README's own example and the reference's work
+README_CASES = ("bisample-md", "grr")
+README_ROUNDS = 3  # fresh-process timings of each README-style configuration (--quick: 1)
 #: sections run only when named (``--only``) or asked for (``--soak``)
 OPT_IN_SECTIONS = ("stream-soak",)
 #: issue 16's start-up targets, absolute seconds for a fresh process (fastest of the rounds)
@@ -445,12 +492,16 @@ class _Bench:
 
     def child(self, cfg: dict) -> tuple[float, float]:
         """One pipeline in a fresh process: (seconds, that process's own peak RSS in MiB)."""
+        out = self.child_out(cfg)
+        return out["seconds"], out["peak_rss_mb"]
+
+    def child_out(self, cfg: dict) -> dict:
+        """One pipeline in a fresh process: what it reports (seconds, peak_rss_mb, ...)."""
         r = subprocess.run([sys.executable, self.script, json.dumps(cfg)], capture_output=True,
                            text=True, timeout=3600, env=self.env)
         if r.returncode != 0:
             raise RuntimeError(f"benchmark pipeline failed ({cfg['mode']}): {r.stderr[-2000:]}")
-        out = json.loads(r.stdout.strip().splitlines()[-1])
-        return out["seconds"], out["peak_rss_mb"]
+        return json.loads(r.stdout.strip().splitlines()[-1])
 
     def best(self, cfgs: list[dict], n: int, rounds: int | None = None
              ) -> list[tuple[float, float]]:
@@ -465,6 +516,17 @@ class _Bench:
                 if best[i] is None or secs < best[i][0]:
                     best[i] = (secs, rss)
         return best  # type: ignore[return-value]
+
+    def runs(self, cfgs: list[dict], rounds: int) -> list[list[dict]]:
+        """Every configuration measured ``rounds`` times, each in a fresh process, interleaved
+        (every other round in reverse order, so neither end of the list is always first or
+        last): per configuration, what each round's process reported."""
+        out: list[list[dict]] = [[] for _ in cfgs]
+        for k in range(rounds):
+            order = range(len(cfgs)) if k % 2 == 0 else reversed(range(len(cfgs)))
+            for i in order:
+                out[i].append(self.child_out(cfgs[i]))
+        return out
 
     def reference(self, file: str, n: int, runner: str = "DirectRunner") -> float:
         key = ("file", file, n, runner)
@@ -520,7 +582,7 @@ def _selection(only: list[str] | None) -> tuple[set[str], set[str] | None]:
         return set(SECTIONS), None
     names = set(only)
     mechs = names & (set(CASES) | set(RELEASES))
-    sections = names & (set(SECTIONS) | set(OPT_IN_SECTIONS))
+    sections = names & (set(SECTIONS) | set(OPT_IN_SECTIONS) | set(SUBSECTIONS))
     if not sections:
         sections = {"api", "cli", "element"} if mechs else set()
     return sections, (mechs or None)
@@ -566,6 +628,8 @@ def run(quick: bool = False, progress=None, only: list[str] | None = None,
 
         if "api" in sections:
             section("api", lambda: _api(b, sizes, mechs))
+        if "api" in sections or "api-readme" in sections:
+            section("api", lambda: _api_readme(b, sizes, mechs, 1 if quick else README_ROUNDS))
         if "element" in sections and (mechs is None or ELEMENT_MECHANISM in mechs):
             section("element", lambda: _element(b, element_records))
         if "cli" in sections:
@@ -588,6 +652,15 @@ def run(quick: bool = False, progress=None, only: list[str] | None = None,
         if "stream" in sections and mechs is None:
             section("stream", lambda: stream_bench(tmp, progress, quick=quick, stamp=b.stamp,
                                                    env=b.env))
+        if "central" in sections and mechs is None:
+            def central_records():
+                # lazy: the section imports PipelineDP (the comparison), only when it runs
+                from ldp_beam.pipelines.bench_central import central_section
+
+                return central_section(100_000 if quick else sizes[0], tmp=tmp,
+                                       progress=progress, stamp=b.stamp,
+                                       repeats=1 if quick else 2)["records"]
+            section("central", central_records)
         if "stream-soak" in sections and mechs is None:
             section("stream-soak", lambda: stream_soak(
                 soak if soak is not None else SOAK_SECONDS, tmp, progress, stamp=b.stamp,
@@ -656,6 +729,87 @@ def _api(b: _Bench, sizes, mechs) -> list[dict]:
                                 secs, rss, ref, "DirectRunner", TARGETS["api"],
                                 "ReadTable | Perturb | EstimateGlobally on the reference's file, "
                                 "Beam's start-up included"))
+    return out
+
+
+def _median(xs: list[float]) -> float:
+    xs = sorted(xs)
+    k = len(xs) // 2
+    return xs[k] if len(xs) % 2 else (xs[k - 1] + xs[k]) / 2.0
+
+
+def _api_readme(b: _Bench, sizes, mechs, rounds: int = README_ROUNDS) -> list[dict]:
+    """The pipeline a user writes from the README's Python example (``ReadTable(path).batches |
+    Perturb``, ``reports | EstimateGlobally | beam.Map(print)``, ``dead_letter |
+    beam.Map(print)``, built by hand in a ``with beam.Pipeline(runner="DirectRunner")`` block in
+    a fresh process: no ldp-beam helper, no command line) against the plain-Beam reference built
+    the same way on the same file, without and with the Beam speedups opt-in
+    (``beam_speed.install()`` first in the process), at each size.
+
+    Every configuration runs ``rounds`` times in fresh processes, interleaved (each pipeline next
+    to its reference); each time is the median of its rounds. ``ratio_to_reference`` compares
+    like with like: reference and pipeline both without the opt-in (``mode="readme"``, the
+    default a user gets), or both with it (``mode="readme+speedups"``: the patches speed up
+    Beam's own fixed cost in the reference too); the latter's ``ratio_to_unpatched_reference``
+    is against the reference as Beam ships. Beside them, for a loaded machine: the median of
+    the rounds' own ratios (``paired_ratio``: each pipeline and its reference ran back to back)
+    and the same ratio of CPU seconds (``cpu_ratio_to_reference``: the process's CPU time over
+    the same span, which other processes' load disturbs less than wall time).
+    """
+    names = [m for m in README_CASES if mechs is None or m in mechs]
+    out: list[dict] = []
+    if not names:
+        return out
+    for n in sizes:
+        files = sorted({CASES[m][2] for m in names})
+        cfgs, keys = [], []
+        for speed in (False, True):
+            for f in files:
+                cfgs.append(dict(b.ref_cfg(f, n), by_hand=True, speedups=speed))
+                keys.append(("reference", f, speed))
+                for m in names:
+                    if CASES[m][2] == f:
+                        cfgs.append(dict(_api_cfg(b, m, n, "DirectRunner"), mode="readme",
+                                         by_hand=True, speedups=speed))
+                        keys.append(("readme", m, speed))
+        b.note(f"api: the README's pipeline by hand ({', '.join(names)}) and the reference by "
+               f"hand, without and with the beam speedups ({n:,} rows, {rounds} rounds)")
+        runs = dict(zip(keys, b.runs(cfgs, rounds)))
+
+        def med(key, field="seconds"):
+            return _median([r[field] for r in runs[key]])
+
+        for speed in (False, True):
+            for m in names:
+                mine, theirs = ("readme", m, speed), ("reference", CASES[m][2], speed)
+                secs, ref = med(mine), med(theirs)
+                paired = [t["seconds"] / o["seconds"] for o, t in zip(runs[mine], runs[theirs])]
+                rec = b.record(
+                    "api", "pipeline", m, CASES[m][0].get("epsilon"),
+                    "readme+speedups" if speed else "readme", n, secs,
+                    max(r["peak_rss_mb"] for r in runs[mine]), ref, "DirectRunner",
+                    TARGETS["api"],
+                    "the README's pipeline built by hand in a fresh process (with "
+                    "beam.Pipeline(runner='DirectRunner'): ReadTable | Perturb, reports | "
+                    "EstimateGlobally | Map, dead letters | Map) against the reference built "
+                    "the same way on the same file, "
+                    + ("both after beam_speed.install() (the opt-in)" if speed else
+                       "neither with the beam speedups (the default)")
+                    + f"; seconds: the median of {rounds} fresh-process runs each, Beam's "
+                      "start-up included, imports excluded",
+                    by_hand=True, speedups=speed, reference_speedups=speed, rounds=rounds,
+                    statistic="median", seconds_runs=[r["seconds"] for r in runs[mine]],
+                    reference_seconds_runs=[r["seconds"] for r in runs[theirs]],
+                    paired_ratio=_median(paired), cpu_seconds=med(mine, "cpu_seconds"),
+                    reference_cpu_seconds=med(theirs, "cpu_seconds"),
+                    cpu_ratio_to_reference=med(theirs, "cpu_seconds") / med(mine, "cpu_seconds"))
+                if speed:  # False where this Beam is not one beam_speed verified
+                    rec["speedups_installed"] = all(r["installed"]
+                                                    for r in runs[mine] + runs[theirs])
+                    plain = med(("reference", CASES[m][2], False))
+                    rec["unpatched_reference_seconds"] = plain
+                    rec["ratio_to_unpatched_reference"] = plain / secs
+                out.append(rec)
     return out
 
 

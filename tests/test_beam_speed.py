@@ -1,7 +1,11 @@
 """ldp_beam.transforms.beam_speed: the memoized Beam argument inspection and the IPython check
-return exactly what Beam's own functions return, and nothing is installed when Beam differs."""
+return exactly what Beam's own functions return, and nothing is installed when Beam differs;
+the shortcuts are off unless asked for (CLI and Python API alike)."""
 import functools
 import inspect
+import json
+import os
+import subprocess
 import sys
 import types
 
@@ -17,7 +21,7 @@ from ldp_beam.transforms import beam_speed
 @pytest.fixture
 def pristine():
     """Beam as shipped for the test; the shortcuts re-installed after it if they were before
-    (the command line's tests install them in this process)."""
+    (a command line test with --beam-speedups installs them in this process)."""
     was = beam_speed.status() == "installed"
     beam_speed.uninstall()
     yield
@@ -214,10 +218,8 @@ def test_not_installed_when_beam_differs(pristine, monkeypatch):
     assert interactive_utils.is_in_ipython is original_ipython  # nothing half-installed
     monkeypatch.undo()
 
-    monkeypatch.setenv("LDP_BEAM_NO_BEAM_SPEEDUPS", "1")
-    assert not beam_speed.install()
-    assert core.get_function_args_defaults is original
-    monkeypatch.delenv("LDP_BEAM_NO_BEAM_SPEEDUPS")
+    assert beam_speed.status() == "not installed: Beam's get_function_args_defaults is not " \
+        "the verified one"
     assert beam_speed.install() and beam_speed.status() == "installed"
     beam_speed.uninstall()
     assert core.get_function_args_defaults is original
@@ -262,3 +264,123 @@ def test_view_as_memo_returns_views_equal_to_beams(pristine):
     beam_speed.uninstall()
     assert PipelineOptions.view_as is original
     assert not beam_speed._views
+
+
+def test_enabled_reads_the_flag_and_the_environment():
+    assert not beam_speed.enabled(environ={})
+    assert beam_speed.enabled(True, environ={})
+    for on in ("1", "true", "YES", " on "):
+        assert beam_speed.enabled(environ={"LDP_BEAM_SPEEDUPS": on})
+    for off in ("", "0", "false", "no", "off"):
+        assert not beam_speed.enabled(environ={"LDP_BEAM_SPEEDUPS": off})
+        assert beam_speed.enabled(True, environ={"LDP_BEAM_SPEEDUPS": off})  # the flag asks
+    with pytest.raises(ValueError, match="LDP_BEAM_SPEEDUPS"):
+        beam_speed.enabled(environ={"LDP_BEAM_SPEEDUPS": "2"})
+    # the former switch means nothing now: off is the default
+    assert not beam_speed.enabled(environ={"LDP_BEAM_NO_BEAM_SPEEDUPS": "0"})
+
+
+# After the code runs in a fresh process: is each function Beam's own (the one it had before
+# the code ran) or the shortcut? Prints {"patched": [...], "status": ..., "code": ...}.
+_PROBE = r"""
+import json, sys
+import apache_beam.pipeline as bp
+from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.transforms import core
+from apache_beam.utils import interactive_utils
+
+
+def now():
+    return (core.get_function_args_defaults, interactive_utils.is_in_ipython, bp.is_in_ipython,
+            PipelineOptions.view_as)
+
+
+before = now()
+code = None
+if sys.argv[1] == "cli":
+    from ldp_beam.pipelines.cli import main
+
+    code = main(sys.argv[2:])
+else:  # the README's pipeline, as a user writes it; then the Python API's opt-in
+    import apache_beam as beam
+    import numpy as np
+    from ldp_beam import build_mechanism, estimator_for
+    from ldp_beam.transforms import EstimateGlobally, Perturb
+
+    mech = build_mechanism("bisample-md", epsilon=2.0, lower=0, upper=100)
+    ages = np.random.default_rng(7).uniform(18, 90, 2_000)
+    with beam.Pipeline(runner="DirectRunner") as p:
+        out = p | beam.Create([{"age": ages}]) | Perturb(mech, columns={"value": "age"})
+        out.reports | EstimateGlobally(estimator_for(mech)) | beam.Map(lambda e: None)
+        out.dead_letter | beam.Map(print)
+    if sys.argv[2:] == ["install"]:
+        from ldp_beam.transforms import beam_speed
+
+        code = beam_speed.install()
+from ldp_beam.transforms import beam_speed
+
+print(json.dumps({"code": code, "status": beam_speed.status(),
+                  "patched": [a is not b for a, b in zip(before, now())]}))
+"""
+
+_VERIFIED = beam.__version__.startswith(beam_speed.VERIFIED_BEAM)
+
+
+def _probe(tmp_path, *args, env=None):
+    environ = {k: v for k, v in os.environ.items() if k != "LDP_BEAM_SPEEDUPS"}
+    environ.update(env or {})
+    r = subprocess.run([sys.executable, "-c", _PROBE, *args], capture_output=True, text=True,
+                       timeout=300, env=environ, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1]), r.stderr
+
+
+@pytest.fixture(scope="module")
+def tiny_table(tmp_path_factory):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = tmp_path_factory.mktemp("speedups") / "t.parquet"
+    pq.write_table(pa.table({"v": ["a", "b"] * 50}), path)
+    return path
+
+
+@pytest.mark.parametrize("flag, env, asked", [
+    ((), {}, False),                                    # the default: Beam as shipped
+    ((), {"LDP_BEAM_SPEEDUPS": "0"}, False),
+    (("--beam-speedups",), {}, True),                   # the global flag
+    ((), {"LDP_BEAM_SPEEDUPS": "1"}, True),             # the environment
+])
+def test_cli_patches_beam_only_when_asked(tmp_path, tiny_table, flag, env, asked):
+    out, err = _probe(tmp_path, "cli", *flag, "collect", "-q", "-i", str(tiny_table), "-c", "v",
+                      "-m", "grr", "--epsilon", "1", "-p", "domain=a,b",
+                      "-o", str(tmp_path / "r.parquet"), env=env)
+    assert out["code"] == 0, err
+    assert (tmp_path / "r.parquet").exists()
+    if asked and _VERIFIED:
+        assert out["patched"] == [True] * 4 and out["status"] == "installed"
+    else:
+        assert out["patched"] == [False] * 4, out
+        assert out["status"].startswith("not installed")
+        if asked:  # asked for on an unverified Beam: said so, and Beam runs as shipped
+            assert "beam speedups not installed" in err
+        else:
+            assert out["status"] == "not installed: off by default (install() was not called)"
+
+
+def test_cli_refuses_an_unclear_switch(tmp_path, tiny_table):
+    out, err = _probe(tmp_path, "cli", "collect", "-q", "-i", str(tiny_table), "-c", "v", "-m",
+                      "grr", "--epsilon", "1", "-p", "domain=a,b", "-o",
+                      str(tmp_path / "r.parquet"), env={"LDP_BEAM_SPEEDUPS": "maybe"})
+    assert out["code"] == 2 and "LDP_BEAM_SPEEDUPS='maybe'" in err
+    assert out["patched"] == [False] * 4 and not (tmp_path / "r.parquet").exists()
+
+
+def test_python_api_patches_beam_only_after_install(tmp_path):
+    out, _ = _probe(tmp_path, "api")  # the README's pipeline: Beam as shipped
+    assert out["patched"] == [False] * 4 and out["code"] is None
+    assert out["status"] == "not installed: off by default (install() was not called)"
+    out, _ = _probe(tmp_path, "api", env={"LDP_BEAM_SPEEDUPS": "1"})  # the CLI's switch only
+    assert out["patched"] == [False] * 4
+    out, _ = _probe(tmp_path, "api", "install")  # the opt-in
+    assert out["code"] is _VERIFIED and out["patched"] == [_VERIFIED] * 4
