@@ -877,6 +877,103 @@ class Estimate:
             out["curator"] = dict(self.curator)
         return out
 
+    def to_frame(self) -> Any:
+        """The statistics as a pandas DataFrame, one row per statistic and cell, in the order of
+        :attr:`statistics` (a cell's order: by index, row by row for a matrix). Columns:
+
+        ``statistic``  the statistic's name (``mean``, ``frequency``, ``joint``, ...)
+        ``cell``       None for a scalar; for a vector its label where the parameters name one
+                       (``domain``/``categories``, ``x_domain`` for ``marginal_x``, ``y_domain``
+                       for ``marginal_y``), else its index ``i``; for a matrix ``(x label, y
+                       label)`` where ``x_domain``/``y_domain`` give them, else ``(i, j)``
+        ``value``      the raw (unbiased) value as a float (a boolean as 1.0/0.0), or the text
+                       of a text statistic (e.g. ``method``; the column is then of object
+                       dtype)
+        ``stderr``     its standard error, NaN where there is none
+        ``ci_low``, ``ci_high``  the normal 95% interval value -/+ 1.96 stderr (for a scalar
+                       :meth:`Statistic.ci`), NaN without a standard error
+        ``clipped``    the post-processed value (e.g. projected into its valid range) where the
+                       estimator gives one, else NaN
+
+        The guarantee, ``n_reports`` and the parameters are not repeated in the rows; they are
+        in ``frame.attrs`` (``mechanism``, ``n_reports``, ``guarantee``: its one-line
+        description). Post-processing of the released statistics: no privacy cost. Needs pandas
+        (a dependency of ldp-beam; imported here, not by the core)."""
+        import pandas as pd  # lazy: the core stays light for a device
+
+        z = _Z[0.95]
+
+        def num(x: Any) -> Any:
+            if x is None:
+                return math.nan
+            if isinstance(x, (bool, np.bool_)):
+                return float(x)
+            if isinstance(x, (int, float, np.integer, np.floating)):
+                return float(x)
+            return x  # text
+
+        def at(a: np.ndarray, idx: Any) -> Any:
+            x = a[idx]
+            return x.item() if isinstance(x, (np.generic, np.ndarray)) else x
+
+        def labels(name: str, n: int) -> list | None:
+            key = ("x_domain" if name == "marginal_x" else "y_domain" if name == "marginal_y"
+                   else None)
+            for k in ((key,) if key else ("domain", "categories")):
+                seq = self.params.get(k)
+                if isinstance(seq, (list, tuple)) and len(seq) == n:
+                    return [str(v) for v in seq]
+            return None
+
+        rows: list[dict] = []
+        for name, st in self.statistics.items():
+            value = st.value if not isinstance(st.value, (list, tuple)) else np.asarray(st.value)
+            arr = np.asarray(value) if isinstance(value, np.ndarray) else None
+            if arr is None or arr.ndim == 0:
+                v = num(at(arr, ()) if arr is not None else value)
+                se = num(None if st.stderr is None else np.asarray(st.stderr).item())
+                ci = st.ci() if isinstance(v, float) and not math.isnan(se) else None
+                rows.append({"statistic": name, "cell": None, "value": v, "stderr": se,
+                             "ci_low": ci[0] if ci else math.nan,
+                             "ci_high": ci[1] if ci else math.nan,
+                             "clipped": num(None if st.clipped is None
+                                            else np.asarray(st.clipped).item())})
+                continue
+            if arr.ndim > 2:
+                raise ValueError(f"statistic {name!r} has {arr.ndim} dimensions; to_frame takes "
+                                 "scalars, vectors and matrices")
+            se_arr = None if st.stderr is None else np.broadcast_to(
+                np.asarray(st.stderr, dtype=float), arr.shape)
+            cl_arr = None if st.clipped is None else np.asarray(st.clipped)
+            if arr.ndim == 1:
+                labs = labels(name, arr.shape[0])
+                cells = [((i,), labs[i] if labs else i) for i in range(arr.shape[0])]
+            else:
+                xl, yl = self.params.get("x_domain"), self.params.get("y_domain")
+                named = (isinstance(xl, (list, tuple)) and len(xl) == arr.shape[0]
+                         and isinstance(yl, (list, tuple)) and len(yl) == arr.shape[1])
+                cells = [((i, j), (str(xl[i]), str(yl[j])) if named else (i, j))
+                         for i in range(arr.shape[0]) for j in range(arr.shape[1])]
+            for idx, cell in cells:
+                v = num(at(arr, idx))
+                se = math.nan if se_arr is None else float(se_arr[idx])
+                ok = isinstance(v, float) and math.isfinite(v) and math.isfinite(se)
+                c = math.nan
+                if cl_arr is not None and cl_arr.shape == arr.shape:
+                    c = num(at(cl_arr, idx))
+                rows.append({"statistic": name, "cell": cell, "value": v, "stderr": se,
+                             "ci_low": v - z * se if ok else math.nan,
+                             "ci_high": v + z * se if ok else math.nan, "clipped": c})
+        cols = ["statistic", "cell", "value", "stderr", "ci_low", "ci_high", "clipped"]
+        frame = pd.DataFrame({c: pd.Series([r[c] for r in rows], dtype=(
+            object if c in ("cell", "value") else str if c == "statistic" else float))
+            for c in cols}, columns=cols)
+        if frame["value"].map(lambda x: isinstance(x, float)).all():
+            frame["value"] = frame["value"].astype(float)
+        frame.attrs.update({"mechanism": self.mechanism, "n_reports": self.n_reports,
+                            "guarantee": self.guarantee.describe()})
+        return frame
+
 
 # --------------------------------------------------------------------------- the estimator
 class Estimator(ABC):

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import logging
+import math
+import os
 import sys
 from typing import Any
 
@@ -21,19 +22,36 @@ from .outputs import RunFailed
 
 FAMILIES = ("bisample", "rvns", "uldp", "dphr", "ospdprr")
 PENDING: dict[str, str] = {}  # subcommand or family -> where it is tracked
+#: the largest epsilon per release a command runs without --allow-weak-privacy
+WEAK_EPSILON = 10.0
 
 
 class UsageError(Exception):
     pass
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with its errors in one line (``ldp-beam estimate: error: ...``, exit 2) instead
+    of the usage block followed by the error; ``--help`` still shows the usage. Subcommands'
+    parsers are of this class too (``add_subparsers`` makes them of the parent's class)."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def _kv(items: list[str] | None, what: str) -> dict[str, str]:
-    out = {}
+    """NAME=VALUE options; a NAME given twice with different values is refused (the last one
+    used to win silently), the same value twice is fine."""
+    out: dict[str, str] = {}
     for item in items or []:
         if "=" not in item:
             raise UsageError(f"{what} {item!r}: expected NAME=VALUE")
         k, v = item.split("=", 1)
-        out[k.strip()] = v.strip()
+        k, v = k.strip(), v.strip()
+        if k in out and out[k] != v:
+            raise UsageError(f"{what} {k}: given twice with different values ({what} {k}="
+                             f"{out[k]} and {what} {k}={v}); give it once")
+        out[k] = v
     return out
 
 
@@ -46,6 +64,14 @@ def _mechanism_args(sp: argparse.ArgumentParser, required: bool) -> None:
     sp.add_argument("--allow-no-guarantee", action="store_true",
                     help="run a configuration with no finite privacy guarantee (e.g. a paper's "
                          "variant, for replication); every output then says so")
+    _weak_privacy_arg(sp)
+
+
+def _weak_privacy_arg(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument("--allow-weak-privacy", action="store_true",
+                    help=f"run with an epsilon above {WEAK_EPSILON:g} per release (given, or "
+                         "what the parameters of a family such as rvns imply): practically no "
+                         "protection; a warning is printed")
 
 
 def _run_args(sp: argparse.ArgumentParser) -> None:
@@ -61,16 +87,202 @@ def _run_args(sp: argparse.ArgumentParser) -> None:
 
 
 def _params(a: argparse.Namespace) -> dict[str, Any]:
+    """The mechanism parameters of ``-p NAME=VALUE`` and ``--epsilon``; epsilon given both ways
+    with different values is refused (``--epsilon 1 -p epsilon=2`` used to run with 1)."""
     params: dict[str, Any] = _kv(a.param, "--param")
     if a.epsilon is not None:
+        given = params.get("epsilon")
+        if given is not None and not _same_number(given, a.epsilon):
+            raise UsageError(f"epsilon given twice with different values: --epsilon {a.epsilon:g} "
+                             f"and -p epsilon={given}; give it once")
         params["epsilon"] = a.epsilon
     return params
 
 
+def _same_number(text: str, value: float) -> bool:
+    try:
+        return float(text) == float(value)
+    except ValueError:
+        return False
+
+
+# ------------------------------------------------------------------ options that do not surprise
+def _weak_why() -> str:
+    ratio = round(math.exp(WEAK_EPSILON), -3)
+    return (f"at epsilon {WEAK_EPSILON:g} one report or answer can be e^{WEAK_EPSILON:g} ~ "
+            f"{ratio:,.0f} times likelier under one value than under another: practically no "
+            "protection")
+
+
+def _epsilon_text(mech: Any) -> str:
+    """``epsilon = 100``, or for a family whose epsilon follows from other parameters (a class
+    attribute ``EPSILON_FROM``), the value with how it is set."""
+    eps = mech.guarantee.epsilon
+    how = getattr(type(mech), "EPSILON_FROM", None)
+    if how and "epsilon" not in mech.params():
+        return f"epsilon = {eps:.4g} ({how})"
+    return f"epsilon = {eps:g}"
+
+
+def weak_privacy(what: str, eps: float, a: argparse.Namespace, command: str,
+                 chosen: bool = True) -> None:
+    """An epsilon above :data:`WEAK_EPSILON` (per release): refused unless
+    ``--allow-weak-privacy`` where it is chosen on this command line (``chosen``), else (and
+    with the flag) one warning line on stderr. ``what``: the epsilon and where it comes from."""
+    if not (math.isfinite(eps) and eps > WEAK_EPSILON):
+        return
+    allowed = bool(getattr(a, "allow_weak_privacy", False))
+    if chosen and not allowed:
+        raise UsageError(f"{what} is above {WEAK_EPSILON:g} (the range without "
+                         f"--allow-weak-privacy is (0, {WEAK_EPSILON:g}]): {_weak_why()}; pass "
+                         "--allow-weak-privacy to run it anyway")
+    how = ("allowed by --allow-weak-privacy" if allowed else
+           "the configuration the reports were collected with")
+    print(f"ldp-beam {command}: warning: {what} is above {WEAK_EPSILON:g}: practically no "
+          f"protection ({how})", file=sys.stderr)
+
+
+def check_privacy_strength(mech: Any, a: argparse.Namespace, command: str,
+                           chosen: bool = True) -> None:
+    """:func:`weak_privacy` for a built mechanism: the epsilon of its guarantee (given with
+    ``--epsilon``/``-p epsilon=``, or what the parameters imply, e.g. rvns's d, delta and k)."""
+    eps = mech.guarantee.epsilon
+    if eps is not None and math.isfinite(eps) and eps > WEAK_EPSILON:
+        weak_privacy(_epsilon_text(mech), eps, a, command, chosen)
+
+
+def _epsilon_from(a: argparse.Namespace, exc: BaseException) -> str:
+    """For a parameter error of a family whose epsilon is derived (its mechanism class's
+    ``EPSILON_FROM``): how epsilon is set for it, appended to the one-line error."""
+    name, text = getattr(a, "mechanism", None), str(exc)
+    if not name or "parameter '" not in text:
+        return ""
+    try:
+        from ldp_beam.registry import get_registry
+
+        how = getattr(get_registry().get(name).mechanism, "EPSILON_FROM", None)
+    except Exception:  # an unknown name: the error already says so
+        return ""
+    return f" ({how})" if how and how not in text else ""
+
+
+def _nearest(name: str, ours: list[str], beam: set[str] | frozenset = frozenset()) -> str:
+    """"; did you mean X?": the closest of this command's options and Beam's, else the nearest
+    of this command's own options (there always is one)."""
+    import difflib
+
+    close = difflib.get_close_matches(name, sorted(set(ours) | set(beam)), n=1, cutoff=0.6)
+    if not close:
+        pool = [o for o in ours if o.startswith("--") == name.startswith("--")] or ours
+        close = difflib.get_close_matches(name, pool, n=1, cutoff=0.0)
+    return f"; did you mean {close[0]}?" if close else ""
+
+
+def check_leftovers(rest: list[str], ours: list[str], command: str) -> None:
+    """What the command's parser did not take: only Apache Beam's ``--options`` may pass. An
+    unknown option is named (not the value after it: ``--bogus 3`` used to report "unexpected
+    arguments: 3") with the nearest valid one; raises ValueError in one line."""
+    def is_option(x: str) -> bool:
+        if not x.startswith("-") or x == "-":
+            return False
+        try:
+            float(x)
+            return False  # a negative number
+        except ValueError:
+            return True
+
+    for x in rest:
+        if is_option(x) and not x.startswith("--"):
+            name = x.split("=", 1)[0]
+            raise ValueError(f"unknown option {name}{_nearest(name, ours)} (not an option of "
+                             f"ldp-beam {command})")
+    longs = [x for x in rest if x.startswith("--")]
+    if longs:
+        from .common import beam_option_names
+
+        known = beam_option_names()
+        for x in longs:
+            name = x.split("=", 1)[0]
+            if name not in known:
+                raise ValueError(f"unknown option {name}{_nearest(name, ours, known)} (not an "
+                                 f"option of ldp-beam {command} nor of Apache Beam's "
+                                 "PipelineOptions)")
+    for i, x in enumerate(rest):
+        if not is_option(x):
+            prev = rest[i - 1] if i else ""
+            if prev.startswith("--") and "=" not in prev:
+                raise ValueError(f"{prev} {x}: an option passed on to Apache Beam takes its "
+                                 f"value with '=': {prev}={x}")
+            raise ValueError(f"unexpected argument {x!r}: ldp-beam {command} takes options "
+                             "only (--help lists them)")
+
+
+def _quiet_logs(verbose: bool) -> None:
+    """Configure logging before a command imports Beam or Dask: their INFO and WARNING lines
+    (Beam's "apitools not found", logged on the root logger by every import of Beam's GCP
+    modules; Dask's dozens of INFO lines per local cluster) appear only with ``--verbose``.
+    ``distributed`` sets its loggers' levels when it is imported, in this process and in every
+    worker process it starts, from its configuration: the environment sets that configuration
+    for both (unless the user set it)."""
+    logging.basicConfig(level=logging.INFO if verbose else logging.ERROR)
+    if verbose:
+        return
+    logging.getLogger().setLevel(logging.ERROR)
+    for name in ("apache_beam", "distributed", "dask"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    os.environ.setdefault("DASK_DISTRIBUTED__LOGGING__DISTRIBUTED", "error")
+    os.environ.setdefault("DASK_DISTRIBUTED__LOGGING__ROOT", "error")
+    from .lifecycle import quiet_beam_errors
+
+    quiet_beam_errors()  # a failure of ours is reported in one line, not Beam's traceback
+
+
+def _estimate_options_apply(a: argparse.Namespace, central: bool) -> None:
+    """Refuse an ``estimate`` option the path taken would ignore without a word."""
+    if central:
+        if a.unverified:
+            raise UsageError("--unverified: applies to estimating LDP reports (their "
+                             "provenance); a central-DP release reads raw rows")
+        if not a.by:
+            for opt, given in (("--keys", a.keys),
+                               ("--partition-selection", a.partition_selection)):
+                if given is not None:
+                    raise UsageError(f"{opt}: chooses the keys of a per-key release and goes "
+                                     "with --by COLUMN; without --by there is one release of "
+                                     "all rows")
+        return
+    path = ("estimating LDP reports (no central-DP --mechanism given) draws no noise and spends "
+            "nothing: it is post-processing of reports already collected")
+    keys = ("--keys and --partition-selection choose the keys of a per-key central-DP release; "
+            "LDP estimates --by COLUMN estimate every value of the kept column")
+    budget = ("a budget is checked where epsilon is spent: at collect (collect --budget) or set "
+              "with `ldp-beam ledger --set-budget`")
+    for opt, given, why in (
+            ("--seed", a.seed, "a seed applies to central-DP releases and to collect, which "
+             "draw noise"),
+            ("--keys", a.keys, keys), ("--partition-selection", a.partition_selection, keys),
+            ("--privacy-unit", a.privacy_unit, "the reports' privacy unit is the one declared "
+             "when they were collected (collect --privacy-unit), recorded in their metadata and "
+             "applied here"),
+            ("--budget", a.budget, budget), ("--budget-delta", a.budget_delta, budget)):
+        if given is not None:
+            raise UsageError(f"{opt}: does not apply here: {path}; {why}")
+
+
+def _null_values_apply(a: argparse.Namespace) -> None:
+    if a.null_values and a.input.lower().endswith((".parquet", ".pq")):
+        raise UsageError(f"--null-values: applies to CSV input; {a.input} is Parquet, whose "
+                         "missing values are nulls")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="ldp-beam", description="Privacy-preserving collection and "
-                                 "estimation on Apache Beam. Unknown --options go to Beam.")
+    ap = _Parser(prog="ldp-beam", description="Privacy-preserving collection and "
+                 "estimation on Apache Beam. Unknown --options go to Beam.")
     ap.add_argument("--verbose", "-v", action="store_true", help="show Beam's log")
+    ap.add_argument("--beam-speedups", action="store_true",
+                    help="opt in to three exact shortcuts patched into Beam's pipeline "
+                         "construction (verified Beam versions only; off by default; also "
+                         "LDP_BEAM_SPEEDUPS=1): ldp_beam/transforms/beam_speed.py")
     ap.add_argument("--version", action="version", version=f"ldp-beam {_version()}")
     sub = ap.add_subparsers(dest="command", required=True)
 
@@ -83,6 +295,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="instead: live telemetry for ~30 s on Google's Pub/Sub emulator "
                         "(started here): simulated devices publish GRR reports, the collector "
                         "estimates each 5 s window, printed beside the truth")
+    _weak_privacy_arg(d)
 
     ls = sub.add_parser("list", help="registered mechanisms with parameters and guarantees")
     ls.add_argument("--json", action="store_true")
@@ -137,6 +350,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default: OUTPUT; for a DuckDB table FILE.db.T beside the database; "
                         "for a PostgreSQL table ./DB.T in the current folder)")
     e.add_argument("--by", help="one estimate per value of this (kept) column")
+    e.add_argument("--min-group-size", type=int, metavar="N",
+                   help="with --by: publish only groups of at least N reports (default: a "
+                        "group is suppressed, with its reason, when a statistic's 95%% CI is "
+                        "wider than its declared domain; 0 publishes every group)")
+    e.add_argument("--plot", metavar="FILE.png",
+                   help="also draw the estimate with its 95%% intervals (needs matplotlib: "
+                        "the reproduce extra)")
     e.add_argument("--column", "-c", action="append",
                    help="central-DP releases (dphr, ...): the raw input column(s), in the "
                         "order of the mechanism's roles")
@@ -276,17 +496,21 @@ def build_parser() -> argparse.ArgumentParser:
     from .emit import add_parser as add_emit_parser
     from .ledger_cli import add_parser as add_ledger_parser
 
-    add_emit_parser(sub)  # the device side: perturb values and publish reports to Pub/Sub
+    _weak_privacy_arg(add_emit_parser(sub))  # the device side: perturb values and publish
+    # reports to Pub/Sub
 
     add_ledger_parser(sub)
+    from .plan import add_parser as add_plan_parser
+
+    add_plan_parser(sub)  # before spending: the errors a release will have, the budget left
     b = sub.add_parser("bench", help="performance benchmarks, as JSON records")
     b.add_argument("--quick", action="store_true", help="10^6 rows instead of 10^7; fewer repeats "
                    "(with the pipelines, the core micro bench always runs at 10^6 rows)")
     b.add_argument("--json", help="write the records here (default: stdout)")
     b.add_argument("--only", action="append",
                    help="benchmark only this mechanism or section (api, cli, element, runners, "
-                        "bounding, sources, startup, stream; stream-soak only when named; "
-                        "repeatable)")
+                        "bounding, sources, startup, stream, central (against PipelineDP); "
+                        "stream-soak only when named; repeatable)")
     b.add_argument("--soak", type=float, metavar="SECONDS",
                    help="also run the stream soak for this long (a live `stream "
                         "--subscription` at a steady rate, its RSS sampled); alone with "
@@ -309,6 +533,9 @@ def build_parser() -> argparse.ArgumentParser:
     au.add_argument("--seed", type=int, help="sampling seed (default: OS entropy, recorded)")
     au.add_argument("--only", action="append", metavar="NAME",
                     help="audit only this mechanism (repeatable; default: all)")
+    for sp in sub.choices.values():  # --verbose after the command's name too (`estimate -v`)
+        sp.add_argument("--verbose", "-v", action="store_true", default=argparse.SUPPRESS,
+                        help="show Beam's and Dask's logs (INFO and warnings)")
     return ap
 
 
@@ -407,7 +634,13 @@ def cmd_collect(a: argparse.Namespace, beam_args: list[str]) -> int:
 
     _freeze_heap()
 
+    if a.privacy_unit is None and a.max_reports_per_unit != 1:
+        raise UsageError(f"--max-reports-per-unit {a.max_reports_per_unit}: applies with "
+                         "--privacy-unit COLUMN (at most K reports per unit); without it every "
+                         "row is reported")
+    _null_values_apply(a)
     mech = build(a.mechanism, _params(a), a.allow_no_guarantee)
+    check_privacy_strength(mech, a, "collect")
     columns = role_columns(mech, a.column, a.role)
     man = run_collect(a.input, a.output, mech, columns, keep=a.keep, seed=a.seed,
                       dead_letter=a.dead_letter, batch_rows=a.batch_rows, beam_args=beam_args,
@@ -444,29 +677,58 @@ def cmd_estimate(a: argparse.Namespace, beam_args: list[str]) -> int:
     mech = mechanism_from_reports(a.input, a.mechanism, params, a.allow_no_guarantee,
                                   beam_args) if (a.mechanism or params) else None
     columns = None
+    # lazy: ldp_beam.core (numpy) is loaded by now (the mechanism was built); the CLI's module
+    # imports stay light so `ldp-beam --help` starts fast
+    from ldp_beam.core import CentralRelease
+
     if a.column or a.role:
-        if mech is None or not getattr(mech, "central", False):
+        if mech is None or not isinstance(mech, CentralRelease):
             raise UsageError("--column/--role map raw columns for central-DP releases only (give "
                              "--mechanism); LDP estimates read the reports' own fields")
         columns = role_columns(mech, a.column, a.role)
+    central = isinstance(mech, CentralRelease)
+    _estimate_options_apply(a, central)
+    _null_values_apply(a)
+    selection = _selection(a.partition_selection)
+    if mech is not None:
+        check_privacy_strength(mech, a, "estimate")
+    if selection is not None and a.by and central:  # the release costs both, per key
+        total = mech.guarantee.epsilon + selection[0]
+        weak_privacy(f"epsilon = {total:g} ({_epsilon_text(mech)} plus the partition "
+                     f"selection's {selection[0]:g})", total, a, "estimate")
     out = run_estimate(a.input, a.output, mech, by=a.by, options=_kv(a.option, "--option"),
                        beam_args=beam_args, columns=columns, seed=a.seed, force=a.force,
                        allow_unreadable=a.allow_unreadable, null_values=a.null_values,
-                       unit=a.privacy_unit, keys=_keys(a.keys),
-                       selection=_selection(a.partition_selection),
+                       unit=a.privacy_unit, keys=_keys(a.keys), selection=selection,
                        side_outputs=a.side_outputs, unverified=a.unverified,
-                       **ledger_args(a))
+                       min_group_size=a.min_group_size, **ledger_args(a))
     from ldp_beam.transforms.sources import redact
 
     shown = redact(a.output)  # a database URL's password is never printed
+    if mech is None:  # reports collected under a weak epsilon: said, not refused (no noise here)
+        from ldp_beam.registry import get_registry
+
+        try:
+            made = get_registry().build(out["mechanism"], dict(out["params"]),
+                                        allow_no_guarantee=True)
+        except Exception:  # only a warning: never fail a run that has committed
+            made = None
+        if made is not None:
+            check_privacy_strength(made, a, "estimate", chosen=False)
     _say_ledger(out)
+    if a.plot:
+        _plot(out, a.plot)
+    if a.by:
+        print(groups_table(out))
+        failed = _say_groups(out)
     if "curator" in out:
-        return _print_release(out, shown)
-    ests = out["estimates"].values() if a.by else [out["estimate"]]
+        return max(_print_release(out, shown), 1 if a.by and failed else 0)
+    ests = [] if a.by else [out["estimate"]]
     errors = [e["error"] for e in ests if "error" in e]
     if a.by:
-        print(f"{len(out['estimates'])} estimates by {a.by!r} written to {shown}; "
+        print(f"{len(out['estimates'])} groups by {a.by!r} written to {shown}; "
               f"privacy: {out['guarantee']['summary']}")
+        errors = list(out["failed"].values()) if failed else []
     elif not errors:
         parts = [_stat_text(k, st) for k, st in out["estimate"]["statistics"].items()]
         print(f"{out['estimate']['n_reports']:,} reports -> " + ", ".join(parts))
@@ -477,9 +739,76 @@ def cmd_estimate(a: argparse.Namespace, beam_args: list[str]) -> int:
     if out["reports"]["invalid"]:
         print(f"{out['reports']['invalid']:,} malformed reports dead-lettered to "
               f"{out['reports']['dead_letter']}")
-    for err in errors:
-        print(f"ldp-beam estimate: no estimate: {err}", file=sys.stderr)
+    if not a.by:
+        for err in errors:
+            print(f"ldp-beam estimate: no estimate: {err}", file=sys.stderr)
     return 1 if errors else 0
+
+
+def _plot(out: dict, path: str) -> None:
+    # lazy: matplotlib (the reproduce extra) is imported only when a figure is asked for
+    from .plot import PlotError, plot_estimate
+
+    try:
+        drawn = plot_estimate(out, path)
+    except PlotError as exc:
+        raise UsageError(f"--plot {path}: {exc}") from None
+    print(f"figure: {drawn['path']} ({drawn['statistic']} with 95% intervals)")
+
+
+def _say_groups(out: dict) -> bool:
+    """Name every group not published as numbers on stderr; whether any failed."""
+    for key, why in out.get("suppressed", {}).items():
+        print(f"ldp-beam estimate: group {key!r} suppressed: {why}", file=sys.stderr)
+    for key, why in out.get("failed", {}).items():
+        print(f"ldp-beam estimate: group {key!r} failed: {why}", file=sys.stderr)
+    n_sup, n_fail = len(out.get("suppressed", {})), len(out.get("failed", {}))
+    if n_sup or n_fail:
+        print(f"ldp-beam estimate: {len(out['estimates']) - n_sup - n_fail} group(s) published, "
+              f"{n_sup} suppressed, {n_fail} failed", file=sys.stderr)
+    return bool(n_fail)
+
+
+def number_text(v: Any) -> str:
+    """A number as a person reads it: counts with thousands separators, never in scientific
+    notation below 10^15; other values to 4 significant digits."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return str(v)
+    if v != v:  # NaN
+        return "nan"
+    if abs(v) >= 1000:
+        return f"{v:,.0f}"
+    return f"{v:.4g}"
+
+
+def groups_table(out: dict, limit: int = 30) -> str:
+    """A short table of a --by output: per group its size and the main statistic with its 95%
+    interval (the first scalar statistic: a mean, a count...; a vector's cells are in the
+    output file), or why it is not published."""
+    rows = []
+    main = None
+    for key, e in list(out["estimates"].items())[:limit]:
+        n = e.get("n_reports")
+        if "statistics" not in e:
+            rows.append([str(key), "" if n is None else f"{n:,}",
+                         "suppressed" if "suppressed" in e else "failed", ""])
+            continue
+        stats = e["statistics"]
+        if main is None:
+            main = next((k for k, st in stats.items() if isinstance(st.get("value"), (int, float))
+                         and not isinstance(st.get("value"), bool)), next(iter(stats), None))
+        st = stats.get(main, {})
+        ci = st.get("ci95")
+        rows.append([str(key), "" if n is None else f"{n:,}", number_text(st.get("value")),
+                     "" if not ci else f"[{number_text(ci[0])}, {number_text(ci[1])}]"])
+    more = len(out["estimates"]) - limit
+    head = [out.get("by") or "group", "reports", main or "estimate", "95% CI"]
+    widths = [max(len(r[k]) for r in [head] + rows) for k in range(4)]
+    lines = ["  ".join(c.ljust(w) if k == 0 else c.rjust(w)
+                       for k, (c, w) in enumerate(zip(r, widths))).rstrip()
+             for r in [head] + rows]
+    return "\n".join(lines) + (f"\n... and {more} more group(s) in the output"
+                               if more > 0 else "")
 
 
 def _keys(text: str | None) -> list[str] | None:
@@ -511,7 +840,8 @@ def _stat_text(name: str, stat: dict) -> str:
         return f"{name}=[{len(val)} values]"
     if isinstance(val, (int, float)) and not isinstance(val, bool):
         ci = stat.get("ci95")
-        return f"{name}={val:.6g}" + (f" [{ci[0]:.6g}, {ci[1]:.6g}]" if ci else "")
+        return f"{name}={number_text(val)}" + (
+            f" [{number_text(ci[0])}, {number_text(ci[1])}]" if ci else "")
     return f"{name}={val}"
 
 
@@ -577,6 +907,12 @@ def cmd_stream(a: argparse.Namespace, beam_args: list[str]) -> int:
 
     _freeze_heap()
     params = _params(a)
+    for opt, given in (("--report-id-attribute", a.report_id_attribute != "report_id"),
+                       ("--timestamp-attribute", a.timestamp_attribute != "ts")):
+        if given and not a.subscription:
+            raise UsageError(f"{opt}: applies with --subscription (a Pub/Sub message's "
+                             "attribute); a spool's records carry their event time in a field "
+                             "(--timestamp-field)")
     if a.reports_schema:
         mech = mechanism_from_reports(a.reports_schema, a.mechanism, params,
                                       a.allow_no_guarantee)
@@ -585,9 +921,13 @@ def cmd_stream(a: argparse.Namespace, beam_args: list[str]) -> int:
     else:
         raise UsageError("name the mechanism: --mechanism NAME [-p NAME=VALUE ...], or "
                          "--reports-schema FILE")
+    check_privacy_strength(mech, a, "stream", chosen=bool(params) or not a.reports_schema)
     columns = None
+    # lazy: ldp_beam.core (numpy) is loaded by now (the mechanism was built)
+    from ldp_beam.core import CentralRelease
+
     if a.column or a.role:
-        if not getattr(mech, "central", False):
+        if not isinstance(mech, CentralRelease):
             raise UsageError("--column/--role map raw record fields for central-DP releases "
                              f"only; {mech.name} reads its reports' own fields")
         columns = role_columns(mech, a.column, a.role)
@@ -752,19 +1092,23 @@ def main(argv: list[str] | None = None) -> int:
         if argv[i] == "--runner":
             argv[i:i + 2] = [f"--runner={argv[i + 1]}", ""]
     a, rest = ap.parse_known_args([x for x in argv if x != ""])
-    stray = [x for x in rest if not x.startswith("--")]
-    if stray:
-        ap.error(f"unexpected arguments: {' '.join(stray)}")
-    if rest:  # only options Beam knows may pass through; a typo is an error naming the closest
-        from .common import check_beam_args
-
-        sub = ap._subparsers._group_actions[0].choices[a.command]  # the command's own options
-        ours = [o for act in sub._actions for o in act.option_strings if o.startswith("--")]
-        try:
-            check_beam_args(rest, ours)
-        except ValueError as exc:
-            print(f"ldp-beam {a.command}: error: {exc}", file=sys.stderr)
-            return 2
+    a.verbose = bool(getattr(a, "verbose", False))
+    _quiet_logs(a.verbose)  # before anything imports Beam (the option check below does)
+    sub = ap._subparsers._group_actions[0].choices[a.command]  # the command's own options
+    ours = [o for act in sub._actions for o in act.option_strings]
+    try:
+        # only options Beam knows may pass through; a typo is an error naming the closest
+        check_leftovers(rest, ours, a.command)
+        if hasattr(a, "param") and hasattr(a, "epsilon") and hasattr(a, "mechanism"):
+            _params(a)  # -p NAME=VALUE well formed, each name (and epsilon) given once
+        if a.command == "demo":  # every section runs at this epsilon
+            weak_privacy(f"epsilon = {a.epsilon:g}", a.epsilon, a, a.command)
+        if a.command == "demo" and a.stream and (a.section or rest):
+            raise UsageError(f"{'--section' if a.section else rest[0]}: applies to the batch "
+                             "demo; --stream runs the live-telemetry demo on its own")
+    except (UsageError, ValueError) as exc:
+        print(f"ldp-beam {a.command}: error: {exc}", file=sys.stderr)
+        return 2
     if a.command == "reproduce":
         if a.readme and (not a.out or a.family not in ("all", "report")):
             ap.error("--readme: needs --out DIR and the family `all` or `report`")
@@ -778,12 +1122,6 @@ def main(argv: list[str] | None = None) -> int:
         from ldp_beam.progress import configure
 
         configure(enabled=True, quiet=a.quiet, label=a.command)
-    logging.basicConfig(level=logging.INFO if a.verbose else logging.ERROR)
-    if not a.verbose:
-        logging.getLogger().setLevel(logging.ERROR)
-        from .lifecycle import quiet_beam_errors
-
-        quiet_beam_errors()  # a failure of ours is reported in one line, not Beam's traceback
     if a.command in ("collect", "estimate"):
         # the ledger's fingerprint of a local input (every run records one), hashed while Beam
         # is imported
@@ -791,10 +1129,18 @@ def main(argv: list[str] | None = None) -> int:
 
         prefetch_dataset_identity(a.input)
     if a.command in ("demo", "collect", "estimate", "stream"):  # commands that build pipelines
-        # exact shortcuts in Beam's pipeline construction (a verified Beam only; see the module)
-        from ldp_beam.transforms.beam_speed import install
+        # patches of Beam's pipeline construction: only when asked for (--beam-speedups or
+        # LDP_BEAM_SPEEDUPS=1), on a verified Beam only (ldp_beam/transforms/beam_speed.py)
+        from ldp_beam.transforms import beam_speed
 
-        install()
+        try:
+            asked = beam_speed.enabled(a.beam_speedups)
+        except ValueError as exc:
+            print(f"ldp-beam {a.command}: error: {exc}", file=sys.stderr)
+            return 2
+        if asked and not beam_speed.install():
+            print(f"ldp-beam {a.command}: beam speedups {beam_speed.status()}; Beam runs as "
+                  "shipped", file=sys.stderr)
     try:
         if a.command == "demo":
             from .demo import run_demo
@@ -819,6 +1165,10 @@ def main(argv: list[str] | None = None) -> int:
             from .emit import cmd_emit
 
             return cmd_emit(a)
+        if a.command == "plan":
+            from .plan import cmd_plan
+
+            return cmd_plan(a)
         if a.command == "ledger":
             from .ledger_cli import cmd_ledger
 
@@ -837,7 +1187,7 @@ def main(argv: list[str] | None = None) -> int:
         stop = interruption(exc)
         if stop is not None:
             return _interrupted(a.command, stop)
-        print(f"ldp-beam {a.command}: error: {exc}", file=sys.stderr)
+        print(f"ldp-beam {a.command}: error: {exc}{_epsilon_from(a, exc)}", file=sys.stderr)
         return 2
     except BaseException as exc:  # an interrupt, also when a runner wrapped it
         stop = interruption(exc)

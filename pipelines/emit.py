@@ -29,7 +29,7 @@ import numpy as np
 from ldp_beam.core import CentralRelease
 from ldp_beam.errors import LdpBeamError
 
-from .cli import UsageError, _kv as _cli_kv
+from .cli import UsageError, _kv as _cli_kv, check_privacy_strength
 
 CHUNK_ROWS = 65_536  # rows read from the input at a time
 
@@ -257,6 +257,9 @@ def cmd_emit(a: argparse.Namespace) -> int:
     if a.input != "-" and not os.path.isfile(a.input):
         raise EmitError(f"--input {a.input!r}: no such file")
     mech = _mechanism(a)
+    # an epsilon above 10 needs --allow-weak-privacy where it is chosen here
+    check_privacy_strength(mech, a, "emit", chosen=not a.reports_schema or bool(a.param)
+                           or a.epsilon is not None)
     if isinstance(mech, CentralRelease):
         raise EmitError(f"--mechanism {mech.name}: a central-DP release, whose reports are the "
                         "raw values: it runs at the curator (ldp-beam estimate/stream), never "

@@ -116,9 +116,10 @@ class GroupRule:
         self.min_group_size = min_group_size
 
     def __call__(self, key: Any, est: Any) -> dict:
-        if isinstance(est, EstimateFailure):
-            return {"key": key, **_result(est)}
         n = est.n_reports
+        small = self.min_group_size is not None and n is not None and n < self.min_group_size
+        if isinstance(est, EstimateFailure) and not small:
+            return {"key": key, **_result(est)}
         if self.min_group_size is None:
             why = est.uninformative()
         elif n is not None and n < self.min_group_size:
@@ -217,6 +218,9 @@ def run_estimate(input: str, output: str, mechanism: Mechanism | None = None,
               null_values=null_values, ledger=ledger, dataset=dataset, force=force,
               allow_unreadable=allow_unreadable)
     read = run.read
+    if by and by not in read.schema.names:  # before the pipeline, not a Beam traceback in it
+        raise ValueError(f"--by {by}: the input has no column {by!r}; columns: "
+                         f"{', '.join(read.schema.names)}")
     # the reports' provenance (issue 23), before anything runs: the files read are exactly the
     # files verified; mixed configurations are refused even when unverified
     prov = verify_reports(input, beam_args, unverified=unverified, read=read)

@@ -43,8 +43,14 @@ from .ledger_cli import ledger_outputs
 
 
 # ------------------------------------------------------------------------------ signals
-class Interrupted(BaseException):
-    """SIGINT or SIGTERM arrived: the run unwinds (staging removed, ledger entry aborted)."""
+class Interrupted(KeyboardInterrupt):
+    """SIGINT or SIGTERM arrived: the run unwinds (staging removed, ledger entry aborted).
+
+    A ``KeyboardInterrupt`` (so a ``BaseException``, which no ``except Exception`` swallows)
+    because library code that must not lose an interrupt re-raises exactly that class from its
+    bare ``except:`` clauses: Beam's ``is_in_ipython`` re-raises ``KeyboardInterrupt`` and
+    ``SystemExit`` and logs and drops anything else, so a SIGTERM landing while it imports
+    IPython (pipeline construction) was lost and the run committed."""
 
     def __init__(self, signum: int) -> None:
         self.signum = int(signum)

@@ -736,6 +736,12 @@ class OSPDPRR(_UnitBounded, CentralRelease):
 
     NAME: ClassVar[str] = "ospdprr"
     family: ClassVar[str] = "ospdprr"
+    #: how this family's epsilon is set (it has no epsilon parameter): said by the command line
+    #: with a parameter error and where the epsilon is checked
+    EPSILON_FROM: ClassVar[str] = (
+        "ospdprr takes no epsilon: -p t= (in (0, 1]) is its budget, the sampling threshold and "
+        "the noise's epsilon: t-DP per user in mode sound-self (the default) and sound-public "
+        "(under its public-weights assumption); mode=paper has no finite guarantee")
     roles = _ByItem(_ospdprr_roles, (
         Role("value<i>", help="one per target item i: a number in [lower, upper]"),
         Role("level<i>", help="one per item i = 1..k: sensitivity level in [0, 1]"),

@@ -74,6 +74,13 @@ class RVNS(Mechanism):
     #: how the None defaults are resolved (shown by ``ldp-beam list``)
     DEFAULT_NOTES: ClassVar[dict[str, str]] = {
         "d": "0.2 (upper - lower)", "delta": "2 d, at most upper - lower (finite epsilon)"}
+    #: how this family's epsilon is set (it has no epsilon parameter): said by the command line
+    #: with a parameter error and where the epsilon is checked
+    EPSILON_FROM: ClassVar[str] = (
+        "rvns takes no epsilon: its epsilon follows from -p d= (window width), -p delta= "
+        "(neighbourhood size) and -p k= (reports per user) as k ln(min(delta, upper - lower - d) "
+        "/ (delta - d)), finite only for delta > d; the defaults d = 0.2 (upper - lower), "
+        "delta = 2 d give k ln 2")
 
     lower: float
     upper: float

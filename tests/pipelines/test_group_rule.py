@@ -80,3 +80,35 @@ def test_the_rule_reads_only_declared_domains():
     assert "half-width 118 exceeds" in wide.uninformative()  # 1.96 x 60 = 117.6 > 100
     assert narrow.uninformative() is None  # 1.96 x 50 = 98 < 100
     assert free.uninformative() is None
+
+
+def test_the_cli_prints_a_table_names_groups_and_exits_by_what_happened(tmp_path):
+    from ldp_beam_test_helpers import run_cli
+
+    g = np.concatenate([np.full(20000, "big", dtype=object), np.full(5, "tiny", dtype=object),
+                        np.full(1, "single", dtype=object)])
+    v = np.random.default_rng(7).uniform(0, 200, g.size)
+    pq.write_table(pa.table({"v": v, "g": g}), tmp_path / "rows.parquet")
+    led = ("--ledger", f"sqlite:///{tmp_path / 'l.db'}")
+    code, _, se = run_cli("collect", "-i", str(tmp_path / "rows.parquet"), "-c", "v", "-m",
+                          "bisample", "--epsilon", "1", "-p", "lower=0", "-p", "upper=200",
+                          "--keep", "g", "--public", "g", "-o", str(tmp_path / "r.parquet"), *led)
+    assert code == 0, se
+    code, so, se = run_cli("estimate", "-i", str(tmp_path / "r.parquet"), "--by", "g", *led,
+                           "-o", str(tmp_path / "e.json"))
+    # one report samples one direction only: bisample cannot estimate it (a failure, exit 1)
+    assert code == 1
+    assert "group 'tiny' suppressed: mean: the 95% CI half-width" in se
+    assert "group 'single' failed: " in se and "both sampling directions" in se
+    assert "1 group(s) published, 1 suppressed, 1 failed" in se
+    big = next(line for line in so.splitlines() if line.startswith("big"))
+    assert "20,000" in big and "[" in big  # the size with a thousands separator, and the CI
+    code, so, se = run_cli("estimate", "-i", str(tmp_path / "r.parquet"), "--by", "g", *led,
+                           "--min-group-size", "10", "-o", str(tmp_path / "e.json"), "--force")
+    assert code == 0, se  # everything asked for was produced or explicitly suppressed
+    assert "group 'single' suppressed: 1 reports, fewer than --min-group-size 10" in se
+    pytest.importorskip("matplotlib")
+    code, so, se = run_cli("estimate", "-i", str(tmp_path / "r.parquet"), "--by", "g", *led,
+                           "--min-group-size", "10", "-o", str(tmp_path / "e.json"), "--force",
+                           "--plot", str(tmp_path / "e.png"))
+    assert code == 0 and (tmp_path / "e.png").read_bytes()[:4] == b"\x89PNG"

@@ -79,3 +79,27 @@ def test_a_central_release_checks_and_encodes_records_without_noise():
     # 2 e^-1 / (1 - e^-1)^2 = 1.841, not the continuous Laplace's 2
     assert e["histogram"].stderr == pytest.approx(np.sqrt(2 * np.exp(-1) / (1 - np.exp(-1)) ** 2),
                                                   rel=1e-6)
+
+
+def test_an_interrupt_inside_beams_ipython_check_is_not_lost(monkeypatch):
+    """Beam's is_in_ipython (called while a pipeline is built) re-raises only KeyboardInterrupt
+    and SystemExit from its bare except: a SIGTERM arriving while it imports IPython was
+    swallowed and the run committed. Interrupted is a KeyboardInterrupt, so it propagates."""
+    import builtins
+    import signal
+
+    from apache_beam.utils import interactive_utils
+
+    from ldp_beam.pipelines.lifecycle import Interrupted
+
+    real = builtins.__import__
+
+    def importing(name, *args, **kwargs):
+        if name == "IPython":
+            raise Interrupted(signal.SIGTERM)
+        return real(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", importing)
+    with pytest.raises(Interrupted) as caught:
+        interactive_utils.is_in_ipython()
+    assert caught.value.exit_code == 143
