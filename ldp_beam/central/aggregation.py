@@ -264,7 +264,14 @@ class Aggregation:
     ACC_SIZE: ClassVar[int] = 1
 
     def fold(self, acc: np.ndarray, reports: Mapping[str, np.ndarray]) -> np.ndarray:
-        raise NotImplementedError
+        """Add a batch of prepared rows: the row count at ``acc[0]``, and each report field's
+        exact integer sum into its two limbs at the matching ``LIMBS`` position (the sums'
+        releases); a release with another accumulator overrides it."""
+        cols = [np.asarray(reports[name], dtype=np.int64) for name, _ in self.report_fields]
+        acc[0] += cols[0].size
+        for col, at in zip(cols, self.LIMBS):
+            wide_add(acc, at, col)
+        return acc
 
     def rows_in(self, acc: np.ndarray) -> int:
         """The exact number of rows in an accumulator (curator-only)."""

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import ClassVar, Mapping
+from typing import ClassVar
 
 import numpy as np
 
@@ -29,7 +29,7 @@ from ..core import CentralRelease, Reports, Role, Statistic
 from ..noise import discrete_laplace_scale, discrete_laplace_variance, realized_epsilon
 from ..privacy import PrivacyGuarantee
 from .aggregation import (NEVER_CLIPPED, Aggregation, AggregationEstimator, Lattice,
-                          budget_part, draw_noise, get_wide, positive_denominator, wide_add)
+                          budget_part, draw_noise, get_wide, positive_denominator)
 
 
 class Normalized(Aggregation):
@@ -129,12 +129,6 @@ class CentralMean(Normalized, CentralRelease):
 
     def prepare(self, cols: dict[str, np.ndarray], u: np.ndarray) -> Reports:
         return {"units": self.normalized_units(cols["value"])}
-
-    def fold(self, acc: np.ndarray, reports: Mapping[str, np.ndarray]) -> np.ndarray:
-        units = np.asarray(reports["units"], dtype=np.int64)
-        acc[0] += units.size
-        wide_add(acc, 1, units)
-        return acc
 
     def release_from(self, acc: np.ndarray, gen: np.random.Generator
                      ) -> tuple[dict[str, Statistic], dict]:

@@ -16,14 +16,13 @@ lower >= 0, <= 0 when upper <= 0).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, Mapping
+from typing import ClassVar
 
 import numpy as np
 
 from ..core import CentralRelease, Reports, Role, Statistic
 from ..privacy import PrivacyGuarantee
-from .aggregation import (NEVER_CLIPPED, Aggregation, AggregationEstimator, Lattice, get_wide,
-                          wide_add)
+from .aggregation import NEVER_CLIPPED, Aggregation, AggregationEstimator, Lattice, get_wide
 
 
 @dataclass(frozen=True)
@@ -74,12 +73,6 @@ class CentralSum(Aggregation, CentralRelease):
 
     def prepare(self, cols: dict[str, np.ndarray], u: np.ndarray) -> Reports:
         return {"units": self.lattice.encode(cols["value"])}
-
-    def fold(self, acc: np.ndarray, reports: Mapping[str, np.ndarray]) -> np.ndarray:
-        units = np.asarray(reports["units"], dtype=np.int64)
-        acc[0] += units.size
-        wide_add(acc, 1, units)
-        return acc
 
     def release_from(self, acc: np.ndarray, gen: np.random.Generator
                      ) -> tuple[dict[str, Statistic], dict]:

@@ -24,14 +24,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import ClassVar, Mapping
+from typing import ClassVar
 
 import numpy as np
 
 from ..core import CentralRelease, Reports, Statistic
 from ..privacy import PrivacyGuarantee
 from .aggregation import (NEVER_CLIPPED, AggregationEstimator, Lattice, get_wide,
-                          positive_denominator, wide_add)
+                          positive_denominator)
 from .mean import Normalized
 
 
@@ -94,13 +94,6 @@ class CentralVariance(Normalized, CentralRelease):
         d = np.asarray(cols["value"], dtype=np.float64) - self.midpoint
         return {"units": self.sum_lattice.encode(d),
                 "square_units": self.square_lattice.encode(d * d - self.square_shift)}
-
-    def fold(self, acc: np.ndarray, reports: Mapping[str, np.ndarray]) -> np.ndarray:
-        units = np.asarray(reports["units"], dtype=np.int64)
-        acc[0] += units.size
-        wide_add(acc, 1, units)
-        wide_add(acc, 3, np.asarray(reports["square_units"], dtype=np.int64))
-        return acc
 
     def release_from(self, acc: np.ndarray, gen: np.random.Generator
                      ) -> tuple[dict[str, Statistic], dict]:
