@@ -273,6 +273,11 @@ class Aggregation:
             wide_add(acc, at, col)
         return acc
 
+    def report_bounds(self) -> dict[str, tuple[int, int]]:
+        """The valid integer range of each prepared field ``check_reports`` enforces (a field
+        not named here is only counted): the grid units of a bounded term, a tree leaf."""
+        return {}
+
     def rows_in(self, acc: np.ndarray) -> int:
         """The exact number of rows in an accumulator (curator-only)."""
         return int(acc[0])
@@ -330,14 +335,30 @@ class AggregationEstimator(Estimator):
     def n_reports(self, acc: np.ndarray) -> int:
         return self.mechanism.rows_in(acc)
 
+    def check_reports(self, reports: Mapping[str, Any], n: int | None = None) -> Reasons:
+        """Prepared rows read back (a reports table): each bounded field an integer in its
+        range (:meth:`Aggregation.report_bounds`), else dead-lettered: a term beyond its bound
+        would exceed the sensitivity the noise is calibrated to."""
+        reasons = super().check_reports(reports, n)
+        for name, (lo, hi) in self.mechanism.report_bounds().items():
+            if name not in reports:
+                continue
+            raw = reports[name]
+            vals, _ = coerce_numeric(raw)
+            with np.errstate(invalid="ignore"):
+                ok = (vals >= lo) & (vals <= hi) & (np.floor(vals) == vals)
+            reasons.flag(~ok, lambda i, r=raw, f=name: f"report field {f!r}: {r[i]!r} is not an "
+                         f"integer in [{lo}, {hi}]")
+        return reasons
+
     def statistics(self, acc: np.ndarray) -> dict[str, Statistic]:
         raise NotImplementedError("a central release is made by finalize(), once")
 
     def finalize(self, acc: np.ndarray) -> Estimate:
         acc = np.asarray(acc, dtype=np.int64)
         if self.n_reports(acc) == 0:
-            raise EmptyAccumulatorError(f"{self.mechanism.name}: no records were accumulated; "
-                                        "there is nothing to release")
+            raise EmptyAccumulatorError(f"{self.mechanism.name}: no reports (records) were "
+                                        "accumulated; there is nothing to release")
         return self._release(acc, release_source(self.seed, acc))
 
     def finalize_key(self, acc: np.ndarray | None, key: Any) -> Estimate:

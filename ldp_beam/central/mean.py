@@ -127,6 +127,9 @@ class CentralMean(Normalized, CentralRelease):
              "grid": {"normalized_sum": lat.params()}},
             realized=self.count_realized_epsilon + lat.realized_epsilon)
 
+    def report_bounds(self) -> dict[str, tuple[int, int]]:
+        return {"units": (-self.sum_lattice.units, self.sum_lattice.units)}
+
     def prepare(self, cols: dict[str, np.ndarray], u: np.ndarray) -> Reports:
         return {"units": self.normalized_units(cols["value"])}
 

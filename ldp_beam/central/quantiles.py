@@ -165,6 +165,9 @@ class CentralQuantiles(Aggregation, CentralRelease):
             realized=h * realized_epsilon(m, self.scale))
 
     # -- the rows
+    def report_bounds(self) -> dict[str, tuple[int, int]]:
+        return {"leaf": (0, self.leaves - 1)}
+
     def prepare(self, cols: dict[str, np.ndarray], u: np.ndarray) -> Reports:
         v = np.asarray(cols["value"], dtype=np.float64)
         pos = (v - self.lower) / (self.upper - self.lower) * self.leaves

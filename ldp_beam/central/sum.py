@@ -71,6 +71,9 @@ class CentralSum(Aggregation, CentralRelease):
              "grid": {"sum": lat.params()}},
             realized=lat.realized_epsilon)
 
+    def report_bounds(self) -> dict[str, tuple[int, int]]:
+        return {"units": (-self.lattice.units, self.lattice.units)}
+
     def prepare(self, cols: dict[str, np.ndarray], u: np.ndarray) -> Reports:
         return {"units": self.lattice.encode(cols["value"])}
 

@@ -90,6 +90,10 @@ class CentralVariance(Normalized, CentralRelease):
              "grid": {"normalized_sum": s.params(), "normalized_sum_of_squares": q.params()}},
             realized=self.count_realized_epsilon + s.realized_epsilon + q.realized_epsilon)
 
+    def report_bounds(self) -> dict[str, tuple[int, int]]:
+        return {"units": (-self.sum_lattice.units, self.sum_lattice.units),
+                "square_units": (-self.square_lattice.units, self.square_lattice.units)}
+
     def prepare(self, cols: dict[str, np.ndarray], u: np.ndarray) -> Reports:
         d = np.asarray(cols["value"], dtype=np.float64) - self.midpoint
         return {"units": self.sum_lattice.encode(d),
