@@ -225,11 +225,16 @@ SAMPLE_PARAMS = {
     "structure-first": dict(epsilon=1.0, bins=12, lower=0.0, upper=10.0, k=3, F=1000),
     "ospdprr": dict(t=0.7, k=1, lower=0.0, upper=10.0),
     "osdp-rr": dict(epsilon=1.0, k=1, lower=0.0, upper=10.0),
+    "central-count": dict(epsilon=1.0),
+    "privacy-id-count": dict(epsilon=1.0),
+    **{name: dict(epsilon=1.0, lower=0.0, upper=10.0)
+       for name in ("central-sum", "central-mean", "central-variance", "central-quantiles")},
 }
 # central releases draw fresh noise at every finalize unless seeded; with a seed, the release is
 # a function of the seed and the accumulator, so equal accumulators give equal releases
-SAMPLE_OPTIONS = {name: {"seed": 5} for name in ("dphr", "laplace-histogram", "ahp",
-                                                 "structure-first", "ospdprr", "osdp-rr")}
+SAMPLE_OPTIONS = {name: {"seed": 5} for name in (
+    "dphr", "laplace-histogram", "ahp", "structure-first", "ospdprr", "osdp-rr", "central-count",
+    "privacy-id-count", "central-sum", "central-mean", "central-variance", "central-quantiles")}
 
 
 def valid_columns(mech, n, g):
@@ -317,6 +322,34 @@ class ScriptedNoise:
             assert z.shape == u.shape, (z.shape, u.shape)
             return u + z, None
         return self.real(units, sensitivity, epsilon, gen)
+
+
+def emit(mech, data, rng=None):
+    """A batch through the public API of either kind: a client mechanism's ``perturb`` (its
+    reports) or a central release's ``records`` (its encoded true values)."""
+    from ldp_beam.core import CentralRelease
+
+    if isinstance(mech, CentralRelease):
+        return mech.records(data, rng)
+    return mech.perturb(data, rng)
+
+
+def emitted_rows(mech, data, rng=None, *, stream=None, offset=None):
+    """What the Beam layer emits for a batch, for a client mechanism or a central release
+    alike: ``check``, refuse invalid rows (:class:`InvalidRecordsError`), then ``rows`` with the
+    per-record uniforms addressed by ``(stream, offset)`` as the Perturb DoFn draws them. For a
+    :class:`~ldp_beam.core.Mechanism` this is ``perturb(data, rng, stream=, offset=)``; a
+    :class:`~ldp_beam.core.CentralRelease`'s ``records(data, rng)`` draws sequentially from
+    ``rng`` and cannot say where a batch sits in a file."""
+    from ldp_beam.errors import InvalidRecordsError
+    from ldp_beam.rng import as_source, draw_uniforms
+
+    cols, reasons = mech.check(data)
+    if reasons.bad.any():
+        raise InvalidRecordsError(reasons.as_dict(), reasons.n)
+    n = len(next(iter(cols.values())))
+    return mech.rows(cols, draw_uniforms(as_source(rng), n, mech.draws, stream=stream,
+                                         offset=offset))
 
 
 def sampling_table(path, n, g, share: float, low: float) -> None:

@@ -1,0 +1,180 @@
+"""Imports at module top, unless a measured start-up cost says otherwise (issue 25).
+
+* Every import inside a function of the modules below carries a ``# lazy: REASON`` comment on
+  its line, or in the comment lines directly above it (above its group of imports): an optional
+  dependency (``# lazy: optional dependency (the [duckdb] extra)``) or a measured cost on a path
+  that should not pay it (``# lazy: scipy.stats costs 720 ms at import (measured), ...``).
+  Anything else belongs at the top of the module.
+* No import circle: each package entry point, and each module below, imports first in a fresh
+  interpreter.
+* The start-up the lazy imports protect: the command line (which imports outputs.py, the
+  ledger and lifecycle.py for every command) loads neither Beam nor pyarrow, pandas, scipy or
+  dp_accounting; the device client loads neither pyarrow, pandas nor scipy.
+"""
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+#: the modules held to the rule (repository path -> installed module name)
+MODULES = {
+    "transforms/io.py": "ldp_beam.transforms.io",
+    "transforms/write.py": "ldp_beam.transforms.write",
+    "transforms/sinks.py": "ldp_beam.transforms.sinks",
+    "transforms/sources.py": "ldp_beam.transforms.sources",
+    "transforms/pubsub_lander.py": "ldp_beam.transforms.pubsub_lander",
+    "transforms/stream_results.py": "ldp_beam.transforms.stream_results",
+    "transforms/spool.py": "ldp_beam.transforms.spool",
+    "transforms/batches.py": "ldp_beam.transforms.batches",
+    "transforms/read.py": "ldp_beam.transforms.read",
+    "pipelines/estimate.py": "ldp_beam.pipelines.estimate",
+    "pipelines/outputs.py": "ldp_beam.pipelines.outputs",
+    "pipelines/provenance.py": "ldp_beam.pipelines.provenance",
+    "pipelines/emit.py": "ldp_beam.pipelines.emit",
+    "pipelines/pubsub_stream.py": "ldp_beam.pipelines.pubsub_stream",
+    "pipelines/lifecycle.py": "ldp_beam.pipelines.lifecycle",
+    "pipelines/ledger_cli.py": "ldp_beam.pipelines.ledger_cli",
+    "pipelines/collect.py": "ldp_beam.pipelines.collect",
+    "ldp_beam/ledger.py": "ldp_beam.ledger",
+    "pipelines/datasets.py": "ldp_beam.pipelines.datasets",
+    "ldp_beam/core.py": "ldp_beam.core",
+    "ldp_beam/privacy.py": "ldp_beam.privacy",
+    "ldp_beam/audit.py": "ldp_beam.audit",
+}
+
+LAZY = "# lazy:"
+
+
+def _function_imports(tree: ast.AST) -> list[ast.stmt]:
+    """The import statements that run when a function (or lambda) runs, not at import."""
+    found: list[ast.stmt] = []
+
+    def walk(node: ast.AST, in_function: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if in_function and isinstance(child, (ast.Import, ast.ImportFrom)):
+                found.append(child)
+            walk(child, in_function or isinstance(
+                child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)))
+
+    walk(tree, False)
+    return found
+
+
+def _has_reason(line: str) -> bool:
+    _, sep, reason = line.partition(LAZY)
+    return bool(sep) and len(reason.strip()) >= 3
+
+
+def unexplained_imports(source: str) -> list[tuple[int, str]]:
+    """(line, text) of each function-level import without a ``# lazy:`` reason on its lines or
+    in the comments directly above it (looking past the imports of its group)."""
+    lines = source.splitlines()
+    tree = ast.parse(source)
+    import_lines = {n for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom))
+                    for n in range(node.lineno, node.end_lineno + 1)}
+    bad = []
+    for node in _function_imports(tree):
+        own = lines[node.lineno - 1:node.end_lineno]
+        if any(_has_reason(t) for t in own):
+            continue
+        n, ok = node.lineno - 1, False  # 1-based number of the line above
+        while n >= 1 and not ok:
+            text = lines[n - 1].strip()
+            if n in import_lines or text.startswith("#"):
+                ok = _has_reason(text)
+                n -= 1
+            else:
+                break
+        if not ok:
+            bad.append((node.lineno, lines[node.lineno - 1].strip()))
+    return bad
+
+
+@pytest.mark.parametrize("path", sorted(MODULES))
+def test_function_level_imports_say_why_they_are_lazy(path):
+    bad = unexplained_imports((REPO / path).read_text(encoding="utf-8"))
+    assert not bad, (
+        f"{path}: imports inside functions without a '# lazy: REASON' comment (move them to the "
+        "module top, or say why not: an optional dependency, or the measured cost and the path "
+        "that should not pay it):\n" + "\n".join(f"  line {n}: {t}" for n, t in bad))
+
+
+def test_the_scan_sees_what_it_should():
+    src = '''
+import os
+
+def f():
+    import json
+    import csv  # lazy: optional dependency (the [csv] extra)
+    # lazy: costs 700 ms at import (measured), only g needs it
+    import wave
+    from zipfile import ZipFile
+    if True:
+        import re
+    # lazy:
+    import abc
+    return lambda: __import__("x")
+
+class C:
+    import math  # at import time: not function-level
+
+    def m(self):
+        from . import sibling
+'''
+    got = [t for _, t in unexplained_imports(src)]
+    assert got == ["import json", "import re", "import abc", "from . import sibling"]
+
+
+def _fresh_import(module: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", f"import {module}"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=REPO / "tests")
+
+
+def _check(module: str, proc: subprocess.Popen) -> None:
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, f"import {module} in a fresh interpreter failed:\n{err[-3000:]}"
+
+
+@pytest.mark.parametrize("module", ["ldp_beam", "ldp_beam.transforms",
+                                    "ldp_beam.pipelines.estimate", "ldp_beam.pipelines.cli"])
+def test_entry_points_import_first_in_a_fresh_interpreter(module):
+    _check(module, _fresh_import(module))
+
+
+def test_each_module_imports_first_in_a_fresh_interpreter():
+    """An import circle shows only when one of its modules is the first imported. (A module of
+    ldp_beam.transforms imports after the package's __init__, so those that __init__ imports
+    are covered by the entry point above.)"""
+    init = ast.parse((REPO / "transforms/__init__.py").read_text(encoding="utf-8"))
+    by_init = {f"ldp_beam.transforms.{n.module}" for n in init.body
+               if isinstance(n, ast.ImportFrom) and n.level == 1}
+    procs = [(m, _fresh_import(m)) for m in sorted(set(MODULES.values()) - by_init)]
+    for module, proc in procs:
+        _check(module, proc)
+
+
+def _loaded(module: str, heavy: tuple[str, ...]) -> list[str]:
+    code = (f"import sys, {module}; "
+            f"print(' '.join(m for m in {heavy!r} if m in sys.modules))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       cwd=REPO / "tests", timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return r.stdout.split()
+
+
+def test_the_command_line_starts_without_beam_or_pyarrow():
+    """What the lazy imports in outputs.py, ldp_beam/ledger.py and lifecycle.py keep out of
+    every command's start-up (``--help`` and ``ledger`` included)."""
+    heavy = ("apache_beam", "pyarrow", "pandas", "scipy", "dp_accounting")
+    assert _loaded("ldp_beam.pipelines.cli", heavy) == []
+
+
+def test_the_device_client_starts_without_pandas_pyarrow_or_scipy():
+    """What the lazy imports in ldp_beam/core.py keep out of ``import ldp_beam.client``."""
+    assert _loaded("ldp_beam.client", ("pyarrow", "pandas", "scipy", "apache_beam")) == []
