@@ -34,7 +34,7 @@ import sys
 import tempfile
 from importlib import resources
 from importlib.util import find_spec
-from typing import Any, Iterable
+from typing import Any, Iterable, TextIO
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -449,7 +449,7 @@ SECTIONS = {"bisample": bisample_section, "rvns": rvns_section, "uldp": uldp_sec
 
 
 def run_demo(out_dir: str | None = None, epsilon: float = 3.0, seed: Any = None,
-             beam_args: Iterable[str] = (), stream=sys.stdout,
+             beam_args: Iterable[str] = (), stream: TextIO | None = None,
              sections: Iterable[str] | None = None) -> dict:
     """Run every demo section (or those named) on the bundled sample through Beam."""
     out_dir = out_dir or tempfile.mkdtemp(prefix="ldp-beam-demo-")
@@ -459,7 +459,7 @@ def run_demo(out_dir: str | None = None, epsilon: float = 3.0, seed: Any = None,
     unknown = [n for n in names if n not in SECTIONS]
     if unknown:
         raise ValueError(f"unknown demo section(s) {unknown}; available: {list(SECTIONS)}")
-    w = stream.write
+    w = (stream or sys.stdout).write  # resolved per call: a default bound at import would outlive a redirect
     w(f"\nldp-beam demo on the bundled survey sample ({data}; Apache Beam, DirectRunner)\n")
     if find_spec("matplotlib") is None:
         w("  figures: skipped, they need matplotlib (pip install 'ldp-beam[reproduce]')\n")

@@ -150,7 +150,7 @@ def _last_panes(path: str) -> dict[float, dict]:
 
 
 def run_demo_stream(out_dir: str | None = None, epsilon: float = 3.0, seed: Any = None,
-                    stream: TextIO = sys.stdout, windows: int = WINDOWS,
+                    stream: TextIO | None = None, windows: int = WINDOWS,
                     window_seconds: float = WINDOW) -> dict:
     """Run the live demo (see the module docstring); returns the windows printed (``{window
     start: {"estimate": row, "truth": counts}}``), the stream's summary and the totals. Raises
@@ -169,6 +169,7 @@ def run_demo_stream(out_dir: str | None = None, epsilon: float = 3.0, seed: Any 
     mech = build_mechanism("grr", epsilon=epsilon, domain=LABELS)
     window_us = int(round(window_seconds * 1e6))
     lock = threading.Lock()
+    stream = stream or sys.stdout  # resolved per call: a default bound at import outlives a redirect
 
     def w(text: str) -> None:
         with lock:

@@ -2,6 +2,7 @@
 import csv
 import json
 import math
+import sys
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -182,6 +183,38 @@ def test_list_shows_registry_with_parameters_and_guarantee():
     assert rows["bisample-md"]["guarantee"].startswith("LDP")
     code, so, _ = run_cli("list")
     assert "bisample-md" in so and "parameters: epsilon, lower, upper, preference=None" in so
+
+
+def test_no_function_binds_a_console_stream_at_import():
+    """A default ``stream=sys.stdout`` is evaluated once, at import: whatever stdout was then
+    (pytest's capture, a notebook's cell) keeps receiving the output after a later redirect.
+    The demo did this and printed nothing into ``run_cli``'s capture once another test had
+    imported it first (the clean-clone CI failure of session 11); streams resolve per call."""
+    import importlib
+    import inspect
+    import io
+    import pkgutil
+
+    import ldp_beam
+    import ldp_beam.pipelines
+    import ldp_beam.transforms
+    infos = [info for pkg in (ldp_beam, ldp_beam.pipelines, ldp_beam.transforms)
+             for info in pkgutil.walk_packages(pkg.__path__, pkg.__name__ + ".")]
+    assert any(i.name == "ldp_beam.pipelines.demo" for i in infos)
+    bound = []
+    for info in infos:
+        if ".reproduce" in info.name:
+            continue
+        mod = importlib.import_module(info.name)
+        for name, fn in vars(mod).items():
+            if not inspect.isfunction(fn) or fn.__module__ != mod.__name__:
+                continue
+            for p in inspect.signature(fn).parameters.values():
+                if isinstance(p.default, io.IOBase) or p.default in (sys.stdout, sys.stderr,
+                                                                     sys.__stdout__,
+                                                                     sys.__stderr__):
+                    bound.append(f"{mod.__name__}.{name}({p.name}=...)")
+    assert not bound, bound
 
 
 def test_demo_runs_and_reconciles(tmp_path):
