@@ -265,7 +265,7 @@ def run_pipeline(build: Callable[[beam.Pipeline], Sequence[Any]],
         finally:
             if prog is not None:
                 rows = counters(result).get("input_rows_read") if ok else None
-                prog.finish(rows, ok)
+                prog.finish(rows, ok, passes=_passes(reads))
                 _LIVE.pop(run_id, None)
     return result
 
@@ -330,6 +330,15 @@ def _read_tables(p: beam.Pipeline) -> list:
     except Exception:  # progress is best effort: never fail a run over it
         return []
     return found
+
+
+def _passes(reads: list) -> int:
+    """How many times the run reads one input: the number of ReadTables when they all read the
+    same source (the per-unit bound's two passes), else 1 (different inputs are all input)."""
+    if len(reads) < 2:
+        return 1
+    ids = {(rt.url, tuple(getattr(rt, "files", None) or ())) for rt, _ in reads}
+    return len(reads) if len(ids) == 1 else 1
 
 
 def _total_rows(reads: list) -> int | None:

@@ -59,6 +59,19 @@ def test_not_a_terminal_prints_only_the_rate_line(table, tmp_path, capsys):
     assert not BAR.search(err) and "\r" not in err, err  # no bar text off a terminal
 
 
+def test_a_privacy_unit_run_says_it_read_the_input_twice(tmp_path, capsys):
+    """Issue 26: a privacy-unit run reported reading 159,558 rows for 79,779 input rows. The
+    per-unit bound reads its input twice (memory stays flat), so the line gives both numbers."""
+    path = str(tmp_path / "people.parquet")
+    rng = np.random.default_rng(3)
+    pq.write_table(pa.table({"age": rng.integers(0, 100, 600).astype(float),
+                             "person": rng.integers(0, 200, 600)}), path)
+    assert main(_collect(path, str(tmp_path / "r.parquet"), "--privacy-unit", "person")) == 0
+    err = capsys.readouterr().err
+    assert re.search(r"collect: read 1,200 rows \(the 600 input rows, read in 2 passes: the "
+                     r"per-unit bound reads its input twice to keep memory flat\) in ", err), err
+
+
 def test_quiet_prints_nothing_on_stderr(table, tmp_path, capsys):
     assert main(_collect(table, str(tmp_path / "r.parquet"), "--quiet")) == 0
     out, err = capsys.readouterr()
