@@ -27,17 +27,17 @@ from ldp_beam.limits import check_groups
 from ldp_beam.privacy import run_guarantee
 from ldp_beam.registry import get_registry
 from ldp_beam.rng import RunKey
-from ldp_beam.transforms.batches import report_columns
 from ldp_beam.transforms import (EstimatorCombineFn, Perturb, ReadTable, SplitByKey,
                                  ValidateReports, WriteJsonLines)
-from ldp_beam.transforms.combine import EstimateFailure
+from ldp_beam.transforms.combine import (EstimateFailure, PerKeyCombineFn, ReleaseKeys,
+                                        per_key_part)
 from ldp_beam.transforms.io import open_input, table_format
 from ldp_beam.transforms.sinks import tidy_bytes, tidy_format, tidy_output
 from ldp_beam.transforms.sources import parse_settings
 
 from ldp_beam.privacy import ContributionBounds
 
-from .common import WriteOneLine
+from ldp_beam.transforms.tally import WriteOneLine
 from .outputs import RunOutputs, location
 from .run import Run, take_seed
 from .provenance import agreed_metadata, mark_unverified, verify_reports
@@ -148,7 +148,7 @@ def group_outcomes(estimates: Mapping[str, Mapping[str, Any]]) -> dict:
 
 class _WriteResult:
     """The one estimate of a global combine -> (widened,) as JSON, written as the one line of
-    ``path`` (:class:`~.common.WriteOneLine`): one Beam step where a Map, a Map and
+    ``path`` (:class:`~ldp_beam.transforms.tally.WriteOneLine`): one Beam step where a Map, a Map and
     WriteJsonLines took thirteen."""
 
     def __init__(self, path: str, widen: Any = None) -> None:
@@ -520,67 +520,6 @@ class _KeyCodes:
         return lut[codes]
 
 
-def _per_key_part(unit: str, by: str):
-    """(key, report sub-batch) -> (key, (the reports without key and unit, their units)): what
-    each key's accumulator folds. A null key is the key "" (SplitByKey's), selected or listed
-    like any other: its rows are never dropped unseen."""
-    def part(kv):
-        key, table = kv
-        t = table if isinstance(table, pa.Table) else pa.Table.from_batches([table])
-        units = set(t.column(unit).cast(pa.string()).to_pylist())
-        return key, (t.drop_columns([by, unit]), units)
-    return part
-
-
-class PerKeyCombineFn(beam.CombineFn):
-    """Per key: the release's accumulator and the set of distinct units (for the selection)."""
-
-    def __init__(self, estimator: Any) -> None:
-        self.estimator = estimator
-
-    def create_accumulator(self):
-        return [self.estimator.create(), set()]
-
-    def add_input(self, acc, element):
-        table, units = element
-        acc[0] = self.estimator.add(acc[0], report_columns(table, self.estimator.mechanism
-                                                           .report_fields))
-        acc[1] |= units
-        return acc
-
-    def merge_accumulators(self, accs):
-        accs = list(accs)
-        return [self.estimator.merge([a[0] for a in accs]), set().union(*(a[1] for a in accs))]
-
-    def extract_output(self, acc):
-        return acc[0], len(acc[1])
-
-
-class ReleaseKeys(beam.DoFn):
-    """Select keys (public list, or private partition selection on distinct-unit counts) and
-    release each kept key's histogram with noise addressed by the key."""
-
-    def __init__(self, estimator: Any, public: tuple | None, selector: Any, seed: int,
-                 rule: Any = None) -> None:
-        self.estimator, self.public, self.selector, self.seed = estimator, public, selector, seed
-        self.rule = rule or GroupRule()
-
-    def process(self, items):
-        # lazy: ldp_beam.central.partition costs 13 ms at import (measured), only per-key
-        # central releases need it (not `estimate` of LDP reports)
-        from ldp_beam.central.partition import selection_source
-
-        found = dict(items)
-        if self.public is not None:
-            chosen = list(self.public)
-        else:
-            chosen = [k for k in sorted(found)
-                      if self.selector.keep(found[k][1], selection_source(self.seed, k))]
-        for key in chosen:
-            acc = found.get(key, (None, 0))[0]
-            yield self.rule(key, self.estimator.finalize_key(acc, key))
-
-
 class _PerKey:
     """A release's configuration: one release per value of ``by`` (issue 14). Each privacy unit
     keeps at most L0 keys and Linf rows per key (the release's ``max_partitions_per_unit`` and
@@ -625,7 +564,7 @@ class _PerKey:
     def release(self, records: Any, est: Any, results: str) -> Any:
         by, unit = self.by, self.unit
         return (records | "SplitKeys" >> beam.ParDo(SplitByKey(by))
-                | "KeyParts" >> beam.Map(_per_key_part(unit, by))
+                | "KeyParts" >> beam.Map(per_key_part(unit, by))
                 | "PerKey" >> beam.CombinePerKey(PerKeyCombineFn(est))
                 | "AllKeys" >> beam.combiners.ToList()
                 | "Release" >> beam.ParDo(ReleaseKeys(est, self.public, self.selector,

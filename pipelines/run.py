@@ -38,7 +38,9 @@ from ldp_beam.rng import RunKey
 from ldp_beam.transforms import ReadTable, WriteJsonLines
 from ldp_beam.transforms.units import BoundContributions
 
-from .common import Tally, check_readable, check_reconciles, reconcile, run_pipeline
+from ldp_beam.transforms.tally import Tally
+
+from .common import check_readable, check_reconciles, reconcile, run_pipeline
 from .datasets import dataset_identity
 from .lifecycle import ledger_state, publish
 from .outputs import RunFailed, RunOutputs, location
@@ -278,7 +280,7 @@ def invalid_rows(dead_letter: Any, unit_dead: Any) -> Any:
 
 
 def tally_inputs(rd: Any, accepted: Any, invalid: Any, dropped: Any) -> tuple:
-    """What :class:`~.common.Tally` counts: the reader's batches and dead letters, the accepted
+    """What :class:`~ldp_beam.transforms.tally.Tally` counts: the reader's batches and dead letters, the accepted
     rows, the invalid ones and, with a privacy unit, the rows its bound left out."""
     parts = (rd.batches, rd.dead_letter, accepted, invalid)
     return parts if dropped is None else parts + (dropped,)

@@ -347,3 +347,65 @@ def table_of(batch: Any) -> pa.Table:
     if isinstance(batch, pa.RecordBatch):
         return pa.Table.from_batches([batch])
     return pa.table({k: np.asarray(v) for k, v in batch.items()})
+
+
+# --------------------------------------------------------------------------- per-key central releases
+def per_key_part(unit: str, by: str):
+    """(key, report sub-batch) -> (key, (the reports without key and unit, their units)): what
+    each key's accumulator folds. A null key is the key "" (SplitByKey's), selected or listed
+    like any other: its rows are never dropped unseen."""
+    def part(kv):
+        key, table = kv
+        t = table if isinstance(table, pa.Table) else pa.Table.from_batches([table])
+        units = set(t.column(unit).cast(pa.string()).to_pylist())
+        return key, (t.drop_columns([by, unit]), units)
+    return part
+
+
+class PerKeyCombineFn(beam.CombineFn):
+    """Per key: the release's accumulator and the set of distinct units (for the selection)."""
+
+    def __init__(self, estimator: Any) -> None:
+        self.estimator = estimator
+
+    def create_accumulator(self):
+        return [self.estimator.create(), set()]
+
+    def add_input(self, acc, element):
+        table, units = element
+        acc[0] = self.estimator.add(acc[0], report_columns(table, self.estimator.mechanism
+                                                           .report_fields))
+        acc[1] |= units
+        return acc
+
+    def merge_accumulators(self, accs):
+        accs = list(accs)
+        return [self.estimator.merge([a[0] for a in accs]), set().union(*(a[1] for a in accs))]
+
+    def extract_output(self, acc):
+        return acc[0], len(acc[1])
+
+
+class ReleaseKeys(beam.DoFn):
+    """Select keys (public list, or private partition selection on distinct-unit counts) and
+    release each kept key's histogram with noise addressed by the key."""
+
+    def __init__(self, estimator: Any, public: tuple | None, selector: Any, seed: int,
+                 rule: Any) -> None:
+        self.estimator, self.public, self.selector, self.seed = estimator, public, selector, seed
+        self.rule = rule  # (key, estimate) -> output row: which groups are published
+
+    def process(self, items):
+        # lazy: ldp_beam.central.partition costs 13 ms at import (measured), only per-key
+        # central releases need it (not `estimate` of LDP reports)
+        from ldp_beam.central.partition import selection_source
+
+        found = dict(items)
+        if self.public is not None:
+            chosen = list(self.public)
+        else:
+            chosen = [k for k in sorted(found)
+                      if self.selector.keep(found[k][1], selection_source(self.seed, k))]
+        for key in chosen:
+            acc = found.get(key, (None, 0))[0]
+            yield self.rule(key, self.estimator.finalize_key(acc, key))
