@@ -145,7 +145,7 @@ import math
 import sys
 import threading
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, ClassVar, Iterable, Mapping, Union
 
 import numpy as np
@@ -666,14 +666,14 @@ class _ByItem:
 
 
 # --------------------------------------------------------------------------- OSPDPRR
-@dataclass(frozen=True)
-class Release:
-    """One OSPDPRR or OsdpRR release: ``statistics`` (what may be published) and ``internal``
-    (the sample, the sampling probabilities, the scores, the noise scales: for tests and
-    diagnostics only -- publishing any of it voids the guarantee)."""
-
-    statistics: dict[str, Statistic]
-    internal: dict[str, Any] = field(default_factory=dict)
+def _estimate(mech: Any, statistics: dict[str, Statistic], curator: dict[str, Any]) -> Estimate:
+    """One OSPDPRR or OsdpRR release as the library's :class:`~ldp_beam.core.Estimate` (the paper
+    API's ``release``/``release_sums`` and, through them, the estimators' ``finalize``): the
+    mechanism's name, guarantee and params; ``n_reports=None`` (a central release does not
+    publish its number of users); ``statistics``, what may be published; ``curator``, what must
+    not be (the sample, the sampling probabilities, the scores, the noise: for tests and
+    diagnostics only, left out of ``to_dict()`` -- publishing any of it voids the guarantee)."""
+    return Estimate(mech.name, None, statistics, mech.guarantee, mech.params(), curator)
 
 
 def _ospdprr_roles(m: "OSPDPRR") -> tuple[Role, ...]:
@@ -735,6 +735,7 @@ class OSPDPRR(_UnitBounded, CentralRelease):
     """
 
     NAME: ClassVar[str] = "ospdprr"
+    tidy_cells: ClassVar[tuple[str, ...]] = ("clipped",)  # scalars; the query clipped too
     family: ClassVar[str] = "ospdprr"
     #: how this family's epsilon is set (it has no epsilon parameter): said by the command line
     #: with a parameter error and where the epsilon is checked
@@ -1040,14 +1041,16 @@ class OSPDPRR(_UnitBounded, CentralRelease):
         return {s: float(v) for s, v in sc.items()}
 
     def release(self, values: np.ndarray, weights: np.ndarray, rng: RngLike = None, *,
-                allow_empty: bool = False, diagnostics: bool = True) -> Release:
+                allow_empty: bool = False, diagnostics: bool = True) -> Estimate:
         """Stages 1-3 on all users' rows: ``values`` (n, k_T) target values in [lower, upper],
-        ``weights`` (n, k) in [0, 1]. One sample, one Laplace draw per noisy statistic.
+        ``weights`` (n, k) in [0, 1]. One sample, one Laplace draw per noisy statistic. The
+        release's :class:`~ldp_beam.core.Estimate` (``n_reports=None``); its ``curator`` holds
+        the sample, scores, budgets, pi, noise (never published).
 
         ``allow_empty``: release from no rows at all (a public key absent from the data, in a
         per-key release): the statistics are the noise alone, and the ratio factor is 1.
         ``diagnostics=False``: the same release (bit for bit, the same draws) computed a chunk
-        of users at a time, without the per-user arrays of ``internal`` (scores, budgets, pi,
+        of users at a time, without the per-user arrays of ``curator`` (scores, budgets, pi,
         sample); what the estimator's finalize uses."""
         vals = np.asarray(values, dtype=np.float64).reshape(-1, self.k_target)
         w = np.asarray(weights, dtype=np.float64).reshape(-1, self.k)
@@ -1059,13 +1062,13 @@ class OSPDPRR(_UnitBounded, CentralRelease):
         lattice = statistic_lattice(self.query, self.k_target, self.lower, self.upper, um)
         if not diagnostics:
             sums, low, pi_sum = self._sample_in_chunks(vals, w, gen, lattice)
-            internal: dict[str, Any] = {}
+            curator: dict[str, Any] = {}
             if self.mode == "paper":
                 epsilon = math.exp(float(low))
-                internal["m"] = float(low)
+                curator["m"] = float(low)
             else:
                 epsilon = float(self.t)
-            return self._noisy_release(n, sums, epsilon, pi_sum, gen, lattice, internal)
+            return self._noisy_release(n, sums, epsilon, pi_sum, gen, lattice, curator)
         if n == 0:
             m, eps_u, pi = np.zeros(0), np.zeros(0), np.zeros(0)
         else:
@@ -1074,19 +1077,19 @@ class OSPDPRR(_UnitBounded, CentralRelease):
         sv = vals[keep]
         exact = {"N": float(self.k_target * keep.sum()), "S": float(sv.sum()),
                  "Q": float(np.square(sv).sum())}
-        internal = {"scores": m, "budgets": eps_u, "pi": pi, "sample": keep, "exact": exact}
+        curator = {"scores": m, "budgets": eps_u, "pi": pi, "sample": keep, "exact": exact}
         if self.mode == "paper":  # step 8: eps = e^m, m the smallest score among sampled users
             score = m if self.paper_m == "raw" else eps_u
             low = score[keep].min() if keep.any() else (score.min() if n else 0.0)  # empty
             epsilon = math.exp(float(low))  # sample: over all users (no users: m = 0)
-            internal["m"] = float(low)
+            curator["m"] = float(low)
         else:
             epsilon = float(self.t)
         sums = statistic_units(sv, lattice).sum(axis=0)
-        return self._noisy_release(n, sums, epsilon, float(pi.sum()), gen, lattice, internal)
+        return self._noisy_release(n, sums, epsilon, float(pi.sum()), gen, lattice, curator)
 
     def release_sums(self, n: int, sums: np.ndarray, rng: RngLike = None, *,
-                     allow_empty: bool = False) -> Release:
+                     allow_empty: bool = False) -> Estimate:
         """Stage 3 of the one-pass release (sound-self, :attr:`one_pass`): the noise and the
         published statistics from the sample's lattice sums ``sums`` (N, S, Q in the units of
         :func:`statistic_lattice`, as :func:`statistic_units` sums them) over ``n`` users,
@@ -1179,15 +1182,16 @@ class OSPDPRR(_UnitBounded, CentralRelease):
 
     def _noisy_release(self, n: int, sums: np.ndarray, epsilon: float, pi_sum: float,
                        gen: np.random.Generator, lattice: Mapping[str, tuple[float, int]],
-                       internal: dict[str, Any]) -> Release:
-        """Stage 3 from the sample's lattice sums: the noise and the published statistics."""
+                       curator: dict[str, Any]) -> Estimate:
+        """Stage 3 from the sample's lattice sums: the noise and the published statistics
+        (``curator``: the stages' bookkeeping so far, completed here with the noise's)."""
         scales = self.noise_scales(epsilon)
         um = self.unit_sensitivity
         noisy_arr, variance = noisy_statistics(sums, self.query, self.k_target, self.lower,
                                                self.upper, epsilon, gen, um)
         noisy = {s: float(v) for s, v in noisy_arr.items()}
         sds = {s: math.sqrt(float(v)) for s, v in variance.items()}
-        internal.update(epsilon=epsilon, scales=scales, noisy=noisy, noise_sd=sds,
+        curator.update(epsilon=epsilon, scales=scales, noisy=noisy, noise_sd=sds,
                         lattice=lattice, units=sums)
         stats: dict[str, Statistic] = {}
         public = self.mode != "paper"  # the noise scale itself is data-dependent in paper mode
@@ -1213,12 +1217,12 @@ class OSPDPRR(_UnitBounded, CentralRelease):
             stats["ratio_factor"] = Statistic(
                 factor, note="n / sum(pi): public under the sound-public assumption"
                 if self.mode == "sound-public" else "n / sum(pi) (paper mode: data-dependent)")
-            internal["ratio_factor"] = factor
+            curator["ratio_factor"] = factor
         if self.mode == "paper":
             stats["paper_epsilon"] = Statistic(
                 epsilon, note="the paper's data-dependent budget e^m (replication only: it "
                               "reveals the smallest sampled score)")
-        return Release(stats, internal)
+        return _estimate(self, stats, curator)
 
     def _stderr(self, sds: Mapping[str, float], factor: float, public: bool) -> float | None:
         if not public or self.query not in RATIO_QUERIES:
@@ -1347,10 +1351,11 @@ class _UserRowsEstimator(_ReleasedOnce, Estimator):
                         allow_empty=True,
                         **getattr(self, "_lean", {}))
         # n_reports=None: the exact number of users is itself sensitive and is not released;
-        # nor is the number of clipped values (curator only: Estimate.curator)
+        # nor is the number of clipped values (curator only: Estimate.curator, which keeps
+        # only that count: the release's own curator bookkeeping is for tests and diagnostics)
         curator = ({"values_clipped": int(acc[:, kt + k:].sum())}
                    if getattr(m, "clip", False) else {})
-        return Estimate(m.name, None, rel.statistics, m.guarantee, m.params(), curator)
+        return replace(rel, curator=curator)
 
 
 class OSPDPRREstimator(_UserRowsEstimator):
@@ -1511,8 +1516,7 @@ class OSPDPRREstimator(_UserRowsEstimator):
         # n_reports=None: the exact number of users is itself sensitive and is not released;
         # nor is the number of clipped values (curator only: Estimate.curator)
         curator = {"values_clipped": int(acc[4])} if self.clip else {}
-        return Estimate(self.mechanism.name, None, rel.statistics, self.mechanism.guarantee,
-                        self.mechanism.params(), curator)
+        return replace(rel, curator=curator)
 
     def check_reports(self, reports: Mapping[str, Any], n: int | None = None) -> Reasons:
         reasons = super().check_reports(reports, n)
@@ -1714,6 +1718,7 @@ class OsdpRR(_UnitBounded, CentralRelease):
     """
 
     NAME: ClassVar[str] = "osdp-rr"
+    tidy_cells: ClassVar[tuple[str, ...]] = ("clipped",)  # scalars; the query clipped too
     family: ClassVar[str] = "ospdprr"
     roles = _ByItem(_osdp_roles, (
         Role("value<i>", help="one per target item i: a number in [lower, upper]"),
@@ -1868,13 +1873,14 @@ class OsdpRR(_UnitBounded, CentralRelease):
                 exact_sum_units(np.square(v)) if need_q else 0)
 
     def release(self, values: np.ndarray, sensitive: np.ndarray, rng: RngLike = None, *,
-                allow_empty: bool = False) -> Release:
+                allow_empty: bool = False) -> Estimate:
         """Sample the non-sensitive records (each kept with probability 1 - e^-eps; e^-(eps/m)
         per unit of m = L0 Linf rows) and answer the query from them: the in-memory release
         (all rows at once; the paper reproduction's path). ``values`` and ``sensitive``: (n,
         k_T) arrays. ``allow_empty``: release from no rows (a public key absent from the data).
         The statistics are those of :meth:`release_sums` on the sample's exact sums, i.e. what
-        the one-pass estimator publishes for the same sample."""
+        the one-pass estimator publishes for the same sample; ``curator`` adds the sample
+        (``kept``, never published)."""
         vals = np.asarray(values, dtype=np.float64).reshape(-1, self.k_target)
         sens = np.asarray(sensitive).reshape(-1, self.k_target).astype(bool)
         if vals.shape[0] == 0 and not allow_empty:
@@ -1883,9 +1889,9 @@ class OsdpRR(_UnitBounded, CentralRelease):
         q = self.keep_probability
         kept = ~sens & (gen.random(vals.shape) < q)
         rel = self.release_sums(*self.record_sums(vals, kept))
-        return Release(rel.statistics, {"kept": kept, **rel.internal})
+        return replace(rel, curator={"kept": kept, **rel.curator})
 
-    def release_sums(self, records: int, s_units: int = 0, q_units: int = 0) -> Release:
+    def release_sums(self, records: int, s_units: int = 0, q_units: int = 0) -> Estimate:
         """The published statistics from the released sample's exact sums: ``records`` released
         records, the exact sums of their values ``s_units`` and of their squares ``q_units``
         (units of 2^-1074, as :meth:`record_sums` / :func:`exact_sum_units` give them), each
@@ -1917,7 +1923,8 @@ class OsdpRR(_UnitBounded, CentralRelease):
                 float(value), None, float(clipped),
                 note="on the released non-sensitive records; unbiased for the full data only "
                      "when sensitivity is independent of value" + _clip_note(self))
-        return Release(stats, {"q": q, "exact": (int(records), int(s_units), int(q_units))})
+        return _estimate(self, stats,
+                         {"q": q, "exact": (int(records), int(s_units), int(q_units))})
 
 
 class OsdpRREstimator(_ReleasedOnce, Estimator):
@@ -2014,8 +2021,7 @@ class OsdpRREstimator(_ReleasedOnce, Estimator):
         # n_reports=None: the exact number of users is itself sensitive and is not released;
         # nor is the number of clipped values (curator only: Estimate.curator)
         curator = {"values_clipped": int(acc[4])} if self.clip else {}
-        return Estimate(self.mechanism.name, None, rel.statistics, self.mechanism.guarantee,
-                        self.mechanism.params(), curator)
+        return replace(rel, curator=curator)
 
     def check_reports(self, reports: Mapping[str, Any], n: int | None = None) -> Reasons:
         reasons = super().check_reports(reports, n)
@@ -2038,9 +2044,8 @@ class OsdpRREstimator(_ReleasedOnce, Estimator):
         return reasons
 
 
-__all__ = ["OSPDPRR", "OSPDPRREstimator", "OsdpRR", "OsdpRREstimator", "Release",
-           "SENSITIVITY_FUNCTIONS", "importance_times_level", "level_only", "normalize_weights",
-           "comprehensive_weight", "personal_budgets", "sampling_probabilities",
-           "personal_epsilon", "sensitivities", "noise_scales", "query_answer", "exact_answer",
-           "osdp_keep_probability", "osdp_epsilon_for_threshold", "exact_sum_units",
-           "from_exact_units"]
+__all__ = ["OSPDPRR", "OSPDPRREstimator", "OsdpRR", "OsdpRREstimator", "SENSITIVITY_FUNCTIONS",
+           "importance_times_level", "level_only", "normalize_weights", "comprehensive_weight",
+           "personal_budgets", "sampling_probabilities", "personal_epsilon", "sensitivities",
+           "noise_scales", "query_answer", "exact_answer", "osdp_keep_probability",
+           "osdp_epsilon_for_threshold", "exact_sum_units", "from_exact_units"]

@@ -100,7 +100,7 @@ def test_one_pass_release_equals_the_in_memory_release(query):
     rep = mech.records(data, rng=np.random.default_rng(5))
     vals, sens = _rows(mech, data)
     ref = mech.release(vals, sens, np.random.default_rng(5))
-    kept = ref.internal["kept"]
+    kept = ref.curator["kept"]
     np.testing.assert_array_equal(np.column_stack([rep["released1"], rep["released3"]]),
                                   kept.astype(np.uint8))
     est = OsdpRREstimator(mech)
@@ -128,9 +128,9 @@ def test_statistics_match_the_former_floating_point_formulas(query):
     data = _data(5000, 2, g, lower=kw["lower"])
     vals, sens = _rows(mech, data)
     rel = mech.release(vals, sens, np.random.default_rng(8))
-    v = vals[rel.internal["kept"]]
+    v = vals[rel.curator["kept"]]
     n_rel, s, ss = float(v.size), float(v.sum()), float(np.square(v).sum())
-    recs, su, qu = rel.internal["exact"]
+    recs, su, qu = rel.curator["exact"]
     assert recs == v.size > 0
     need_s, need_q = mech.exact_sums
     if need_s:

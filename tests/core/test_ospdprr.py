@@ -126,7 +126,7 @@ def test_empirical_inclusion_frequencies_match_pi(mode):
     counts = np.zeros(12)
     gen = np.random.default_rng(SEED + 1)
     for _ in range(reps):
-        counts += mech.release(vals, w, gen).internal["sample"]
+        counts += mech.release(vals, w, gen).curator["sample"]
     # two-sided binomial test per user, Bonferroni over 12 users at 1 %
     for c, p in zip(counts, pi):
         if p in (0.0, 1.0):
@@ -199,7 +199,7 @@ def test_laplace_scale_is_delta_over_t_in_the_sound_modes():
         d = _laplace_draws(mech, vals, w, 400, SEED)
         assert st.kstest(d, st.laplace(scale=200 / 0.6).cdf).pvalue > 0.001
         rel = mech.release(vals, w, 1)
-        assert rel.internal["epsilon"] == 0.6 and rel.internal["pi"].min() == 1.0
+        assert rel.curator["epsilon"] == 0.6 and rel.curator["pi"].min() == 1.0
         # the released stderr is the noise's: sqrt(2) Delta / t
         assert rel.statistics["sum"].stderr == pytest.approx(math.sqrt(2) * 200 / 0.6)
 
@@ -212,8 +212,8 @@ def test_laplace_scale_is_delta_over_e_to_the_m_in_paper_mode():
     w = np.zeros((50, 2))
     mech = OSPDPRR(t=0.6, k=2, lower=0, upper=100, mode="paper")
     rel = mech.release(vals, w, 2)
-    assert rel.internal["m"] == 0.5 and rel.internal["epsilon"] == pytest.approx(math.exp(0.5))
-    assert rel.internal["scales"]["S"] == pytest.approx(200 / math.exp(0.5))
+    assert rel.curator["m"] == 0.5 and rel.curator["epsilon"] == pytest.approx(math.exp(0.5))
+    assert rel.curator["scales"]["S"] == pytest.approx(200 / math.exp(0.5))
     assert rel.statistics["paper_epsilon"].value == pytest.approx(math.exp(0.5))
     d = _laplace_draws(mech, vals, w, 400, SEED + 10_000)
     assert st.kstest(d, st.laplace(scale=200 / math.exp(0.5)).cdf).pvalue > 0.001
@@ -403,7 +403,7 @@ def test_osdprr_release_never_releases_sensitive_records():
     counts = np.zeros(vals.shape)
     gen = np.random.default_rng(SEED + 2)
     for _ in range(reps):
-        counts += mech.release(vals, sens, gen).internal["kept"]
+        counts += mech.release(vals, sens, gen).curator["kept"]
     assert counts[sens.astype(bool)].sum() == 0
     total = counts[~sens.astype(bool)].sum()
     m = int((~sens.astype(bool)).sum()) * reps

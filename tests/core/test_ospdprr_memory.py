@@ -208,7 +208,7 @@ def test_lean_release_is_the_release_bit_for_bit(monkeypatch):
             lean = mech.release(vals, w, RandomSource(f"eq/{c}/{n}"), allow_empty=True,
                                 diagnostics=False)
             assert lean.statistics == full.statistics, (cfg, n)
-            assert lean.internal.get("m") == full.internal.get("m")
+            assert lean.curator.get("m") == full.curator.get("m")
 
 
 def test_finalize_uses_the_lean_release_with_the_same_result():

@@ -64,15 +64,15 @@ def test_everyone_sampled_gives_the_in_memory_release_sums_exactly(query):
     acc = est.add(est.create(), rep)
     vals, w = _rows(mech, data)
     ref = mech.release(vals, w, RandomSource(9))
-    assert ref.internal["pi"].min() == 1.0
+    assert ref.curator["pi"].min() == 1.0
     assert acc.dtype == np.int64 and acc[0] == n
-    np.testing.assert_array_equal(acc[1:], ref.internal["units"])
+    np.testing.assert_array_equal(acc[1:], ref.curator["units"])
     lattice = statistic_lattice(query, 2, 1.0, 100.0)
     np.testing.assert_array_equal(acc[1:], statistic_units(vals, lattice).sum(axis=0))
     one = mech.release_sums(n, acc[1:], RandomSource(9))
     assert set(one.statistics) == set(ref.statistics)
-    assert one.internal["scales"] == ref.internal["scales"]
-    assert one.internal["epsilon"] == ref.internal["epsilon"] == 0.7
+    assert one.curator["scales"] == ref.curator["scales"]
+    assert one.curator["epsilon"] == ref.curator["epsilon"] == 0.7
     assert est.finalize(acc).statistics == mech.release_sums(
         n, acc[1:], release_source(3, acc)).statistics
 
