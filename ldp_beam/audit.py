@@ -17,6 +17,8 @@ epsilon does), computed from the matrix itself, so a test can compare a mechanis
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -277,3 +279,46 @@ def release_probability_epsilon(p_keep_1, p_keep_2, p_drop_1=None, p_drop_2=None
         if a > 0:
             out = max(out, abs(math.log(a / b)))
     return out
+
+
+# =============================================================================== plugins
+@dataclass(frozen=True)
+class AuditProfile:
+    """What ``ldp-beam audit`` needs to audit an LDP mechanism it has no built-in audit for (a
+    plugin's): returned by the mechanism's ``audit_profile()`` (docs/plugins.md, "Planning and
+    auditing a plugin").
+
+    * ``matrix``: ``Q[output, input]``, the exact probabilities the mechanism's ``randomize``
+      implements, one column per entry of ``inputs`` (columns sum to one). The exact epsilon is
+      :func:`ldp_epsilon` of it.
+    * ``inputs``: one input record per column, ``{role name: value}`` as ``perturb`` takes it
+      (raw values: numbers, or labels of a category role), covering the extremes of the domain
+      (and the missing value, if the mechanism accepts one).
+    * ``output_code``: reports (the dict of report columns ``perturb`` returns) -> an integer
+      array of row indices of ``matrix``, one per report.
+
+    The empirical lower bound samples ``perturb`` itself on the matrix's worst-case pair of
+    inputs: a matrix that misstates the sampler can cost the audit power, never produce a false
+    violation.
+    """
+
+    matrix: Any
+    inputs: Sequence[Mapping[str, Any]]
+    output_code: Callable[[Mapping[str, np.ndarray]], np.ndarray]
+
+    def check(self) -> np.ndarray:
+        """The validated matrix; ``ValueError`` saying what is wrong otherwise."""
+        try:
+            q = _check(self.matrix)
+        except ValueError as exc:
+            raise ValueError(f"audit_profile().matrix: expected {exc}") from None
+        if q.shape[1] < 2:
+            raise ValueError("audit_profile().matrix: expected at least two inputs (columns)")
+        if len(self.inputs) != q.shape[1]:
+            raise ValueError(f"audit_profile().inputs: {len(self.inputs)} records for the "
+                             f"matrix's {q.shape[1]} inputs (columns)")
+        if not all(isinstance(x, Mapping) and x for x in self.inputs):
+            raise ValueError("audit_profile().inputs: expected {role name: value} records")
+        if not callable(self.output_code):
+            raise ValueError("audit_profile().output_code: expected a function of the reports")
+        return q

@@ -507,6 +507,16 @@ class Configured(ABC):
     family: ClassVar[str] = ""
     roles: ClassVar[tuple[Role, ...]] = (Role("value"),)
     report_fields: ClassVar[tuple[tuple[str, str], ...]] = ()
+    #: The tidy table's cell columns (:mod:`ldp_beam.transforms.sinks`) this family's statistics
+    #: fill, among ``i``, ``j``, ``label``, ``x_label``, ``y_label``, ``bin_low``, ``bin_high``,
+    #: ``grid_x``, ``probability``, ``value_text`` and ``clipped``. With the core columns (and
+    #: the group or window columns of a grouped or streamed output) they make the family's tidy
+    #: schema, the same whatever the data, so a table appended to run after run keeps its
+    #: columns. ``None`` (the default: a plugin that declares nothing) means every cell column.
+    #: A row that fills a cell column its family does not declare is refused when the table is
+    #: built, never dropped. A subclass inherits its base's declaration; every built-in family's
+    #: is listed in docs/guides/outputs.md (a test keeps the two equal).
+    tidy_cells: ClassVar[tuple[str, ...] | None] = None
 
     @property
     @abstractmethod
@@ -884,8 +894,11 @@ class Estimate:
         ``statistic``  the statistic's name (``mean``, ``frequency``, ``joint``, ...)
         ``cell``       None for a scalar; for a vector its label where the parameters name one
                        (``domain``/``categories``, ``x_domain`` for ``marginal_x``, ``y_domain``
-                       for ``marginal_y``), else its index ``i``; for a matrix ``(x label, y
-                       label)`` where ``x_domain``/``y_domain`` give them, else ``(i, j)``
+                       for ``marginal_y``), a histogram bucket's interval where the parameters
+                       give ``bucket_edges`` (a :class:`pandas.Interval`, ``[low, high)``, the
+                       last bucket ``[low, high]``), else its index ``i``; for a matrix
+                       ``(x label, y label)`` where ``x_domain``/``y_domain`` give them, else
+                       ``(i, j)``
         ``value``      the raw (unbiased) value as a float (a boolean as 1.0/0.0), or the text
                        of a text statistic (e.g. ``method``; the column is then of object
                        dtype)
@@ -923,6 +936,10 @@ class Estimate:
                 seq = self.params.get(k)
                 if isinstance(seq, (list, tuple)) and len(seq) == n:
                     return [str(v) for v in seq]
+            edges = self.params.get("bucket_edges")
+            if key is None and isinstance(edges, (list, tuple)) and len(edges) == n + 1:
+                return [pd.Interval(float(edges[k]), float(edges[k + 1]),
+                                    closed="both" if k == n - 1 else "left") for k in range(n)]
             return None
 
         rows: list[dict] = []

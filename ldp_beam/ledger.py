@@ -28,8 +28,9 @@ database on PostgreSQL (psycopg 3). Both use the same tables, created when absen
 ``Ledger.open(..., create=False)``: reading a ledger never creates one), with a schema version
 (2) and a random ``ledger_id`` in ``ldp_beam_meta``. Many processes opening a new SQLite ledger at
 once all succeed: switching it to WAL and creating its tables are retried while another holds the
-lock, up to the timeout. URLs: ``sqlite:///FILE`` (``FILE`` as written: ``sqlite:///ledger.db``
-is relative, ``sqlite:////abs/ledger.db`` absolute, as in SQLAlchemy), a bare file path, or
+lock, up to the timeout. URLs: ``sqlite://FILE`` (the text after ``sqlite://`` is the path as
+written, the rule of every ldp-beam URL: ``sqlite://ledger.db`` is relative,
+``sqlite:///abs/ledger.db`` absolute; see :func:`sqlite_path`), a bare file path, or
 ``postgresql://user[:password]@host:port/database``. Without a URL: ``$LDP_BEAM_LEDGER`` (a URL or
 a file path), else ``$XDG_DATA_HOME/ldp-beam/ledger.db`` (``~/.local/share/ldp-beam/ledger.db``).
 
@@ -179,10 +180,38 @@ def default_url() -> str:
     folder (``$XDG_DATA_HOME/ldp-beam/ledger.db``, ``~/.local/share/ldp-beam/ledger.db``)."""
     env = os.environ.get("LDP_BEAM_LEDGER", "").strip()
     if env:
-        return env if "://" in env else "sqlite:///" + env
+        return env if "://" in env else "sqlite://" + env
     base = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local",
                                                            "share")
-    return "sqlite:///" + os.path.join(base, "ldp-beam", "ledger.db")
+    return "sqlite://" + os.path.join(base, "ldp-beam", "ledger.db")
+
+
+def sqlite_path(url: str) -> str:
+    """The file a ``sqlite://`` ledger URL names, by the one rule of every ldp-beam URL
+    (``file://``, ``duckdb://``, ``iceberg://`` alike; docs/guides/sources-sinks.md): the text
+    after ``scheme://`` is the path as written. ``sqlite://team.db`` is ``team.db`` relative to
+    the current folder, ``sqlite:///srv/team.db`` the absolute ``/srv/team.db`` (so is
+    ``sqlite:////srv/team.db``: extra leading slashes are one).
+
+    SQLAlchemy reads ``sqlite:///team.db`` as relative; so did ldp-beam before. Where that
+    reading names an existing file and this one a different file, the URL is refused rather
+    than a new, empty ledger opened beside the one that holds the spending."""
+    path = url.split("://", 1)[1]
+    if path.lstrip("/") == ":memory:":
+        return ":memory:"
+    if path.startswith("//"):
+        path = "/" + path.lstrip("/")
+    if path.startswith("/") and not url[len("sqlite:///"):].startswith("/"):
+        old = url[len("sqlite:///"):]  # what the SQLAlchemy rule read: relative
+        if old and os.path.exists(os.path.expanduser(old)) and (
+                not os.path.exists(path) or not os.path.samefile(old, path)):
+            raise ParameterError(
+                "--ledger", url, f"sqlite://FILE, where FILE is the path as written: this URL "
+                f"names {path} (absolute), but {old} exists in the current folder; write "
+                f"sqlite://{old} (or {old}) for it, or sqlite:///{path} for {path}",
+                "every ldp-beam URL takes the text after scheme:// as the path; SQLAlchemy's "
+                "relative sqlite:///FILE is not followed")
+    return path
 
 
 def redact(url: str) -> str:
@@ -920,14 +949,17 @@ class Ledger:
         if scheme in ("postgresql", "postgres"):
             backend: Any = _Postgres(url, timeout)
         elif scheme in ("sqlite", ""):
-            path = url[len("sqlite:///"):] if scheme else url
-            if scheme and not url.startswith("sqlite:///"):
-                raise ParameterError("--ledger", url, "sqlite:///FILE (three slashes, then the "
-                                     "file's path: sqlite:////abs/ledger.db is absolute)")
+            path = sqlite_path(url) if scheme else url
             if not path or path == ":memory:" or path.startswith("file:"):
-                raise ParameterError("--ledger", url, "a SQLite file (sqlite:///FILE): the "
+                raise ParameterError("--ledger", url, "a SQLite file (sqlite://FILE): the "
                                      "ledger must outlive the run")
             path = os.path.expanduser(path)
+            if (create and not os.path.exists(path) and scheme
+                    and os.path.dirname(os.path.abspath(path)) == os.sep):
+                raise ParameterError(
+                    "--ledger", url, "a file below a folder (a new ledger is not created at "
+                    "the filesystem root)", f"this URL names {path}; for {path.lstrip('/')} in "
+                    f"the current folder write sqlite://{path.lstrip('/')}")
             if not create and not os.path.isfile(path):
                 raise LedgerNotFound(f"--ledger {redact(url)}: no ledger at {path} ("
                                      + ("not a file" if os.path.exists(path) else
@@ -937,7 +969,7 @@ class Ledger:
                 before = (st.st_dev, st.st_ino)
             backend = _SQLite(path, url, timeout, create)
         else:
-            raise ParameterError("--ledger", redact(url), "sqlite:///FILE, a file path or "
+            raise ParameterError("--ledger", redact(url), "sqlite://PATH, a file path or "
                                  "postgresql://USER@HOST:PORT/DATABASE")
         led = cls(backend, url)
         try:

@@ -15,6 +15,8 @@ from typing import Any, Callable
 
 import numpy as np
 
+from ldp_beam.central.dphr import DPHR, approximate_sort, optimal_grouping
+from ldp_beam.noise import discrete_laplace, discrete_laplace_scale
 from ldp_beam.registry import get_registry
 from ldp_beam.reproduce.datasets import chi2_truncated
 from ldp_beam.rng import RandomSource
@@ -197,8 +199,6 @@ def bench_mechanism(name: str, prof: Profile, rows: int, repeats: int, quick: bo
 def bench_histograms(quick: bool, repeats: int) -> list[dict]:
     """DPHR's O(n^2) grouping programme (targets: n = 4096 under 1 s, n = 16384 under 10 s) and
     whole releases (sound and paper variants) on DPBench-sized histograms."""
-    from ldp_beam.central.dphr import DPHR, approximate_sort, optimal_grouping
-
     gen = np.random.default_rng()
     out = []
     sizes = (4096,) if quick else (4096, 16384)
@@ -224,8 +224,6 @@ def bench_noise(quick: bool, repeats: int) -> list[dict]:
     """The exact discrete Laplace sampler behind every central release (docs/floating_point.md)
     against numpy's floating-point Laplace, in one large batch and in the small batches of a
     single release (8 buckets, as in the audit; 4096, a DPBench histogram)."""
-    from ldp_beam.noise import discrete_laplace, discrete_laplace_scale
-
     gen = np.random.default_rng()
     t_scale = discrete_laplace_scale(1, 1.0)
     out = []

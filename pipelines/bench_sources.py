@@ -40,6 +40,10 @@ import tempfile
 import time
 from typing import Iterator
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
 from ldp_beam.pipelines.records import make_record
 
 from .postgres_server import PostgresServer, PostgresStartError, free_port, missing
@@ -58,13 +62,13 @@ NOTE = ("ReadTable(url) | Perturb | EstimateGlobally on the DirectRunner in a fr
 _CHILD = r'''
 import json, resource, sys, time
 
+import apache_beam as beam
+from ldp_beam import build_mechanism, estimator_for
+from ldp_beam.pipelines.common import run_pipeline
+from ldp_beam.transforms import EstimateGlobally, Perturb, ReadTable
+
 
 def main():
-    import apache_beam as beam
-    from ldp_beam import build_mechanism, estimator_for
-    from ldp_beam.pipelines.common import run_pipeline
-    from ldp_beam.transforms import EstimateGlobally, Perturb, ReadTable
-
     cfg = json.loads(sys.argv[1])
     mech = build_mechanism(cfg["mechanism"], **cfg["params"])
 
@@ -251,6 +255,9 @@ def _child(script: str, url: str, beam_args: list[str], tmp: str) -> dict:
 
 
 def _redact(url: str) -> str:
+    # lazy: Beam (ldp_beam.transforms) costs 1.3 s at import (measured); every `ldp-beam bench`
+    # imports this module (bench_stream takes stop_processes from it), `--no-pipeline` included,
+    # and only a failed child's message needs it
     from ldp_beam.transforms.sources import is_source_url, redact
 
     return redact(url) if is_source_url(url) else url
@@ -260,28 +267,23 @@ def _redact(url: str) -> str:
 def _table(n: int):
     """The benchmark's table: ``x`` uniform on [0, 100), seeded by its size (so every source of
     one size holds the same values, and runs are comparable)."""
-    import numpy as np
-    import pyarrow as pa
-
     return pa.table({"x": np.random.default_rng(n).uniform(0.0, 100.0, n)})
 
 
 def _write_parquet(table, path: str) -> None:
-    import pyarrow.parquet as pq
-
     pq.write_table(table, path, row_group_size=250_000)  # as pipelines/bench.py writes
 
 
 def duckdb_unavailable() -> str | None:
     try:
-        import duckdb  # noqa: F401
+        import duckdb  # noqa: F401  # lazy: optional dependency (the [duckdb] extra)
     except ImportError:
         return "the duckdb package is not installed (pip install 'ldp-beam[duckdb]')"
     return None
 
 
 def _write_duckdb(table, path: str) -> str:
-    import duckdb
+    import duckdb  # lazy: optional dependency (the [duckdb] extra)
 
     if os.path.exists(path):
         os.remove(path)
@@ -307,7 +309,7 @@ class _PostgresServer(PostgresServer):
     def load(self, table, name: str) -> str:
         """``table`` as the PostgreSQL table ``name`` (bulk ingest, binary COPY), vacuumed and
         analyzed; returns its source URL."""
-        import adbc_driver_postgresql.dbapi as pg
+        import adbc_driver_postgresql.dbapi as pg  # lazy: optional dependency ([postgresql])
 
         with pg.connect(self.url(), autocommit=True) as con:
             with con.cursor() as cur:
@@ -320,7 +322,7 @@ class _PostgresServer(PostgresServer):
 def postgres_unavailable() -> str | None:
     """Why the PostgreSQL source cannot be measured here, or None."""
     try:
-        import adbc_driver_postgresql.dbapi  # noqa: F401
+        import adbc_driver_postgresql.dbapi  # noqa: F401  # lazy: optional ([postgresql] extra)
     except ImportError:
         return ("adbc-driver-postgresql is not installed (pip install "
                 "'ldp-beam[postgresql]')")
@@ -369,7 +371,9 @@ def portable_services(tmp: str) -> Iterator[list[str]]:
     """Beam's Python job service and an external worker pool (``sys.executable``), each its own
     process; yields the PortableRunner arguments that submit to them. Both are stopped on the
     way out."""
-    from .common import worker_pool_env  # Beam's import: only for the portable section
+    # lazy: Beam (pipelines.common) costs 1.3 s at import (measured; see _redact), only the
+    # portable section needs it
+    from .common import worker_pool_env
 
     procs: list[subprocess.Popen] = []
     try:

@@ -14,6 +14,12 @@ import threading
 import time
 from typing import Any
 
+import numpy as np
+
+from ldp_beam.client import PublishError, Reporter
+from ldp_beam.registry import build_mechanism
+
+from . import pubsub_emulator  # its functions looked up when called (tests replace them)
 from .bench_sources import stop_processes
 from .records import SectionFailed, make_record
 
@@ -46,12 +52,12 @@ SOAK_RATE = 500.0  # reports/s published during the soak
 _BEAM_PUBSUB_CHILD = r"""
 import json, os, sys, threading, time
 
+import apache_beam as beam
+from apache_beam.options.pipeline_options import PipelineOptions
+
 
 def main():
     cfg = json.loads(sys.argv[1])
-    import apache_beam as beam
-    from apache_beam.options.pipeline_options import PipelineOptions
-
     side = cfg["side"]
 
     class Count(beam.DoFn):
@@ -114,22 +120,14 @@ def _stream_record(mode: str, metric: str, value: Any, stamp: dict, note: str,
 
 def _stream_values(n: int, rng: Any) -> list[str]:
     """``n`` skewed labels of the 20 (as the element path's records)."""
-    codes = _np().minimum(rng.geometric(0.15, n) - 1, 19)
+    codes = np.minimum(rng.geometric(0.15, n) - 1, 19)
     return [_DOMAIN[c] for c in codes.tolist()]
-
-
-def _np():
-    import numpy as np
-
-    return np
 
 
 def _publish(topic: str, mech: Any, values: list[str], per_message: int,
              event_time: float | None = None) -> float:
     """Publish ``values`` as reports (``per_message`` a message) through the device client;
     returns the seconds it took."""
-    from ldp_beam.client import Reporter
-
     t = time.perf_counter()
     with Reporter(mech, device_id=f"bench-{os.getpid()}", topic=topic, batch_size=10_000,
                   reports_per_message=per_message) as rep:
@@ -143,6 +141,9 @@ def _land(sub: str, spool: str, messages: int, subscriber: Any, timeout: float =
           ) -> tuple[Any, float]:
     """The lander on ``sub`` until ``messages`` were landed and acked: (its stats, seconds,
     the landed record's opening included)."""
+    # lazy: Beam (ldp_beam.transforms, which pubsub_lander imports) costs 1.3 s at import
+    # (measured); every `ldp-beam bench` imports this module (pipelines/bench.py), and only the
+    # stream section needs it
     from ldp_beam.transforms.pubsub_lander import Lander
 
     t = time.perf_counter()
@@ -187,23 +188,19 @@ def stream_bench(tmp: str, progress: Any = None, *, quick: bool = False,
       element to its last (its start-up excluded), beside the plain client; no goal.
 
     Without Java, the emulator or the Pub/Sub client, one record says so (``skipped``)."""
-    from .pubsub_emulator import PubSubEmulator, unavailable
-
-    why = unavailable()
+    why = pubsub_emulator.unavailable()
     if why:
         if progress is not None:
             progress.note(f"stream: skipped: {why}")
         return _stream_skipped(why, stamp)
     cfg = dict(STREAM_SIZES[bool(quick)], **(sizes or {}))
     say = progress.note if progress is not None else (lambda text: None)
-    from ldp_beam.registry import build_mechanism
-
     mech = build_mechanism("grr", epsilon=STREAM_EPSILON, domain=_DOMAIN)
-    rng = _np().random.default_rng()
+    rng = np.random.default_rng()
     out: list[dict] = []
     folder = tempfile.mkdtemp(prefix="stream-", dir=tmp)
     say("stream: starting Google's Pub/Sub emulator")
-    with PubSubEmulator(start_timeout=90, heap="512m") as emu:
+    with pubsub_emulator.PubSubEmulator(start_timeout=90, heap="512m") as emu:
         try:
             _stream_measure(emu, mech, cfg, folder, rng, say, out, stamp or {}, env)
         except Exception as exc:
@@ -213,10 +210,10 @@ def stream_bench(tmp: str, progress: Any = None, *, quick: bool = False,
 
 def _stream_measure(emu: Any, mech: Any, cfg: dict, folder: str, rng: Any, say: Any,
                     out: list[dict], stamp: dict, env: dict | None) -> None:
-    from google.cloud import pubsub_v1
+    from google.cloud import pubsub_v1  # lazy: optional dependency (the [pubsub] extra)
 
+    # lazy: Beam (pubsub_lander, pubsub_stream) costs 1.3 s at import (measured; see _land)
     from ldp_beam.transforms.pubsub_lander import drain_plain
-
     from .pubsub_stream import run_pubsub_stream
 
     n, rounds = cfg["messages"], cfg["rounds"]
@@ -364,7 +361,7 @@ def _stream_measure(emu: Any, mech: Any, cfg: dict, folder: str, rng: Any, say: 
 def _rss_mb(pid: int) -> float | None:
     """A process's resident set (MiB): psutil if installed, else /proc/PID/status VmRSS."""
     try:
-        import psutil
+        import psutil  # lazy: optional dependency (psutil, in no extra: /proc without it)
     except ImportError:
         psutil = None
     if psutil is not None:
@@ -394,7 +391,6 @@ def rss_trend(samples: list[tuple[float, float]], warmup: float) -> dict:
     larger than three standard deviations of the jitter (and than its own uncertainty) is a
     trend, not noise; the 2% floor keeps a nearly noiseless run from flagging a few hundred
     KiB. ``bound_mb_per_10min`` is that bound as a slope over the fitted span."""
-    np = _np()
     pts = [(t, r) for t, r in samples if t >= warmup and r is not None]
     if len(pts) < 3:
         raise ValueError(f"{len(pts)} RSS samples after the {warmup:g} s warm-up: too few to "
@@ -428,9 +424,7 @@ def stream_soak(seconds: float, tmp: str, progress: Any = None, *, rate: float =
     :func:`rss_trend` after ``warmup`` (default: 20% of the run, at most 120 s): first (after
     the warm-up), last and max RSS, the slope in MB per 10 min and whether that is flat within
     the samples' noise. The collector must estimate every published report and reconcile."""
-    from .pubsub_emulator import PubSubEmulator, unavailable
-
-    why = unavailable()
+    why = pubsub_emulator.unavailable()
     if why:
         if progress is not None:
             progress.note(f"stream-soak: skipped: {why}")
@@ -440,15 +434,13 @@ def stream_soak(seconds: float, tmp: str, progress: Any = None, *, rate: float =
     warmup = min(120.0, 0.2 * seconds) if warmup is None else warmup
     folder = tempfile.mkdtemp(prefix="soak-", dir=tmp)
     out_dir = os.path.join(folder, "out")
-    from ldp_beam.registry import build_mechanism
-
     mech = build_mechanism("grr", epsilon=STREAM_EPSILON, domain=_DOMAIN)
     say(f"stream-soak: starting Google's Pub/Sub emulator; then {seconds:g} s of a live "
         f"collector at {rate:g} reports/s, its RSS sampled every {interval:g} s")
     # the emulator keeps what it was sent in its JVM heap: with the default 256 MiB it stopped
     # answering (connection timeouts) after ~116k messages (1.16M reports, 38 min at 500/s),
     # twice at the same count, loaded or not; an hour at 500 reports/s is 180k messages
-    with PubSubEmulator(start_timeout=90, heap="2g") as emu:
+    with pubsub_emulator.PubSubEmulator(start_timeout=90, heap="2g") as emu:
         topic = emu.topic()
         sub = emu.subscription(topic, ack_deadline=30)
         cmd = [sys.executable, "-m", "ldp_beam.pipelines.cli", "stream", "--subscription", sub,
@@ -467,9 +459,7 @@ def stream_soak(seconds: float, tmp: str, progress: Any = None, *, rate: float =
         retries: list[int] = [0]
 
         def publish() -> None:
-            from ldp_beam.client import PublishError, Reporter
-
-            rng = _np().random.default_rng()
+            rng = np.random.default_rng()
             tick = 0.2
             per_tick = max(1, int(round(rate * tick)))
             try:
@@ -528,7 +518,7 @@ def stream_soak(seconds: float, tmp: str, progress: Any = None, *, rate: float =
         raise RuntimeError(f"the soak's publisher failed: {failure[0]!r}")
     if proc.returncode != 0:
         raise RuntimeError(f"the collector exited with {proc.returncode}: {tail}")
-    from ldp_beam.transforms.windowed import SUMMARY
+    from ldp_beam.transforms.windowed import SUMMARY  # lazy: Beam, 1.3 s (see _land)
 
     with open(os.path.join(out_dir, SUMMARY)) as fh:
         summary = json.load(fh)
@@ -561,7 +551,7 @@ def stream_soak(seconds: float, tmp: str, progress: Any = None, *, rate: float =
 
 
 def _stream_line(by_mode: dict[str, dict]) -> str:
-    """The README's line for the stream section's records (keyed by mode)."""
+    """The performance table's line for the stream section's records (keyed by mode)."""
     def met(r: dict) -> str:
         return "met" if r.get("meets_target") else "**not met**"
 

@@ -301,7 +301,7 @@ def build_parser() -> argparse.ArgumentParser:
     ls.add_argument("--json", action="store_true")
 
     c = sub.add_parser("collect", help="perturb a table column into a reports table")
-    c.add_argument("--input", "-i", required=True, help="Parquet/CSV file, glob or directory")
+    c.add_argument("--input", "-i", required=True, help=INPUT_HELP)
     c.add_argument("--column", "-c", action="append",
                    help="input column for the mechanism's required roles, in order; repeat it "
                         "for several (e.g. -c parents -c class for a joint mechanism's x, y)")
@@ -335,7 +335,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_ledger_options(c)
 
     e = sub.add_parser("estimate", help="estimate statistics from a reports table")
-    e.add_argument("--input", "-i", required=True)
+    e.add_argument("--input", "-i", required=True,
+                   help=INPUT_HELP + " (for an LDP estimate: a reports table written by collect)")
     e.add_argument("--quiet", "-q", action="store_true",
                    help="no progress bar nor rate line on stderr (only errors)")
     e.add_argument("--output", "-o", required=True,
@@ -490,8 +491,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--out", help="directory for PNG figures")
     r.add_argument("--json", help="write the records here (default: stdout)")
     r.add_argument("--seed", type=int, help="simulation seed (default: OS entropy, recorded)")
-    r.add_argument("--readme", help="with all or report: also rewrite this README's generated "
-                   "results block (between its results:begin/end markers)")
+    r.add_argument("--readme", metavar="PAGE.md",
+                   help="with all or report: also rewrite this Markdown page's generated "
+                        "results block (between its results:begin/end markers; the project's "
+                        "is docs/reproductions.md)")
 
     from .emit import add_parser as add_emit_parser
     from .ledger_cli import add_parser as add_ledger_parser
@@ -518,18 +521,22 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--no-pipeline", action="store_true", help="skip the Beam pipeline runs")
     b.add_argument("--big", action="store_true",
                    help="also `collect --keep` at 3x10^7 rows for the memory-growth records")
-    b.add_argument("--readme", metavar="README.md",
-                   help="rewrite this README's performance table (between its "
-                        "<!-- bench:start --> and <!-- bench:end --> markers) from the records")
+    b.add_argument("--readme", metavar="PAGE.md",
+                   help="rewrite this Markdown page's performance table (between its "
+                        "<!-- bench:start --> and <!-- bench:end --> markers) from the records "
+                        "(the project's is docs/guides/performance.md)")
     b.add_argument("--from-json", metavar="F",
                    help="no benchmark: take the records from F (written by --json), e.g. to "
-                        "regenerate the README's table with --readme")
+                        "regenerate the performance table with --readme")
     au = sub.add_parser("audit", help="privacy audits of every mechanism: exact worst case and an "
                         "empirical lower bound on epsilon beside each claim")
     au.add_argument("--quiet", "-q", action="store_true",
                    help="no progress bar nor rate line on stderr (only errors)")
     au.add_argument("--quick", action="store_true", help="fewer samples, under a minute")
-    au.add_argument("--json", help="write the records here (default: stdout)")
+    au.add_argument("--json", nargs="?", const="-", metavar="F",
+                    help="also write the records (JSON) to F; --json alone or --json - prints "
+                         "them on stdout instead of the table (the table then goes to "
+                         "stderr, or nowhere with --quiet)")
     au.add_argument("--seed", type=int, help="sampling seed (default: OS entropy, recorded)")
     au.add_argument("--only", action="append", metavar="NAME",
                     help="audit only this mechanism (repeatable; default: all)")
@@ -596,6 +603,12 @@ def role_columns(mech: Any, columns: list[str] | None, roles: list[str] | None
     """Role -> input column from ``--column`` (the required roles, in order) and ``--role``."""
     out = _kv(roles, "--role")
     required = [r.name for r in mech.roles if r.required]
+    for col in columns or []:  # `--column value=income`: a role mapping given to --column
+        role, eq, named = col.partition("=")
+        if eq and role.strip() in {r.name for r in mech.roles}:
+            raise UsageError(f"--column {col}: --column takes a column name; to map role "
+                             f"{role.strip()!r} to column {named.strip()!r} write --role {col} "
+                             f"(or --column {named.strip()})")
     if len(columns or []) > len(required):
         raise UsageError(f"--column given {len(columns)} times but {mech.name} has "
                          f"{len(required)} required role(s) {required}; map optional roles "
@@ -607,6 +620,13 @@ def role_columns(mech: Any, columns: list[str] | None, roles: list[str] | None
         out[role] = col
     return out
 
+
+#: --input of collect and estimate (docs/guides/sources-sinks.md: the text after scheme:// is a
+#: file's path, relative unless it starts with /)
+INPUT_HELP = ("a Parquet or CSV file, glob or folder, local or a URL (s3://..., gs://...); or a "
+              "database table: duckdb://FILE.db?table=T (FILE relative to the current folder; "
+              "duckdb:///abs/FILE.db absolute; or ?query=SELECT ...), "
+              "postgresql://USER@HOST:PORT/DB?table=T, iceberg://CATALOG?table=NS.T")
 
 _CONSOLE = False  # set by entry(): this process is the command and ends with it
 
@@ -654,8 +674,57 @@ def cmd_collect(a: argparse.Namespace, beam_args: list[str]) -> int:
     print(f"collected {man['records']['reported']:,} reports into {a.output} (run "
           f"{man['run_id']}): " + records_line(man, f"dead letters in {man['dead_letter']}"))
     print(f"privacy: {man['guarantee']['summary']}")
+    if man["records"]["dead_lettered"]:
+        print(dead_letter_reasons(man["dead_letter"], man["records"]["dead_lettered"],
+                                  man["records"]["input"], beam_args))
     _say_ledger(man)
     return 0 if man["records"]["reconciles"] else 1
+
+
+def _reason_kind(reason: str) -> str:
+    """A dead letter's reason with the offending number left out (``value: 212.4 outside
+    [0, 200]`` -> ``value: <number> outside [0, 200]``), so that reasons of one kind count
+    together; numbers inside brackets or parentheses (a domain, a bound) and quoted labels (a
+    category left out of a domain: the useful part) stay."""
+    import re
+
+    parts = re.split(r"(\[[^\]]*\]|\([^)]*\)|'[^']*'|\"[^\"]*\")", reason)
+    num = re.compile(r"(?<![\w.])[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?(?![\w.])|"
+                     r"(?<![\w.])[-+]?(?:inf|nan)(?!\w)")
+    return "".join(p if i % 2 else num.sub("<number>", p) for i, p in enumerate(parts))
+
+
+def dead_letter_reasons(path: str, dead: int, total: int | None, flags=(), show: int = 3,
+                        scan: int = 200_000) -> str:
+    """What a collect run dead-lettered, by reason, for the console: the ``show`` commonest
+    kinds of reason (see :func:`_reason_kind`) with their counts, over the first ``scan``
+    lines of the dead-letter file (a summary; the file holds every row and its reason)."""
+    from collections import Counter
+
+    from .outputs import open_read
+
+    share = f" ({dead / total:.1%} of {total:,} rows)" if total else ""
+    kinds: Counter = Counter()
+    read = 0
+    try:
+        with open_read(path, tuple(flags)) as fh:
+            for line in fh:
+                if read == scan:
+                    break
+                read += 1
+                try:
+                    kinds[_reason_kind(str(json.loads(line).get("reason", "")))] += 1
+                except (ValueError, AttributeError):
+                    kinds["(a dead letter that is not a JSON object)"] += 1
+    except Exception as exc:  # noqa: BLE001 - a summary never fails a run that has committed
+        return f"dead-lettered {dead:,} rows{share}; reasons in {path} (not summarized: {exc})"
+    lines = [f"dead-lettered {dead:,} rows{share}, by reason"
+             + (f" (among the first {read:,})" if read < dead else "") + ":"]
+    width = len(f"{max(kinds.values(), default=0):,}")
+    lines += [f"  {n:>{width},}  {kind}" for kind, n in kinds.most_common(show)]
+    if len(kinds) > show:
+        lines.append(f"  ... and {len(kinds) - show} more kind(s) of reason: see {path}")
+    return "\n".join(lines)
 
 
 def _say_ledger(out: dict) -> None:
@@ -859,6 +928,7 @@ def _print_release(out: dict, path: str) -> int:
         print(f"curator only (do not publish): {rec['input']:,} read = "
               f"{rec['released_from']:,} bucketed + {rec['dead_lettered']:,} dead-lettered + "
               f"{rec['bounded_out']:,} left out by the per-unit bound")
+        _say_curator_dead_letters(rec)
         return 0 if rec.get("reconciles") else 1
     est, rec = out["estimate"], out["curator"]["records"]
     if "error" in est:
@@ -866,6 +936,9 @@ def _print_release(out: dict, path: str) -> int:
         return 1
     stats = ", ".join(_stat_text(k, s) for k, s in est["statistics"].items())
     print(f"released {out['mechanism']}: {stats} ({out['guarantee']['summary']}) to {path}")
+    table = bucket_table_text(est)
+    if table:
+        print(table)
     line = (f"{rec['input']:,} read = {rec['released_from']:,} in the release + "
             f"{rec['dead_lettered']:,} dead-lettered"
             + (f" + {rec['bounded_out']:,} left out by the per-unit bound"
@@ -874,7 +947,50 @@ def _print_release(out: dict, path: str) -> int:
     print(f"curator only (do not publish): {line}; bookkeeping in "
           f"{out.get('curator_file', path + '.curator.json')}"
           + ("" if rec.get("reconciles") else "; DOES NOT RECONCILE"))
+    _say_curator_dead_letters(rec)
     return 0 if rec.get("reconciles") else 1
+
+
+def _say_curator_dead_letters(rec: dict) -> None:
+    """A central release's dead letters by reason (curator-only, as the counts)."""
+    if rec.get("dead_lettered") and rec.get("dead_letter"):
+        print("curator only (do not publish): " + dead_letter_reasons(
+            rec["dead_letter"], rec["dead_lettered"], rec.get("input")))
+
+
+def bucket_table_text(estimate: dict, limit: int = 30) -> str:
+    """A released histogram by bucket, as text ('' for an estimate without one): each bucket's
+    edges (the release's ``bucket_edges``; ``[low, high)``, the last ``[low, high]``) or label
+    (``categories``), its value and 95% interval; the first ``limit`` buckets, then how many
+    more are in the output."""
+    hist = estimate.get("statistics", {}).get("histogram")
+    params = estimate.get("params", {})
+    value = None if hist is None else hist.get("value")
+    if not isinstance(value, list) or not value:
+        return ""
+    n = len(value)
+    edges, cats = params.get("bucket_edges"), params.get("categories")
+    if isinstance(edges, list) and len(edges) == n + 1:
+        names = [f"[{edges[k]:.6g}, {edges[k + 1]:.6g}{']' if k == n - 1 else ')'}"
+                 for k in range(n)]
+        head = "bucket"
+    elif isinstance(cats, list) and len(cats) == n:
+        names, head = [str(c) for c in cats], "category"
+    else:
+        return ""
+    se = hist.get("stderr") if isinstance(hist.get("stderr"), list) else None
+    z = 1.959963984540054
+    rows = [[head, "value", "95% CI (noise)"]]
+    for k in range(min(n, limit)):
+        v = value[k]
+        ci = ("" if se is None or se[k] is None or not isinstance(v, (int, float))
+              else f"[{number_text(v - z * se[k])}, {number_text(v + z * se[k])}]")
+        rows.append([names[k], number_text(v), ci])
+    widths = [max(len(r[c]) for r in rows) for c in range(3)]
+    lines = ["  ".join(c.ljust(w) if j == 0 else c.rjust(w)
+                       for j, (c, w) in enumerate(zip(r, widths))).rstrip() for r in rows]
+    more = f"\n... and {n - limit} more bucket(s) in the output" if n > limit else ""
+    return "histogram by bucket:\n" + "\n".join(lines) + more
 
 
 def joint_table_text(estimate: dict) -> str:
@@ -964,8 +1080,8 @@ def cmd_stream(a: argparse.Namespace, beam_args: list[str]) -> int:
 
 def cmd_bench(a: argparse.Namespace) -> int:
     """Core micro benchmarks, then the pipelines (each path as a ratio to the plain-Beam reference
-    measured in the same run); the records as JSON, a summary on stderr, optionally the README's
-    generated performance table."""
+    measured in the same run); the records as JSON, a summary on stderr, optionally the
+    generated performance table of a page (--readme docs/guides/performance.md)."""
     import time
 
     from . import bench as pipeline_bench
@@ -1025,25 +1141,20 @@ def cmd_audit(a: argparse.Namespace) -> int:
 
     records = audit_recipe.run(quick=a.quick, progress=Progress("audit"), seed=a.seed,
                                only=a.only)
-
-    def num(v: Any, inf: bool = False) -> str:
-        return "inf" if inf else ("-" if v is None else f"{v:.4g}")
-    print(f"  {'mechanism':<18} {'setting':<24} {'claimed':>8} {'exact':>8} "
-          f"{'empirical lower (conf)':>24}  verdict", file=sys.stderr)
-    for r in records:
-        claim_inf = r["claimed_epsilon"] is None and r["verdict"] not in ("not audited",)
-        low = "-" if r["empirical_epsilon_lower"] is None else \
-            f"{r['empirical_epsilon_lower']:.4g} ({r['confidence']:.4g})"
-        print(f"  {r['method']:<18} {r['dataset']:<24} {num(r['claimed_epsilon'], claim_inf):>8} "
-              f"{num(r['exact_epsilon'], r.get('exact_infinite', False)):>8} {low:>24}  "
-              f"{r['verdict']}", file=sys.stderr)
-    _emit_records(records, a.json)
+    # the table is the output for a reader; the records (JSON) only when asked for: in a file
+    # (--json F), or on stdout (--json / --json -), the table then on stderr (unless --quiet)
+    to_stdout = a.json == "-"
+    if not (to_stdout and a.quiet):
+        print(audit_recipe.summary(records), file=sys.stderr if to_stdout else sys.stdout)
+    if a.json is not None:
+        _emit_records(records, None if to_stdout else a.json)
     return 1 if any(r["verdict"] == "violates claim" for r in records) else 0
 
 
 def _write_reproduction(out: str, families: list[str], readme: str | None) -> None:
-    """Write ``out/report.md`` and, with ``readme``, that README's results block, both from the
-    outputs in ``out/FAMILY/`` (each family's run, quick or full and its seed, from its records)."""
+    """Write ``out/report.md`` and, with ``readme``, that page's results block (e.g.
+    docs/reproductions.md), both from the outputs in ``out/FAMILY/`` (each family's run, quick or
+    full and its seed, from its records)."""
     from ldp_beam.reproduce.report import results_section, update_readme, write_report
 
     path = write_report(out, families)
@@ -1051,7 +1162,8 @@ def _write_reproduction(out: str, families: list[str], readme: str | None) -> No
     if readme:
         root = os.path.dirname(os.path.abspath(readme))
         link_base = os.path.relpath(os.path.abspath(out), root).replace(os.sep, "/")
-        changed = update_readme(readme, results_section(out, families, link_base, root))
+        changed = update_readme(readme, results_section(out, families, link_base, root,
+                                                        readme=readme))
         print(f"ldp-beam reproduce: results block in {readme} "
               f"{'rewritten' if changed else 'already up to date'}", file=sys.stderr)
 
@@ -1059,12 +1171,12 @@ def _write_reproduction(out: str, families: list[str], readme: str | None) -> No
 def cmd_reproduce(a: argparse.Namespace) -> int:
     """One family's experiments; ``all`` runs every family into ``--out DIR/FAMILY/`` and writes
     ``DIR/report.md`` (every claim's verdict and evidence, and the figures); ``report`` only
-    rewrites that report (and, with ``--readme``, the README's results block)."""
+    rewrites that report (and, with ``--readme PAGE``, that page's results block)."""
     from importlib import import_module
     from importlib.util import find_spec
 
     families = list(FAMILIES) if a.family in ("all", "report") else [a.family]
-    if a.readme:  # find a README without markers before, not after, the experiments
+    if a.readme:  # find a page without markers before, not after, the experiments
         from ldp_beam.reproduce.report import readme_block
 
         readme_block(a.readme)

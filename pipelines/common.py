@@ -1,21 +1,30 @@
 """Shared plumbing for the runnable pipelines: Beam options, metrics, JSON output."""
 from __future__ import annotations
 
+import argparse
+import contextlib
+import difflib
 import json
 import os
 import sys
-from typing import Any, Iterable
-
-import contextlib
-from typing import Callable, Iterator, Mapping, Sequence
+import uuid
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import apache_beam as beam
+from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.pipeline import PipelineVisitor
+from apache_beam.runners.direct.direct_runner import SwitchingDirectRunner
 
+from ldp_beam.errors import LdpBeamError
 # write_json: the name stream.py and pubsub_stream.py import from here
 from ldp_beam.jsonio import json_line, write_json_atomic as write_json  # noqa: F401
+from ldp_beam.progress import pipeline_progress
 
+import ldp_beam.transforms  # noqa: F401  (its fixes to Beam's S3 FileSystem, on Dask workers too)
+from ldp_beam.transforms.io import count_rows, table_format
+from ldp_beam.transforms.read import ReadTable
 from ldp_beam.transforms.tally import LIVE as _LIVE, UNREADABLE_PREFIX, CountLive
 
 from .outputs import RunFailed
@@ -46,11 +55,10 @@ def beam_option_names() -> set[str]:
     """Every ``--option`` a registered PipelineOptions subclass declares (Beam's own, the Dask
     runner's when it is installed, and ours)."""
     try:
-        import apache_beam.runners.dask.dask_runner  # noqa: F401  (registers DaskOptions)
+        # lazy: optional dependency (the [dask] extra); importing it registers DaskOptions
+        import apache_beam.runners.dask.dask_runner  # noqa: F401
     except ImportError:
         pass
-    import argparse
-
     names: set[str] = set()
     for cls in set(_subclasses(PipelineOptions)):
         parser = argparse.ArgumentParser(add_help=False)
@@ -66,8 +74,6 @@ def beam_option_names() -> set[str]:
 def check_beam_args(args: Iterable[str], ours: Iterable[str]) -> None:
     """Refuse an option that neither the command nor any Beam PipelineOptions knows (a typo such
     as ``--kep`` must not be passed on to Beam and silently ignored), naming the closest one."""
-    import difflib
-
     known = None
     for a in args:
         if not a.startswith("--"):
@@ -131,7 +137,7 @@ def runner_context(beam_args: Iterable[str] = ()) -> Iterator[list[str]]:
         yield args
         return
     try:
-        from distributed import LocalCluster
+        from distributed import LocalCluster  # lazy: optional dependency (the [dask] extra)
     except ImportError as exc:
         raise RuntimeError("the Dask runner needs dask and distributed: "
                            "pip install 'ldp-beam[dask]'") from exc
@@ -177,9 +183,6 @@ def _dask_client_kwargs(args: Sequence[str]) -> dict:
 
 def _set_filesystem_options(args: list) -> None:
     """On a Dask worker: Beam's FileSystems get the run's options (endpoint, region, keys)."""
-    import ldp_beam.transforms  # noqa: F401  (its fixes to Beam's S3 FileSystem)
-    from apache_beam.io.filesystems import FileSystems
-
     FileSystems.set_options(PipelineOptions(args))
 
 
@@ -192,6 +195,7 @@ def share_filesystem_options(args: Sequence[str]) -> None:
     kwargs = _dask_client_kwargs(args)
     if not kwargs:
         return
+    # lazy: optional dependency (the [dask] extra)
     from distributed import Client
     from distributed.diagnostics.plugin import WorkerPlugin
 
@@ -227,8 +231,6 @@ def run_pipeline(build: Callable[[beam.Pipeline], Sequence[Any]],
     reader's output where the run is in this process (DirectRunner in memory or in threads),
     else Beam's metrics of the running job, polled while it is not finished (portable runners);
     where neither is available it shows the count so far and the elapsed time."""
-    from ldp_beam.progress import pipeline_progress
-
     with runner_context(beam_args) as args:
         if runner_name(args) == DASK_RUNNER:
             share_filesystem_options(args)
@@ -284,8 +286,6 @@ def _our_error(exc: BaseException) -> BaseException | None:
     """The ldp-beam error (a size cap's LimitError, a ParameterError) a runner's RuntimeError
     wraps, if any: the command line then reports it as a configuration error (exit 2) rather
     than a failed run with the runner's traceback."""
-    from ldp_beam.errors import LdpBeamError
-
     seen = set()
     cur: BaseException | None = exc
     while cur is not None and id(cur) not in seen:
@@ -298,9 +298,6 @@ def _our_error(exc: BaseException) -> BaseException | None:
 
 def _read_tables(p: beam.Pipeline) -> list:
     """(ReadTable transform, its read step's output) of every ReadTable in the pipeline."""
-    from apache_beam.pipeline import PipelineVisitor
-    from ldp_beam.transforms.read import ReadTable
-
     found: list = []
 
     class _Visit(PipelineVisitor):
@@ -329,8 +326,6 @@ def _passes(reads: list) -> int:
 def _total_rows(reads: list) -> int | None:
     """Rows the run will read, from the files' metadata (Parquet footers; CSV records counted
     only up to 64 MiB of CSV in all); None when unknown (a database source, large CSV)."""
-    from ldp_beam.transforms.io import count_rows, table_format
-
     if not reads:
         return None
     total = 0
@@ -364,8 +359,6 @@ def local_runner(args: Sequence[str]) -> Any:
     fallback always did."""
     if runner_name(args) not in ("DirectRunner", "direct"):
         return None
-    from apache_beam.runners.direct.direct_runner import SwitchingDirectRunner
-
     runner = SwitchingDirectRunner()
     if hasattr(runner, "is_interactive"):
         runner.is_interactive()
@@ -381,8 +374,6 @@ def _in_process(args: Sequence[str]) -> bool:
 
 
 def _attach_live_count(reads: list) -> str | None:
-    import uuid
-
     run_id = uuid.uuid4().hex
     attached = False
     for i, (_, out) in enumerate(reads):

@@ -19,6 +19,8 @@ import time
 from typing import Any
 from urllib.parse import urlsplit
 
+import pyarrow.fs as pafs
+
 from ldp_beam.errors import ParameterError
 from ldp_beam.ledger import (_GLOB_CHARS, DATABASE_SCHEMES, _table_url, canonical_location,
                              check_dataset_name)
@@ -280,10 +282,6 @@ def _remote_files(input: str, options: Any = ()) -> list[tuple[str, int, str]]:
 
 def _remote_files_now(input: str, options: Any = (), box: dict | None = None
                       ) -> list[tuple[str, int, str]]:
-    # lazy: pyarrow.fs costs 120 ms at import (measured); only a remote input's listing needs
-    # it, and the CLI imports the ledger for every command (--help, `ledger` included)
-    import pyarrow.fs as pafs
-
     box = {} if box is None else box
 
     def mark() -> None:

@@ -39,14 +39,16 @@ from typing import Any, Iterable, TextIO
 import numpy as np
 import pyarrow.parquet as pq
 
+from ldp_beam.estimators.density import DensityGrid, indicators, wasserstein_grid
 from ldp_beam.privacy import compose
 from ldp_beam.registry import build_mechanism
 from ldp_beam.reproduce.metrics import range_query_mse
 from ldp_beam.reproduce.recipe import pyplot
 
 from .collect import run_collect
-from .common import records_line, say
+from .common import format_table, records_line, say
 from .estimate import run_estimate
+from .sample_data import EMPLOYMENT, HEALTH
 
 LOWER, UPPER = 0.0, 100.0
 
@@ -204,7 +206,8 @@ def rvns_section(data: str, out_dir: str, epsilon: float, seed: Any,
                        options={"m": 100}, beam_args=beam_args, force=True)["estimate"]
     income = pq.read_table(data, columns=["income"])["income"].to_numpy().astype(float)
     x = income[(income >= lo) & (income <= hi)]
-    from ldp_beam.estimators.density import DensityGrid, indicators, wasserstein_grid
+    # lazy: scipy.stats costs 1.6 s at import (measured, after this module's imports); only
+    # this section needs it, and `demo --section` can leave it out
     from scipy import stats as sps
 
     grid = DensityGrid(lo, hi, 100)
@@ -221,7 +224,7 @@ def rvns_section(data: str, out_dir: str, epsilon: float, seed: Any,
     g = mech.guarantee
     w("\n== RVNS: the income distribution from negative reports ==\n")
     w("  records: " + records_line(man, f"income outside [{lo:g}, {hi:g}]") + "\n")
-    w(f"  privacy: {g.describe()} with neighbourhood delta = {g.params['delta']:g} "
+    w(f"  privacy: {g.describe()} with neighbourhood delta = {g.params['neighbourhood_delta']:g} "
       f"(outputs closer than that count as one); the paper's formula gives "
       f"{g.params.get('paper_epsilon', float('nan')):.3g} here\n\n")
     w(f"  {'indicator':<28}{'true':>12}{'estimate':>12}\n")
@@ -267,9 +270,6 @@ def uldp_section(data: str, out_dir: str, epsilon: float, seed: Any,
                  beam_args: Iterable[str], w) -> dict:
     """CPRR on (employment, health): the joint table under utility-optimized LDP, beside the
     truth and beside JD-GRR (eps-LDP on the product domain) on the same pairs."""
-    from .common import format_table
-    from .sample_data import EMPLOYMENT, HEALTH
-
     cols = {"x": "employment", "y": "health"}
     params = dict(epsilon=epsilon, x_domain=EMPLOYMENT, y_domain=HEALTH)
     cprr = build_mechanism("cprr", **params, x_sensitive=("unemployed",),

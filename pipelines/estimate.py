@@ -32,7 +32,7 @@ from ldp_beam.transforms import (EstimatorCombineFn, Perturb, ReadTable, SplitBy
 from ldp_beam.transforms.combine import (EstimateFailure, PerKeyCombineFn, ReleaseKeys,
                                         per_key_part)
 from ldp_beam.transforms.io import open_input, table_format
-from ldp_beam.transforms.sinks import tidy_bytes, tidy_format, tidy_output
+from ldp_beam.transforms.sinks import tidy_bytes, tidy_format, tidy_output_table
 from ldp_beam.transforms.sources import parse_settings
 
 from ldp_beam.privacy import ContributionBounds
@@ -329,9 +329,9 @@ def write_estimate(out: dict, path: str, fmt: str, run_id: str, outs: RunOutputs
     if fmt == "json":
         outs.write_json(path, out)
     elif fmt in ("parquet", "csv"):
-        outs.write(path, tidy_bytes(tidy_output(out, run_id=run_id), fmt))
+        outs.write(path, tidy_bytes(tidy_output_table(out, run_id=run_id), fmt))
     elif fmt in ("duckdb", "postgresql"):
-        outs.write(path, tidy_bytes(tidy_output(out, run_id=run_id), "parquet"))
+        outs.write(path, tidy_bytes(tidy_output_table(out, run_id=run_id), "parquet"))
     else:
         raise ValueError(f"estimate outputs go to .json, .parquet or .csv files or duckdb:// / "
                          f"postgresql:// tables (not {fmt})")
@@ -543,7 +543,11 @@ class _PerKey:
                              f"inputs and the privacy unit; columns: "
                              f"{', '.join(run.schema.names)}")
         self.by, self.unit = by, unit
-        cb = mech.contribution_bounds
+        cb = getattr(mech, "contribution_bounds", None)
+        if cb is None:  # a plugin's release may declare none: its noise has no per-unit scale
+            raise ValueError(f"--by {by}: {mech.name} declares no contribution_bounds (at most "
+                             "L0 keys and Linf rows per key of a privacy unit), which a per-key "
+                             "release calibrates its noise to; see docs/plugins.md")
         self.public = None if keys is None else tuple(str(k) for k in keys)
         if self.public is not None:
             check_groups(len(self.public), mech_cells(mech), "--keys")

@@ -32,7 +32,8 @@ from typing import Any, Mapping
 from ldp_beam.errors import ParameterError
 from ldp_beam.ledger import Ledger, canonical_location, default_url
 
-LEDGER_HELP = ("the budget ledger: sqlite:///FILE (default: $LDP_BEAM_LEDGER, else "
+LEDGER_HELP = ("the budget ledger: a file path or sqlite://PATH (sqlite://team.db relative, "
+               "sqlite:///srv/team.db absolute; default: $LDP_BEAM_LEDGER, else "
                "~/.local/share/ldp-beam/ledger.db) or postgresql://USER@HOST:PORT/DATABASE")
 
 

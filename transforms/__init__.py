@@ -23,6 +23,7 @@ from .write import WriteJsonLines, WriteParquetFile
 from .read import ReadTable
 from .rows import EstimatesAsRows
 from .sinks import TIDY_SCHEMA, WriteTidy, tidy_output, tidy_rows, tidy_table, write_tidy
+from .sinks import TidySchemaError, tidy_output_table, tidy_schema
 from .perturb import DEAD_LETTER, Perturb, PerturbFn
 from .spool import ReadSpoolOnce, SpoolDirectory, SpoolSource
 from .units import BoundContributions, BoundedRows
@@ -34,3 +35,4 @@ __all__ = ["EstimatesAsRows", "KeyedBatch", "mechanism_metadata", "report_schema
            "EmptySourceError", "SourceError", "TIDY_SCHEMA", "WriteTidy", "tidy_output",
            "tidy_rows", "tidy_table", "write_tidy"]
 __all__ += ["BoundContributions", "BoundedRows", "UnitLimitError"]
+__all__ += ["TidySchemaError", "tidy_output_table", "tidy_schema"]

@@ -79,6 +79,19 @@ import types
 import weakref
 from typing import Any, Callable
 
+# Beam's internals that are patched, imported guarded: a Beam version other than the verified
+# ones may lack one, and then install() installs nothing and status() says why (_check)
+try:
+    import apache_beam
+    from apache_beam.options import pipeline_options
+    from apache_beam.transforms import core
+    from apache_beam.typehints import decorators
+    from apache_beam.utils import interactive_utils
+except Exception as exc:  # noqa: BLE001 - no Beam, or a layout we do not know
+    _NOT_FOUND: str | None = f"Beam internals not found ({exc!r})"
+else:
+    _NOT_FOUND = None
+
 #: Beam versions whose ``get_function_args_defaults``, ``get_signature``, ``is_in_ipython`` and
 #: ``PipelineOptions.view_as`` were read and found as described above (a new version installs
 #: nothing until checked)
@@ -181,14 +194,8 @@ def _names(fn: Any) -> tuple[str, ...] | None:
 
 def _check() -> tuple[dict[tuple[str, str], Any], str | None]:
     """The patches to make ({(module, attribute): replacement}), or why none is made."""
-    try:
-        import apache_beam
-        from apache_beam.options import pipeline_options
-        from apache_beam.transforms import core
-        from apache_beam.typehints import decorators
-        from apache_beam.utils import interactive_utils
-    except Exception as exc:  # noqa: BLE001 - no Beam, or a layout we do not know
-        return {}, f"Beam internals not found ({exc!r})"
+    if _NOT_FOUND is not None:
+        return {}, _NOT_FOUND
     version = getattr(apache_beam, "__version__", "")
     if not version.startswith(VERIFIED_BEAM):
         return {}, (f"Beam {version} is not a verified version ({', '.join(VERIFIED_BEAM)}x): "
@@ -242,13 +249,9 @@ def install() -> bool:
         patches, _why_not = _check()
         if not patches:
             return False
-        from apache_beam.options.pipeline_options import PipelineOptions
-        from apache_beam.transforms import core
-        from apache_beam.utils import interactive_utils
-
         _original_args_defaults = core.get_function_args_defaults
         _original_is_in_ipython = interactive_utils.is_in_ipython
-        _original_view_as = PipelineOptions.view_as
+        _original_view_as = pipeline_options.PipelineOptions.view_as
         for (mod, attr), new in patches.items():
             owner, name = _owner(mod, attr)
             _installed[(mod, attr)] = getattr(owner, name)

@@ -20,6 +20,7 @@ import apache_beam as beam
 import numpy as np
 import pyarrow as pa
 from apache_beam.typehints.row_type import RowTypeConstraint
+from apache_beam.typehints.schemas import named_fields_from_element_type
 
 from ldp_beam.core import Estimate, Mechanism
 
@@ -107,7 +108,6 @@ def kept_types(keep: tuple[str, ...], element_type: Any = None,
             t = arrow_type(f.type)
             out.append((c, Optional[t] if f.nullable else t))
         return out
-    from apache_beam.typehints.schemas import named_fields_from_element_type
     try:
         named = dict(named_fields_from_element_type(element_type))
     except Exception:  # noqa: BLE001 - not a schema'd type (Any, a batch, a dict)

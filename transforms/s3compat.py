@@ -18,6 +18,8 @@ from __future__ import annotations
 import os
 import threading
 
+from apache_beam.options import pipeline_options
+
 _ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE",
         "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_DEFAULT_REGION", "AWS_REGION",
         "AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE", "AWS_CA_BUNDLE")
@@ -26,8 +28,6 @@ _lock = threading.Lock()
 
 
 def _settings(options) -> tuple:
-    from apache_beam.options import pipeline_options
-
     names = ("s3_access_key_id", "s3_secret_access_key", "s3_session_token", "s3_endpoint_url",
              "s3_disable_ssl", "s3_region_name", "s3_api_version", "s3_verify")
     if isinstance(options, pipeline_options.PipelineOptions):
@@ -39,10 +39,11 @@ def _settings(options) -> tuple:
 
 
 def apply() -> None:
-    try:
+    try:  # no AWS extra: no s3:// at all
+        # lazy: optional dependency (the [s3] extra: boto3, Beam's AWS extra)
         from apache_beam.io.aws.clients.s3 import boto3_client
         from apache_beam.io.aws.s3io import S3Uploader
-    except ImportError:  # no AWS extra: no s3:// at all
+    except ImportError:
         return
     if getattr(S3Uploader.finish, "_ldp_beam", False):
         return

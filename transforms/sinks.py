@@ -1,6 +1,8 @@
 """Estimates and releases as tidy tables, and their writers (Parquet, CSV, DuckDB, PostgreSQL).
 
-The tidy form has one row per statistic, cell, group and window (:data:`TIDY_SCHEMA`):
+The tidy form has one row per statistic, cell, group and window. :data:`TIDY_SCHEMA` holds every
+column there is; a table holds only those its output uses (:func:`tidy_schema`), always in this
+order:
 
 ===============  ======================================================================
 column           meaning
@@ -8,16 +10,16 @@ column           meaning
 run_id           the run that produced the estimate (null when not given)
 mechanism        the mechanism's registered name
 statistic        the statistic's name (``mean``, ``frequency``, ``joint``, ``density``, ...)
-group_by         the column the estimates are grouped by (``--by``), null when ungrouped
-group            that column's value for this row (as text), null when ungrouped
-window_start     a streaming window's start (ISO 8601 text), null for batch runs
+group_by         the column the estimates are grouped by (``--by``; grouped outputs only)
+group            that column's value for this row (as text; grouped outputs only)
+window_start     a streaming window's start (ISO 8601 text; stream panes only)
 window_end       its end
 i, j             the cell of an array statistic: ``i`` for a vector, ``(i, j)`` for a
                  matrix (row, column); null for a scalar
 label            a vector cell's category label (``domain``/``categories``; ``x_domain`` for
                  ``marginal_x``, ``y_domain`` for ``marginal_y``)
 x_label, y_label a matrix cell's labels (``x_domain[i]``, ``y_domain[j]``)
-bin_low/high     a histogram bucket's edges (``bins`` equal buckets on ``[lower, upper]``)
+bin_low/high     a histogram bucket's edges (the release's ``bucket_edges``)
 grid_x           the grid point of a density/CDF cell (the ``grid`` statistic)
 probability      the probability of a ``quantiles`` cell
 value            the statistic's value as a number (booleans as 0/1; null for text)
@@ -36,12 +38,36 @@ note             the statistic's note
 error            why a group or window has no estimate (then statistic is null)
 ===============  ======================================================================
 
+Which columns an output's table has is a function of its family (its mechanism's registered
+name) and of whether it is grouped or windowed, never of the data, so a table appended to run
+after run keeps the same columns:
+
+* the **core** columns (:data:`CORE_COLUMNS`), always: ``run_id``, ``mechanism``,
+  ``statistic``, ``value``, ``stderr``, ``ci_low``, ``ci_high``, ``n_reports``, ``guarantee``,
+  ``guarantee_kind``, ``epsilon``, ``delta``, ``seeded``, ``note``, ``error``;
+* ``group_by``, ``group`` (:data:`GROUP_COLUMNS`) only for a grouped output (``--by``);
+* ``window_start``, ``window_end`` (:data:`WINDOW_COLUMNS`) only for a stream's panes;
+* of the **cell** columns (:data:`CELL_COLUMNS`: ``i``, ``j``, ``label``, ``x_label``,
+  ``y_label``, ``bin_low``, ``bin_high``, ``grid_x``, ``probability``, ``value_text``,
+  ``clipped``) those the family declares it fills: the ``tidy_cells`` class attribute of its
+  mechanism or release class (:attr:`ldp_beam.core.Configured.tidy_cells`), found through the
+  registry (:func:`family_cells`). A family that declares nothing (a plugin's, by default) or a
+  mechanism name the registry does not know gets every cell column. Rows of several families in
+  one table get the union of their declarations.
+
+A row that fills a cell column its family does not declare, or a column its table's schema
+does not have, is an error (:class:`TidySchemaError`), never dropped.
+
 :func:`tidy_rows` turns one estimate (``Estimate.to_dict()``, or the output of ``ldp-beam
-estimate``/``release``/a stream pane) into these rows; :func:`write_tidy` writes them to a
-``.parquet`` or ``.csv`` path (local or any Beam FileSystems URL such as ``s3://``), a DuckDB table
-``duckdb:///FILE.db?table=T`` or a PostgreSQL table ``postgresql://USER@HOST:PORT/DB?table=T``;
-:class:`WriteTidy` does that from a Beam step, gathering the rows into one writer (a DuckDB file
-takes one writer at a time; a database table is written in one transaction).
+estimate``/``release``/a stream pane) into these rows (dicts with every column of
+:data:`TIDY_SCHEMA`, null where unused); :func:`tidy_table` makes the table of its schema
+(:func:`tidy_output_table`: of a whole output, grouped and windowed as the output is, whatever
+its rows); :func:`write_tidy` writes them to a ``.parquet`` or ``.csv`` path (local or any
+Beam FileSystems URL such as ``s3://``), a DuckDB table ``duckdb:///FILE.db?table=T`` or a
+PostgreSQL table ``postgresql://USER@HOST:PORT/DB?table=T`` (an append goes by column name,
+or is refused when the table lacks a column of the rows: :func:`write_tidy`); :class:`WriteTidy`
+does that from a Beam step, gathering the rows into one writer (a DuckDB file takes one writer
+at a time; a database table is written in one transaction).
 """
 from __future__ import annotations
 
@@ -57,8 +83,9 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
-from ldp_beam.errors import ParameterError
+from ldp_beam.errors import ParameterError, UnknownPluginError
 from ldp_beam.privacy import SEEDED_KIND, is_seeded_guarantee
+from ldp_beam.registry import get_registry
 
 from .io import SourceError, _error_text
 from .write import fs_open
@@ -86,7 +113,62 @@ TIDY_SCHEMA = pa.schema([
     ("note", pa.string()), ("error", pa.string()),
 ])
 TIDY_COLUMNS = tuple(TIDY_SCHEMA.names)
+#: in every tidy table
+CORE_COLUMNS = ("run_id", "mechanism", "statistic", "value", "stderr", "ci_low", "ci_high",
+                "n_reports", "guarantee", "guarantee_kind", "epsilon", "delta", "seeded", "note",
+                "error")
+#: in a grouped output's table only (``--by``)
+GROUP_COLUMNS = ("group_by", "group")
+#: in a stream pane's table only
+WINDOW_COLUMNS = ("window_start", "window_end")
+#: in the table of a family that declares them (``tidy_cells``; every one when it declares none)
+CELL_COLUMNS = ("i", "j", "label", "x_label", "y_label", "bin_low", "bin_high", "grid_x",
+                "probability", "value_text", "clipped")
+assert sorted(CORE_COLUMNS + GROUP_COLUMNS + WINDOW_COLUMNS + CELL_COLUMNS) == sorted(TIDY_COLUMNS)
 WRITE_MODES = ("replace", "append")
+
+
+class TidySchemaError(ValueError):
+    """A tidy row that does not fit its table's schema: a column its family does not declare,
+    a column the table does not have, or a declaration naming no cell column (one line)."""
+
+
+def family_cells(mechanism: str | None) -> tuple[str, ...]:
+    """The cell columns of family ``mechanism`` (a registered name), in :data:`CELL_COLUMNS`
+    order: what its mechanism or release class declares (``tidy_cells``), or every cell column
+    when it declares nothing (``None``), when the name is not registered or when it is None."""
+    if mechanism is None:
+        return CELL_COLUMNS
+    try:
+        cls = get_registry().get(str(mechanism)).mechanism
+    except UnknownPluginError:
+        return CELL_COLUMNS
+    declared = getattr(cls, "tidy_cells", None)
+    if declared is None:
+        return CELL_COLUMNS
+    if isinstance(declared, str) or not all(isinstance(c, str) for c in declared):
+        raise TidySchemaError(f"{mechanism}: {cls.__name__}.tidy_cells must be a tuple of cell "
+                              f"column names, not {declared!r}")
+    unknown = sorted(set(declared) - set(CELL_COLUMNS))
+    if unknown:
+        raise TidySchemaError(f"{mechanism}: {cls.__name__}.tidy_cells names {unknown}, which "
+                              f"are not tidy cell columns {list(CELL_COLUMNS)}")
+    return tuple(c for c in CELL_COLUMNS if c in declared)
+
+
+def tidy_schema(mechanisms: str | Iterable[str | None] | None = (), *, grouped: bool = False,
+                windowed: bool = False) -> pa.Schema:
+    """The tidy table's schema for rows of ``mechanisms`` (one registered name or several; the
+    union of their cell columns; none known: every cell column): the core columns, the group
+    columns when ``grouped``, the window columns when ``windowed``, in :data:`TIDY_SCHEMA`'s
+    order and types. A function of these arguments only, never of the data."""
+    names = [mechanisms] if isinstance(mechanisms, str) or mechanisms is None else \
+        list(mechanisms)
+    known = list(dict.fromkeys(m for m in names if m is not None))
+    cells = set(CELL_COLUMNS) if not known else {c for m in known for c in family_cells(m)}
+    keep = set(CORE_COLUMNS) | cells | (set(GROUP_COLUMNS) if grouped else set()) | \
+        (set(WINDOW_COLUMNS) if windowed else set())
+    return pa.schema([f for f in TIDY_SCHEMA if f.name in keep])
 
 
 # --------------------------------------------------------------------------- flattening
@@ -150,9 +232,14 @@ def _labels(name: str, n: int, params: Mapping[str, Any], stats: Mapping[str, An
         for c, lab in zip(out, labels):
             c["label"] = str(lab)
         return out
+    edges = params.get("bucket_edges")  # a histogram release's (ldp_beam.central.histogram)
     bins, lo, hi = params.get("bins"), params.get("lower"), params.get("upper")
-    if isinstance(bins, int) and bins == n and lo is not None and hi is not None:
+    if not (isinstance(edges, (list, tuple)) and len(edges) == n + 1) and \
+            isinstance(bins, int) and bins == n and lo is not None and hi is not None:
+        # an output written before releases carried their edges: bins equal buckets
         edges = np.linspace(float(lo), float(hi), n + 1)
+    if isinstance(edges, (list, tuple, np.ndarray)) and len(edges) == n + 1:
+        edges = [float(e) for e in edges]
         for k, c in enumerate(out):
             c["bin_low"], c["bin_high"] = float(edges[k]), float(edges[k + 1])
     return out
@@ -178,16 +265,19 @@ def _guarantee_fields(g: Any, seeded: Any) -> dict:
 
 def tidy_rows(estimate: Mapping[str, Any], group_key: Any = None, window: Any = None, *,
               by: str | None = None, run_id: str | None = None, guarantee: Any = None,
-              seeded: bool | None = None) -> list[dict]:
+              seeded: bool | None = None, mechanism: str | None = None) -> list[dict]:
     """One estimate or release (``Estimate.to_dict()``: ``mechanism``, ``n_reports``,
     ``params``, ``guarantee``, ``statistics``; or ``{"error", ...}``) -> tidy rows (dicts with
-    every column of :data:`TIDY_SCHEMA`).
+    every column of :data:`TIDY_SCHEMA`, null where unused; :func:`tidy_table` keeps the
+    columns of their schema).
 
     ``group_key``: the group's value (with ``by`` naming its column); ``window``: ``(start,
     end)`` or a dict with ``window_start``/``window_end``; ``guarantee``/``seeded``: the run's
-    (used when the estimate carries none). Scalars give one row; a vector one row per cell with
-    its label, bucket edges, grid point or probability; a matrix one row per cell with its x and
-    y labels. An estimate with an ``error`` (or ``suppressed``: a group too small to say
+    (used when the estimate carries none); ``mechanism``: the run's (used when the estimate
+    names none, e.g. a failed or suppressed group, so its row has its family's schema too).
+    Scalars give one row; a vector one row per cell with its label, bucket edges (the release's
+    ``bucket_edges``), grid point or probability; a matrix one row per cell with its x and y
+    labels. An estimate with an ``error`` (or ``suppressed``: a group too small to say
     anything, see :class:`~ldp_beam.pipelines.estimate.GroupRule`) gives one row saying so
     (nothing is dropped)."""
     if not isinstance(estimate, Mapping):
@@ -199,7 +289,7 @@ def tidy_rows(estimate: Mapping[str, Any], group_key: Any = None, window: Any = 
         w_start, w_end = window
     g = estimate.get("guarantee", guarantee)
     base = {c: None for c in TIDY_COLUMNS}
-    base.update({"run_id": run_id, "mechanism": estimate.get("mechanism"),
+    base.update({"run_id": run_id, "mechanism": estimate.get("mechanism", mechanism),
                  "group_by": by, "group": None if group_key is None else str(group_key),
                  "window_start": None if w_start is None else str(w_start),
                  "window_end": None if w_end is None else str(w_end),
@@ -265,26 +355,79 @@ def tidy_output(output: Mapping[str, Any], run_id: str | None = None) -> list[di
     used when present) -> tidy rows of every group."""
     g, seeded = output.get("guarantee"), output.get("seeded")
     window = output if "window_start" in output else None
+    mech = output.get("mechanism")
     if "estimates" in output:
         by = output.get("by")
         rows: list[dict] = []
         for key, est in output["estimates"].items():
-            rows += tidy_rows(est, key, window, by=by, run_id=run_id, guarantee=g, seeded=seeded)
+            rows += tidy_rows(est, key, window, by=by, run_id=run_id, guarantee=g, seeded=seeded,
+                              mechanism=mech)
         return rows
     est = output.get("estimate", output)
-    return tidy_rows(est, None, window, run_id=run_id, guarantee=g, seeded=seeded)
+    return tidy_rows(est, None, window, run_id=run_id, guarantee=g, seeded=seeded,
+                     mechanism=mech)
 
 
-def tidy_table(rows: Iterable[Mapping[str, Any]]) -> pa.Table:
-    """Tidy rows -> an Arrow table of :data:`TIDY_SCHEMA` (missing columns are null; a column
-    that is not in the schema is an error, not dropped)."""
+def tidy_table(rows: Iterable[Mapping[str, Any]], schema: pa.Schema | None = None) -> pa.Table:
+    """Tidy rows -> an Arrow table of their schema (columns a row leaves out are null).
+
+    ``schema``: by default :func:`tidy_schema` of the rows' families (their ``mechanism``),
+    grouped when a row has a group and windowed when one has a window (rows made by
+    :func:`tidy_output` have them exactly when their output is grouped or windowed, and
+    :func:`tidy_output_table` pins both from the output itself); or a schema of columns of
+    :data:`TIDY_SCHEMA` to use as it is (e.g. a table's that is appended to daily).
+
+    Nothing is dropped: a column that is not a tidy column, a value in a cell column the row's
+    family does not declare (``tidy_cells``), or a value in a column the schema does not have
+    raises :class:`TidySchemaError`."""
     rows = list(rows)
     for r in rows:
         extra = set(r) - set(TIDY_COLUMNS)
         if extra:
-            raise ValueError(f"tidy rows have unknown column(s) {sorted(extra)}")
-    return pa.Table.from_pylist([{c: r.get(c) for c in TIDY_COLUMNS} for r in rows],
-                                schema=TIDY_SCHEMA)
+            raise TidySchemaError(f"tidy rows have unknown column(s) {sorted(extra)}")
+    cells = {m: family_cells(m) for m in dict.fromkeys(r.get("mechanism") for r in rows)
+             if m is not None}
+    if schema is None:
+        schema = tidy_schema(cells, grouped=any(r.get(c) is not None for r in rows
+                                                for c in GROUP_COLUMNS),
+                             windowed=any(r.get(c) is not None for r in rows
+                                          for c in WINDOW_COLUMNS))
+    else:
+        foreign = [f.name for f in schema if TIDY_SCHEMA.get_field_index(f.name) < 0
+                   or TIDY_SCHEMA.field(f.name).type != f.type]
+        if foreign:
+            raise TidySchemaError(f"schema: {foreign} are not columns of TIDY_SCHEMA (with its "
+                                  "types)")
+    names = set(schema.names)
+    for r in rows:
+        filled = {c for c, v in r.items() if v is not None}
+        m = r.get("mechanism")
+        undeclared = sorted((filled & set(CELL_COLUMNS)) - set(cells.get(m, CELL_COLUMNS)),
+                            key=TIDY_COLUMNS.index)
+        if undeclared:
+            raise TidySchemaError(
+                f"a tidy row of {m} (statistic {r.get('statistic')!r}) fills cell column(s) "
+                f"{undeclared}, which {m} does not declare (its tidy_cells: "
+                f"{list(cells[m])}); declare them on its mechanism class: nothing is dropped")
+        outside = sorted(filled - names, key=TIDY_COLUMNS.index)
+        if outside:
+            raise TidySchemaError(
+                f"a tidy row of {m} (statistic {r.get('statistic')!r}) fills column(s) "
+                f"{outside}, which the table's schema does not have ({schema.names}): "
+                "nothing is dropped")
+    return pa.Table.from_pylist([{c: r.get(c) for c in schema.names} for r in rows],
+                                schema=schema)
+
+
+def tidy_output_table(output: Mapping[str, Any], run_id: str | None = None) -> pa.Table:
+    """The whole output (as :func:`tidy_output` reads it) as a tidy table whose schema follows
+    from the output's shape only: its family (``mechanism``, else its estimates'), grouped when
+    it has ``estimates``, windowed when it has ``window_start`` (a stream pane), so even an
+    output whose every group failed has its family's columns."""
+    rows = tidy_output(output, run_id=run_id)
+    mechs = [output.get("mechanism")] + [r.get("mechanism") for r in rows]
+    return tidy_table(rows, tidy_schema(mechs, grouped="estimates" in output,
+                                        windowed="window_start" in output))
 
 
 # --------------------------------------------------------------------------- writers
@@ -403,9 +546,15 @@ def write_tidy(rows: Iterable[Mapping[str, Any]] | pa.Table, url: str,
     """Write tidy rows to ``url``; returns the number of rows written.
 
     ``.parquet``/``.csv``: one file (replaced). ``duckdb:///FILE.db?table=T`` and
-    ``postgresql://...?table=T``: ``mode="replace"`` replaces the table's contents,
-    ``"append"`` adds rows (creating the table when missing); either way in one transaction, so
-    readers see the old rows or all the new ones. Errors name the output."""
+    ``postgresql://...?table=T``: ``mode="replace"`` replaces the table (its columns become
+    the rows' schema), ``"append"`` adds rows (creating the table when missing); either way in
+    one transaction, so readers see the old rows or all the new ones. An append inserts by
+    column name: into a table with more columns (e.g. one written with the full
+    :data:`TIDY_SCHEMA` before tables held only their family's columns) the rows go in with
+    nulls in the others; a table that lacks a column of the rows' schema (written for another
+    family, or grouped or windowed differently) is refused with a one-line
+    :class:`~ldp_beam.transforms.io.SourceError` naming the columns, and left as it was. Errors
+    name the output."""
     if mode not in WRITE_MODES:
         raise ParameterError("mode", mode, f"one of {WRITE_MODES}")
     table = rows if isinstance(rows, pa.Table) else tidy_table(rows)
@@ -444,6 +593,12 @@ def _write_duckdb(table: pa.Table, url: str, mode: str) -> None:
         if mode == "replace":
             con.execute(f"CREATE OR REPLACE TABLE {t} AS SELECT * FROM __ldp_tidy")
         else:
+            parts = name.split(".")
+            q = ("SELECT column_name FROM information_schema.columns WHERE "
+                 + ("table_schema = ? AND " if len(parts) == 2 else "")
+                 + "table_name = ? ORDER BY ordinal_position")
+            _check_append(url, name, [r[0] for r in con.execute(q, parts).fetchall()],
+                          table.schema.names)
             con.execute(f"CREATE TABLE IF NOT EXISTS {t} AS SELECT * FROM __ldp_tidy LIMIT 0")
             con.execute(f"INSERT INTO {t} BY NAME SELECT * FROM __ldp_tidy")
         con.execute("COMMIT")
@@ -452,6 +607,8 @@ def _write_duckdb(table: pa.Table, url: str, mode: str) -> None:
             con.execute("ROLLBACK")
         except Exception:  # noqa: BLE001
             pass
+        if isinstance(exc, SourceError):
+            raise
         raise SourceError(f"{redact(url)}: writing table {name} failed: "
                           f"{_error_text(exc)}") from None
     finally:
@@ -470,7 +627,22 @@ def _write_postgres(table: pa.Table, url: str, mode: str) -> None:
             cur.execute(f"DROP TABLE IF EXISTS {quote_ident(name)}")
             cur.adbc_ingest(tname, table, mode="create", db_schema_name=schema_name)
         else:
-            cur.adbc_ingest(tname, table, mode="create_append", db_schema_name=schema_name)
+            literal = quote_ident(name).replace("'", "''")
+            cur.execute(f"SELECT attname FROM pg_attribute WHERE attrelid = "
+                        f"to_regclass('{literal}') AND attnum > 0 AND NOT attisdropped "
+                        "ORDER BY attnum")
+            have = [r[0] for r in cur.fetchall()]
+            cols = list(table.schema.names)
+            if have:
+                _check_append(url, name, have, cols)
+            if not have or have == cols:
+                cur.adbc_ingest(tname, table, mode="create_append", db_schema_name=schema_name)
+            else:  # by name (whatever the driver's COPY does): through a temporary table
+                cur.adbc_ingest("__ldp_tidy_append", table, mode="create", temporary=True)
+                listed = ", ".join(quote_ident(c) for c in cols)
+                cur.execute(f"INSERT INTO {quote_ident(name)} ({listed}) SELECT {listed} "
+                            'FROM "__ldp_tidy_append"')
+                cur.execute('DROP TABLE "__ldp_tidy_append"')
         con.commit()
         cur.close()
     except Exception as exc:  # noqa: BLE001
@@ -478,29 +650,43 @@ def _write_postgres(table: pa.Table, url: str, mode: str) -> None:
             con.rollback()
         except Exception:  # noqa: BLE001
             pass
+        if isinstance(exc, SourceError):
+            raise
         raise SourceError(f"{redact(url)}: writing table {name} failed: "
                           f"{_pg_error(exc)}") from None
     finally:
         con.close()
 
 
-def _write_all(rows: list, url: str, mode: str) -> int:
-    return write_tidy(rows, url, mode)
+def _check_append(url: str, name: str, have: list[str], cols: Iterable[str]) -> None:
+    """Refuse to append rows of columns ``cols`` to table ``name`` of columns ``have`` (empty:
+    no table yet) when the table lacks one of them: the rows' values there would be lost."""
+    missing = [c for c in cols if c not in have] if have else []
+    if missing:
+        raise SourceError(
+            f"{redact(url)}: cannot append to table {name}: it has no column(s) {missing} of "
+            "these tidy rows (a table written for another family, or grouped or windowed "
+            "differently); append to a table of the same kind of output or replace it")
+
+
+def _write_all(rows: list, url: str, mode: str, schema: pa.Schema | None = None) -> int:
+    return write_tidy(rows if schema is None else tidy_table(rows, schema), url, mode)
 
 
 class WriteTidy(beam.PTransform):
     """Tidy rows (dicts) -> one write to ``url`` from a single Beam step (all rows gathered
     first: a DuckDB file takes one writer, a database table one transaction). Outputs the
-    number of rows written. Estimates are small (one row per statistic, cell, group and
+    number of rows written. ``schema``: the table's (:func:`tidy_schema`; default: the rows',
+    see :func:`tidy_table`). Estimates are small (one row per statistic, cell, group and
     window), so gathering them is cheap."""
 
-    def __init__(self, url: str, mode: str = "replace") -> None:
+    def __init__(self, url: str, mode: str = "replace", schema: pa.Schema | None = None) -> None:
         super().__init__()
         if mode not in WRITE_MODES:
             raise ParameterError("mode", mode, f"one of {WRITE_MODES}")
         tidy_format(url)
-        self.url, self.mode = url, mode
+        self.url, self.mode, self.schema = url, mode, schema
 
     def expand(self, pcoll):
         return (pcoll | "Gather" >> beam.combiners.ToList()
-                | "Write" >> beam.Map(_write_all, self.url, self.mode))
+                | "Write" >> beam.Map(_write_all, self.url, self.mode, self.schema))

@@ -292,7 +292,8 @@ class DuckDBSource(Source):
         rest = url.split("://", 1)[1].split("?", 1)[0]
         self.path = unquote(rest)
         if not self.path:
-            raise SourceError(f"{url}: no database file; write duckdb:///ABS/PATH.db?table=T")
+            raise SourceError(f"{url}: no database file; write duckdb://PATH.db?table=T "
+                              "(relative; duckdb:///abs/PATH.db absolute)")
         self._con = None
         super().__init__(url, settings, allow_empty)
 
@@ -318,8 +319,12 @@ class DuckDBSource(Source):
         duckdb = self._duckdb()
         if self._con is None:
             if not os.path.isfile(self.path):
+                rel = self.path.lstrip("/")  # duckdb:///x.db read as SQLAlchemy would: x.db
+                hint = (f"; {rel!r} in the current folder is duckdb://{rel} (the text after "
+                        "duckdb:// is the path, relative unless it starts with /)"
+                        if self.path.startswith("/") and rel and os.path.isfile(rel) else "")
                 raise SourceError(f"{self.name}: the DuckDB database file {self.path!r} does "
-                                  "not exist")
+                                  "not exist" + hint)
             try:
                 self._con = duckdb.connect(self.path, read_only=True, config=DUCKDB_CONFIG)
             except Exception as exc:  # noqa: BLE001

@@ -29,6 +29,7 @@ from apache_beam.transforms.window import (FixedWindows, GlobalWindow, GlobalWin
 from apache_beam.utils.timestamp import Duration, Timestamp
 from apache_beam.utils.windowed_value import WindowedValue
 
+from ldp_beam.central.histogram import HistogramReleaseEstimator, release_source
 from ldp_beam.core import CentralRelease, Estimate, Mechanism
 from ldp_beam.estimators import estimator_for
 from ldp_beam.longitudinal import UnitHasher, UnitState, priority
@@ -233,8 +234,6 @@ def empty_release(estimator: Any):
     exactly as ``HistogramReleaseEstimator.finalize`` makes any other (which refuses an empty
     accumulator: standalone, an empty histogram is a mistake; in a stream it is a window like any
     other, whose release must not differ in form — a test holds the two to the same shape)."""
-    from ldp_beam.central.histogram import HistogramReleaseEstimator, release_source
-
     if not isinstance(estimator, HistogramReleaseEstimator):
         return None
 

@@ -192,6 +192,8 @@ class Aggregation:
     ``LIMBS``, :meth:`fold`, :meth:`release_from`)."""
 
     family: ClassVar[str] = "aggregation"
+    #: scalars (count, sum, mean, variance), each with its clipped value (quantiles: by ``i``)
+    tidy_cells: ClassVar[tuple[str, ...]] = ("clipped",)
     #: whether the release reads values in [lower, upper] (else the column is only counted)
     NUMERIC: ClassVar[bool] = True
     #: the limb pairs of the accumulator (first limb's index), normalized after a merge

@@ -129,6 +129,9 @@ class HistogramRelease(CentralRelease):
     roles: ClassVar[tuple[Role, ...]] = (
         Role("value", help="a number in [lower, upper] (numeric bins) or a label of categories"),)
     report_fields: ClassVar[tuple] = BUCKET
+    #: histogram and groups: one row per bucket, with its edges (numeric bins, from the
+    #: release's ``bucket_edges``) or its label (categories)
+    tidy_cells: ClassVar[tuple[str, ...]] = ("i", "label", "bin_low", "bin_high")
 
     #: the size cap on the number of buckets (:mod:`ldp_beam.limits`): ``cells`` for releases
     #: linear in the buckets, ``grouping_buckets`` for those whose grouping is quadratic
@@ -294,7 +297,31 @@ class HistogramRelease(CentralRelease):
             if name not in ("histogram", "noise_var"):
                 stats[name] = Statistic(np.asarray(value) if not np.isscalar(value) else value,
                                         note=_RELEASE_NOTES.get(name, "part of the release"))
-        return Estimate(self.name, None, stats, self.guarantee, self.params())
+        return Estimate(self.name, None, stats, self.guarantee,
+                        self.release_params(len(stats["histogram"].value)))
+
+    def release_params(self, n: int) -> dict:
+        """The parameters a release of ``n`` buckets carries (:attr:`Estimate.params`): the
+        release's own (:meth:`params`) and, for numeric bins, ``bucket_edges``: the ``bins + 1``
+        edges of the buckets in bucket order (bucket ``i`` is ``[edges[i], edges[i + 1])``, the
+        last one includes ``upper``), as :meth:`bucket_edges` gives them.
+
+        Why the edges go in the parameters, not in a statistic: they are public and fixed
+        before any data is seen (a function of ``bins``, ``lower`` and ``upper``), not an
+        estimate (no noise, no standard error), and there are ``bins + 1`` of them, one more
+        than the cells of ``histogram``; as a statistic they would be counted, tidied, drawn and
+        checked as if released from the data. In the parameters they sit with the other labels
+        of cells (``categories``, ``domain``, ``x_domain``), which every surface already reads:
+        the JSON (:meth:`Estimate.to_dict`), :meth:`Estimate.to_frame` (a bucket's cell is its
+        interval), the tidy table (``bin_low``/``bin_high``) and the console. ``bucket_edges``
+        is not a parameter of the release: leave it out to build the release again from an
+        estimate's parameters. Counts given to :meth:`release_counts` that do not match the
+        declared ``bins`` carry no edges (they are not the declared buckets)."""
+        params = self.params()
+        edges = self.bucket_edges()
+        if edges is not None and len(edges) == n + 1:
+            params["bucket_edges"] = tuple(float(e) for e in edges)
+        return params
 
     # -- what subclasses provide
     def _publish(self, counts: Any, rng: RngLike = None) -> dict[str, Any]:

@@ -84,6 +84,7 @@ class CentralQuantiles(Aggregation, CentralRelease):
     exact discrete Laplace noise; out-of-domain values are dead-lettered, not clamped."""
 
     NAME: ClassVar[str] = "central-quantiles"
+    tidy_cells: ClassVar[tuple[str, ...]] = ("i",)  # quantiles: one row per requested level
     roles: ClassVar[tuple[Role, ...]] = (Role("value", help="a number in [lower, upper]"),)
     report_fields: ClassVar[tuple] = (("leaf", "int32"),)
 

@@ -150,6 +150,8 @@ class GRR(Mechanism):
     roles: ClassVar[tuple[Role, ...]] = (Role("value", kind="category",
                                               help="a label of the declared domain"),)
     report_fields: ClassVar[tuple] = (("v", CODE),)
+    #: frequency: one row per label of the domain, with its consistent (simplex) value
+    tidy_cells: ClassVar[tuple[str, ...]] = ("i", "label", "clipped")
 
     epsilon: float
     domain: tuple[str, ...]

@@ -239,6 +239,8 @@ class _BoundedValue(Mechanism):
     family: ClassVar[str] = "rvns"
     roles: ClassVar[tuple[Role, ...]] = (Role("value", help="the number, in [lower, upper]"),)
     report_fields: ClassVar[tuple[tuple[str, str], ...]] = (("y", "float64"),)
+    #: density, cdf and grid by grid point, quantiles by probability, scalars
+    tidy_cells: ClassVar[tuple[str, ...]] = ("i", "grid_x", "probability")
 
     def __post_init__(self) -> None:
         check_epsilon(self.epsilon)

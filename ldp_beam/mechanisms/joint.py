@@ -54,6 +54,9 @@ class JointMechanism(Mechanism):
     family: ClassVar[str] = "uldp"
     roles: ClassVar[tuple[Role, ...]] = ROLES
     report_fields: ClassVar[tuple] = FIELDS
+    #: joint tables and conditionals by (x, y) label pair, marginals by label
+    tidy_cells: ClassVar[tuple[str, ...]] = ("i", "j", "label", "x_label", "y_label",
+                                             "clipped")
 
     epsilon: float
     x_domain: tuple[str, ...]

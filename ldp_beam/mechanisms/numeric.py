@@ -46,6 +46,8 @@ class NumericMechanism(Mechanism):
     allow_missing: bool = False
 
     roles: ClassVar[tuple[Role, ...]] = (VALUE, PREFERENCE)
+    #: scalars (mean, sum, missing_rate, ...), each with its consistent value
+    tidy_cells: ClassVar[tuple[str, ...]] = ("clipped",)
 
     def __post_init__(self) -> None:
         check_epsilon(self.epsilon)

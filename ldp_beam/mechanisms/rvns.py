@@ -68,6 +68,9 @@ class RVNS(Mechanism):
 
     NAME: ClassVar[str] = "rvns"
     family: ClassVar[str] = "rvns"
+    #: density, cdf and grid by grid point, quantiles by probability, scalars, and the
+    #: reconstruction ``method`` as text
+    tidy_cells: ClassVar[tuple[str, ...]] = ("i", "grid_x", "probability", "value_text")
     roles: ClassVar[tuple[Role, ...]] = (Role("value", help="the number, in [lower, upper]"),)
     D_FRACTION: ClassVar[float] = 0.2
     DELTA_FACTOR: ClassVar[float] = 2.0
@@ -139,8 +142,9 @@ class RVNS(Mechanism):
         ``epsilon`` is the exact worst case of the delta-neighbourhood privacy loss over all inputs
         in [lower, upper], all outputs and all k reports (box neighbourhoods, one shared window):
         ``math.inf`` when delta <= d, else k ln(min(delta, b - a - d) / (delta - d)). ``claim`` is
-        the paper's k ln(4d/delta). The neighbourhood size is ``params["delta"]`` (the guarantee's
-        own ``delta`` field is the (epsilon, delta)-DP failure probability, 0 here).
+        the paper's k ln(4d/delta). The neighbourhood size is ``params["neighbourhood_delta"]``
+        (the guarantee's own ``delta`` field is the (epsilon, delta)-DP failure probability, 0
+        here).
         """
         return _rvns_guarantee(float(self.lower), float(self.upper), float(self.d),
                                int(self.k), float(self.neighbourhood))
@@ -432,8 +436,10 @@ def _guarantee_terms(a: float, b: float, d: float, k: int, delta: float) -> tupl
                  f"(delta-boxes, one shared window): k ln(min(delta, b - a - d)/(delta - d)) = "
                  f"{eps:.4g} for delta = {delta:g} > d = {d:g}; checked numerically. The paper's "
                  f"k ln(4d/delta) = {claim:.4g} {_verdict(eps, claim)}.")
-    params = {"delta": delta, "neighbourhood": "each report within delta (box), clipped to "
-              "[lower, upper]", "finite_if": "delta > d",
+    # "neighbourhood_delta", never "delta": the guarantee's own delta is its (epsilon, delta)-DP
+    # failure probability (0 here); two fields named delta meant different things (issue 26)
+    params = {"neighbourhood_delta": delta, "neighbourhood": "each report within delta (box), "
+              "clipped to [lower, upper]", "finite_if": "delta > d",
               "epsilon_per_report": None if math.isinf(eps) else eps / k,
               "paper_epsilon": claim}
     return eps, notes, claim, tuple(params.items())

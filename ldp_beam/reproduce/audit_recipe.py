@@ -37,6 +37,15 @@ one run's bounds hold together with probability >= 0.95 (Bonferroni; ``family_co
 Verdicts: ``consistent`` (empirical lower <= claim, and exact <= claim + 1e-9 where computed),
 ``violates claim``, or ``no claim`` (kind ``none``: replication-only variants; the paper's number
 is reported as ``claimed_epsilon`` and a bound above it is a finding, not a failure).
+
+Plugins (families without a built-in audit): an LDP mechanism whose class defines
+``audit_profile()`` returning :class:`ldp_beam.audit.AuditProfile` is audited like the discrete
+built-ins (setting ``plugin audit_profile``): built at epsilon = 1, exact epsilon from the
+profile's matrix, empirical bound from ``perturb`` on its worst-case pair. Any other family is a
+``not audited`` record whose note says why, and naming it with ``only`` raises
+:class:`NotAuditable` (the CLI: one line, exit 2) before anything is sampled.
+
+:func:`summary` renders the records as the console table of ``ldp-beam audit``.
 """
 from __future__ import annotations
 
@@ -47,6 +56,9 @@ from typing import Any, Callable
 import numpy as np
 
 from .. import audit as A
+from ..core import Mechanism
+from ..errors import LdpBeamError, ParameterError
+from ..privacy import LDP
 from ..registry import build_mechanism, get_registry
 from ..pipelines.records import make_record
 
@@ -612,14 +624,29 @@ def run(quick: bool = False, progress: Any = None, seed: int | None = None,
         seed = int(np.random.SeedSequence().entropy % (2 ** 63))
     global ALPHA
     plan = _plan(quick)
+    builtin = {p[0] for p in plan}
+    # families without a built-in audit (plugins): audited through their audit_profile(), or
+    # listed as not audited with the reason (refused when asked for by name)
+    others = [nm for nm in get_registry().names() if nm not in builtin]
     if only:
-        known = set(get_registry().names()) | {p[0] for p in plan}
+        known = set(get_registry().names()) | builtin
         unknown = sorted(set(only) - known)
         if unknown:
-            from ..errors import ParameterError
-
             raise ParameterError("only", unknown, f"registered mechanism names: {sorted(known)}")
         plan = [p for p in plan if p[0] in only]
+        others = [nm for nm in others if nm in only]
+    n = 100_000 if quick else 1_000_000
+    not_auditable: dict[str, str] = {}
+    for nm in others:
+        try:
+            plan.append((nm, "plugin audit_profile", _profile_audit(nm, n)))
+        except NotAuditable as exc:
+            not_auditable[nm] = str(exc)
+    refused = [nm for nm in dict.fromkeys(only or ()) if nm in not_auditable]
+    if refused:  # asked for by name: an error before any sampling, not a silent "not audited"
+        raise NotAuditable("; ".join(not_auditable[nm] for nm in refused))
+    if not plan:
+        raise NotAuditable("nothing to audit")
     ALPHA = FAMILY_ALPHA / len(plan)  # a tight claim is "violated" by chance w.p. <= 5% per run
     children = np.random.SeedSequence(seed).spawn(len(plan))
     if progress is not None:
@@ -653,8 +680,130 @@ def run(quick: bool = False, progress: Any = None, seed: int | None = None,
                 "audit", "not audited", name, None, "epsilon", None, claimed_epsilon=None,
                 exact_epsilon=None, empirical_epsilon_lower=None, confidence=None, samples=0,
                 verdict="not audited", seed=seed,
-                note="no audit profile for this mechanism (a plugin or a new family)"))
+                note=not_auditable.get(name, "no audit profile for this mechanism")))
     return records
+
+
+# --------------------------------------------------------------------------- the console table
+VERDICT_SHOWN = {"consistent": "consistent", "violates claim": "VIOLATION",
+                 "no claim": "no claim", "not audited": "not audited"}
+EXPLANATION = ("empirical lower bound: sampling shows the true epsilon is at least this, at the "
+               "stated confidence; above the claim is a VIOLATION, below it proves nothing")
+
+
+def _eps(v: float | None, infinite: bool = False) -> str:
+    """An epsilon for the table: fixed point, 3 decimals (never scientific notation)."""
+    if infinite:
+        return "inf"
+    return "-" if v is None else f"{v:.3f}"
+
+
+def _confidence(c: float | None) -> str:
+    """99.868... -> '99.87%', 0.95 -> '95%'."""
+    if c is None:
+        return ""
+    return f"{100 * c:.2f}".rstrip("0").rstrip(".") + "%"
+
+
+def summary(records: list[dict]) -> str:
+    """The run as a table for a reader (``ldp-beam audit``'s console output; the records
+    themselves are the machine output): one line per audited mechanism and setting with the
+    claimed epsilon, the empirical lower bound and its confidence, the exact worst case where
+    one is computed and the verdict; then what an empirical lower bound means, the counts of
+    verdicts, and the reasons of the families that were not audited."""
+    audited = [r for r in records if r["verdict"] != "not audited"]
+    skipped = [r for r in records if r["verdict"] == "not audited"]
+    rows = [("mechanism", "setting", "claimed eps", "empirical lower eps (conf.)", "exact eps",
+             "verdict")]
+    for r in audited:
+        low = f"{_eps(r['empirical_epsilon_lower'])} ({_confidence(r['confidence'])})"
+        rows.append((r["method"], r["dataset"], _eps(r["claimed_epsilon"],
+                                                     r["claimed_epsilon"] is None),
+                     low, _eps(r["exact_epsilon"], bool(r.get("exact_infinite"))),
+                     VERDICT_SHOWN.get(r["verdict"], r["verdict"])))
+    w = [max(len(row[i]) for row in rows) for i in range(6)]
+    lines = []
+    if audited:
+        seed = audited[0].get("seed")
+        joint = audited[0].get("family_confidence")
+        lines.append(f"privacy audit: {len(audited)} audit{'s' * (len(audited) != 1)}, seed "
+                     f"{seed}; all bounds hold together with confidence "
+                     f"{_confidence(joint)} (each at its own, shown)")
+        for row in rows:
+            lines.append(f"  {row[0]:<{w[0]}}  {row[1]:<{w[1]}}  {row[2]:>{w[2]}}  "
+                         f"{row[3]:>{w[3]}}  {row[4]:>{w[4]}}  {row[5]}".rstrip())
+        lines.append(EXPLANATION)
+        counts = {v: sum(r["verdict"] == v for r in audited)
+                  for v in ("consistent", "violates claim", "no claim")}
+        lines.append(f"{counts['consistent']} consistent, {counts['violates claim']} VIOLATION"
+                     + (f", {counts['no claim']} no claim (settings without a guarantee, shown "
+                        "beside the epsilon they would be taken for)" if counts["no claim"]
+                        else ""))
+    for r in skipped:
+        lines.append(f"not audited: {r['method']}: {r['note']}")
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- plugins
+#: what a plugin's mechanism must provide to be audited (the refusals end with it)
+PROFILE_CONTRACT = (
+    "to be auditable a plugin's LDP mechanism must build with epsilon=1 and its defaults and "
+    "define audit_profile() returning ldp_beam.audit.AuditProfile(matrix, inputs, output_code): "
+    "its exact transition matrix Q[output, input], one input record per column and the map "
+    "from reports to output rows (docs/plugins.md, section 'Planning and auditing a plugin')")
+
+
+class NotAuditable(LdpBeamError, ValueError):
+    """A family ``ldp-beam audit`` cannot audit (the message says why and what would make it
+    auditable); raised when it is asked for by name (``--only``)."""
+
+
+def _profile_audit(name: str, n: int) -> Callable:
+    """The audit of a family without a built-in one (a plugin's), from its mechanism's
+    ``audit_profile()``: built at epsilon = EPS, the exact epsilon of the profile's matrix and an
+    empirical lower bound from ``perturb`` on its worst-case pair of inputs (singleton events on
+    the outputs). Raises :class:`NotAuditable` saying why when the family cannot be audited."""
+    reg = get_registry()
+    plugin = reg.get(name)
+    who = f"{name} (" + (f"plugin from {plugin.source})" if plugin.source != "ldp-beam"
+                         else "built-in)")
+    cls = plugin.mechanism
+    if not issubclass(cls, Mechanism):
+        raise NotAuditable(f"{who} cannot be audited: it is a central release (no generic audit "
+                           "of a plugin's central release: audit it in the plugin's own tests "
+                           "with ldp_beam.audit.audit_samples on neighbouring datasets)")
+    if not callable(getattr(cls, "audit_profile", None)):
+        raise NotAuditable(f"{who} cannot be audited: {cls.__name__} has no audit_profile(); "
+                           f"{PROFILE_CONTRACT}")
+    try:
+        mech = build_mechanism(name, epsilon=EPS)
+    except Exception as exc:  # (a plugin's own errors too)
+        raise NotAuditable(f"{who} cannot be audited: building it with epsilon={EPS:g} failed "
+                           f"({exc}); {PROFILE_CONTRACT}") from None
+    if mech.guarantee.kind != LDP:
+        raise NotAuditable(f"{who} cannot be audited: its guarantee is {mech.guarantee.kind}, "
+                           "and a plugin's audit_profile() audits epsilon-LDP claims only")
+    try:
+        profile = mech.audit_profile()
+        if not isinstance(profile, A.AuditProfile):
+            raise ValueError(f"audit_profile() returned {type(profile).__name__}, not an "
+                             "ldp_beam.audit.AuditProfile")
+        q = profile.check()
+    except Exception as exc:
+        raise NotAuditable(f"{who} cannot be audited: {exc}; {PROFILE_CONTRACT}") from None
+    inputs = [dict(x) for x in profile.inputs]
+
+    def data_of(i: int, k: int) -> dict:
+        return {role: np.array([v] * k, dtype=object if isinstance(v, str) else None)
+                for role, v in inputs[i].items()}
+
+    def code_of(reports) -> np.ndarray:
+        return np.asarray(profile.output_code(reports), dtype=np.int64)
+
+    def audit(gen):
+        exact, res, note = _discrete(name, mech, q, "ldp", data_of, code_of, n, gen)
+        return mech, (exact, res, f"plugin's audit_profile(): {note}")
+    return audit
 
 
 def _paper_claim(mech: Any) -> float | None:

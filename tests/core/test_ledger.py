@@ -605,7 +605,7 @@ def test_ledger_command_lists_spending_per_dataset_unit_and_time(ledger_url, dat
 # ------------------------------------------------------------------------------ bad input
 def test_bad_ledger_urls_name_the_option(tmp_path):
     for url, match in (("mysql://u@h/db", "--ledger"), ("sqlite:///:memory:", "outlive"),
-                       ("sqlite://relative.db", "three slashes")):
+                       ("sqlite://", "outlive")):
         with pytest.raises(ParameterError, match=match):
             Ledger.open(url)
     blocker = tmp_path / "a-file"
@@ -631,13 +631,13 @@ def test_a_ledger_from_a_newer_version_is_refused(tmp_path):
 
 def test_default_location_and_environment(tmp_path, monkeypatch):
     monkeypatch.setenv("LDP_BEAM_LEDGER", str(tmp_path / "team.db"))
-    assert default_url() == "sqlite:///" + str(tmp_path / "team.db")
+    assert default_url() == "sqlite://" + str(tmp_path / "team.db")  # the path as written
     with Ledger.open() as led:
         assert led.backend == "sqlite"
     assert (tmp_path / "team.db").exists()
     monkeypatch.delenv("LDP_BEAM_LEDGER")
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
-    assert default_url() == "sqlite:///" + str(tmp_path / "xdg" / "ldp-beam" / "ledger.db")
+    assert default_url() == "sqlite://" + str(tmp_path / "xdg" / "ldp-beam" / "ledger.db")
 
 
 def test_the_ledger_imports_no_beam():

@@ -301,7 +301,7 @@ def test_guarantee_reports_the_analysis():
     g = RVNS(lower=0.0, upper=1.0, d=0.2, delta=0.01).guarantee  # the old defaults: delta <= d
     assert g.kind == NEIGHBOURHOOD_LDP and math.isinf(g.epsilon)
     assert "No finite epsilon" in g.notes and "delta > d" in g.notes
-    assert g.params["delta"] == 0.01
+    assert g.params["neighbourhood_delta"] == 0.01 and "delta" not in g.params
     assert g.claim == f"k ln(4d/delta) = {math.log(4 * 0.2 / 0.01):.4g}"
     json.dumps(g.to_dict(), allow_nan=False)
 

@@ -2,13 +2,18 @@
 import csv
 import json
 import math
+import re
 import sys
+import time
+from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
 from ldp_beam_test_helpers import read_jsonl, run_cli
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_collect_estimate_parquet_roundtrip(survey_table, tmp_path):
@@ -171,6 +176,11 @@ def test_audit_quick_runs_and_writes_records(tmp_path):
     recs = json.loads(out.read_text())
     assert recs and {r["method"] for r in recs} == {"cprr"}
     assert all("empirical_epsilon_lower" in r for r in recs)
+    # stdout is the table for a reader (issue 26: it was the raw JSON), not the records
+    assert so.startswith("privacy audit: 1 audit, seed 9") and "{" not in so, so
+    row = next(s for s in so.splitlines() if s.strip().startswith("cprr"))
+    assert row.split()[:3] == ["cprr", "transition-matrix", "1.000"] and \
+        row.split()[-1] == "consistent"
 
 
 def test_list_shows_registry_with_parameters_and_guarantee():
@@ -217,8 +227,13 @@ def test_no_function_binds_a_console_stream_at_import():
     assert not bound, bound
 
 
-def test_demo_runs_and_reconciles(tmp_path):
+def test_demo_runs_and_reconciles(tmp_path, monkeypatch):
+    plt = pytest.importorskip("matplotlib.pyplot")
+    figures, close = [], plt.close
+    monkeypatch.setattr(plt, "close", lambda fig=None: (figures.append(fig), close(fig)))
+    cpu = time.process_time()
     code, so, se = run_cli("demo", "--out", str(tmp_path), "--seed", "1")
+    cpu = time.process_time() - cpu
     assert code == 0, se
     assert "50,000 input rows = 49,994 reported + 6 dead-lettered" in so
     assert "DOES NOT RECONCILE" not in so
@@ -253,6 +268,24 @@ def test_demo_runs_and_reconciles(tmp_path):
     rel = json.loads((tmp_path / "release_ospdprr.json").read_text())
     assert math.isfinite(rel["estimate"]["statistics"]["mean"]["value"])
     assert rel["estimate"]["n_reports"] is None
+    # issue 26: three of the four figure titles omitted epsilon, the joint heatmaps had no axis
+    # labels, and the DPHR privacy line read "Unit: per record only: ... Per record: per record
+    # only: ..."
+    assert len(figures) == 4
+    for fig in figures:
+        title = fig.get_suptitle() or fig.axes[0].get_title()
+        assert re.search(r"epsilon = \d", title), title
+        assert fig.axes[0].get_xlabel() and fig.axes[0].get_ylabel(), title
+        assert all(ax.get_xlabel() or ax.get_ylabel() for ax in fig.axes), title
+    line = next(x for x in so.split("== DPHR")[1].splitlines() if x.startswith("  privacy: "))
+    assert line.count("no privacy unit declared") == 1, line
+    assert "Unit:" not in line and "Per record" not in line and "per record only" not in line
+    # the CPU time the README and the tour state is the demo's, within a factor of 2 either way
+    claims = {int(re.search(r"\((\d+) s of CPU", " ".join(f.read_text().split())).group(1))
+              for f in (REPO / "README.md", REPO / "docs" / "getting-started.md")}
+    assert len(claims) == 1, claims
+    (claim,) = claims
+    assert claim / 2 <= cpu <= claim * 2, (claim, cpu)
 
 
 def test_rvns_collect_and_estimate_with_options(tmp_path):

@@ -62,3 +62,27 @@ def test_per_key_release_needs_a_unit_and_one_way_to_choose_keys(tmp_path):
     code, _, se = run_cli(*base, "--privacy-unit", "uid", "--partition-selection", "1")
     assert code == 2 and "EPSILON,DELTA" in se
     assert not (tmp_path / "h.json").exists()
+
+
+def test_a_release_without_contribution_bounds_is_refused_per_key(tmp_path):
+    """A plugin's central release need not declare contribution bounds; per key it must (the
+    noise of every key is calibrated to a unit's L0 x Linf rows), so it is refused by name
+    before anything runs instead of failing on a missing attribute."""
+    from dataclasses import dataclass
+
+    import pytest
+
+    from ldp_beam.central.histogram import IdentityLaplace
+    from ldp_beam.pipelines.estimate import run_release
+
+    @dataclass(frozen=True)
+    class Unbounded(IdentityLaplace):
+        contribution_bounds = None
+
+    _table(tmp_path / "t.parquet")
+    mech = Unbounded(epsilon=1.0, categories=("a", "b", "c"))
+    with pytest.raises(ValueError, match="declares no contribution_bounds"):
+        run_release(str(tmp_path / "t.parquet"), str(tmp_path / "h.json"), mech, {"value": "v"},
+                    by="region", unit="uid", keys=["north"],
+                    ledger=f"sqlite://{tmp_path / 'l.db'}")
+    assert not (tmp_path / "h.json").exists()

@@ -77,3 +77,17 @@ def test_broken_plugin_is_reported_not_fatal(tmp_path):
     assert r.returncode == 0
     assert "bisample-md" in r.stdout
     assert "plugin 'broken' failed to load: ModuleNotFoundError" in r.stderr
+
+
+def test_audit_of_the_installed_plugin_is_refused_in_one_line(plugin_site, tmp_path):
+    """`ldp-beam audit --only coinflip` raised ZeroDivisionError (issue 26): the plugin defines
+    no audit_profile(), so it is refused with one line (exit 2) naming the reason and what the
+    plugin must provide (a whole run lists it as not audited: tests/reproduce/test_audit.py)."""
+    r = subprocess.run([sys.executable, "-m", "ldp_beam.pipelines.cli", "audit", "--quick", "-q",
+                        "--only", "coinflip"], cwd=tmp_path, capture_output=True, text=True,
+                       timeout=300, env=dict(os.environ, PYTHONPATH=str(plugin_site)))
+    assert r.returncode == 2 and r.stdout == "", r.stdout + r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert r.stderr.startswith("ldp-beam audit: error: coinflip (plugin from ldp-beam-coinflip) "
+                               "cannot be audited: CoinFlip has no audit_profile(); "), r.stderr
+    assert "ldp_beam.audit.AuditProfile(matrix, inputs, output_code)" in r.stderr
