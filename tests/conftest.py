@@ -410,6 +410,28 @@ def release_on_two_runners(path, mech, tmp, multi, rows: int, dead: int) -> dict
     return outs
 
 
+def load_test_plugin(monkeypatch, module_name: str):
+    """The test plugin package (tests/plugin_pkg/ldp_beam_coinflip) loaded from its file under
+    ``module_name`` (its dataclasses look the module up in ``sys.modules``) and registered, as
+    a plugin is, into a fresh registry that ``get_registry`` returns for the test; returns
+    (module, registry)."""
+    import importlib.util
+
+    from ldp_beam import registry as reg_mod
+
+    src = os.path.join(os.path.dirname(os.path.abspath(__file__)), "plugin_pkg",
+                       "ldp_beam_coinflip", "__init__.py")
+    spec = importlib.util.spec_from_file_location(module_name, src)
+    mod = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, module_name, mod)
+    spec.loader.exec_module(mod)
+    fresh = reg_mod.Registry()
+    reg_mod._register_deferred_builtins(fresh)
+    mod.register(fresh)
+    monkeypatch.setattr(reg_mod, "get_registry", lambda: fresh)
+    return mod, fresh
+
+
 sys.modules.setdefault("ldp_beam_test_helpers", sys.modules[__name__])
 
 

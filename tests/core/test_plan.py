@@ -18,7 +18,6 @@ from __future__ import annotations
 import functools
 import json
 import math
-import sys
 
 import numpy as np
 import pyarrow as pa
@@ -258,21 +257,9 @@ def test_every_registered_family_plans(name):
 def test_a_plugin_family_plans(monkeypatch):
     """A family registered by a plugin (the test package's coin flip, registered into a fresh
     registry) is planned like a built-in one; its 0/1 answer needs an assumption it accepts."""
-    import importlib.util
-    from pathlib import Path
+    from ldp_beam_test_helpers import load_test_plugin
 
-    from ldp_beam import registry as reg_mod
-
-    src = Path(__file__).resolve().parents[1] / "plugin_pkg" / "ldp_beam_coinflip" / \
-        "__init__.py"
-    spec = importlib.util.spec_from_file_location("plan_test_coinflip", src)
-    mod = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "plan_test_coinflip", mod)  # (its dataclasses look it up)
-    spec.loader.exec_module(mod)
-    fresh = reg_mod.Registry()
-    reg_mod._register_deferred_builtins(fresh)
-    mod.register(fresh)
-    monkeypatch.setattr(reg_mod, "get_registry", lambda: fresh)
+    load_test_plugin(monkeypatch, "plan_test_coinflip")
     with pytest.raises(ParameterError, match="synthetic values coinflip accepts"):
         plan("coinflip", 1000, params={"epsilon": 1.0})  # uniform on [0, 1]: not 0/1
     p = plan("coinflip", 1000, params={"epsilon": 1.0}, assume="0=0.7,1=0.3")

@@ -236,19 +236,11 @@ def plugins(monkeypatch):
     """The test plugin package's coin flip (no audit profile), registered into a fresh registry
     as a plugin is, with variants that define ``audit_profile()``: a correct one, a leaky one
     (it randomizes at epsilon + 0.5 and claims epsilon) and one with a malformed matrix."""
-    import importlib.util
     import math as m
-    import sys
-    from pathlib import Path
 
-    from ldp_beam import registry as reg_mod
+    from ldp_beam_test_helpers import load_test_plugin
 
-    src = Path(__file__).resolve().parents[1] / "plugin_pkg" / "ldp_beam_coinflip" / \
-        "__init__.py"
-    spec = importlib.util.spec_from_file_location("audit_test_coinflip", src)
-    mod = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "audit_test_coinflip", mod)  # (its dataclasses look it up)
-    spec.loader.exec_module(mod)
+    mod, fresh = load_test_plugin(monkeypatch, "audit_test_coinflip")
 
     class Audited(mod.CoinFlip):
         NAME = "coinflip-audited"
@@ -274,12 +266,8 @@ def plugins(monkeypatch):
             return A.AuditProfile([[0.9, 0.5], [0.3, 0.5]], [{"value": 0.0}, {"value": 1.0}],
                                   lambda reports: reports["r"])
 
-    fresh = reg_mod.Registry()
-    reg_mod._register_deferred_builtins(fresh)
-    mod.register(fresh)  # "coinflip", as the installed plugin registers it
-    for cls in (Audited, Leaky, Malformed):
+    for cls in (Audited, Leaky, Malformed):  # beside "coinflip", as the plugin registers it
         fresh.register(cls.NAME, cls, mod.CoinFlipEstimator, source="audit-tests")
-    monkeypatch.setattr(reg_mod, "get_registry", lambda: fresh)
     monkeypatch.setattr(R, "get_registry", lambda: fresh)
     return fresh
 
