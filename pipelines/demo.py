@@ -206,7 +206,7 @@ def rvns_section(data: str, out_dir: str, epsilon: float, seed: Any,
                        options={"m": 100}, beam_args=beam_args, force=True)["estimate"]
     income = pq.read_table(data, columns=["income"])["income"].to_numpy().astype(float)
     x = income[(income >= lo) & (income <= hi)]
-    # lazy: scipy.stats costs 1.6 s at import (measured, after this module's imports); only
+    # lazy: scipy.stats costs 0.8 s at import (measured, after this module's imports); only
     # this section needs it, and `demo --section` can leave it out
     from scipy import stats as sps
 

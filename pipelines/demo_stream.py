@@ -160,7 +160,7 @@ def run_demo_stream(out_dir: str | None = None, epsilon: float = 3.0, seed: Any 
     why = unavailable()
     if why:
         raise EmulatorUnavailable(f"demo --stream needs Google's Pub/Sub emulator: {why}")
-    # lazy: Beam (pubsub_stream, transforms.windowed) costs 2.2 s at import (measured, after
+    # lazy: Beam (pubsub_stream, transforms.windowed) costs 1.3 s at import (measured, after
     # the CLI's imports): without Java or the emulator the check above says in one line what to
     # install, without paying it
     from ldp_beam.transforms.windowed import ESTIMATES

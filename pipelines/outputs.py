@@ -895,7 +895,7 @@ class RunOutputs:
             if not self.exists(staged):
                 raise OutputError(f"the run produced no {role} output ({staged}): not committed")
             if is_table_url(final):
-                # lazy: pyarrow.parquet costs 100 ms at import (measured); the CLI imports this
+                # lazy: pyarrow.parquet costs 41 ms at import (measured); the CLI imports this
                 # module for every command, --help and `ledger` included
                 import pyarrow.parquet as pq
 

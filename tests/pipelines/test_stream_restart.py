@@ -45,7 +45,7 @@ def test_a_killed_central_stream_restarted_plainly_releases_the_open_window(tmp_
     proc = subprocess.Popen(
         [sys.executable, "-m", "ldp_beam.pipelines.cli", "stream", "--spool", str(spool),
          "-m", "laplace-histogram", "-p", "epsilon=1", "-p", "bins=4", "-p", "lower=0",
-         "-p", "upper=1", "-c", "value=value", "--window", str(WINDOW), "--poll", "0.2",
+         "-p", "upper=1", "-c", "value", "--window", str(WINDOW), "--poll", "0.2",
          "--duration", "120", "-q", "-o", str(out)],
         stdout=subprocess.DEVNULL, stderr=log, env=env)
     try:
