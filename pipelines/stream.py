@@ -109,7 +109,6 @@ import os
 import signal
 import threading
 import time
-from datetime import datetime, timezone
 from typing import Any, Iterable, Mapping
 
 import apache_beam as beam
@@ -294,11 +293,12 @@ def run_stream(output_dir: str, mechanism: Mechanism, *, spool: str | None = Non
     if not os.path.exists(note):
         with open(note, "w") as fh:
             fh.write(CURATOR_NOTE)
-    run_id = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ") + f"-{os.getpid()}"
+    key = RunKey.new(seed)  # the run's identity, as every run gets it (see .run)
+    run_id = key.run_id
     unit = None
     if privacy_unit is not None:
         state_path = os.path.join(out_dir, UnitState.FILE)
-        secret = None if seed is None else RunKey.new(seed).derive("privacy-units")
+        secret = key.derive("privacy-units") if key.seeded else None
         try:
             state = UnitState(state_path, privacy_unit, seed_secret=secret)
         except (UnitStateError, ValueError) as exc:
