@@ -14,6 +14,7 @@ import os
 import sys
 from typing import Any
 
+from ldp_beam import progress
 from ldp_beam.errors import LdpBeamError
 
 from .ledger_cli import add_ledger_options, ledger_args
@@ -1198,6 +1199,18 @@ def cmd_reproduce(a: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one ``ldp-beam`` command (``argv``: its arguments; default ``sys.argv[1:]``) and
+    return its exit status. The progress settings a command sets (``--quiet``, the label) are
+    put back when it returns, so a caller running several commands in one process (a notebook,
+    the tests) does not carry one command's ``--quiet`` into the next."""
+    before = progress.configure()
+    try:
+        return _main(argv)
+    finally:
+        progress.restore(before)
+
+
+def _main(argv: list[str] | None = None) -> int:
     ap = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     for i in range(len(argv) - 1):  # `--runner dask` as well as `--runner=dask`

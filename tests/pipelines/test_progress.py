@@ -79,6 +79,18 @@ def test_quiet_prints_nothing_on_stderr(table, tmp_path, capsys):
     assert "collected 5,000 reports" in out  # the result itself still goes to stdout
 
 
+def test_a_quiet_command_leaves_the_next_one_its_progress(table, tmp_path, capsys):
+    """main() puts back the progress settings a command set: a `-q` collect run in-process
+    once left every later recipe's progress silent for the rest of the process (the CI's five
+    reproduce tests that read progress lines failed after one)."""
+    assert not progress.SETTINGS.quiet
+    assert main(_collect(table, str(tmp_path / "r.parquet"), "--quiet")) == 0
+    assert not progress.SETTINGS.quiet and progress.SETTINGS.label == "ldp-beam"
+    lines: list[str] = []
+    Progress("bisample", total=2, sink=lines.append).step("one")
+    assert lines == ["[bisample] one (1/2)"]
+
+
 def test_quiet_silences_the_experiment_progress(capsys):
     progress.configure(quiet=True)
     p = Progress("fam", total=2)
