@@ -20,11 +20,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from ldp_beam import build_mechanism
-from ldp_beam.core import CountEstimator, Mechanism, Reasons
 from ldp_beam.estimators import estimator_for
 from ldp_beam.mechanisms.categorical import GRR
-from ldp_beam.privacy import LDP, PrivacyGuarantee
-from ldp_beam.registry import BUILTINS, Registry, _register_deferred_builtins
+from ldp_beam.registry import BUILTINS
 from ldp_beam.transforms import SourceError, tidy_output, tidy_rows, write_tidy
 from ldp_beam.transforms import sinks
 from ldp_beam.transforms.sinks import (CELL_COLUMNS, CORE_COLUMNS, GROUP_COLUMNS, TIDY_COLUMNS,
@@ -140,61 +138,30 @@ def test_a_row_that_fills_an_undeclared_column_is_refused(estimates, tmp_path, m
         tidy_table([{"statistic": "x", "surprise": 1}])
 
 
-@dataclass(frozen=True)
-class Coin(Mechanism):
-    """A plugin's mechanism that declares no tidy cells."""
-
-    NAME: ClassVar[str] = "coin-tidy"
-    report_fields: ClassVar[tuple] = (("r", "uint8"),)
-    epsilon: float = 1.0
-
-    @property
-    def draws(self) -> int:
-        return 1
-
-    @property
-    def guarantee(self) -> PrivacyGuarantee:
-        return PrivacyGuarantee(LDP, self.epsilon)
-
-    def validate(self, cols, reasons: Reasons) -> None:
-        pass
-
-    def randomize(self, cols, u):
-        return {"r": (u[:, 0] < 0.5).astype(np.uint8)}
-
-
-@dataclass(frozen=True)
-class NarrowCoin(Coin):
-    NAME: ClassVar[str] = "narrow-coin-tidy"
-    tidy_cells: ClassVar[tuple[str, ...]] = ("i",)
-
-
-@dataclass(frozen=True)
-class WrongCoin(Coin):
-    NAME: ClassVar[str] = "wrong-coin-tidy"
-    tidy_cells: ClassVar[tuple[str, ...]] = ("i", "bucket")
-
-
-class CoinEstimator(CountEstimator):
-    n_cells = 2
-
-    def cells(self, reports):
-        return np.asarray(reports["r"], dtype=np.int64)
-
-    def statistics(self, acc):
-        return {}
-
-
 def test_a_plugin_family_that_declares_nothing_gets_every_column(monkeypatch):
-    reg = Registry()
-    _register_deferred_builtins(reg)
-    for cls in (Coin, NarrowCoin, WrongCoin):
-        reg.register(cls.NAME, cls, CoinEstimator, source="a-plugin")
+    """The test plugin's coin flip declares no tidy cells: every cell column; a variant that
+    declares one gets it; one that names a column the tidy table lacks is refused."""
+    from ldp_beam_test_helpers import load_test_plugin
+
+    mod, reg = load_test_plugin(monkeypatch, "tidy_test_coinflip")
+
+    @dataclass(frozen=True)
+    class NarrowCoin(mod.CoinFlip):
+        NAME: ClassVar[str] = "narrow-coin-tidy"
+        tidy_cells: ClassVar[tuple[str, ...]] = ("i",)
+
+    @dataclass(frozen=True)
+    class WrongCoin(mod.CoinFlip):
+        NAME: ClassVar[str] = "wrong-coin-tidy"
+        tidy_cells: ClassVar[tuple[str, ...]] = ("i", "bucket")
+
+    for cls in (NarrowCoin, WrongCoin):
+        reg.register(cls.NAME, cls, mod.CoinFlipEstimator, source="a-plugin")
     monkeypatch.setattr(sinks, "get_registry", lambda: reg)
-    est = {"mechanism": "coin-tidy", "n_reports": 10, "params": {},
+    est = {"mechanism": "coinflip", "n_reports": 10, "params": {},
            "statistics": {"share": {"value": 0.4, "stderr": 0.1}}}
     t = tidy_table(tidy_rows(est))
-    assert t.schema == tidy_schema("coin-tidy") == tidy_schema("no-such-family") == \
+    assert t.schema == tidy_schema("coinflip") == tidy_schema("no-such-family") == \
         pa.schema([f for f in TIDY_SCHEMA if f.name not in GROUP_COLUMNS + WINDOW_COLUMNS])
     assert _cells(t) == list(CELL_COLUMNS) and t.column("value").to_pylist() == [0.4]
     assert tidy_table(tidy_rows(dict(est, mechanism="narrow-coin-tidy"))).schema == \
