@@ -7,8 +7,8 @@ import pytest
 
 from ldp_beam.rng import RunKey
 from ldp_beam import bounding
-from ldp_beam.bounding import (KeptRows, _MinSketch, _row_priorities_ctr, reduce_candidates,
-                               row_priorities)
+from ldp_beam.bounding import KeptRows, _MinSketch, reduce_candidates
+from ldp_beam.prf import _row_priorities_ctr, row_priorities
 from ldp_beam.transforms.units import _ArraysCoder
 
 U64 = np.uint64
