@@ -534,10 +534,7 @@ def _check_magnitudes(self: Any) -> None:
     for the queries that use Q, and OsdpRR's sum, whose stderr does), and OSPDPRR's noise
     variance (checked with the noise in :func:`_check_bounds`)."""
     bmax = max(abs(float(self.lower)), abs(float(self.upper)))
-    uses = set(QUERY_STATISTICS[self.query])
-    if isinstance(self, OsdpRR):
-        need_s, need_q = self.exact_sums
-        uses = {"N"} | ({"S"} if need_s else set()) | ({"Q"} if need_q else set())
+    uses = self.sums_used
     for stat, power in (("S", 1), ("Q", 2)):
         if stat not in uses:
             continue
@@ -847,6 +844,12 @@ class OSPDPRR(_UnitBounded, CentralRelease):
         and the estimator keeps only the sample's lattice sums (see the module docstring). The
         data-reference modes need every user's weights for pi_u and keep the rows."""
         return self.mode == "sound-self"
+
+    @property
+    def sums_used(self) -> set[str]:
+        """The sums its query's statistics need (:data:`QUERY_STATISTICS`), whose magnitude
+        the bounds must keep finite (:func:`_check_magnitudes`)."""
+        return set(QUERY_STATISTICS[self.query])
 
     @property
     def draws(self) -> int:
@@ -1791,6 +1794,13 @@ class OsdpRR(_UnitBounded, CentralRelease):
         mean S; the sum S and Q (its stderr); variance and cv both."""
         q = self.query
         return q != "count", q in ("sum", "variance", "cv")
+
+    @property
+    def sums_used(self) -> set[str]:
+        """The sums the release computes (N always; S and Q as :attr:`exact_sums` says), whose
+        magnitude the bounds must keep finite (:func:`_check_magnitudes`)."""
+        need_s, need_q = self.exact_sums
+        return {"N"} | ({"S"} if need_s else set()) | ({"Q"} if need_q else set())
 
     @property
     def guarantee(self) -> PrivacyGuarantee:

@@ -18,7 +18,8 @@ from scipy import stats as st
 from scipy.special import logsumexp
 
 from ldp_beam import EmptyAccumulatorError, InvalidRecordsError, ParameterError
-from ldp_beam.central.ospdprr import (OSPDPRR, OSPDPRREstimator, OsdpRR, OsdpRREstimator,
+from ldp_beam.central.ospdprr import (OSPDPRR, QUERY_STATISTICS, OSPDPRREstimator, OsdpRR,
+                                      OsdpRREstimator,
                                       comprehensive_weight, exact_answer,
                                       importance_times_level, noise_scales, normalize_weights,
                                       osdp_epsilon_for_threshold, osdp_keep_probability,
@@ -686,3 +687,16 @@ def test_roles_follow_k_and_target():
                                                                   "level1", "level2"]
     assert OSPDPRR.roles[0].name == "value<i>"  # the class shows a template
     assert isinstance(mech, CentralRelease) and not isinstance(mech, Mechanism)
+
+
+def test_the_bounds_keep_the_sums_each_release_computes_finite():
+    """OsdpRR's count computes N only, its mean S (values up to 1e200 sum finitely over 2^63
+    rows), its sum S and Q (squares of 1e200 overflow): each mechanism declares its sums
+    (``sums_used``) and the shared bound check refuses only what would overflow."""
+    big = dict(lower=0.0, upper=1e200)
+    assert OsdpRR(epsilon=1.0, k=1, query="count", **big).sums_used == {"N"}
+    assert OsdpRR(epsilon=1.0, k=1, query="mean", **big).sums_used == {"N", "S"}
+    with pytest.raises(ParameterError, match="squared values must stay finite"):
+        OsdpRR(epsilon=1.0, k=1, query="sum", **big)
+    assert OSPDPRR(t=0.5, k=1, query="count", lower=0.0, upper=1.0).sums_used == \
+        set(QUERY_STATISTICS["count"])
