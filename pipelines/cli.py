@@ -11,7 +11,9 @@ import json
 import logging
 import math
 import os
+import re
 import sys
+from collections import Counter
 from typing import Any
 
 from ldp_beam import progress
@@ -19,7 +21,7 @@ from ldp_beam.errors import LdpBeamError
 
 from .ledger_cli import add_ledger_options, ledger_args
 from .lifecycle import interruption
-from .outputs import RunFailed
+from .outputs import RunFailed, open_read
 
 FAMILIES = ("bisample", "rvns", "uldp", "dphr", "ospdprr")
 PENDING: dict[str, str] = {}  # subcommand or family -> where it is tracked
@@ -687,12 +689,15 @@ def _reason_kind(reason: str) -> str:
     [0, 200]`` -> ``value: <number> outside [0, 200]``), so that reasons of one kind count
     together; numbers inside brackets or parentheses (a domain, a bound) and quoted labels (a
     category left out of a domain: the useful part) stay."""
-    import re
+    parts = _KEPT_PARTS.split(reason)
+    return "".join(p if i % 2 else _NUMBER.sub("<number>", p) for i, p in enumerate(parts))
 
-    parts = re.split(r"(\[[^\]]*\]|\([^)]*\)|'[^']*'|\"[^\"]*\")", reason)
-    num = re.compile(r"(?<![\w.])[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?(?![\w.])|"
+
+#: what a dead letter's reason keeps as written: a bracketed or parenthesized part, a quoted label
+_KEPT_PARTS = re.compile(r"(\[[^\]]*\]|\([^)]*\)|'[^']*'|\"[^\"]*\")")
+#: a number standing alone elsewhere in a reason (the offending value)
+_NUMBER = re.compile(r"(?<![\w.])[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?(?![\w.])|"
                      r"(?<![\w.])[-+]?(?:inf|nan)(?!\w)")
-    return "".join(p if i % 2 else num.sub("<number>", p) for i, p in enumerate(parts))
 
 
 def dead_letter_reasons(path: str, dead: int, total: int | None, flags=(), show: int = 3,
@@ -700,10 +705,6 @@ def dead_letter_reasons(path: str, dead: int, total: int | None, flags=(), show:
     """What a collect run dead-lettered, by reason, for the console: the ``show`` commonest
     kinds of reason (see :func:`_reason_kind`) with their counts, over the first ``scan``
     lines of the dead-letter file (a summary; the file holds every row and its reason)."""
-    from collections import Counter
-
-    from .outputs import open_read
-
     share = f" ({dead / total:.1%} of {total:,} rows)" if total else ""
     kinds: Counter = Counter()
     read = 0
