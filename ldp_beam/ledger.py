@@ -121,6 +121,7 @@ from urllib.parse import parse_qsl, quote, urlsplit, urlunsplit
 
 from .errors import LdpBeamError, ParameterError
 from .jsonio import dumps
+from .urls import check_new_file, url_file
 
 SCHEMA_VERSION = 2
 DEFAULT_TIMEOUT = 5.0  # seconds: to connect, and to wait for a lock held by another run
@@ -196,11 +197,9 @@ def sqlite_path(url: str) -> str:
     SQLAlchemy reads ``sqlite:///team.db`` as relative; so did ldp-beam before. Where that
     reading names an existing file and this one a different file, the URL is refused rather
     than a new, empty ledger opened beside the one that holds the spending."""
-    path = url.split("://", 1)[1]
+    path = url_file(url)
     if path.lstrip("/") == ":memory:":
         return ":memory:"
-    if path.startswith("//"):
-        path = "/" + path.lstrip("/")
     if path.startswith("/") and not url[len("sqlite:///"):].startswith("/"):
         old = url[len("sqlite:///"):]  # what the SQLAlchemy rule read: relative
         if old and os.path.exists(os.path.expanduser(old)) and (
@@ -954,12 +953,8 @@ class Ledger:
                 raise ParameterError("--ledger", url, "a SQLite file (sqlite://FILE): the "
                                      "ledger must outlive the run")
             path = os.path.expanduser(path)
-            if (create and not os.path.exists(path) and scheme
-                    and os.path.dirname(os.path.abspath(path)) == os.sep):
-                raise ParameterError(
-                    "--ledger", url, "a file below a folder (a new ledger is not created at "
-                    "the filesystem root)", f"this URL names {path}; for {path.lstrip('/')} in "
-                    f"the current folder write sqlite://{path.lstrip('/')}")
+            if create and scheme:
+                check_new_file(url, path, "--ledger")
             if not create and not os.path.isfile(path):
                 raise LedgerNotFound(f"--ledger {redact(url)}: no ledger at {path} ("
                                      + ("not a file" if os.path.exists(path) else

@@ -86,6 +86,7 @@ import pyarrow.parquet as pq
 from ldp_beam.errors import ParameterError, UnknownPluginError
 from ldp_beam.privacy import SEEDED_KIND, is_seeded_guarantee
 from ldp_beam.registry import get_registry
+from ldp_beam.urls import check_new_file, url_file
 
 from .io import SourceError, _error_text
 from .write import fs_open
@@ -520,7 +521,7 @@ def tidy_table_exists(url: str) -> bool:
 
 
 def _duckdb_path(url: str) -> str:
-    return url.split("://", 1)[1].split("?", 1)[0]
+    return url_file(url)
 
 
 def _pg_connect(url: str):
@@ -580,6 +581,7 @@ def _write_duckdb(table: pa.Table, url: str, mode: str) -> None:
 
     name = _table_setting(url)
     path = _duckdb_path(url)
+    check_new_file(url, path, "--output")
     t = quote_ident(name)
     try:
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)

@@ -94,6 +94,7 @@ import pyarrow as pa
 
 from ldp_beam.errors import ParameterError
 from ldp_beam.rng import stream_id
+from ldp_beam.urls import url_file
 
 from .batches import KeyedBatch
 from .io import (DEFAULT_BATCH_ROWS, DEFAULT_NULL_VALUES, EmptySourceError, ReadUnitFn,
@@ -289,8 +290,7 @@ class DuckDBSource(Source):
     kind = "duckdb"
 
     def __init__(self, url: str, settings: dict, allow_empty: bool) -> None:
-        rest = url.split("://", 1)[1].split("?", 1)[0]
-        self.path = unquote(rest)
+        self.path = url_file(url)
         if not self.path:
             raise SourceError(f"{url}: no database file; write duckdb://PATH.db?table=T "
                               "(relative; duckdb:///abs/PATH.db absolute)")
@@ -977,7 +977,7 @@ class IcebergSource(Source):
     kind = "iceberg"
 
     def __init__(self, url: str, settings: dict, allow_empty: bool) -> None:
-        rest = unquote(url.split("://", 1)[1].split("?", 1)[0])
+        rest = url_file(url)
         if "/" in rest or rest.endswith((".db", ".sqlite")):
             self.catalog_file, self.catalog_name = rest, None
         elif rest:

@@ -205,6 +205,30 @@ def test_a_new_ledger_is_never_created_at_the_filesystem_root(tmp_path, monkeypa
     assert (tmp_path / name).is_file()
 
 
+def test_one_function_reads_every_file_url_and_no_output_lands_at_the_root(tmp_path,
+                                                                            monkeypatch):
+    """The rule lives in ldp_beam.urls, used by the ledger, DuckDB inputs and outputs and
+    Iceberg catalogs alike (percent-decoded, several leading slashes one); a DuckDB output new
+    at the filesystem root (the finding: as root, -o duckdb:///x.db wrote /x.db) is refused as
+    a new ledger there is, and nothing is written."""
+    from ldp_beam.errors import ParameterError
+    from ldp_beam.transforms import write_tidy
+    from ldp_beam.urls import url_file
+
+    assert url_file("duckdb://my%20hr.db?table=t") == "my hr.db"
+    assert url_file("sqlite:////srv/team.db") == url_file("sqlite:///srv/team.db") == \
+        "/srv/team.db"
+    assert url_file("iceberg://cat.db?table=ns.t") == "cat.db"
+    monkeypatch.chdir(tmp_path)
+    name = f"ldp-beam-test-{os.getpid()}.db"
+    rows = [{"mechanism": "grr", "statistic": "n", "value": 1.0}]
+    with pytest.raises(ParameterError, match=f"write duckdb://{name}"):
+        write_tidy(rows, f"duckdb:///{name}?table=t")
+    assert not os.path.exists("/" + name)
+    write_tidy(rows, f"duckdb://{name}?table=t")  # the relative form writes it here
+    assert (tmp_path / name).is_file()
+
+
 def test_database_inputs_are_in_the_help(capsys):
     from ldp_beam.pipelines.cli import main
 
