@@ -93,8 +93,12 @@ Per-unit spending (streams)
 ---------------------------
 A stream keeps its units' spending in its own state, ``OUT/units.sqlite``
 (:class:`ldp_beam.longitudinal.UnitState`: one spend store, beside the key of its unit hashes).
-The ledger's ``ldp_beam_unit_spend`` table and ``unit_salt`` remain in the schema only so that
-ledgers written by earlier versions keep their rows through the migration; nothing writes them.
+Each stream run has an entry here (command ``stream``) at what it added to the largest loss
+one unit took in its deployment, so a deployment's entries sum to that loss
+(:mod:`ldp_beam.pipelines.stream_account`; :meth:`Ledger.commit` and :meth:`Ledger.resolve`
+take the ``epsilon`` spent, at most the reservation). The ledger's ``ldp_beam_unit_spend`` table
+and ``unit_salt`` remain in the schema only so that ledgers written by earlier versions keep
+their rows through the migration; nothing writes them.
 
 The ledger runs on the launcher (the trusted side), never inside a Beam worker, and this module
 imports no Beam.
@@ -855,10 +859,12 @@ class Reservation:
         self.prepared = True
 
     def commit(self, outputs: Mapping[str, Any] | None = None,
-               release: Mapping[str, Any] | None = None) -> None:
+               release: Mapping[str, Any] | None = None, *,
+               epsilon: float | None = None) -> None:
         """After publishing: see :meth:`Ledger.commit` (``outputs``/``release`` given here
-        replace those stored by :meth:`prepare`; omitted, those are kept)."""
-        self.ledger.commit(self.run_id, outputs, release)
+        replace those stored by :meth:`prepare`; omitted, those are kept; ``epsilon``: what the
+        run turned out to spend, at most what it reserved)."""
+        self.ledger.commit(self.run_id, outputs, release, epsilon=epsilon)
         self.status = "committed"
 
     def leave_pending(self, note: str) -> None:
@@ -1426,18 +1432,39 @@ class Ledger:
                        (_dumps(outputs), _dumps(release, sort_keys=False), run_id))
 
     def commit(self, run_id: str, outputs: Mapping[str, Any] | None = None,
-               release: Mapping[str, Any] | None = None) -> None:
+               release: Mapping[str, Any] | None = None, *,
+               epsilon: float | None = None) -> None:
         """Mark ``run_id``'s reservation committed, on the ledger it was reserved in (checked
         as :meth:`prepare` does), with its ``outputs`` and ``release`` (given here, they replace
         what :meth:`prepare` stored; omitted, that is kept). Call :meth:`prepare` before
         publishing and this after; called alone (before the outputs are moved into place) it
-        does both: if it raises, publish nothing."""
+        does both: if it raises, publish nothing.
+
+        ``epsilon``: what the run turned out to spend, when it is known only at the end (a
+        stream reserves the most its units can lose and spends what they did): never more than
+        it reserved, since the budget was checked against the reservation (omitted: the
+        reservation)."""
         with self._settling("its entry was not marked committed") as tx:
             self._pending(tx, run_id)
+            self._spent_less(tx, run_id, epsilon)
             tx.execute("UPDATE ldp_beam_entries SET status = 'committed', finished = ?, "
                        "outputs = COALESCE(?, outputs), release = COALESCE(?, release) "
                        "WHERE run_id = ? AND status = 'pending'",
                        (_now(), _dumps(outputs), _dumps(release, sort_keys=False), run_id))
+
+    def _spent_less(self, tx: _Tx, run_id: str, epsilon: float | None) -> None:
+        """Record that pending run ``run_id`` spent ``epsilon`` (None: what it reserved), never
+        more than it reserved: its budget check was for that."""
+        if epsilon is None:
+            return
+        epsilon = _check_eps_delta(epsilon, 0.0)[0]
+        reserved = float(tx.one("SELECT epsilon FROM ldp_beam_entries WHERE run_id = ?",
+                                (run_id,))[0])
+        if epsilon > reserved * (1 + BUDGET_TOLERANCE) + 1e-12:
+            raise ParameterError("epsilon", epsilon, f"at most the {reserved:g} run {run_id} "
+                                 "reserved (its budget check was for that)")
+        tx.execute("UPDATE ldp_beam_entries SET epsilon = ? WHERE run_id = ? AND status = "
+                   "'pending'", (min(epsilon, reserved), run_id))
 
     def leave_pending(self, run_id: str, note: str) -> None:
         """Record ``note`` on ``run_id``'s pending entry and leave it pending: it counts as
@@ -1466,11 +1493,16 @@ class Ledger:
                                                                    run_id))
         return True
 
-    def resolve(self, run_id: str, status: str, note: str = "") -> None:
+    def resolve(self, run_id: str, status: str, note: str = "", *,
+                epsilon: float | None = None) -> None:
         """An operator's decision on a pending run whose process is gone: ``committed`` (it may
-        have published: stays spent) or ``aborted`` (it certainly published nothing)."""
+        have published: stays spent) or ``aborted`` (it certainly published nothing).
+        ``epsilon`` (committed only): what it is known to have spent, at most its reservation
+        (a stream's restart knows it from the stream's per-unit state)."""
         if status not in ("committed", "aborted"):
             raise ParameterError("--as", status, "committed or aborted")
+        if epsilon is not None and status != "committed":
+            raise ParameterError("epsilon", epsilon, "given only to resolve as committed")
         with self._settling("nothing was changed") as tx:
             row = tx.one("SELECT status, note FROM ldp_beam_entries WHERE run_id = ?", (run_id,))
             if row is None:
@@ -1480,6 +1512,7 @@ class Ledger:
                 raise ParameterError("--resolve", run_id, "the run id of a pending entry",
                                      hint=f"it is {row[0]}")
             said = f"resolved as {status} by {_user()}" + (f": {note}" if note else "")
+            self._spent_less(tx, run_id, epsilon)
             tx.execute("UPDATE ldp_beam_entries SET status = ?, finished = ?, note = ? WHERE "
                        "run_id = ? AND status = 'pending'",
                        (status, _now(), said if not row[1] else f"{row[1]}; {said}", run_id))

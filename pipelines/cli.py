@@ -482,6 +482,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="read the files in the spool now, estimate, and stop (a bounded run)")
     s.add_argument("--quiet", "-q", action="store_true", help="no progress lines on stderr")
     _mechanism_args(s, required=False)
+    add_ledger_options(s)  # a stream records what it spends, per deployment (stream_account)
 
     r = sub.add_parser("reproduce", help="a paper's experiments")
     r.add_argument("family", choices=FAMILIES + ("all", "report"),
@@ -1072,7 +1073,8 @@ def cmd_stream(a: argparse.Namespace, beam_args: list[str]) -> int:
         beam_args=beam_args, progress=not a.quiet, start=a.start, end=a.end,
         privacy_unit=a.privacy_unit, max_reports_per_unit=a.max_reports_per_unit,
         unit_budget=a.unit_budget, memoize=a.memo_field, results=a.results,
-        results_topic=a.results_topic,
+        results_topic=a.results_topic, ledger=a.ledger, budget=a.budget,
+        budget_delta=a.budget_delta, dataset=a.dataset,
         **({"timestamp_attribute": a.timestamp_attribute,
             "report_id_attribute": a.report_id_attribute} if a.beam_pubsub else {}))
     print(f"{summary['windows']} window(s), {summary['panes']} pane(s) written to "

@@ -6,7 +6,9 @@ import contextlib
 import difflib
 import json
 import os
+import shutil
 import sys
+import tempfile
 import uuid
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
@@ -512,3 +514,22 @@ def format_table(values, rows, cols, fmt: str = "{:.4f}", extra=None) -> str:
     lines += [r.ljust(w0) + "  " + "  ".join(x.rjust(w) for x in row)
               for r, row in zip(rows, cells)]
     return "\n".join(lines)
+
+
+@contextlib.contextmanager
+def scratch_ledger() -> Iterator[str]:
+    """``$LDP_BEAM_LEDGER`` pointed, for the block, at a ledger of its own, removed afterwards
+    (the demos': synthetic data has no budget to track, and a second demo must draw its
+    releases afresh rather than re-publish the first one's, as the user's own ledger would
+    rightly do). Yields its path."""
+    folder = tempfile.mkdtemp(prefix="ldp-beam-demo-ledger-")
+    previous = os.environ.get("LDP_BEAM_LEDGER")
+    os.environ["LDP_BEAM_LEDGER"] = path = os.path.join(folder, "ledger.db")
+    try:
+        yield path
+    finally:
+        if previous is None:
+            os.environ.pop("LDP_BEAM_LEDGER", None)
+        else:
+            os.environ["LDP_BEAM_LEDGER"] = previous
+        shutil.rmtree(folder, ignore_errors=True)

@@ -29,7 +29,6 @@ publish to Google's Pub/Sub emulator and the collector estimates each window as 
 from __future__ import annotations
 
 import os
-import shutil
 import sys
 import tempfile
 from importlib import resources
@@ -46,7 +45,7 @@ from ldp_beam.reproduce.metrics import range_query_mse
 from ldp_beam.reproduce.recipe import pyplot
 
 from .collect import run_collect
-from .common import format_table, records_line, say
+from .common import format_table, records_line, say, scratch_ledger
 from .estimate import run_estimate
 from .sample_data import EMPLOYMENT, HEALTH
 
@@ -464,20 +463,8 @@ def run_demo(out_dir: str | None = None, epsilon: float = 3.0, seed: Any = None,
     if find_spec("matplotlib") is None:
         w("  figures: skipped, they need matplotlib (pip install 'ldp-beam[reproduce]')\n")
     results = {"out_dir": out_dir}
-    # The demo's runs are recorded in a ledger of their own, removed afterwards: synthetic data
-    # has no budget to track, and a second demo must draw its releases afresh rather than
-    # re-publish the first one's (what the user's own ledger would rightly do).
-    ledger_dir = tempfile.mkdtemp(prefix="ldp-beam-demo-ledger-")
-    previous = os.environ.get("LDP_BEAM_LEDGER")
-    os.environ["LDP_BEAM_LEDGER"] = os.path.join(ledger_dir, "ledger.db")
-    try:
+    with scratch_ledger():  # the demo's runs are recorded in a ledger of their own
         for name in names:
             results[name] = SECTIONS[name](data, out_dir, epsilon, seed, beam_args, w)
-    finally:
-        if previous is None:
-            os.environ.pop("LDP_BEAM_LEDGER", None)
-        else:
-            os.environ["LDP_BEAM_LEDGER"] = previous
-        shutil.rmtree(ledger_dir, ignore_errors=True)
     w(f"\n  all outputs in {out_dir}\n")
     return results

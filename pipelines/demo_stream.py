@@ -37,6 +37,7 @@ import numpy as np
 from ldp_beam.client import Reporter
 from ldp_beam.registry import build_mechanism
 
+from .common import scratch_ledger
 from .pubsub_emulator import EmulatorUnavailable, PubSubEmulator, unavailable
 
 WINDOW = 5.0  # seconds of event time per window
@@ -220,10 +221,11 @@ def run_demo_stream(out_dir: str | None = None, epsilon: float = 3.0, seed: Any 
         try:
             devices.start()
             watcher.start()
-            summary = run_pubsub_stream(
-                sub, out_dir, mech, window_seconds=window_seconds, watermark_lag=LAG,
-                poll_seconds=0.5, stop=stop, progress=False, drain_seconds=5.0,
-                lander_options={"pull_timeout": 1.0})
+            with scratch_ledger() as ledger:  # as the batch demo's runs
+                summary = run_pubsub_stream(
+                    sub, out_dir, mech, window_seconds=window_seconds, watermark_lag=LAG,
+                    poll_seconds=0.5, stop=stop, progress=False, drain_seconds=5.0,
+                    lander_options={"pull_timeout": 1.0}, ledger=ledger)
         finally:
             stop.set()
             devices.stop.set()

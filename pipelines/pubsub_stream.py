@@ -62,6 +62,8 @@ def run_pubsub_stream(subscription: str, output_dir: str, mechanism: Mechanism, 
         def say(msg: str) -> None:
             print(msg, file=sys.stderr, flush=True)
     stop = stop or threading.Event()
+    if stream_kwargs.get("dataset") is None:  # in the ledger: the subscription, not its landing
+        stream_kwargs["dataset"] = f"pubsub://{subscription}"
     lander = Lander(subscription, spool, say=say, **dict(lander_options or {}))
     lander.open()
     _check_lag(lander, stream_kwargs, say)

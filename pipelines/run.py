@@ -19,9 +19,10 @@ and nowhere else::
                         (:func:`~.lifecycle.publish`); a failure settles the entry as it is
 
 A step is changed here once for every command. The streaming run (:mod:`.stream`) shares the
-parts that apply to an unbounded run (the key, the guarantee, the Beam layer's transforms); its
-lifecycle differs by nature (a release range instead of one release, settled windows instead of
-one manifest) and is described there.
+parts that apply to an unbounded run (the key, the guarantee, the Beam layer's transforms, the
+budget ledger); its lifecycle differs by nature (a release range instead of one release, settled
+windows instead of one manifest, a cost known only as units are charged:
+:mod:`.stream_account`) and is described there.
 """
 from __future__ import annotations
 

@@ -90,6 +90,11 @@ window) and, for k > 1, widen their standard errors by sqrt(k) (reports of one u
 correlated; :meth:`ldp_beam.core.Estimate.with_design_effect`). The per-unit counts of a pane
 are in ``ledger.jsonl`` (and, for LDP, in the estimate row; a central release publishes none).
 
+**The budget ledger.** Every run is recorded in the team's ledger (``ledger``, ``dataset``,
+``budget``), at what it added to the largest loss one unit (or, without a privacy unit, one
+record) has taken in this output folder; the dataset's budget caps every unit; a killed run is
+settled exactly by the next (:mod:`.stream_account`).
+
 **Accounting.** Nothing is dropped silently: every record is in a window's panes, dead-lettered
 (``OUT/curator/deadletter.jsonl``, with the stage, the reason and, from a spool, the file and line), or
 counted. ``OUT/curator/ledger.jsonl`` is the curator's bookkeeping (one line per file read and per
@@ -128,6 +133,7 @@ from ldp_beam.transforms.windowed import (CURATOR, ESTIMATES, DEAD_LETTERS, LEDG
                                           ReadPubSubRecords, estimate_stream, MarkRange)
 
 from .common import counters, run_pipeline, runner_args, runner_name, say, write_json
+from .stream_account import StreamAccount, stream_dataset
 
 
 def prior_releases(path: str) -> dict[int, int]:
@@ -234,7 +240,9 @@ def run_stream(output_dir: str, mechanism: Mechanism, *, spool: str | None = Non
                unit_budget: float | None = None, memoize: str | bool | None = None,
                seed: int | str | None = None, timestamp_attribute: str | None = "ts",
                report_id_attribute: str | None = "report_id", results: Iterable[str] = (),
-               results_topic: str | None = None) -> dict:
+               results_topic: str | None = None, ledger: str | None = None,
+               dataset: str | None = None, budget: float | None = None,
+               budget_delta: float | None = None) -> dict:
     """Run a streaming estimation (see the module docstring) until ``duration`` seconds have
     passed, ``stop`` is set, SIGINT/SIGTERM arrives (when run on the main thread) or, with
     ``once``, the spool's present files are read. Outputs go to ``output_dir`` (appended to, so a
@@ -251,7 +259,11 @@ def run_stream(output_dir: str, mechanism: Mechanism, *, spool: str | None = Non
     ``OUT/units.sqlite`` (the trusted side's: it holds the key of the unit hashes). ``seed``:
     the state's key from a seed, for reproducible selection in tests: NOT private (the unit
     hashes of a guessable id space can be inverted by whoever knows the seed); it needs a
-    fresh output folder."""
+    fresh output folder.
+
+    ``ledger``, ``dataset``, ``budget``, ``budget_delta``: the team's budget ledger, where the
+    run records what it spends (see :mod:`.stream_account`), the stream's name there (default:
+    the source's location) and the dataset's budget (as for every run)."""
     if (spool is None) == (subscription is None):
         raise StreamConfigError("give exactly one source: --spool DIR or --subscription "
                                 "PROJECT/SUB")
@@ -313,6 +325,7 @@ def run_stream(output_dir: str, mechanism: Mechanism, *, spool: str | None = Non
         if spool else None
     if spool_dir is not None:
         spool_dir.open()
+    account: StreamAccount | None = None
     try:
         continued: dict | None = None
         if central:  # the release range: declared, or (live) from the run's start
@@ -350,6 +363,17 @@ def run_stream(output_dir: str, mechanism: Mechanism, *, spool: str | None = Non
             None if once else early_seconds, releases_per_window, columns, options, prior,
             unit=unit, run_id=run_id, unit_hashed=True)
         log = (lambda m: say(f"ldp-beam stream: {m}")) if progress else (lambda m: None)
+        account = StreamAccount(
+            ledger, stream_dataset(spool if spool is not None else f"pubsub://{subscription}",
+                                   out_dir, dataset),
+            out_dir, run_id, mechanism=mechanism, guarantee=estimate.stream_guarantee,
+            unit=unit, seeded=key.seeded, budget=budget, budget_delta=budget_delta).open()
+        if account.cap_from_budget is not None:
+            estimate.cap_units(account.cap_from_budget)
+            unit = estimate.unit
+            log(f"each unit's cumulative loss is capped at {unit.budget:g}: what dataset "
+                f"{account.dataset['dataset']!r} has left of its budget in the ledger, above "
+                "the largest loss a unit has taken so far")
         if once:
             source: Any = ReadSpoolOnce(spool_dir)
             what = f"spool {spool_dir.path}, once ({len(source.claimed)} file(s))"
@@ -463,9 +487,15 @@ def run_stream(output_dir: str, mechanism: Mechanism, *, spool: str | None = Non
                        "declared": {"start": start_us is not None, "end": end_us is not None},
                        "rule": _range_line(once, range_start, range_end,
                                            start_us is not None)})
+        summary["ledger"] = account.settle()
+        account = None
         write_json(os.path.join(out_dir, SUMMARY), summary)
         log(summary_line(summary))
         return summary
+    except BaseException as exc:
+        if account is not None:  # what the run published or charged stays spent
+            account.settle(failed=exc)
+        raise
     finally:
         if spool_dir is not None:
             spool_dir.close()

@@ -14,6 +14,7 @@ import math
 import os
 import sys
 import hashlib
+import dataclasses
 from dataclasses import dataclass
 from importlib import import_module
 from typing import Any, Iterable, Mapping, NamedTuple
@@ -857,6 +858,17 @@ class WindowedEstimate(beam.PTransform):
             check_unit(mechanism, unit, self.columns)
         self.group = calibrated_rows(mechanism.guarantee) if self.central else 1
         self.stream_guarantee = stream_guarantee(self.guarantee, self.central, unit, self.group)
+
+    def cap_units(self, cap: float) -> None:
+        """Lower the per-unit cumulative cap to ``cap`` before the pipeline is built (the room
+        the team's budget leaves, :mod:`ldp_beam.pipelines.stream_account`); the stated
+        guarantee says the new cap."""
+        if self.unit is None or (self.unit.budget is not None and cap > self.unit.budget):
+            raise ValueError(f"cap {cap!r}: lowers the unit cap of a stream with a privacy unit")
+        self.unit = dataclasses.replace(self.unit, budget=cap)
+        check_unit(self.mechanism, self.unit, self.columns)
+        self.stream_guarantee = stream_guarantee(self.guarantee, self.central, self.unit,
+                                                 self.group)
 
     @property
     def report_epsilon(self) -> float:

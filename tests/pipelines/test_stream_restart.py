@@ -99,6 +99,10 @@ def test_a_killed_central_stream_restarted_plainly_releases_the_open_window(tmp_
     assert sorted(os.listdir(out)) == ["curator", "estimates.jsonl"]
     assert "never publish" in (out / "curator" / "CURATOR-ONLY.txt").read_text()
     assert all("count" not in r for r in rows)  # no exact count in a central release
+    # the team's ledger: the killed run's reservation was settled by the restart, and the
+    # deployment spent its per-record epsilon once (whichever of the two runs published first)
+    assert s["ledger"]["pending"] == 0 and s["ledger"]["spent"]["epsilon"] == 1.0
+    assert [r["as"] for r in s["ledger"]["settled_killed_runs"]] in (["committed"], ["aborted"])
 
 
 def test_a_central_range_cannot_change_its_windows(tmp_path, histogram):

@@ -450,6 +450,9 @@ def test_pubsub_stream_lands_then_streams_the_spool(emulator, tmp_path):
         if w not in last or r["pane"]["index"] > last[w]["pane"]["index"]:
             last[w] = r
     assert rows and sum(r["n_reports"] for r in last.values()) == 450
+    # the team's ledger knows the stream by its subscription, not by the landing folder
+    assert summary["ledger"]["dataset"] == f"pubsub://{sub}"
+    assert summary["ledger"]["run_epsilon"] == 1.0  # per record: the report's epsilon, once
 
 
 class _Twice(BatchPublisher):
