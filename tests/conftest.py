@@ -169,6 +169,46 @@ def write_file(folder, name, lines):
     os.rename(tmp, os.path.join(folder, name))
 
 
+class LiveStream:
+    """``ldp-beam stream ARGS`` live in a subprocess (stderr in ``tmp_path/stderr.txt``), for the
+    kill -9 tests: ``wait(condition)`` polls until it holds while the process lives (at most
+    ``timeout`` seconds in all); leaving the block kills it with SIGKILL, as a lost machine
+    would."""
+
+    def __init__(self, tmp_path, *args: str, timeout: float = 60.0) -> None:
+        import subprocess
+        import time
+
+        self.stderr = tmp_path / "stderr.txt"
+        self._log = open(self.stderr, "w")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "ldp_beam.pipelines.cli", "stream", *args],
+            stdout=subprocess.DEVNULL, stderr=self._log,
+            env=dict(os.environ, PYTHONWARNINGS="ignore"))
+        self.deadline = time.time() + timeout
+
+    def wait(self, condition, every: float = 0.05) -> None:
+        import time
+
+        while not condition():
+            assert self.proc.poll() is None and time.time() < self.deadline, \
+                self.stderr.read_text()
+            time.sleep(every)
+
+    def __enter__(self) -> "LiveStream":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        import signal
+
+        try:
+            if self.proc.poll() is None:
+                os.kill(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(30)
+        finally:
+            self._log.close()
+
+
 def read_jsonl(path) -> list[dict]:
     """The records of a JSON-lines file (a dead-letter file, say)."""
     import json

@@ -7,14 +7,11 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
-import sys
 import time
 
 import pytest
 
-from ldp_beam_test_helpers import read_jsonl, run_cli, write_file
+from ldp_beam_test_helpers import LiveStream, read_jsonl, run_cli, write_file
 from ldp_beam.ledger import BudgetExceeded, Ledger
 from ldp_beam.errors import ParameterError
 from ldp_beam.longitudinal import UnitState
@@ -173,32 +170,15 @@ def test_a_restart_settles_a_killed_run_at_what_its_units_were_charged(tmp_path)
     spool, out = tmp_path / "spool", tmp_path / "out"
     spool.mkdir()
     led = f"sqlite:///{tmp_path / 'ledger.db'}"
-    args = ["stream", "--spool", str(spool), "-m", "grr", "--epsilon", "1", "-p",
+    args = ["--spool", str(spool), "-m", "grr", "--epsilon", "1", "-p",
             "domain=a,b,c", "--window", "2", "--poll", "0.2", "--privacy-unit", "device",
             "--ledger", led, "-q", "-o", str(out)]
-    log = open(tmp_path / "stderr.txt", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "ldp_beam.pipelines.cli", *args,
-                             "--duration", "120"], stdout=subprocess.DEVNULL, stderr=log,
-                            env=dict(os.environ, PYTHONWARNINGS="ignore"))
-    try:
-        deadline = time.time() + 90
-        while not (out / "units.sqlite").exists():
-            assert proc.poll() is None and time.time() < deadline, \
-                (tmp_path / "stderr.txt").read_text()
-            time.sleep(0.05)
+    with LiveStream(tmp_path, *args, "--duration", "120", timeout=90) as live:
+        live.wait(lambda: (out / "units.sqlite").exists())
         now = time.time()
         write_file(spool, "a.jsonl", [{"v": i, "device": f"u{i}", "ts": now} for i in range(3)])
-        while not (out / "estimates.jsonl").exists() or \
-                not read_jsonl(out / "estimates.jsonl"):
-            assert proc.poll() is None and time.time() < deadline, \
-                (tmp_path / "stderr.txt").read_text()
-            time.sleep(0.05)
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        log.close()
+        live.wait(lambda: (out / "estimates.jsonl").exists() and
+                  bool(read_jsonl(out / "estimates.jsonl")))
     (killed,) = entries(tmp_path)
     assert (killed["status"], killed["epsilon"]) == ("pending", float("inf"))
     s = run_stream(str(out), build_mechanism("grr", epsilon=1.0, domain=DOMAIN),

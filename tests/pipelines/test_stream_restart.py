@@ -5,15 +5,12 @@ no window is ever released twice; what is published is kept apart from the curat
 counts."""
 import json
 import os
-import signal
-import subprocess
-import sys
 import threading
 import time
 
 import pytest
 
-from ldp_beam_test_helpers import read_jsonl, write_file
+from ldp_beam_test_helpers import LiveStream, read_jsonl, write_file
 from ldp_beam.pipelines.stream import StreamConfigError, run_stream  # (re-exported)
 from ldp_beam.registry import build_mechanism
 from ldp_beam.transforms.spool import CLAIMED
@@ -40,34 +37,17 @@ def test_a_killed_central_stream_restarted_plainly_releases_the_open_window(tmp_
                                                                           histogram):
     spool, out = tmp_path / "spool", tmp_path / "out"
     spool.mkdir()
-    env = dict(os.environ, PYTHONWARNINGS="ignore")
-    log = open(tmp_path / "stderr.txt", "w")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "ldp_beam.pipelines.cli", "stream", "--spool", str(spool),
-         "-m", "laplace-histogram", "-p", "epsilon=1", "-p", "bins=4", "-p", "lower=0",
-         "-p", "upper=1", "-c", "value", "--window", str(WINDOW), "--poll", "0.2",
-         "--duration", "120", "-q", "-o", str(out)],
-        stdout=subprocess.DEVNULL, stderr=log, env=env)
-    try:
-        deadline = time.time() + 60
-        while not (out / "curator" / "release_range.json").exists():
-            assert proc.poll() is None and time.time() < deadline, \
-                (tmp_path / "stderr.txt").read_text()
-            time.sleep(0.05)
+    with LiveStream(tmp_path, "--spool", str(spool), "-m", "laplace-histogram", "-p",
+                    "epsilon=1", "-p", "bins=4", "-p", "lower=0", "-p", "upper=1", "-c", "value",
+                    "--window", str(WINDOW), "--poll", "0.2", "--duration", "120", "-q", "-o",
+                    str(out)) as live:
+        live.wait(lambda: (out / "curator" / "release_range.json").exists())
         first_range = json.loads((out / "curator" / "release_range.json").read_text())
         w = _window_with_room()
         write_file(spool, "open.jsonl", [{"value": 0.3, "ts": w + 0.5}] * 64)
-        while not (spool / CLAIMED / "open.jsonl").exists():
-            assert proc.poll() is None and time.time() < deadline
-            time.sleep(0.01)
+        live.wait(lambda: (spool / CLAIMED / "open.jsonl").exists(), every=0.01)
         time.sleep(0.3)  # read and in the window, which is still open
         assert time.time() < w + WINDOW
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        log.close()
     before = read_jsonl(out / "estimates.jsonl") if (out / "estimates.jsonl").exists() else []
     assert w not in {r["window_start_epoch"] for r in before}  # the killed run never fired it
 

@@ -5,7 +5,6 @@ releases every window of its range, empty or not."""
 import json
 import math
 import os
-import signal
 import subprocess
 import sys
 import textwrap
@@ -18,7 +17,7 @@ import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.testing.test_stream import TestStream
 
-from ldp_beam_test_helpers import read_jsonl, run_cli, write_file
+from ldp_beam_test_helpers import LiveStream, read_jsonl, run_cli, write_file
 from ldp_beam.central.histogram import HistogramReleaseEstimator, count_noise_variance
 from ldp_beam.noise import discrete_laplace_scale
 from ldp_beam.pipelines.stream import run_stream
@@ -114,31 +113,15 @@ def test_kill_9_during_a_backlog_neither_loses_nor_rereads(tmp_path, bisample):
     old = time.time() - 120
     for i in range(100):  # settled while the first run is still running
         write_file(spool, f"a{i:04d}.jsonl", [{**rec, "ts": old, "id": i}] * 3)
-    env = dict(os.environ, PYTHONWARNINGS="ignore")
-    log = open(tmp_path / "stderr.txt", "w")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "ldp_beam.pipelines.cli", "stream", "--spool", str(spool), "-m",
-         "bisample-md", "-p", f"epsilon={EPS}", "-p", "lower=0", "-p", "upper=100", "--window",
-         "1", "--poll", "0.2", "--duration", "120", "-q", "-o", str(out)],
-        stdout=subprocess.DEVNULL, stderr=log, env=env)
-    try:
-        deadline = time.time() + 60
-        while len(os.listdir(spool / DONE) if (spool / DONE).exists() else []) < 100:
-            assert proc.poll() is None and time.time() < deadline, \
-                (tmp_path / "stderr.txt").read_text()
-            time.sleep(0.05)
+    with LiveStream(tmp_path, "--spool", str(spool), "-m", "bisample-md", "-p",
+                    f"epsilon={EPS}", "-p", "lower=0", "-p", "upper=100", "--window", "1",
+                    "--poll", "0.2", "--duration", "120", "-q", "-o", str(out)) as live:
+        live.wait(lambda: len(os.listdir(spool / DONE) if (spool / DONE).exists() else [])
+                  >= 100)
         future = time.time() + 3600  # windows that stay open: claimed files stay claimed
         for i in range(4000):
             write_file(spool, f"b{i:04d}.jsonl", [{**rec, "ts": future, "id": i}] * 3)
-        while not os.listdir(spool / CLAIMED):
-            assert proc.poll() is None and time.time() < deadline
-            time.sleep(0.005)
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        log.close()
+        live.wait(lambda: bool(os.listdir(spool / CLAIMED)), every=0.005)
     claimed = set(os.listdir(spool / CLAIMED))
     assert claimed and all(f.startswith("b") for f in claimed)
     first = read_jsonl(out / "estimates.jsonl")
