@@ -528,8 +528,7 @@ def scratch_ledger() -> Iterator[str]:
     try:
         yield path
     finally:
-        if previous is None:
-            os.environ.pop("LDP_BEAM_LEDGER", None)
-        else:
+        os.environ.pop("LDP_BEAM_LEDGER")
+        if previous is not None:
             os.environ["LDP_BEAM_LEDGER"] = previous
         shutil.rmtree(folder, ignore_errors=True)
