@@ -528,7 +528,7 @@ def scratch_ledger() -> Iterator[str]:
     try:
         yield path
     finally:
-        os.environ.pop("LDP_BEAM_LEDGER")
+        os.environ.pop("LDP_BEAM_LEDGER", None)
         if previous is not None:
             os.environ["LDP_BEAM_LEDGER"] = previous
         shutil.rmtree(folder, ignore_errors=True)
