@@ -18,11 +18,13 @@ and nowhere else::
       run.commit(...)   ledger prepared -> outputs committed (manifest last) -> ledger committed
                         (:func:`~.lifecycle.publish`); a failure settles the entry as it is
 
-A step is changed here once for every command. The streaming run (:mod:`.stream`) shares the
-parts that apply to an unbounded run (the key, the guarantee, the Beam layer's transforms, the
-budget ledger); its lifecycle differs by nature (a release range instead of one release, settled
-windows instead of one manifest, a cost known only as units are charged:
-:mod:`.stream_account`) and is described there.
+A step is changed here once for every command. The streaming run (:mod:`.stream`) is a
+``Run("stream", SOURCE, ...)`` too, for the parts that apply to an unbounded run: the key, the
+ledger, the budget and the dataset's name, its ledger step (:meth:`Run.stream_account`: a cost
+known only as units are charged, :mod:`.stream_account`), the guarantee and the Beam layer's
+transforms. The rest of its lifecycle differs by nature (a source it reads itself, a release
+range instead of one release, settled windows appended instead of one staged manifest) and is
+described there.
 """
 from __future__ import annotations
 
@@ -45,6 +47,7 @@ from .common import check_readable, check_reconciles, reconcile, run_pipeline
 from .datasets import dataset_identity
 from .lifecycle import ledger_state, publish
 from .outputs import RunFailed, RunOutputs, location
+from .stream_account import StreamAccount, stream_dataset
 
 
 class Run:
@@ -67,8 +70,7 @@ class Run:
         self.command, self.input = command, input
         self.beam_args = list(beam_args)
         self.key = run_key or RunKey.new(seed)
-        self.read = read if read is not None else ReadTable(
-            input, options=self.beam_args, **read_options(null_values))
+        self._read, self._null_values = read, null_values
         self.ledger_url, self.budget, self.budget_delta = ledger, budget, budget_delta
         self.dataset_name, self.force, self.allow_unreadable = dataset, force, allow_unreadable
         self._dataset: dict | None = None
@@ -94,6 +96,14 @@ class Run:
         return int.from_bytes(self.key.derive("release"), "big")
 
     # -- read and role checks ------------------------------------------------------------------
+    @property
+    def read(self) -> ReadTable:
+        """The input's reader, built on first use (a stream reads its source itself)."""
+        if self._read is None:
+            self._read = ReadTable(self.input, options=self.beam_args,
+                                   **read_options(self._null_values))
+        return self._read
+
     @property
     def schema(self) -> pa.Schema:
         return self.read.schema
@@ -169,6 +179,17 @@ class Run:
     @property
     def tally_path(self) -> str:
         return self.outs.scratch("tally.jsonl")
+
+    def stream_account(self, out_dir: str, mechanism: Configured, guarantee: Mapping[str, Any],
+                       unit: Any) -> StreamAccount:
+        """A stream's ledger step (its cost is known only as units are charged; see
+        :mod:`.stream_account`), on this run's ledger, budget and dataset name, with the stream
+        deployment in ``out_dir`` as its identity. ``open()`` it before anything is read."""
+        return StreamAccount(self.ledger_url, stream_dataset(self.input, out_dir,
+                                                             self.dataset_name),
+                             out_dir, self.run_id, mechanism=mechanism, guarantee=guarantee,
+                             unit=unit, seeded=self.seeded, budget=self.budget,
+                             budget_delta=self.budget_delta)
 
     # -- the pipeline --------------------------------------------------------------------------
     def read_rows(self, p: Any, unit: str | None, l0: int = 1, linf: int = 1,

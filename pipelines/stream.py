@@ -121,7 +121,6 @@ from apache_beam.utils.timestamp import Duration
 
 from ldp_beam.core import CentralRelease, Mechanism
 from ldp_beam.longitudinal import UnitState, UnitStateError
-from ldp_beam.rng import RunKey
 from ldp_beam.transforms.sources import redact
 from ldp_beam.transforms.stream_results import check_results, open_results, unsettled_rows
 from ldp_beam.transforms.spool import (ReadSpoolOnce, SpoolDirectory, SpoolSource, WindowClock,
@@ -133,7 +132,8 @@ from ldp_beam.transforms.windowed import (CURATOR, ESTIMATES, DEAD_LETTERS, LEDG
                                           ReadPubSubRecords, estimate_stream, MarkRange)
 
 from .common import counters, run_pipeline, runner_args, runner_name, say, write_json
-from .stream_account import StreamAccount, stream_dataset
+from .run import Run
+from .stream_account import StreamAccount
 
 
 def prior_releases(path: str) -> dict[int, int]:
@@ -305,8 +305,10 @@ def run_stream(output_dir: str, mechanism: Mechanism, *, spool: str | None = Non
     if not os.path.exists(note):
         with open(note, "w") as fh:
             fh.write(CURATOR_NOTE)
-    key = RunKey.new(seed)  # the run's identity, as every run gets it (see .run)
-    run_id = key.run_id
+    # the run's identity, ledger, budget and dataset name, as every run gets them (see .run)
+    run = Run("stream", spool if spool is not None else f"pubsub://{subscription}", seed=seed,
+              ledger=ledger, budget=budget, budget_delta=budget_delta, dataset=dataset)
+    key, run_id = run.key, run.run_id
     unit = None
     if privacy_unit is not None:
         state_path = os.path.join(out_dir, UnitState.FILE)
@@ -363,11 +365,8 @@ def run_stream(output_dir: str, mechanism: Mechanism, *, spool: str | None = Non
             None if once else early_seconds, releases_per_window, columns, options, prior,
             unit=unit, run_id=run_id, unit_hashed=True)
         log = (lambda m: say(f"ldp-beam stream: {m}")) if progress else (lambda m: None)
-        account = StreamAccount(
-            ledger, stream_dataset(spool if spool is not None else f"pubsub://{subscription}",
-                                   out_dir, dataset),
-            out_dir, run_id, mechanism=mechanism, guarantee=estimate.stream_guarantee,
-            unit=unit, seeded=key.seeded, budget=budget, budget_delta=budget_delta).open()
+        account = run.stream_account(out_dir, mechanism, estimate.stream_guarantee,
+                                     unit).open()
         if account.cap_from_budget is not None:
             estimate.cap_units(account.cap_from_budget)
             unit = estimate.unit
