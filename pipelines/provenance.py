@@ -37,6 +37,7 @@ import pyarrow.parquet as pq
 from ldp_beam.errors import LdpBeamError
 from ldp_beam.transforms import ReadTable, mechanism_metadata
 from ldp_beam.transforms.io import open_input, table_format
+from ldp_beam.jsonio import dumps
 
 from .outputs import _listing, exists, file_digest, is_url, location, open_read
 
@@ -96,7 +97,7 @@ class Provenance:
 # ------------------------------------------------------------------------------ configuration
 def _norm(x: Any) -> Any:
     """A JSON value as JSON would give it back (tuples are lists, keys are text)."""
-    return json.loads(json.dumps(x, sort_keys=True, default=list))
+    return json.loads(dumps(x))
 
 
 def _unit(u: Any) -> dict | None:

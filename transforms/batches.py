@@ -28,6 +28,7 @@ from ldp_beam import __version__
 from ldp_beam.core import Mechanism
 from ldp_beam.errors import InvalidRecordsError
 from ldp_beam.privacy import run_guarantee
+from ldp_beam.jsonio import dumps
 
 SCHEMA_KEY = b"ldp_beam"
 
@@ -185,7 +186,7 @@ def report_schema(mechanism: Mechanism, passthrough: pa.Schema | None = None,
             "privacy_unit": privacy_unit, "ldp_beam_version": __version__}
     if run_id is not None:
         meta["run_id"] = str(run_id)
-    return pa.schema(fields, metadata={SCHEMA_KEY: json.dumps(meta, default=list).encode()})
+    return pa.schema(fields, metadata={SCHEMA_KEY: dumps(meta, sort_keys=False).encode()})
 
 
 def mechanism_metadata(schema: pa.Schema) -> dict | None:
