@@ -90,6 +90,19 @@ def _pyplot():
         return None
 
 
+def _finish_plot(plt, fig, ax, path: str, xlabel: str, ylabel: str, title: str) -> str:
+    """The end of the demo's one-panel figures: axis labels, the title, the legend, then laid
+    out, saved as ``path``, closed. Returns ``path``."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
 def _plot(path: str, truth: dict, by_region: dict, epsilon: float) -> str | None:
     plt = _pyplot()
     if plt is None:
@@ -105,15 +118,9 @@ def _plot(path: str, truth: dict, by_region: dict, epsilon: float) -> str | None
                 label="BiSample-MD estimate (95% CI)")
     ax.scatter(x, tru, marker="x", color="black", zorder=3, label="true mean (answering people)")
     ax.set_xticks(x, regions)
-    ax.set_xlabel("region")
-    ax.set_ylabel("mean age (years)")
-    ax.set_title(f"Mean age per region from BiSample-MD reports (LDP, epsilon = {epsilon:g})",
-                 fontsize=10)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return _finish_plot(plt, fig, ax, path, "region", "mean age (years)",
+                        "Mean age per region from BiSample-MD reports (LDP, epsilon = "
+                        f"{epsilon:g})")
 
 
 def bisample_section(data: str, out_dir: str, epsilon: float, seed: Any,
@@ -177,14 +184,7 @@ def _plot_density(path: str, values: np.ndarray, est: dict, lo: float, hi: float
     ax.hist(values, bins=len(z) // 2, range=(lo, hi), density=True, color="0.8",
             label="true values (histogram)")
     ax.plot(z, v, lw=2, label="reconstructed from RVNS reports")
-    ax.set_xlabel("income (thousands)")
-    ax.set_ylabel("density")
-    ax.set_title(title, fontsize=10)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return _finish_plot(plt, fig, ax, path, "income (thousands)", "density", title)
 
 
 INCOME = (0.0, 250.0)
@@ -340,15 +340,9 @@ def _plot_hist(path: str, edges: np.ndarray, series: dict[str, np.ndarray]) -> s
               "DPHR (sound)": dict(color="tab:red", lw=1.4)}
     for name, y in series.items():
         ax.step(mid, y, where="mid", label=name, **styles.get(name, {}))
-    ax.set_xlabel("income (thousands)")
-    ax.set_ylabel("records per bucket")
-    ax.set_title(f"Income histogram published under central DP (epsilon = {HIST_EPSILON:g})",
-                 fontsize=10)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return _finish_plot(plt, fig, ax, path, "income (thousands)", "records per bucket",
+                        "Income histogram published under central DP (epsilon = "
+                        f"{HIST_EPSILON:g})")
 
 
 def dphr_section(data: str, out_dir: str, epsilon: float, seed: Any,

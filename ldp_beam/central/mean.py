@@ -32,6 +32,19 @@ from .aggregation import (NEVER_CLIPPED, Aggregation, AggregationEstimator, Latt
                           budget_part, draw_noise, get_wide, positive_denominator)
 
 
+@dataclass(frozen=True)
+class BoundedParameters:
+    """The parameters of the central releases of values in [lower, upper] (sum, mean, variance),
+    a frozen dataclass base that declares them once: the budget ``epsilon``, the value domain
+    and the contribution bounds L0 and Linf (validated by :meth:`Aggregation._check_common`)."""
+
+    epsilon: float
+    lower: float
+    upper: float
+    max_partitions_per_unit: int = 1
+    max_rows_per_partition: int = 1
+
+
 class Normalized(Aggregation):
     """Releases built from a noisy count and midpoint-normalized sums, each with ``1/PARTS`` of
     epsilon (mean: count + sum; variance: count + sum + sum of squares)."""
@@ -87,7 +100,7 @@ class Normalized(Aggregation):
 
 
 @dataclass(frozen=True)
-class CentralMean(Normalized, CentralRelease):
+class CentralMean(Normalized, CentralRelease, BoundedParameters):
     """Central mean per key of values in [lower, upper] (PipelineDP's MEAN), exact noise.
 
     mid + (noisy normalized sum) / (noisy count), epsilon split in two halves, exact discrete
@@ -98,12 +111,6 @@ class CentralMean(Normalized, CentralRelease):
     ACC_SIZE: ClassVar[int] = 3  # rows, normalized sum (two limbs)
     LIMBS: ClassVar[tuple[int, ...]] = (1,)
     PARTS: ClassVar[int] = 2
-
-    epsilon: float
-    lower: float
-    upper: float
-    max_partitions_per_unit: int = 1
-    max_rows_per_partition: int = 1
 
     def __post_init__(self) -> None:
         self._check_common()
@@ -159,4 +166,4 @@ class CentralMeanEstimator(AggregationEstimator):
     """Accumulates the row count and the exact normalized grid sum; releases once."""
 
 
-__all__ = ["CentralMean", "CentralMeanEstimator", "Normalized"]
+__all__ = ["BoundedParameters", "CentralMean", "CentralMeanEstimator", "Normalized"]

@@ -23,10 +23,11 @@ import numpy as np
 from ..core import CentralRelease, Reports, Role, Statistic
 from ..privacy import PrivacyGuarantee
 from .aggregation import NEVER_CLIPPED, Aggregation, AggregationEstimator, Lattice, get_wide
+from .mean import BoundedParameters
 
 
 @dataclass(frozen=True)
-class CentralSum(Aggregation, CentralRelease):
+class CentralSum(Aggregation, CentralRelease, BoundedParameters):
     """Central sum per key of values in [lower, upper] (PipelineDP's SUM), exact on a grid.
 
     Exact on a 2^-40 grid, + exact discrete Laplace noise of scale >= L0 x Linf x
@@ -37,12 +38,6 @@ class CentralSum(Aggregation, CentralRelease):
     report_fields: ClassVar[tuple] = (("units", "int64"),)
     ACC_SIZE: ClassVar[int] = 3  # rows, sum (two limbs)
     LIMBS: ClassVar[tuple[int, ...]] = (1,)
-
-    epsilon: float
-    lower: float
-    upper: float
-    max_partitions_per_unit: int = 1
-    max_rows_per_partition: int = 1
 
     def __post_init__(self) -> None:
         self._check_common()

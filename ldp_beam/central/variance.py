@@ -32,11 +32,11 @@ from ..core import CentralRelease, Reports, Statistic
 from ..privacy import PrivacyGuarantee
 from .aggregation import (NEVER_CLIPPED, AggregationEstimator, Lattice, get_wide,
                           positive_denominator)
-from .mean import Normalized
+from .mean import BoundedParameters, Normalized
 
 
 @dataclass(frozen=True)
-class CentralVariance(Normalized, CentralRelease):
+class CentralVariance(Normalized, CentralRelease, BoundedParameters):
     """Central variance per key of values in [lower, upper] (PipelineDP's VARIANCE), exact noise.
 
     Noisy count, normalized sum and normalized sum of squares (epsilon/3 each), exact discrete
@@ -47,12 +47,6 @@ class CentralVariance(Normalized, CentralRelease):
     ACC_SIZE: ClassVar[int] = 5  # rows, normalized sum (two limbs), sum of squares (two limbs)
     LIMBS: ClassVar[tuple[int, ...]] = (1, 3)
     PARTS: ClassVar[int] = 3
-
-    epsilon: float
-    lower: float
-    upper: float
-    max_partitions_per_unit: int = 1
-    max_rows_per_partition: int = 1
 
     def __post_init__(self) -> None:
         self._check_common(power=2)

@@ -52,7 +52,7 @@ from ..registry import build_mechanism
 from . import datasets as ds
 from .metrics import (absolute_error, bisample_variance, chi2_interval,
                       harmony_worst_case_variance, pm_variance, squared_error)
-from .recipe import finish_recipe, pyplot, recipe_main, save_figure, start_recipe
+from .recipe import finish_recipe, paper_run, pyplot, recipe_main, save_figure, start_recipe
 
 FAMILY = "bisample"
 
@@ -313,18 +313,13 @@ def _total_steps(cfg: Config) -> int:
     return steps
 
 
+@paper_run("Section 5")
 def run(quick: bool = False, data_dir: str | None = None, out_dir: str | None = None,
         seed: int | None = None, progress: Any = None, *, config: Config | None = None
         ) -> list[dict]:
-    """Run the paper's Section 5 experiments; return the records (and write figures/JSON to
-    ``out_dir`` when given). ``seed=None`` draws one from OS entropy; it is in every record.
-    ``progress``: None (lines on stderr), False (silent), or a callable taking each line.
-    ``config`` overrides the quick/full sizes (for tests and ad-hoc runs)."""
     cfg = config if config is not None else (QUICK if quick else FULL)
-    seed, prog, common = start_recipe(FAMILY, quick, seed, progress, _total_steps(cfg))
-    t0 = time.perf_counter()
-    prog.note(f"{'quick' if quick else 'full'} run: n={cfg.n}, T={cfg.reps}, seed={seed}, "
-              f"data_dir={data_dir}")
+    seed, prog, common, t0 = start_recipe(FAMILY, quick, seed, progress, _total_steps(cfg),
+                                          f"n={cfg.n}, T={cfg.reps}", data_dir)
     records = _datasets_experiment(cfg, seed, data_dir, common)
     runners = {"fig4": _fig4, "fig5": _fig5, "fig6": _fig6, "variance": _variance}
     for exp_name in cfg.experiments:

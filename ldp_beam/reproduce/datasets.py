@@ -24,6 +24,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .recipe import data_file
+
 #: Table 2 of the paper: dataset -> (number of instances, mean value).
 PAPER_TABLE2: dict[str, tuple[int, float]] = {
     "EXP": (100_000, -0.831),
@@ -101,10 +103,8 @@ def load_adult_age(data_dir: str | os.PathLike | None) -> np.ndarray | None:
 
     Parsing is vectorized (numpy reads the first comma-separated field of every line).
     """
-    if data_dir is None:
-        return None
-    path = os.path.join(os.fspath(data_dir), ADULT_FILE)
-    if not os.path.isfile(path):
+    path = data_file(data_dir, ADULT_FILE)
+    if path is None:
         return None
     ages = np.loadtxt(path, delimiter=",", usecols=0, dtype=np.float64, ndmin=1,
                       comments=None)

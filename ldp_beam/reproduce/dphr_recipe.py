@@ -88,7 +88,7 @@ from ..central.histogram import HistogramRelease, IdentityLaplace
 from ..central.histogram_baselines import AHP, StructureFirst
 from ..pipelines.records import make_record, select
 from .metrics import range_query_mse
-from .recipe import finish_recipe, pyplot, recipe_main, save_figure, start_recipe
+from .recipe import finish_recipe, paper_run, pyplot, recipe_main, save_figure, start_recipe
 
 FAMILY = "dphr"
 EPS_GRID = (1.0, math.log(2.0), 0.1, 0.01)
@@ -461,18 +461,13 @@ def _total_steps(cfg: Config) -> int:
     return len(cfg.datasets) * len(cfg.eps_grid) + (1 if cfg.scaling_n else 0)
 
 
+@paper_run("Section 6")
 def run(quick: bool = False, data_dir: str | None = None, out_dir: str | None = None,
         seed: int | None = None, progress: Any = None, *, config: Config | None = None
         ) -> list[dict]:
-    """Run the paper's Section 6 experiments; return the records (and write figures/JSON to
-    ``out_dir`` when given). ``seed=None`` draws one from OS entropy; it is in every record.
-    ``progress``: None (lines on stderr), False (silent), or a callable taking each line.
-    ``config`` overrides the quick/full sizes (for tests and ad-hoc runs)."""
     cfg = config if config is not None else (QUICK if quick else FULL)
-    seed, prog, common = start_recipe(FAMILY, quick, seed, progress, _total_steps(cfg))
-    t0 = time.perf_counter()
-    prog.note(f"{'quick' if quick else 'full'} run: reps={cfg.reps}, seed={seed}, "
-              f"data_dir={data_dir}")
+    seed, prog, common, t0 = start_recipe(FAMILY, quick, seed, progress, _total_steps(cfg),
+                                          f"reps={cfg.reps}", data_dir)
     datasets = [load_dataset(name, data_dir, seed) for name in cfg.datasets]
     records = _datasets_records(datasets, common) + _methods_records(cfg, datasets, common)
     for d in datasets:

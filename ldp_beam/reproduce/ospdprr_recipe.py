@@ -76,7 +76,7 @@ from ..central.ospdprr import (comprehensive_weight, exact_answer, importance_ti
                                sampling_probabilities, statistic_lattice, statistic_units)
 from ..noise import discrete_laplace_cumulants, discrete_laplace_scale
 from ..pipelines.records import make_record, select
-from .recipe import finish_recipe, pyplot, recipe_main, save_figure, start_recipe
+from .recipe import data_file, finish_recipe, pyplot, recipe_main, save_figure, start_recipe
 
 FAMILY = "ospdprr"
 T_GRID = (0.6, 0.7, 0.8, 0.9)
@@ -190,10 +190,8 @@ def synthetic_population(ds: Dataset, n: int, k: int, gen: np.random.Generator) 
 
 def load_adult(data_dir: str | os.PathLike | None) -> np.ndarray | None:
     """(age, capital-gain, capital-loss, hours-per-week) of every row of UCI Adult, or None."""
-    if data_dir is None:
-        return None
-    path = os.path.join(os.fspath(data_dir), ADULT_FILE)
-    if not os.path.isfile(path):
+    path = data_file(data_dir, ADULT_FILE)
+    if path is None:
         return None
     import pandas as pd
 
@@ -584,12 +582,10 @@ def run(quick: bool = False, data_dir: str | None = None, out_dir: str | None = 
     ``config`` overrides the quick/full sizes (for tests and ad-hoc runs)."""
     cfg = config if config is not None else (QUICK if quick else FULL)
     adult = load_adult(data_dir) if cfg.adult else None
-    seed, prog, common = start_recipe(FAMILY, quick, seed, progress,
-                                      _total_steps(cfg, adult is not None))
-    t0 = time.perf_counter()
-    prog.note(f"{'quick' if quick else 'full'} run: n={cfg.n}, k={cfg.k}, reps={cfg.reps}, "
-              f"data seeds={cfg.data_seeds}, seed={seed}, data_dir={data_dir} (Adult "
-              f"{'found' if adult is not None else 'not found: skipped'})")
+    seed, prog, common, t0 = start_recipe(
+        FAMILY, quick, seed, progress, _total_steps(cfg, adult is not None),
+        f"n={cfg.n}, k={cfg.k}, reps={cfg.reps}, data seeds={cfg.data_seeds}", data_dir,
+        f" (Adult {'found' if adult is not None else 'not found: skipped'})")
     records: list[dict] = []
     for name in cfg.datasets:
         records += _run_dataset(SYNTHETIC[name], cfg, seed, common, prog)

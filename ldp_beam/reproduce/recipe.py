@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from typing import Any, Callable
 
 from ..pipelines.records import Progress, as_progress, write_records
@@ -60,18 +61,47 @@ def recipe_main(run: Callable[..., list], prog: str, description: str, quick_hel
     return 0
 
 
-def start_recipe(family: str, quick: bool, seed: int | None, progress: Any, total: int
-                 ) -> tuple[int, Progress, dict]:
+def start_recipe(family: str, quick: bool, seed: int | None, progress: Any, total: int,
+                 settings: str, data_dir: Any, more: str = "") -> tuple[int, Progress, dict, float]:
     """What every recipe's ``run`` does first: draw the seed from OS entropy unless one is given
     (it goes into every record so a run can be repeated), set up progress for ``total`` steps,
-    and return ``(seed, progress, fields every record carries)``."""
+    start the clock and note the run's first line, ``"quick run: SETTINGS, seed=S,
+    data_dir=D"`` (``"full run: ..."``; ``more`` is added at its end). Returns ``(seed, progress,
+    fields every record carries, the clock's start)``."""
     import secrets
 
-    if seed is None:
-        seed = secrets.randbits(63)
+    seed = int(secrets.randbits(63) if seed is None else seed)
     prog = as_progress(progress, family)
     prog.total = total
-    return int(seed), prog, {"seed": int(seed), "quick": bool(quick)}
+    t0 = time.perf_counter()
+    prog.note(f"{'quick' if quick else 'full'} run: {settings}, seed={seed}, data_dir={data_dir}"
+              + more)
+    return seed, prog, {"seed": seed, "quick": bool(quick)}, t0
+
+
+#: The docstring of every paper recipe's ``run`` (:func:`paper_run`), for the paper's section.
+PAPER_RUN_DOC = """Run the paper's {} experiments; return the records (and write figures/JSON to
+    ``out_dir`` when given). ``seed=None`` draws one from OS entropy; it is in every record.
+    ``progress``: None (lines on stderr), False (silent), or a callable taking each line.
+    ``config`` overrides the quick/full sizes (for tests and ad-hoc runs)."""
+
+
+def paper_run(section: str) -> Callable[[Callable], Callable]:
+    """Decorator of a recipe's ``run``: the docstring the paper recipes share
+    (:data:`PAPER_RUN_DOC`), naming the paper's ``section``."""
+    def document(run: Callable) -> Callable:
+        run.__doc__ = PAPER_RUN_DOC.format(section)
+        return run
+    return document
+
+
+def data_file(data_dir: str | os.PathLike | None, name: str) -> str | None:
+    """The path of the file ``name`` (relative) under ``data_dir``, or None when no folder is
+    given or the file is not there: a recipe then skips the dataset or stands in for it."""
+    if data_dir is None:
+        return None
+    path = os.path.join(os.fspath(data_dir), name)
+    return path if os.path.isfile(path) else None
 
 
 def finish_recipe(family: str, records: list, out_dir: str | None, prog: Progress,

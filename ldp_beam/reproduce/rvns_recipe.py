@@ -100,7 +100,8 @@ from ..pipelines.records import make_record, select
 from . import datasets as ds
 from .adversary import euclidean_distance, infer_rvns
 from .datasets import chi2_truncated
-from .recipe import finish_recipe, pyplot, recipe_main, save_figure, start_recipe
+from .recipe import (data_file, finish_recipe, paper_run, pyplot, recipe_main, save_figure,
+                     start_recipe)
 
 FAMILY = "rvns"
 EXPERIMENT = "sec5"
@@ -190,10 +191,8 @@ class RvnsDataset:
 
 def load_students_math(data_dir: str | os.PathLike | None) -> np.ndarray | None:
     """The "math score" column of StudentsPerformance.csv (BOM-tolerant), or None if absent."""
-    if data_dir is None:
-        return None
-    path = os.path.join(os.fspath(data_dir), STUDENTS_FILE)
-    if not os.path.isfile(path):
+    path = data_file(data_dir, STUDENTS_FILE)
+    if path is None:
         return None
     with open(path, newline="", encoding="utf-8-sig") as fh:  # the file starts with a BOM
         rows = list(csv.reader(fh))
@@ -440,23 +439,18 @@ def _total_steps(cfg: Config) -> int:
     return len(cfg.chi2_dfs) * cfg.reps + len(cfg.real) * cfg.real_reps
 
 
+@paper_run("Section V")
 def run(quick: bool = False, data_dir: str | None = None, out_dir: str | None = None,
         seed: int | None = None, progress: Any = None, *, config: Config | None = None
         ) -> list[dict]:
-    """Run the paper's Section V experiments; return the records (and write figures/JSON to
-    ``out_dir`` when given). ``seed=None`` draws one from OS entropy; it is in every record.
-    ``progress``: None (lines on stderr), False (silent), or a callable taking each line.
-    ``config`` overrides the quick/full sizes (for tests and ad-hoc runs)."""
     cfg = config if config is not None else (QUICK if quick else FULL)
     missing = [ps for ps in cfg.paper_settings if ps[0] not in cfg.ks
                or ps[1] not in cfg.d_fracs]
     if missing:
         raise ValueError(f"paper_settings {missing} are not among ks x d_fracs")
-    seed, prog, common = start_recipe(FAMILY, quick, seed, progress, _total_steps(cfg))
-    t0 = time.perf_counter()
-    prog.note(f"{'quick' if quick else 'full'} run: chi2 n={cfg.n}, reps={cfg.reps} "
-              f"(real {cfg.real_reps}, paper SLSQP {cfg.paper_reps}), seed={seed}, "
-              f"data_dir={data_dir}")
+    seed, prog, common, t0 = start_recipe(
+        FAMILY, quick, seed, progress, _total_steps(cfg), f"chi2 n={cfg.n}, reps={cfg.reps} "
+        f"(real {cfg.real_reps}, paper SLSQP {cfg.paper_reps})", data_dir)
     records: list[dict] = []
     curves: dict = {}
     names = dataset_names(cfg)

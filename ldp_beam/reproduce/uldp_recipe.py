@@ -99,7 +99,8 @@ from ..estimators import estimator_for
 from ..mechanisms.joint import jurr_min_epsilon, jurr_valid
 from ..pipelines.records import make_record, select
 from ..registry import build_mechanism
-from .recipe import finish_recipe, pyplot, recipe_main, save_figure, start_recipe
+from .recipe import (data_file, finish_recipe, paper_run, pyplot, recipe_main, save_figure,
+                     start_recipe)
 
 FAMILY = "uldp"
 EPS_GRID = (0.5, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0)
@@ -204,10 +205,8 @@ def tertiles(total: np.ndarray) -> np.ndarray:
 
 def load_nursery(data_dir: str | os.PathLike | None) -> Table | None:
     """``<data_dir>/uci_nursery/nursery.data`` as codes, or None when absent."""
-    if data_dir is None:
-        return None
-    path = os.path.join(os.fspath(data_dir), NURSERY_FILE)
-    if not os.path.isfile(path):
+    path = data_file(data_dir, NURSERY_FILE)
+    if path is None:
         return None
     import pandas as pd
 
@@ -222,10 +221,8 @@ def load_nursery(data_dir: str | os.PathLike | None) -> Table | None:
 def load_score(data_dir: str | os.PathLike | None) -> Table | None:
     """``<data_dir>/students_performance/StudentsPerformance.csv`` as codes (race, education and
     the tertile class of the total score), or None when absent. pandas strips the UTF-8 BOM."""
-    if data_dir is None:
-        return None
-    path = os.path.join(os.fspath(data_dir), SCORE_FILE)
-    if not os.path.isfile(path):
+    path = data_file(data_dir, SCORE_FILE)
+    if path is None:
         return None
     import pandas as pd
 
@@ -597,18 +594,13 @@ def _total_steps(cfg: Config) -> int:
     return steps
 
 
+@paper_run("Section 7")
 def run(quick: bool = False, data_dir: str | None = None, out_dir: str | None = None,
         seed: int | None = None, progress: Any = None, *, config: Config | None = None
         ) -> list[dict]:
-    """Run the paper's Section 7 experiments; return the records (and write figures/JSON to
-    ``out_dir`` when given). ``seed=None`` draws one from OS entropy; it is in every record.
-    ``progress``: None (lines on stderr), False (silent), or a callable taking each line.
-    ``config`` overrides the quick/full sizes (for tests and ad-hoc runs)."""
     cfg = config if config is not None else (QUICK if quick else FULL)
-    seed, prog, common = start_recipe(FAMILY, quick, seed, progress, _total_steps(cfg))
-    t0 = time.perf_counter()
-    prog.note(f"{'quick' if quick else 'full'} run: reps={cfg.reps}, seed={seed}, "
-              f"data_dir={data_dir}")
+    seed, prog, common, t0 = start_recipe(FAMILY, quick, seed, progress, _total_steps(cfg),
+                                          f"reps={cfg.reps}", data_dir)
     tables = _tables(seed, data_dir)
     records = _datasets_experiment(tables, common)
     records += _figs345(cfg, seed, tables, common, prog)
