@@ -122,8 +122,10 @@ the sketch is extracted).
 """
 from __future__ import annotations
 
+import ctypes
 import os
 from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
 import numpy as np
@@ -552,8 +554,6 @@ def _background() -> Any:
     process gets its own (the parent's thread does not exist there)."""
     global _POOL
     if _POOL is None or _POOL[0] != os.getpid():
-        from concurrent.futures import ThreadPoolExecutor
-
         _POOL = (os.getpid(), ThreadPoolExecutor(1, thread_name_prefix="ldp-beam-bounding"))
     return _POOL[1]
 
@@ -857,8 +857,6 @@ def _trim_heap() -> None:
     global _LIBC
     if _LIBC is None:
         try:
-            import ctypes
-
             _LIBC = ctypes.CDLL("libc.so.6").malloc_trim
         except (OSError, AttributeError):
             _LIBC = False

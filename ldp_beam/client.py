@@ -62,14 +62,17 @@ import secrets
 import threading
 import time
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from . import registry
 from .core import CentralRelease, Mechanism
 from .errors import InvalidRecordsError, ParameterError
 from .jsonio import encoder
+from .longitudinal import Memoized
+from .rng import RandomSource
 
 #: the key of the mechanism metadata in a reports schema (``ldp_beam.transforms.batches``
 #: writes it; repeated here so that the client does not import the Beam layer)
@@ -149,8 +152,6 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
 def iso_micros(us: int) -> str:
     """Epoch microseconds -> ``YYYY-MM-DDTHH:MM:SS.ffffffZ``, exactly (integer arithmetic)."""
-    from datetime import timedelta
-
     dt = _EPOCH + timedelta(seconds=us // 1_000_000)
     return f"{dt.year:04d}-{dt.month:02d}-{dt.day:02d}T{dt.hour:02d}:{dt.minute:02d}:" \
         f"{dt.second:02d}.{us % 1_000_000:06d}Z"
@@ -236,8 +237,6 @@ def mechanism_from(spec: Any, params: Mapping[str, Any] | None = None,
     """A Mechanism from an instance, a registered name (with ``params``), a reports schema's
     metadata (a dict with ``mechanism`` and ``params``), a pyarrow Schema carrying it, or the path
     of a reports Parquet file written by ``collect``."""
-    from .registry import get_registry
-
     if isinstance(spec, Mechanism):
         if params:
             raise ParameterError("params", dict(params), "no parameters with a mechanism "
@@ -246,6 +245,8 @@ def mechanism_from(spec: Any, params: Mapping[str, Any] | None = None,
     meta = None
     if isinstance(spec, str) and (spec.endswith(".parquet") or os.path.sep in spec) \
             and os.path.exists(spec):
+        # lazy: pyarrow.parquet costs 0.11 s at import (measured, after this module's imports);
+        # the device client loads no pyarrow, and only a reports file's path needs it
         import pyarrow.parquet as pq
 
         spec = pq.read_schema(spec)
@@ -263,11 +264,11 @@ def mechanism_from(spec: Any, params: Mapping[str, Any] | None = None,
                                  "'mechanism' and 'params'")
         merged = dict(meta.get("params") or {})
         merged.update(params or {})
-        return get_registry().build(meta["mechanism"], merged,
-                                    allow_no_guarantee=allow_no_guarantee)
+        return registry.get_registry().build(meta["mechanism"], merged,
+                                             allow_no_guarantee=allow_no_guarantee)
     if isinstance(spec, str):
-        return get_registry().build(spec, dict(params or {}),
-                                    allow_no_guarantee=allow_no_guarantee)
+        return registry.get_registry().build(spec, dict(params or {}),
+                                             allow_no_guarantee=allow_no_guarantee)
     raise ParameterError("mechanism_or_schema", type(spec).__name__,
                          "a Mechanism, a registered name, a reports schema or its metadata")
 
@@ -367,11 +368,7 @@ class Reporter:
                                  else os.path.join(self.state_dir, "seq"))
         self._memo = None
         if memoize is not None and memoize is not False:
-            from .longitudinal import Memoized
-
             self._memo = Memoized(mech, self._secret(memoize))
-        from .rng import RandomSource
-
         self._source = RandomSource()  # OS entropy: a device never seeds its noise
 
     def __repr__(self) -> str:
@@ -641,11 +638,14 @@ class BatchPublisher:
 
     def publish_batch(self, topic: str, messages: Sequence[tuple[bytes, Mapping[str, str]]],
                       timeout: float = 60.0) -> list[str]:
+        # lazy: optional dependency (the [pubsub] extra); google-cloud-pubsub also costs 0.54 s
+        # at import (measured), which `import ldp_beam.client` does not pay until it publishes
         from google.api_core import exceptions as gexc
         from google.api_core import retry as gretry
         from google.pubsub_v1.types import PublishRequest
 
         if self._client is None:
+            # lazy: optional dependency (the [pubsub] extra)
             from google.cloud import pubsub_v1
 
             self._client = pubsub_v1.PublisherClient()

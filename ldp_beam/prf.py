@@ -11,6 +11,8 @@ import threading
 
 import numpy as np
 import pyarrow as pa
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+from randomgen import AESCounter
 
 U64 = np.uint64
 _MASK64 = (1 << 64) - 1
@@ -134,8 +136,6 @@ def aes_prf(key: bytes, lo: np.ndarray, hi: np.ndarray | int) -> np.ndarray:
     ``q^2 / 2^129`` for ``q`` blocks, is negligible); OpenSSL's AES-NI code (through
     ``cryptography``, which Beam depends on) takes ~5 ns a block, ~30x less than SipHash in
     numpy. The blocks are encrypted in place (one buffer)."""
-    from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
-
     n = int(np.size(lo))
     if n == 0:
         return np.empty(0, U64)
@@ -169,8 +169,6 @@ def row_priorities(key: int, stream: int, ids: np.ndarray) -> np.ndarray:
 
 def _row_priorities_ctr(key: int, stream: int, ids: np.ndarray) -> np.ndarray:
     """:func:`row_priorities` by randomgen's AES counter generator (any record numbers)."""
-    from randomgen import AESCounter
-
     base = (int(stream) & _MASK64) << 64
     # A new generator costs about as much as drawing ~8,000 blocks: the span is drawn whole,
     # except across gaps longer than that (so a sparse subset costs at most ~2x its best plan).

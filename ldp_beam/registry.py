@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib
+import inspect
 import math
 import threading
 import types
@@ -162,8 +163,6 @@ class Registry:
         line) are converted by the estimator constructor's annotations."""
         factory = self.plugin_of(mechanism).estimator
         if any(isinstance(v, str) for v in options.values()):
-            import inspect
-
             sig = inspect.signature(factory)
             try:
                 hints = typing.get_type_hints(factory.__init__ if isinstance(factory, type)

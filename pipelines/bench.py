@@ -52,6 +52,7 @@ the other sections' records are still written.
 from __future__ import annotations
 
 import datetime
+import importlib
 import json
 import os
 import platform
@@ -61,6 +62,11 @@ import tempfile
 import time
 from typing import Any
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from ldp_beam.pipelines.bench_sources import run as sources
 from ldp_beam.pipelines.records import make_record
 
 from .bench_stream import SOAK_SECONDS, _stream_line, stream_bench, stream_soak
@@ -328,32 +334,24 @@ _REGIONS = ("north", "south", "east", "west", "centre", "islands", "abroad", "un
 
 def _numeric(n: int, rng: Any) -> dict:
     """A value in [0, 100) and a public grouping column (kept by ``collect --keep``)."""
-    import numpy as np
-
     regions = np.array(_REGIONS, dtype=object)
     return {"x": rng.uniform(0.0, 100.0, n), "region": regions[rng.integers(0, len(regions), n)]}
 
 
 def _pairs(n: int, rng: Any) -> dict:
     """Two string label columns (20 labels each, skewed)."""
-    import numpy as np
-
     labels = np.array(_LABELS, dtype=object)
     return {"x": labels[np.minimum(rng.geometric(0.15, n) - 1, 19)],
             "y": labels[np.minimum(rng.geometric(0.15, n) - 1, 19)]}
 
 
 def _item_levels(n: int, rng: Any) -> dict:
-    import numpy as np
-
     return {"x": rng.uniform(0.0, 100.0, n),
             "level": np.where(rng.random(n) < 0.6, 0.0, rng.uniform(0.01, 1.0, n))}
 
 
 def _numeric_units(n: int, rng: Any) -> dict:
     """Values with a privacy unit of 10 rows each (units in random order)."""
-    import numpy as np
-
     return {"x": rng.uniform(0.0, 100.0, n),
             "uid": rng.permutation(np.arange(n) // 10 + rng.integers(0, 2**40))}
 
@@ -361,8 +359,6 @@ def _numeric_units(n: int, rng: Any) -> dict:
 def _numeric_units100(n: int, rng: Any) -> dict:
     """Values with a privacy unit of 100 rows each: at 10^7 rows, as many units as 10^6 rows
     of :func:`_numeric_units` (memory at a fixed number of units, ten times the rows)."""
-    import numpy as np
-
     return {"x": rng.uniform(0.0, 100.0, n),
             "uid": rng.permutation(np.arange(n) // 100 + rng.integers(0, 2**40))}
 
@@ -407,10 +403,6 @@ QUICK_CLI = ("grr", "bisample-md", "dphr")  # --quick: fewer CLI runs
 
 
 def _write(path: str, gen, n: int) -> None:
-    import numpy as np
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     rng = np.random.default_rng()
     writer = None
     step = 1_000_000
@@ -423,6 +415,8 @@ def _write(path: str, gen, n: int) -> None:
 
 
 def _machine() -> str:
+    # lazy: apache_beam costs 1.9 s at import (measured); every `ldp-beam bench` imports this
+    # module (`--no-pipeline` included), and only the records of a pipeline section need it
     import apache_beam
 
     return (f"{os.cpu_count()} cores, {platform.system()} {platform.machine()}, Python "
@@ -445,8 +439,6 @@ def _child_env(tmp: str) -> dict:
 def _warm_bytecode(env: dict) -> None:
     """Compile ldp-beam (every module) and what a run imports (Beam, pyarrow, pandas, ...) into
     the cache of :func:`_child_env`, once, before the first measurement."""
-    import importlib
-
     dirs = {os.path.dirname(importlib.import_module(m).__file__)
             for m in ("ldp_beam", "ldp_beam.transforms", "ldp_beam.pipelines")}
     subprocess.run([sys.executable, "-m", "compileall", "-q", *sorted(dirs)], env=env,
@@ -643,8 +635,6 @@ def run(quick: bool = False, progress=None, only: list[str] | None = None,
             section("startup", lambda: _startup(b, 1 if quick else STARTUP_ROUNDS))
         if "sources" in sections:
             def sources_section():
-                from ldp_beam.pipelines.bench_sources import run as sources
-
                 recs = sources(sizes, tmp, progress, repeats=1) if quick else \
                     sources(sizes, tmp, progress)
                 return _with_reference(b, recs, tmp)
