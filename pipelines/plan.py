@@ -238,8 +238,8 @@ def cmd_plan(a: argparse.Namespace) -> int:
     """Run ``ldp-beam plan``; returns the exit code. Raises ``ValueError`` (one line naming the
     option) for bad options, which the command line prints as ``ldp-beam plan: error: ...``
     with exit code 2."""
-    # lazy: ldp_beam.plan costs 24 ms and ldp_beam.registry 18 ms at import (measured, after the
-    # CLI's own imports); the CLI imports this module to build its parser, --help included
+    # lazy: ldp_beam.plan costs 53 ms at import, the registry it loads included (measured, after
+    # numpy and ldp_beam.core); the CLI imports this module to build its parser, --help included
     from ldp_beam import plan as P
     from ldp_beam.registry import get_registry
 
@@ -301,7 +301,7 @@ def cmd_plan(a: argparse.Namespace) -> int:
 
 def _is_column(path: str, name: str) -> bool:
     """Whether ``name`` is a column of the table at ``path`` (reads the schema only)."""
-    from ldp_beam import plan as P  # lazy: 24 ms at import (measured; see cmd_plan)
+    from ldp_beam import plan as P  # lazy: 53 ms at import (measured; see cmd_plan)
 
     try:
         return name in P.input_columns(path)
