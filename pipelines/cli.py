@@ -1101,6 +1101,13 @@ def cmd_stream(a: argparse.Namespace, beam_args: list[str]) -> int:
             "report_id_attribute": a.report_id_attribute} if a.beam_pubsub else {}))
     print(f"{summary['windows']} window(s), {summary['panes']} pane(s) written to "
           f"{summary['outputs']['estimates']} ({summary['guarantee']['summary']})")
+    st = summary.get("ledger")
+    if st:  # what this run recorded, and what the stream's dataset has left
+        ran = st["run_epsilon"]
+        print(("this run recorded nothing (it published and charged nothing); " if ran is None
+               else f"this run recorded epsilon={ran:g} (what it added to the largest loss of "
+               f"one {'record' if summary['guarantee']['unit'] == 'record' else 'unit'}); ")
+              + ledger_line(st["url"], st, st["default"]))
     return 0 if summary["reconciles"] in (True, None) else 1
 
 

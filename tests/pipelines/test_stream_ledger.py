@@ -158,6 +158,8 @@ def test_the_cli_records_the_stream_under_its_dataset_name(tmp_path):
                            "--once", "--privacy-unit", "device", "--ledger", led,
                            "--dataset", "telemetry", "--budget", "4")
     assert code == 0, se
+    assert "this run recorded epsilon=2 (what it added to the largest loss of one unit); " \
+        f"ledger {led}: dataset telemetry has spent epsilon=2 of budget 4 (2 left)" in so, so
     code, so, _ = run_cli("ledger", "--ledger", led, "--dataset", "telemetry", "--json")
     assert code == 0
     assert '"command": "stream"' in so and '"epsilon": 2.0' in so
