@@ -37,7 +37,7 @@ bucket includes ``upper``) or categorical (``categories``). Counts that are alre
 from __future__ import annotations
 
 import dataclasses
-
+import hashlib
 import math
 from dataclasses import dataclass
 from typing import Any, ClassVar, Mapping
@@ -45,7 +45,8 @@ from typing import Any, ClassVar, Mapping
 import numpy as np
 
 from ..core import (CentralRelease, CountEstimator, Estimate, Reasons, Reports, Role, Statistic,
-                    check_epsilon, check_labels, coerce_numeric, encode_categories)
+                    check_epsilon, check_interval, check_labels, coerce_numeric,
+                    encode_categories)
 from ..errors import EmptyAccumulatorError, ParameterError
 from ..limits import check_cap
 from ..mechanisms.categorical import count_labels
@@ -176,8 +177,6 @@ class HistogramRelease(CentralRelease):
                     missing[0], None, f"a finite number: numeric bins need the domain [lower, "
                     f"upper] (missing: {', '.join(missing)})",
                     "no default domain fits arbitrary data: values outside it are dead-lettered")
-            from ..core import check_interval
-
             check_interval(self.lower, self.upper)
 
     @classmethod
@@ -433,8 +432,6 @@ def release_source(seed: Any, acc: np.ndarray, key: Any = UNKEYED) -> RandomSour
     changes one of them changes that with probability near 1: no DP)."""
     if seed is None:
         return None
-    import hashlib
-
     digest = hashlib.sha256(np.ascontiguousarray(acc).tobytes()).hexdigest()
     where = "" if key is UNKEYED else f"key/{key_address(key)}/"
     return RandomSource(f"{seed}/release/{where}{acc.dtype}/{acc.shape}/{digest}")
