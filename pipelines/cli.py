@@ -1102,7 +1102,9 @@ def cmd_stream(a: argparse.Namespace, beam_args: list[str]) -> int:
     print(f"{summary['windows']} window(s), {summary['panes']} pane(s) written to "
           f"{summary['outputs']['estimates']} ({summary['guarantee']['summary']})")
     st = summary.get("ledger")
-    if st:  # what this run recorded, and what the stream's dataset has left
+    if st and "error" in st:
+        print(st["error"])
+    elif st:  # what this run recorded, and what the stream's dataset has left
         ran = st["run_epsilon"]
         print(("this run recorded nothing (it published and charged nothing); " if ran is None
                else f"this run recorded epsilon={ran:g} (what it added to the largest loss of "

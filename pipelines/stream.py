@@ -133,7 +133,7 @@ from ldp_beam.transforms.windowed import (CURATOR, ESTIMATES, DEAD_LETTERS, LEDG
 
 from .common import counters, run_pipeline, runner_args, runner_name, say, write_json
 from .run import Run
-from .stream_account import StreamAccount
+from .stream_account import StreamAccount, settle_or_say
 
 
 def prior_releases(path: str) -> dict[int, int]:
@@ -328,6 +328,10 @@ def run_stream(output_dir: str, mechanism: Mechanism, *, spool: str | None = Non
     if spool_dir is not None:
         spool_dir.open()
     account: StreamAccount | None = None
+
+    def say_always(m: str) -> None:  # a ledger left unsettled is said even with progress off
+        say(f"ldp-beam stream: {m}")
+
     try:
         continued: dict | None = None
         if central:  # the release range: declared, or (live) from the run's start
@@ -486,14 +490,14 @@ def run_stream(output_dir: str, mechanism: Mechanism, *, spool: str | None = Non
                        "declared": {"start": start_us is not None, "end": end_us is not None},
                        "rule": _range_line(once, range_start, range_end,
                                            start_us is not None)})
-        summary["ledger"] = account.settle()
+        summary["ledger"] = settle_or_say(account, say_always)
         account = None
         write_json(os.path.join(out_dir, SUMMARY), summary)
         log(summary_line(summary))
         return summary
     except BaseException as exc:
         if account is not None:  # what the run published or charged stays spent
-            account.settle(failed=exc)
+            settle_or_say(account, say_always, failed=exc)
         raise
     finally:
         if spool_dir is not None:

@@ -204,6 +204,22 @@ class StreamAccount:
                 "deployment_max_unit_loss": self.loss_before + (self.recorded or 0.0)}
 
 
+def settle_or_say(account: StreamAccount, log: Any,
+                  failed: BaseException | None = None) -> dict | None:
+    """``account.settle(failed)``; a ledger that cannot be settled (unreachable, replaced)
+    leaves the entry pending, counted at what the run reserved (never less than it spent): that
+    is said (``log`` and the returned ``error``), not raised over the run's own outcome."""
+    try:
+        return account.settle(failed)
+    except Exception as exc:
+        said = (f"the ledger entry of run {account.run_id} was not settled ({exc}); it stays "
+                "pending and counts at what the run reserved until it is resolved (`ldp-beam "
+                f"ledger --resolve {account.run_id}`, or this deployment's next run on this "
+                "host)")
+        log(said)
+        return {"error": said, "pending": account.run_id}
+
+
 def _gone(entry: Mapping[str, Any]) -> bool:
     """Whether the process that reserved ``entry`` is gone: it ran on this host and no process
     has its id (a reused id reads as alive: left pending, the conservative side)."""
@@ -221,4 +237,5 @@ def _gone(entry: Mapping[str, Any]) -> bool:
     return False
 
 
-__all__ = ["StreamAccount", "stream_dataset", "published_before", "published_by"]
+__all__ = ["StreamAccount", "stream_dataset", "published_before", "published_by",
+           "settle_or_say"]

@@ -5,8 +5,10 @@ deployment sum to that loss however many runs it takes; the dataset's budget cap
 checked before anything is read (pipelines/stream_account.py)."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import sqlite3
 import time
 
 import pytest
@@ -193,3 +195,28 @@ def test_a_restart_settles_a_killed_run_at_what_its_units_were_charged(tmp_path)
     assert s["ledger"]["settled_killed_runs"] == [
         {"run": killed["run_id"], "as": "committed", "epsilon": 1.0}]
     assert s["ledger"]["spent"]["epsilon"] == 1.0
+
+
+def test_a_ledger_gone_at_the_end_leaves_the_entry_pending_and_says_so(tmp_path, grr):
+    """The ledger file replaced while the stream ran: its entry cannot be settled; the run's
+    own outcome is kept, and the line says the entry stays pending, counted at its reservation
+    (never less than the run spent)."""
+    from ldp_beam.pipelines.stream_account import settle_or_say
+
+    out = tmp_path / "out"
+    out.mkdir()
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    acc = StreamAccount(url, stream_dataset(str(tmp_path), str(out)), str(out), "run-1",
+                        mechanism=grr, guarantee={"epsilon": 1.0, "delta": 0.0, "kind": "LDP"},
+                        unit=None, seeded=False).open()
+    (out / "estimates.jsonl").write_text(json.dumps({"run": "run-1"}) + "\n")  # published
+    with contextlib.closing(sqlite3.connect(tmp_path / "ledger.db")) as db:
+        db.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # the entry into the file moved next
+    os.replace(tmp_path / "ledger.db", tmp_path / "moved.db")
+    said = []
+    got = settle_or_say(acc, said.append)
+    assert got["pending"] == "run-1" and said == [got["error"]]
+    assert "stays pending and counts at what the run reserved" in got["error"]
+    with Ledger.open(f"sqlite:///{tmp_path / 'moved.db'}") as led:
+        (e,) = led.entries()
+    assert (e["status"], e["epsilon"]) == ("pending", 1.0)
