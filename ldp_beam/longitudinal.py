@@ -79,6 +79,7 @@ import numpy as np
 
 from .core import CentralRelease, Mechanism, Reports
 from .errors import InvalidRecordsError, ParameterError
+from .estimators import estimator_for
 from .mechanisms.categorical import GRR, urr_probabilities
 from .privacy import LDP, NONE, PrivacyGuarantee
 from .rng import RandomSource, RngLike, as_source, draw_uniforms
@@ -338,8 +339,6 @@ class TwoLayerGRR:
 
     def estimator(self):
         """The estimator of one window's reports (one per unit): GRR(eps_1)'s."""
-        from .estimators import estimator_for
-
         return estimator_for(self.channel)
 
     def loss(self, values: Any, units: Any) -> dict[str, float]:

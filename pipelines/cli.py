@@ -1172,7 +1172,7 @@ def cmd_bench(a: argparse.Namespace) -> int:
 
 def cmd_audit(a: argparse.Namespace) -> int:
     """Exit 0 when every audited claim is consistent, 1 when one is violated."""
-    # lazy: ldp_beam.reproduce.audit_recipe (numpy, randomgen) costs 0.24 s at import
+    # lazy: ldp_beam.reproduce.audit_recipe (numpy, randomgen, scipy) costs 0.5 s at import
     # (measured); the CLI's module imports load no numpy
     from ldp_beam.reproduce import audit_recipe
 

@@ -228,6 +228,8 @@ class PostgresServer:
 
     def create_database(self, name: str) -> str:
         """A fresh, empty database (dropped first if it exists); returns its URL."""
+        # lazy: optional dependency (the [postgres] extra: psycopg); the server itself needs no
+        # client library, and this file is loaded by path before installation
         import psycopg
 
         if not re.fullmatch(r"[a-z_][a-z0-9_]*", name):

@@ -3,14 +3,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from .. import registry
 from ..core import Estimator, Mechanism
 
 
 def estimator_for(mechanism: Mechanism, **options: Any) -> Estimator:
     """The registered estimator for ``mechanism`` (built-in or plugin)."""
-    from ..registry import get_registry
-
-    return get_registry().estimator_for(mechanism, **options)
+    # registry.get_registry looked up per call: tests swap in a fresh registry (load_test_plugin)
+    return registry.get_registry().estimator_for(mechanism, **options)
 
 
 __all__ = ["estimator_for"]

@@ -153,6 +153,8 @@ def diffusion_smoother(m: int, width: float, sigma: float):
     if m <= _DENSE_SMOOTHER_CELLS:
         inverse = _tridiagonal_inverse(diag, -tau)
         return lambda v: inverse @ v
+    # lazy: scipy.linalg costs 0.16 s at import (measured, after this module's imports); only
+    # grids above _DENSE_SMOOTHER_CELLS need it: the default EM release (100 cells) never does
     from scipy.linalg import solve_banded
 
     ab = np.empty((3, m))
@@ -289,6 +291,8 @@ def paper_reconstruct(P: np.ndarray, G: np.ndarray, width: float, span: float, r
                       max_iter: int = PAPER_MAX_ITER) -> tuple[np.ndarray, int, bool, float, str]:
     """SLSQP on Eq. 9-11 from the flat density. Returns (V, iterations, converged, objective,
     SLSQP's message)."""
+    # lazy: scipy.optimize costs 0.37 s at import (measured, after this module's imports); only
+    # the paper method needs it: the default EM release and the device side never do
     from scipy.optimize import minimize
 
     m = G.size

