@@ -98,7 +98,7 @@ class StreamAccount:
     # -- M, the deployment's largest loss of one unit
     def loss(self) -> float:
         if self.unit is not None:
-            return max(self.unit.state.spent().values(), default=0.0)
+            return self.unit.state.max_loss()
         return float(self.guarantee["epsilon"]) if published_before(self.out_dir) else 0.0
 
     def open(self) -> "StreamAccount":

@@ -33,7 +33,8 @@ from apache_beam.utils.windowed_value import WindowedValue
 from ldp_beam.central.histogram import HistogramReleaseEstimator, release_source
 from ldp_beam.core import CentralRelease, Estimate, Mechanism
 from ldp_beam.estimators import estimator_for
-from ldp_beam.longitudinal import UnitHasher, UnitState, priority
+from ldp_beam.longitudinal import (UnitHasher, UnitState, fold_candidates, keep_smallest,
+                                   priority)
 from ldp_beam.privacy import PrivacyGuarantee, compose
 from ldp_beam.transforms.batches import num_rows
 from ldp_beam.transforms.perturb import dead_letter, split_dead_letters
@@ -494,22 +495,6 @@ class UnitRows(NamedTuple):
     units: dict
 
 
-def keep_smallest(kept: list, cand: tuple, k: int) -> None:
-    """Add ``cand`` to ``kept`` (at most ``k`` candidates, of the smallest (priority, slot)),
-    in place; a candidate whose slot is already kept (the same record twice) is not added."""
-    slot = cand[1]
-    worst = -1
-    for i, c in enumerate(kept):
-        if c[1] == slot:
-            return
-        if worst < 0 or (c[0], c[1]) > (kept[worst][0], kept[worst][1]):
-            worst = i
-    if len(kept) < k:
-        kept.append(cand)
-    elif (cand[0], slot) < (kept[worst][0], kept[worst][1]):
-        kept[worst] = cand
-
-
 class UnitCandidatesFn(beam.CombineFn):
     """:class:`UnitRows` (and window marks) of a window -> ``(candidates, marked)``: per unit
     hash, ``(n, the k candidates of smallest priority)``. The choice of the k is the same
@@ -525,24 +510,14 @@ class UnitCandidatesFn(beam.CombineFn):
         if isinstance(element, WindowMark):
             acc[1] = True
             return acc
-        self._fold(acc[0], element.units)
+        fold_candidates(acc[0], element.units, self.k)
         return acc
-
-    def _fold(self, into: dict, units: Mapping) -> None:
-        for u, (n, cands) in units.items():
-            entry = into.get(u)
-            if entry is None:
-                into[u] = [n, list(cands)]
-                continue
-            entry[0] += n
-            for c in cands:
-                keep_smallest(entry[1], c, self.k)
 
     def merge_accumulators(self, accs):
         out: dict = {}
         marked = False
         for units, m in accs:
-            self._fold(out, units)
+            fold_candidates(out, units, self.k)
             marked = marked or m
         return [out, marked]
 
