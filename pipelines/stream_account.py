@@ -173,6 +173,10 @@ class StreamAccount:
                     f"dataset {self.dataset['dataset']!r}: its budget epsilon={budget:g} is "
                     "spent; this stream could not estimate a single report (`ldp-beam ledger "
                     "--set-budget` raises it, recorded with why)")
+        if left is not None and not math.isfinite(float(self.guarantee["epsilon"])):
+            raise StreamConfigError(
+                f"dataset {self.dataset['dataset']!r} has a budget (epsilon={budget:g}); "
+                f"{self.mechanism.name} has no finite epsilon, so no report of it fits one")
         cap = self.unit.budget
         if left is not None and (cap is None or m0 + left < cap):
             cap = self.cap_from_budget = m0 + left
