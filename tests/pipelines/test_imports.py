@@ -6,8 +6,9 @@
   an optional dependency (``# lazy: optional dependency (the [duckdb] extra)``), a measured cost
   on a path that should not pay it (``# lazy: scipy.stats costs 720 ms at import (measured),
   ...``) or an import cycle (naming the modules). Anything else belongs at the top of the module.
-* No import circle: each package entry point, and each module of :data:`FRESH_IMPORT`, imports
-  first in a fresh interpreter.
+* No import circle: the module-level imports of every module form no cycle (checked on the
+  source), and each package entry point, and each module of :data:`FRESH_IMPORT`, imports first
+  in a fresh interpreter.
 * The start-up the lazy imports protect: the command line (which imports outputs.py, the
   ledger and lifecycle.py for every command) loads neither Beam nor pyarrow, pandas, scipy or
   dp_accounting; the device client loads neither pyarrow, pandas nor scipy.
