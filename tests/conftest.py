@@ -106,6 +106,25 @@ def s3_get(client, bucket, key) -> bytes:
     return client.get_object(Bucket=bucket, Key=key)["Body"].read()
 
 
+S3_KEY, S3_SECRET = "testing-key", "testing-secret"
+
+
+def aws_env_only(mp, folder, **extra: str) -> dict:
+    """Credentials from the environment only, through the MonkeyPatch ``mp``: every AWS_ variable
+    of the machine's user dropped (but AWS_CA_BUNDLE), no profile files (both named in
+    ``folder``, where none exist), the test key and secret, region us-east-1, and ``extra``;
+    returns the variables set."""
+    for k in list(os.environ):
+        if k.startswith("AWS_") and k != "AWS_CA_BUNDLE":
+            mp.delenv(k)
+    env = {"AWS_SHARED_CREDENTIALS_FILE": str(folder / "no-credentials"),
+           "AWS_CONFIG_FILE": str(folder / "no-config"), "AWS_ACCESS_KEY_ID": S3_KEY,
+           "AWS_SECRET_ACCESS_KEY": S3_SECRET, "AWS_DEFAULT_REGION": "us-east-1", **extra}
+    for k, v in env.items():
+        mp.setenv(k, v)
+    return env
+
+
 @pytest.fixture(scope="session")
 def pg_server():
     """One real PostgreSQL server (ldp_beam.pipelines.postgres_server, the machine's own
@@ -158,6 +177,30 @@ def ledger_url(request, tmp_path):
     if request.param == "sqlite":
         return "sqlite:///" + str(tmp_path / "ledger.db")
     return request.getfixturevalue("fresh_pg_url")
+
+
+def reserve(led, run_id, ds, eps, **kw):
+    """``led.reserve`` of ``eps`` for the dataset ``ds``; by default a grr collect."""
+    kw.setdefault("command", "collect")
+    kw.setdefault("mechanism", "grr")
+    return led.reserve(run_id, ds, epsilon=eps, **kw)
+
+
+def ledger_cli(*args: str) -> tuple[int, str]:
+    """(exit code, stdout) of ``ldp-beam ledger ARGS``, in-process."""
+    import argparse
+    import io
+    from contextlib import redirect_stdout
+
+    from ldp_beam.pipelines.ledger_cli import add_parser, cmd_ledger
+
+    ap = argparse.ArgumentParser(prog="ldp-beam")
+    add_parser(ap.add_subparsers(dest="command"))
+    a = ap.parse_args(["ledger", *args])
+    out = io.StringIO()
+    with redirect_stdout(out):
+        code = cmd_ledger(a)
+    return code, out.getvalue()
 
 
 def write_file(folder, name, lines):
@@ -340,6 +383,18 @@ def recipe_outputs(out, family: str, figures) -> tuple[list, str]:
         return claims, fh.read()
 
 
+def check_claims(recipe, records, verdicts, untested: str) -> list[dict]:
+    """A recipe's claims on its records: each has exactly a claim, a verdict in ``verdicts`` and
+    some evidence; with no records, every claim's verdict is ``untested``. Returns the claims."""
+    cs = recipe.claims(records)
+    for c in cs:
+        assert set(c) == {"claim", "verdict", "evidence"}
+        assert c["verdict"] in verdicts
+        assert c["evidence"]
+    assert all(c["verdict"] == untested for c in recipe.claims([]))
+    return cs
+
+
 class ScriptedNoise:
     """Stands in for the central releases' noise (``ldp_beam.central.histogram.lattice_laplace``,
     which every histogram release's Laplace noise goes through): records ``(sensitivity,
@@ -390,6 +445,52 @@ def emitted_rows(mech, data, rng=None, *, stream=None, offset=None):
     n = len(next(iter(cols.values())))
     return mech.rows(cols, draw_uniforms(as_source(rng), n, mech.draws, stream=stream,
                                          offset=offset))
+
+
+def core_reports(mech, data, seed, stream, offset: int = 0) -> dict:
+    """The reports the core computes for ``data`` (role -> column), read in order at ``(stream,
+    offset)`` with ``seed``: ``randomize`` of the valid rows with their uniforms (the invalid
+    rows left out, as Perturb dead-letters them)."""
+    from ldp_beam.rng import RandomSource
+
+    cols, reasons = mech.check(data)
+    ok = ~reasons.bad
+    u = RandomSource(seed).uniforms(ok.size, mech.draws, stream=stream, offset=offset)
+    return mech.randomize({k: v[ok] for k, v in cols.items()}, u[ok])
+
+
+def bounded_run(path, run_key, out_dir, l0=1, linf=1, partition_fn=None, args=(),
+                batch_rows=5000):
+    """``ReadTable(path) | BoundContributions("uid", run_key, l0, linf, partition_fn)`` run with
+    the Beam arguments ``args``, its outputs written in ``out_dir``: (kept record ids as
+    (stream, id) pairs, dead letters, rows dropped by the bounds)."""
+    import apache_beam as beam
+
+    from ldp_beam.pipelines.common import run_pipeline
+    from ldp_beam.transforms import ReadTable
+    from ldp_beam.transforms.units import BoundContributions
+
+    kept, dead, dropped = (os.path.join(out_dir, n) for n in ("kept", "dead", "dropped"))
+
+    def ids(b):
+        return json.dumps([[int(b.stream), int(i)] for i in b.record_ids()])
+
+    def build(p):
+        b = p | BoundContributions("uid", run_key, l0, linf, partition_fn,
+                                   source=ReadTable(str(path), batch_rows=batch_rows))
+        return [b.batches | "Ids" >> beam.Map(ids)
+                | "WK" >> beam.io.WriteToText(kept, shard_name_template=""),
+                b.dead_letter | "DJ" >> beam.Map(json.dumps, default=str)
+                | "WD" >> beam.io.WriteToText(dead, shard_name_template=""),
+                b.dropped | "Sum" >> beam.Map(lambda d: d["bounded_out"])
+                | "Total" >> beam.CombineGlobally(sum)
+                | "WB" >> beam.io.WriteToText(dropped, shard_name_template="")]
+
+    run_pipeline(build, list(args))
+    pairs = sorted(tuple(x) for line in open(kept) if line.strip() for x in json.loads(line))
+    deads = [json.loads(line) for line in open(dead) if line.strip()]
+    total = sum(int(line) for line in open(dropped) if line.strip())
+    return pairs, deads, total
 
 
 def sampling_table(path, n, g, share: float, low: float) -> None:

@@ -50,6 +50,20 @@ def group_sums(values, groups):
     return np.bincount(groups, weights=np.asarray(values, dtype=float))
 
 
+def assert_group_noise(rel, h, groups, z):
+    """The released histogram's group sums are the true ones (of ``h``) moved by the draws ``z``."""
+    np.testing.assert_allclose(group_sums(rel["histogram"].value, groups)
+                               - group_sums(h, groups), z, atol=1e-9)
+
+
+def assert_group_stderr(rel, groups, eps):
+    """Each bucket's variance is its group sum's noise variance at ``eps`` over the group's size
+    squared (a bucket is its group's noisy sum spread evenly)."""
+    size = np.bincount(groups)
+    np.testing.assert_allclose(rel["histogram"].stderr ** 2,
+                               (count_noise_variance(eps) / size ** 2)[groups])
+
+
 # =========================================================================== StructureFirst
 def test_v_optimal_table_equals_brute_force():
     rng = np.random.default_rng(3)
@@ -161,11 +175,8 @@ def test_structure_first_privacy_accounting(monkeypatch):
     assert noise.calls == [(1, eps2, k)]
     groups = rel["groups"].value
     assert groups.max() + 1 == k and np.all(np.diff(groups) >= 0)  # contiguous, in order
-    np.testing.assert_allclose(group_sums(rel["histogram"].value, groups)
-                               - group_sums(h, groups), z, atol=1e-9)
-    size = np.bincount(groups)
-    np.testing.assert_allclose(rel["histogram"].stderr ** 2,
-                               (count_noise_variance(eps2) / size ** 2)[groups])
+    assert_group_noise(rel, h, groups, z)
+    assert_group_stderr(rel, groups, eps2)
     g = mech.guarantee
     assert g.kind == CENTRAL and g.epsilon == pytest.approx(sum(rel["epsilon_spent"].value))
     assert tuple(rel["epsilon_spent"].value) == (eps1, eps2)
@@ -329,11 +340,8 @@ def test_ahp_privacy_accounting(monkeypatch):
     ScriptedNoise(monkeypatch, [np.rint(rel["view"].value - h), z])
     rel2 = mech.release_counts(h, np.random.default_rng(4))
     np.testing.assert_array_equal(rel2["groups"].value, groups)
-    np.testing.assert_allclose(group_sums(rel2["histogram"].value, groups)
-                               - group_sums(h, groups), z, atol=1e-9)
-    size = np.bincount(groups)
-    np.testing.assert_allclose(rel["histogram"].stderr ** 2,
-                               (count_noise_variance(e2) / size ** 2)[groups])
+    assert_group_noise(rel2, h, groups, z)
+    assert_group_stderr(rel, groups, e2)
     g = mech.guarantee
     assert g.kind == CENTRAL and g.epsilon == pytest.approx(e1 + e2) and g.epsilon == eps
     assert g.params == {"epsilon1": e1, "epsilon2": e2, "eta": 0.35, "unit": "record",

@@ -2,9 +2,7 @@
 PostgreSQL server started from the machine's packages (tests/postgres_server.py)."""
 from __future__ import annotations
 
-import argparse
 import importlib.util
-import io
 import json
 import math
 import os
@@ -15,7 +13,6 @@ import subprocess
 import sys
 import threading
 import time
-from contextlib import redirect_stdout
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +24,7 @@ from ldp_beam.errors import ParameterError
 from ldp_beam.ledger import (BudgetExceeded, Ledger, LedgerError, LedgerUnavailable, compose,
                              default_url, release_request)
 from ldp_beam.pipelines.datasets import dataset_identity
+from ldp_beam_test_helpers import ledger_cli, reserve
 
 _spec = importlib.util.spec_from_file_location(
     "ldp_beam_postgres_server",
@@ -46,12 +44,6 @@ def data(tmp_path):
     p.parent.mkdir()
     p.write_text("uid,age\n" + "".join(f"{i},{20 + i % 50}\n" for i in range(200)))
     return dataset_identity(str(p))
-
-
-def reserve(led, run_id, ds, eps, **kw):
-    kw.setdefault("command", "collect")
-    kw.setdefault("mechanism", "grr")
-    return led.reserve(run_id, ds, epsilon=eps, **kw)
 
 
 # ------------------------------------------------------------------------ the two phases
@@ -557,18 +549,6 @@ def test_fingerprint_of_csv_folders_and_globs(tmp_path):
 
 
 # ---------------------------------------------------------------------------- the command
-def ledger_cli(*args: str) -> tuple[int, str]:
-    from ldp_beam.pipelines.ledger_cli import add_parser, cmd_ledger
-
-    ap = argparse.ArgumentParser(prog="ldp-beam")
-    add_parser(ap.add_subparsers(dest="command"))
-    a = ap.parse_args(["ledger", *args])
-    out = io.StringIO()
-    with redirect_stdout(out):
-        code = cmd_ledger(a)
-    return code, out.getvalue()
-
-
 def test_ledger_command_lists_spending_per_dataset_unit_and_time(ledger_url, data, tmp_path):
     other = tmp_path / "other.csv"
     other.write_text("x\n1\n")

@@ -20,7 +20,6 @@ Also: the schema-1 -> 2 migration (SQLite and PostgreSQL), the prepare/commit sp
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import math
 import multiprocessing
@@ -29,7 +28,6 @@ import socket
 import sqlite3
 import threading
 import time
-from contextlib import redirect_stdout
 
 import pytest
 
@@ -38,6 +36,7 @@ from ldp_beam.ledger import (RAISE_HINT, SCHEMA_VERSION, BudgetExceeded, Ledger,
                              LedgerNotFound, LedgerUnavailable, canonical_location,
                              release_request)
 from ldp_beam.pipelines.datasets import dataset_identity
+from ldp_beam_test_helpers import ledger_cli, reserve
 
 # fixtures ledger_url (SQLite and PostgreSQL) and fresh_pg_url: tests/conftest.py
 
@@ -46,24 +45,6 @@ def _csv(path, rows: int) -> str:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("uid,v\n" + "".join(f"{i},{i % 3}\n" for i in range(rows)))
     return str(path)
-
-
-def reserve(led, run_id, ds, eps, **kw):
-    kw.setdefault("command", "collect")
-    kw.setdefault("mechanism", "grr")
-    return led.reserve(run_id, ds, epsilon=eps, **kw)
-
-
-def ledger_cli(*args: str) -> tuple[int, str]:
-    from ldp_beam.pipelines.ledger_cli import add_parser, cmd_ledger
-
-    ap = argparse.ArgumentParser(prog="ldp-beam")
-    add_parser(ap.add_subparsers(dest="command"))
-    a = ap.parse_args(["ledger", *args])
-    out = io.StringIO()
-    with redirect_stdout(out):
-        code = cmd_ledger(a)
-    return code, out.getvalue()
 
 
 # --------------------------------------------------------- 1. a dataset is a name, not bytes

@@ -367,14 +367,25 @@ def test_check_output_format():
 
 
 # ------------------------------------------------------------------ failures while committing
+def _outputs(folder, run_id, dead_letter=None, **kw) -> RunOutputs:
+    """The outputs of run ``run_id``: reports FOLDER/r.parquet, dead letters FOLDER/d.jsonl (or
+    ``dead_letter``), the manifest beside the reports."""
+    return RunOutputs({"reports": str(folder / "r.parquet"),
+                       "dead_letter": str(dead_letter or folder / "d.jsonl")},
+                      str(folder / "r.parquet.manifest.json"), run_id, **kw)
+
+
+def _stage(outs, reports=b"new-r", dead_letter=b"new-d"):
+    """Both outputs written into the staging folder."""
+    outs.write(outs.staged("reports"), reports)
+    outs.write(outs.staged("dead_letter"), dead_letter)
+
+
 def _previous_run(folder):
     """A committed run: reports 'old-r', dead letters 'old-d', its manifest."""
-    outs = RunOutputs({"reports": str(folder / "r.parquet"),
-                       "dead_letter": str(folder / "d.jsonl")},
-                      str(folder / "r.parquet.manifest.json"), "old")
+    outs = _outputs(folder, "old")
     with outs:
-        outs.write(outs.staged("reports"), b"old-r")
-        outs.write(outs.staged("dead_letter"), b"old-d")
+        _stage(outs, b"old-r", b"old-d")
         outs.commit({"command": "test"})
     return outs
 
@@ -396,12 +407,9 @@ def _failing_replace(monkeypatch, fail_on: int, error: int = errno.EIO):
 
 def test_a_commit_failing_on_the_second_output_says_what_was_published(tmp_path, monkeypatch):
     _previous_run(tmp_path)
-    outs = RunOutputs({"reports": str(tmp_path / "r.parquet"),
-                       "dead_letter": str(tmp_path / "d.jsonl")},
-                      str(tmp_path / "r.parquet.manifest.json"), "new", force=True)
+    outs = _outputs(tmp_path, "new", force=True)
     with outs:
-        outs.write(outs.staged("reports"), b"new-r")
-        outs.write(outs.staged("dead_letter"), b"new-d")
+        _stage(outs)
         _failing_replace(monkeypatch, 2)
         with pytest.raises(OutputError) as err:
             outs.commit({"command": "test"})
@@ -420,12 +428,9 @@ def test_a_commit_failing_on_the_second_output_says_what_was_published(tmp_path,
 
 def test_a_commit_failing_on_the_first_output_published_nothing(tmp_path, monkeypatch):
     _previous_run(tmp_path)
-    outs = RunOutputs({"reports": str(tmp_path / "r.parquet"),
-                       "dead_letter": str(tmp_path / "new" / "sub" / "d.jsonl")},
-                      str(tmp_path / "r.parquet.manifest.json"), "new", force=True)
+    outs = _outputs(tmp_path, "new", tmp_path / "new" / "sub" / "d.jsonl", force=True)
     with outs:
-        outs.write(outs.staged("reports"), b"new-r")
-        outs.write(outs.staged("dead_letter"), b"new-d")
+        _stage(outs)
         _failing_replace(monkeypatch, 1, errno.ENOSPC)
         with pytest.raises(OutputError, match="nothing new was published") as err:
             outs.commit({"command": "test"})
@@ -440,12 +445,9 @@ def test_a_commit_failing_on_the_first_output_published_nothing(tmp_path, monkey
 def test_a_commit_that_cannot_remove_the_old_manifest_changes_nothing(tmp_path, monkeypatch):
     _previous_run(tmp_path)
     before = _files(tmp_path)
-    outs = RunOutputs({"reports": str(tmp_path / "r.parquet"),
-                       "dead_letter": str(tmp_path / "d.jsonl")},
-                      str(tmp_path / "r.parquet.manifest.json"), "new", force=True)
+    outs = _outputs(tmp_path, "new", force=True)
     with outs:
-        outs.write(outs.staged("reports"), b"new-r")
-        outs.write(outs.staged("dead_letter"), b"new-d")
+        _stage(outs)
 
         def remove(path, *a, **k):
             raise PermissionError(errno.EACCES, "Permission denied", str(path))
@@ -463,12 +465,9 @@ def test_a_move_across_file_systems_that_fails_leaves_no_partial_copy(tmp_path, 
     """EXDEV: the staged file is copied to DST.ldp-beam-partial, then replaced; the replace
     fails and the partial copy is removed."""
     _previous_run(tmp_path)
-    outs = RunOutputs({"reports": str(tmp_path / "r.parquet"),
-                       "dead_letter": str(tmp_path / "d.jsonl")},
-                      str(tmp_path / "r.parquet.manifest.json"), "new", force=True)
+    outs = _outputs(tmp_path, "new", force=True)
     with outs:
-        outs.write(outs.staged("reports"), b"new-r")
-        outs.write(outs.staged("dead_letter"), b"new-d")
+        _stage(outs)
         real = os.replace
         calls = []
 
@@ -490,12 +489,9 @@ def test_a_move_across_file_systems_that_fails_leaves_no_partial_copy(tmp_path, 
 
 
 def test_the_manifest_write_failing_after_the_outputs_says_so(tmp_path, monkeypatch):
-    outs = RunOutputs({"reports": str(tmp_path / "r.parquet"),
-                       "dead_letter": str(tmp_path / "d.jsonl")},
-                      str(tmp_path / "r.parquet.manifest.json"), "new")
+    outs = _outputs(tmp_path, "new")
     with outs:
-        outs.write(outs.staged("reports"), b"new-r")
-        outs.write(outs.staged("dead_letter"), b"new-d")
+        _stage(outs)
         _failing_replace(monkeypatch, 3)  # reports, dead letters, then the manifest's .tmp
         with pytest.raises(OutputError, match="^commit failed writing the manifest") as err:
             outs.commit({"command": "test"})
@@ -505,9 +501,7 @@ def test_the_manifest_write_failing_after_the_outputs_says_so(tmp_path, monkeypa
 
 def test_a_staging_folder_that_cannot_be_made_is_one_line_and_leaves_nothing(tmp_path,
                                                                             monkeypatch):
-    outs = RunOutputs({"reports": str(tmp_path / "a" / "b" / "r.parquet"),
-                       "dead_letter": str(tmp_path / "a" / "b" / "d.jsonl")},
-                      str(tmp_path / "a" / "b" / "r.parquet.manifest.json"), "new")
+    outs = _outputs(tmp_path / "a" / "b", "new")
     real = os.makedirs
 
     def makedirs(path, *a, **k):
@@ -526,9 +520,7 @@ def test_a_staging_folder_that_cannot_be_made_is_one_line_and_leaves_nothing(tmp
 
 
 def test_a_run_that_fails_removes_the_folders_it_made(tmp_path):
-    outs = RunOutputs({"reports": str(tmp_path / "a" / "r.parquet"),
-                       "dead_letter": str(tmp_path / "a" / "d.jsonl")},
-                      str(tmp_path / "a" / "r.parquet.manifest.json"), "new")
+    outs = _outputs(tmp_path / "a", "new")
     with pytest.raises(RuntimeError):
         with outs:
             outs.write(outs.staged("reports"), b"x")
@@ -561,24 +553,12 @@ def test_publish_settles_the_ledger_entry_by_published(tmp_path, monkeypatch):
         folder = tmp_path / str(fail_on)
         folder.mkdir()
         _previous_run(folder)
-        outs = RunOutputs({"reports": str(folder / "r.parquet"),
-                           "dead_letter": str(folder / "d.jsonl")},
-                          str(folder / "r.parquet.manifest.json"), "new", force=True)
+        outs = _outputs(folder, "new", force=True)
         entry = Entry()
         with outs:
-            outs.write(outs.staged("reports"), b"new-r")
-            outs.write(outs.staged("dead_letter"), b"new-d")
+            _stage(outs)
             with monkeypatch.context() as m:
-                calls = []
-                real = os.replace
-
-                def replace(src, dst, *a, **k):
-                    calls.append(1)
-                    if len(calls) == fail_on:
-                        raise OSError(errno.EIO, "Input/output error", str(dst))
-                    return real(src, dst, *a, **k)
-
-                m.setattr(outputs_mod.os, "replace", replace)
+                _failing_replace(m, fail_on)
                 with pytest.raises(OutputError):
                     lifecycle.publish(entry, outs, {"command": "test"})
         assert entry.state[0] == state, entry.state

@@ -10,6 +10,13 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 
 
+def _python(code: str, cwd, env=None) -> None:
+    """Run ``python -c code`` in ``cwd`` (with ``env``, else this environment); it must succeed."""
+    r = subprocess.run([sys.executable, "-c", code], cwd=cwd, env=env, capture_output=True,
+                       text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
 def test_wheel_installs_only_the_ldp_beam_namespace(tmp_path):
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
                     "-q", "-w", str(tmp_path), str(REPO)], check=True, capture_output=True)
@@ -33,10 +40,7 @@ def test_generic_top_level_names_are_not_importable(tmp_path):
             "    except ImportError:\n"
             "        continue\n"
             "    sys.exit('importable: ' + name)\n")
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True,
-                       text=True)
-    assert r.returncode == 0, r.stdout + r.stderr
+    _python(code, tmp_path, env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
 
 
 def test_core_never_imports_beam(tmp_path):
@@ -47,8 +51,7 @@ def test_core_never_imports_beam(tmp_path):
             "estimator_for(m).estimate(m.perturb([0.1, 0.2, -0.3, 0.9] * 100, rng=1))\n"
             "bad = sorted(x for x in sys.modules if x.startswith('apache_beam'))\n"
             "sys.exit('core imported ' + ', '.join(bad[:3]) if bad else 0)\n")
-    r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True)
-    assert r.returncode == 0, r.stdout + r.stderr
+    _python(code, tmp_path)
     for py in (REPO / "ldp_beam").rglob("*.py"):
         text = py.read_text()
         assert "import apache_beam" not in text and "from apache_beam" not in text, py
@@ -69,8 +72,7 @@ def test_only_figures_import_matplotlib(tmp_path):
             "for m in pkgutil.iter_modules(ldp_beam.reproduce.__path__, 'ldp_beam.reproduce.'):\n"
             "    importlib.import_module(m.name)\n"
             "assert 'matplotlib' not in sys.modules, 'ldp_beam.reproduce imported matplotlib'\n")
-    r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True)
-    assert r.returncode == 0, r.stdout + r.stderr
+    _python(code, tmp_path)
     top_level = []
     for folder in ("ldp_beam", "transforms", "pipelines"):
         for py in (REPO / folder).rglob("*.py"):

@@ -19,31 +19,20 @@ import pyarrow.parquet as pq
 import pytest
 
 from ldp_beam.pipelines.bench_sources import stop_processes
-from ldp_beam_test_helpers import run_cli, s3_bucket, s3_get, s3_keys
+from ldp_beam_test_helpers import aws_env_only, run_cli, s3_bucket, s3_get, s3_keys
 
 boto3 = pytest.importorskip("boto3")
 pytest.importorskip("moto.server")
 distributed = pytest.importorskip("distributed")
 
-KEY, SECRET = "testing-key", "testing-secret"
 MECH = ("-m", "bisample", "--epsilon", "1", "-p", "lower=0", "-p", "upper=100")
-AWS_ENV = {"AWS_ACCESS_KEY_ID": KEY, "AWS_SECRET_ACCESS_KEY": SECRET,
-           "AWS_DEFAULT_REGION": "us-east-1"}
 
 
 @pytest.fixture(scope="module")
 def aws_env(s3_server, tmp_path_factory):
     """Credentials from the environment only (the launcher's and the workers')."""
-    d = tmp_path_factory.mktemp("aws")
     with pytest.MonkeyPatch.context() as mp:
-        for k in list(os.environ):
-            if k.startswith("AWS_") and k != "AWS_CA_BUNDLE":
-                mp.delenv(k)
-        env = dict(AWS_ENV, AWS_SHARED_CREDENTIALS_FILE=str(d / "no-credentials"),
-                   AWS_CONFIG_FILE=str(d / "no-config"), AWS_ENDPOINT_URL_S3=s3_server)
-        for k, v in env.items():
-            mp.setenv(k, v)
-        yield env
+        yield aws_env_only(mp, tmp_path_factory.mktemp("aws"), AWS_ENDPOINT_URL_S3=s3_server)
 
 
 @pytest.fixture(scope="module")

@@ -16,27 +16,19 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 import pytest
 
-from ldp_beam_test_helpers import run_cli, s3_bucket, s3_get, s3_keys
+from ldp_beam_test_helpers import aws_env_only, run_cli, s3_bucket, s3_get, s3_keys
 
 boto3 = pytest.importorskip("boto3")
 moto_server = pytest.importorskip("moto.server")
 
-KEY, SECRET = "testing-key", "testing-secret"
 GRR = ("-m", "grr", "--epsilon", "1", "-p", "domain=a,b,c,d")
 
 
 @pytest.fixture
 def s3(s3_server, monkeypatch, tmp_path):
     """A fresh bucket; credentials from the environment only; the endpoint as a Beam option."""
-    for k in list(os.environ):
-        if k.startswith("AWS_") and k != "AWS_CA_BUNDLE":
-            monkeypatch.delenv(k)
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-credentials"))
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-config"))
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", KEY)
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
-    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
-    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", s3_server)  # the ledger's fingerprint (pyarrow.fs)
+    # AWS_ENDPOINT_URL_S3: the ledger's fingerprint (pyarrow.fs)
+    aws_env_only(monkeypatch, tmp_path, AWS_ENDPOINT_URL_S3=s3_server)
     yield from s3_bucket(s3_server)
 
 

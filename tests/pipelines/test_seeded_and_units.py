@@ -11,7 +11,6 @@ import json
 import math
 import os
 
-import apache_beam as beam
 import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pacsv
@@ -25,7 +24,7 @@ from ldp_beam.registry import get_registry
 from ldp_beam.transforms.sinks import tidy_bytes, tidy_output, tidy_rows
 from ldp_beam.bounding import MISSING_UNIT_REASON, unit_column
 
-from ldp_beam_test_helpers import read_jsonl, run_cli
+from ldp_beam_test_helpers import bounded_run, read_jsonl, run_cli
 
 GRR = ("-m", "grr", "--epsilon", "2", "-p", "domain=a,b,c")
 
@@ -219,29 +218,12 @@ def _whitespace_table(path):
 
 
 def test_whitespace_units_are_dead_lettered_not_one_unit(tmp_path):
-    from ldp_beam.pipelines.common import run_pipeline
     from ldp_beam.rng import RunKey
-    from ldp_beam.transforms import ReadTable
-    from ldp_beam.transforms.units import BoundContributions
 
     n = _whitespace_table(tmp_path / "t.parquet")
-    kept, dead, dropped = (str(tmp_path / x) for x in ("kept", "dead", "dropped"))
-
-    def build(p):
-        b = p | BoundContributions("uid", RunKey.new(), 1, 1, None,
-                                   source=ReadTable(str(tmp_path / "t.parquet"), batch_rows=4))
-        return [b.batches | "N" >> beam.Map(lambda x: json.dumps(len(x.record_ids())))
-                | "WK" >> beam.io.WriteToText(kept, shard_name_template=""),
-                b.dead_letter | "DJ" >> beam.Map(json.dumps, default=str)
-                | "WD" >> beam.io.WriteToText(dead, shard_name_template=""),
-                b.dropped | "B" >> beam.Map(lambda d: d["bounded_out"])
-                | "Sum" >> beam.CombineGlobally(sum)
-                | "WB" >> beam.io.WriteToText(dropped, shard_name_template="")]
-
-    run_pipeline(build, [])
-    n_kept = sum(int(x) for x in open(kept) if x.strip())
-    deads = [json.loads(x) for x in open(dead) if x.strip()]
-    n_dropped = sum(int(x) for x in open(dropped) if x.strip())
+    kept, deads, n_dropped = bounded_run(tmp_path / "t.parquet", RunKey.new(), tmp_path,
+                                         batch_rows=4)
+    n_kept = len(kept)
     assert n_kept == 3  # u1, u2 and " u3 " (text around its spaces: a unit)
     assert len(deads) == 12 and n_dropped == 2  # u1's two other rows
     assert n_kept + len(deads) + n_dropped == n

@@ -16,7 +16,7 @@ from ldp_beam import build_mechanism, estimator_for
 from ldp_beam.transforms import (Accumulate, EstimateGlobally, EstimatePerKey,
                                  Perturb, ReadTable, SplitByKey, ValidateReports)
 from ldp_beam.transforms.combine import EstimateFailure, EstimatorCombineFn
-from ldp_beam_test_helpers import Sink
+from ldp_beam_test_helpers import Sink, core_reports
 
 
 def _md():
@@ -80,16 +80,13 @@ def test_unseeded_runs_differ(survey_table):
 
 def test_seeded_matches_core_perturbation(survey_table):
     """The Beam path gives exactly the reports the core computes for the same (stream, offset)."""
-    from ldp_beam.rng import RandomSource, stream_id
+    from ldp_beam.rng import stream_id
 
     path, t = survey_table
     mech = _md()
     beam_cols, _, _ = _collect(path, mech, seed=9, batch_rows=700)
-    cols, reasons = mech.check({"value": t["age"].to_numpy(), "preference": t["pref"].to_numpy()})
-    u = RandomSource(9).uniforms(t.num_rows, mech.draws, stream=stream_id("survey.parquet"),
-                                 offset=0)
-    ok = ~reasons.bad
-    core = mech.randomize({k: v[ok] for k, v in cols.items()}, u[ok])
+    core = core_reports(mech, {"value": t["age"].to_numpy(), "preference": t["pref"].to_numpy()},
+                        9, stream_id("survey.parquet"))
     np.testing.assert_array_equal(core["s"], beam_cols["s"])
     np.testing.assert_array_equal(core["b"], beam_cols["b"])
 

@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from ldp_beam_test_helpers import free_port
+from ldp_beam_test_helpers import S3_KEY, S3_SECRET, aws_env_only, free_port
 from ldp_beam import build_mechanism
 from ldp_beam.rng import RunKey
 from ldp_beam.transforms import (Perturb, ReadTable, SourceError, WriteParquetFile, report_schema,
@@ -28,20 +28,11 @@ from ldp_beam.transforms.batches import KeyedBatch
 boto3 = pytest.importorskip("boto3")
 moto_server = pytest.importorskip("moto.server")
 
-KEY, SECRET = "testing-key", "testing-secret"
-
 
 @pytest.fixture
 def aws_env(monkeypatch, tmp_path):
     """Credentials from the environment only (no profile files of the machine's user)."""
-    for k in list(os.environ):
-        if k.startswith("AWS_") and k != "AWS_CA_BUNDLE":
-            monkeypatch.delenv(k)
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-credentials"))
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-config"))
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", KEY)
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
-    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    aws_env_only(monkeypatch, tmp_path)
     return monkeypatch
 
 
@@ -175,8 +166,8 @@ def test_missing_credentials_and_bucket(s3_server, aws_env):
     aws_env.delenv("AWS_SECRET_ACCESS_KEY")
     with pytest.raises(SourceError, match=r"s3://bkt/x.parquet: no AWS credentials"):
         ReadTable("s3://bkt/x.parquet", options=opts(s3_server))
-    aws_env.setenv("AWS_ACCESS_KEY_ID", KEY)
-    aws_env.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
+    aws_env.setenv("AWS_ACCESS_KEY_ID", S3_KEY)
+    aws_env.setenv("AWS_SECRET_ACCESS_KEY", S3_SECRET)
     with pytest.raises(SourceError, match="bucket 'no-such-bucket' does not exist"):
         ReadTable("s3://no-such-bucket/x/", options=opts(s3_server))
 

@@ -67,6 +67,21 @@ def rows_with_ids(batches: list[KeyedBatch]) -> dict[tuple[int, int], dict]:
     return out
 
 
+def clean_rows(rt: ReadTable) -> dict[tuple[int, int], dict]:
+    """Every unit through the reader's DoFn, with no dead letter: the rows by identity."""
+    batches, dead = read_direct(rt)
+    assert dead == []
+    return rows_with_ids(batches)
+
+
+def assert_refused(*cases: tuple[type, str, str]) -> None:
+    """Each (exception, pattern, url): ``ReadTable(url)`` raises it, matching the pattern, before
+    any pipeline."""
+    for exc, pattern, url in cases:
+        with pytest.raises(exc, match=pattern):
+            ReadTable(url)
+
+
 def perturb_run(url: str, args: list[str], out: Path, **read_kw) -> tuple[pa.Table, list]:
     """Seeded ReadTable | Perturb(grr on c) with id kept: (reports, dead letters)."""
     mech = build_mechanism("grr", epsilon=1.0, domain=["a", "b", "c"])
@@ -123,10 +138,7 @@ def test_duckdb_table_rows_match_and_keep_their_rowids(duck):
 def test_duckdb_query_rows_in_a_deterministic_order(duck):
     path, t = duck
     q = "SELECT id, x, c FROM t WHERE c <> 'a'"
-    rt = ReadTable(f"duckdb://{path}?query={q}", split_rows=1000)
-    batches, dead = read_direct(rt)
-    assert dead == []
-    got = rows_with_ids(batches)
+    got = clean_rows(ReadTable(f"duckdb://{path}?query={q}", split_rows=1000))
     want = sorted(({"id": r["id"], "x": r["x"], "c": r["c"]} for r in t.to_pylist()
                    if r["c"] != "a" and r["id"] % 997 != 5), key=lambda r: (r["id"], r["x"]))
     stream = stream_id(f"duckdb:{path.name}:query:{q}")
@@ -151,25 +163,19 @@ def test_duckdb_view_and_order_by_keyword(duck):
 
 def test_duckdb_bad_inputs_fail_before_the_pipeline_naming_the_source(duck, tmp_path):
     path, _ = duck
-    with pytest.raises(SourceError, match=r"nope\.duckdb.*does not exist"):
-        ReadTable(f"duckdb://{tmp_path}/nope.duckdb?table=t")
-    with pytest.raises(SourceError, match=r"duckdb://.*table=missing.*missing"):
-        ReadTable(f"duckdb://{path}?table=missing")
-    with pytest.raises(EmptySourceError, match=r"table empty returns no rows"):
-        ReadTable(f"duckdb://{path}?table=empty")
-    with pytest.raises(EmptySourceError, match=r"query returns no rows"):
-        ReadTable(f"duckdb://{path}?query=SELECT * FROM t WHERE x > 2")
+    assert_refused(
+        (SourceError, r"nope\.duckdb.*does not exist", f"duckdb://{tmp_path}/nope.duckdb?table=t"),
+        (SourceError, r"duckdb://.*table=missing.*missing", f"duckdb://{path}?table=missing"),
+        (EmptySourceError, r"table empty returns no rows", f"duckdb://{path}?table=empty"),
+        (EmptySourceError, r"query returns no rows",
+         f"duckdb://{path}?query=SELECT * FROM t WHERE x > 2"))
     assert ReadTable(f"duckdb://{path}?table=empty", allow_empty=True).units == []
-    with pytest.raises(SourceError, match="exactly one of table"):
-        ReadTable(f"duckdb://{path}?table=t&query=SELECT 1")
-    with pytest.raises(SourceError, match="order_by column 'nope'"):
-        ReadTable(f"duckdb://{path}?table=t&order_by=nope")
-    with pytest.raises(SourceError, match="Parser Error|syntax"):
-        ReadTable(f"duckdb://{path}?query=SELEC 1")
-    with pytest.raises(SourceError, match="unknown setting"):
-        ReadTable(f"duckdb://{path}?table=t&tabel=x")
-    with pytest.raises(Exception, match="split_rows"):
-        ReadTable(f"duckdb://{path}?table=t&split_rows=0")
+    assert_refused(
+        (SourceError, "exactly one of table", f"duckdb://{path}?table=t&query=SELECT 1"),
+        (SourceError, "order_by column 'nope'", f"duckdb://{path}?table=t&order_by=nope"),
+        (SourceError, "Parser Error|syntax", f"duckdb://{path}?query=SELEC 1"),
+        (SourceError, "unknown setting", f"duckdb://{path}?table=t&tabel=x"),
+        (Exception, "split_rows", f"duckdb://{path}?table=t&split_rows=0"))
 
 
 def test_a_unit_that_fails_mid_run_is_a_counted_dead_letter(duck):
@@ -227,9 +233,7 @@ def test_postgres_table_rows_match_in_physical_order(pg):
     rt = ReadTable(f"{url}?table=t", batch_rows=400, split_rows=1000)
     assert rt.kind == "postgresql" and len(rt.units) >= 4  # page ranges for parallel reads
     assert rt.schema.names == ["id", "x", "c", "note"]
-    batches, dead = read_direct(rt)
-    assert dead == []
-    got = rows_with_ids(batches)
+    got = clean_rows(rt)
     stream = stream_id("postgresql:sources:t")
     # a table loaded in id order: physical (ctid) order is id order, record number = position
     assert got == {(stream, r["id"]): r for r in t.to_pylist()}
@@ -285,10 +289,7 @@ def test_postgres_units_count_and_read_their_own_pages_only(pg):
 def test_postgres_query_and_order_by(pg):
     url, t = pg
     q = "SELECT id, x * 2 AS y FROM t WHERE c = 'b'"
-    rt = ReadTable(f"{url}?query={q}&order_by=y", split_rows=700)
-    batches, dead = read_direct(rt)
-    assert dead == []
-    got = rows_with_ids(batches)
+    got = clean_rows(ReadTable(f"{url}?query={q}&order_by=y", split_rows=700))
     want = sorted(({"id": r["id"], "y": r["x"] * 2} for r in t.to_pylist() if r["c"] == "b"),
                   key=lambda r: (r["y"], r["id"]))
     stream = stream_id(f"postgresql:sources:query:{q}")
@@ -302,16 +303,12 @@ def test_postgres_query_and_order_by(pg):
 
 def test_postgres_bad_inputs_fail_before_the_pipeline(pg, pg_server):
     url, _ = pg
-    with pytest.raises(SourceError, match=r"table=nope.*does not exist"):
-        ReadTable(f"{url}?table=nope")
-    with pytest.raises(EmptySourceError, match=r"sources\?table=empty: table empty returns no"):
-        ReadTable(f"{url}?table=empty")
-    with pytest.raises(EmptySourceError, match="query returns no rows"):
-        ReadTable(f"{url}?query=SELECT * FROM t WHERE id < 0")
-    with pytest.raises(SourceError, match="not a plain table"):
-        ReadTable(f"{url}?table=v")
-    with pytest.raises(SourceError, match='database "nodb" does not exist'):
-        ReadTable(url.rsplit("/", 1)[0] + "/nodb?table=t")
+    assert_refused(
+        (SourceError, r"table=nope.*does not exist", f"{url}?table=nope"),
+        (EmptySourceError, r"sources\?table=empty: table empty returns no", f"{url}?table=empty"),
+        (EmptySourceError, "query returns no rows", f"{url}?query=SELECT * FROM t WHERE id < 0"),
+        (SourceError, "not a plain table", f"{url}?table=v"),
+        (SourceError, 'database "nodb" does not exist', url.rsplit("/", 1)[0] + "/nodb?table=t"))
     port = pgs.free_port()
     started = time.monotonic()
     with pytest.raises(SourceError, match=rf"postgresql://ldpbeam@127.0.0.1:{port}/x\?table=t: "
@@ -413,9 +410,7 @@ def test_iceberg_rows_match_by_data_file(iceberg):
     rt = ReadTable(f"iceberg://{cat_path}?table=ns.t", batch_rows=512)
     assert rt.kind == "iceberg" and len(rt.units) == 2
     assert rt.schema.names == t.schema.names
-    batches, dead = read_direct(rt)
-    assert dead == []
-    got = rows_with_ids(batches)
+    got = clean_rows(rt)
     assert sorted(r["id"] for r in got.values()) == list(range(N))
     by_stream: dict[int, list] = {}
     for (s, rid), r in sorted(got.items()):
@@ -442,16 +437,14 @@ def test_iceberg_seeded_reports_are_runner_independent(iceberg, tmp_path):
 
 def test_iceberg_bad_inputs(iceberg, tmp_path):
     cat_path, _, _ = iceberg
-    with pytest.raises(SourceError, match="catalog file .* does not exist"):
-        ReadTable(f"iceberg://{tmp_path}/nope.db?table=ns.t")
-    with pytest.raises(SourceError, match=r"table=ns.missing.*(NoSuchTable|does not exist)"):
-        ReadTable(f"iceberg://{cat_path}?table=ns.missing")
-    with pytest.raises(EmptySourceError, match="table ns.empty returns no rows"):
-        ReadTable(f"iceberg://{cat_path}?table=ns.empty")
-    with pytest.raises(SourceError, match="not a query"):
-        ReadTable(f"iceberg://{cat_path}?query=SELECT 1")
-    with pytest.raises(SourceError, match="no snapshot 12345"):
-        ReadTable(f"iceberg://{cat_path}?table=ns.t&snapshot=12345")
+    assert_refused(
+        (SourceError, "catalog file .* does not exist", f"iceberg://{tmp_path}/nope.db?table=ns.t"),
+        (SourceError, r"table=ns.missing.*(NoSuchTable|does not exist)",
+         f"iceberg://{cat_path}?table=ns.missing"),
+        (EmptySourceError, "table ns.empty returns no rows",
+         f"iceberg://{cat_path}?table=ns.empty"),
+        (SourceError, "not a query", f"iceberg://{cat_path}?query=SELECT 1"),
+        (SourceError, "no snapshot 12345", f"iceberg://{cat_path}?table=ns.t&snapshot=12345"))
 
 
 # ------------------------------------------------------------------------------ directories
@@ -472,9 +465,7 @@ def test_directory_with_hive_partitions_and_files_to_skip(tmp_path):
     assert rt.schema.field("year").type == pa.int32()
     assert sorted(os.path.relpath(s["path"], root) for s in rt.skipped) == \
         [".hidden", "README.md", os.path.join("year=2023", "_SUCCESS")]
-    batches, dead = read_direct(rt)
-    assert dead == []
-    got = rows_with_ids(batches)
+    got = clean_rows(rt)
     assert len(got) == 600
     assert sorted((r["id"], r["year"], r["region"]) for r in got.values()) == \
         [(i, 2023 if i < 250 else 2024, "north south") for i in range(600)]

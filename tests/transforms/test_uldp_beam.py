@@ -14,9 +14,9 @@ from apache_beam.testing.test_pipeline import TestPipeline
 from scipy.stats import norm
 
 from ldp_beam import build_mechanism, estimator_for
-from ldp_beam.rng import RandomSource, stream_id
+from ldp_beam.rng import stream_id
 from ldp_beam.transforms import EstimateGlobally, Perturb, ReadTable
-from ldp_beam_test_helpers import Sink, read_jsonl, run_cli
+from ldp_beam_test_helpers import Sink, core_reports, read_jsonl, run_cli
 
 XD = ("usual", "pretentious", "great_pret")
 YD = ("not_recom", "recommend", "very_recom", "priority", "spec_prior")
@@ -124,13 +124,10 @@ def test_seeded_beam_reports_equal_the_core(joint_table, tmp_path, name):
         for k, v in d.items():
             cols.setdefault(k, []).extend(v)
     order = np.argsort(cols["uid"])
-    cols, reasons = {k: np.asarray(v)[order] for k, v in cols.items()}, None
-    core_cols, reasons = mech.check({"x": t["parents"].to_numpy(zero_copy_only=False),
-                                     "y": t["cls"].to_numpy(zero_copy_only=False)})
-    u = RandomSource(5).uniforms(t.num_rows, mech.draws, stream=stream_id("nursery.parquet"),
-                                 offset=0)
-    ok = ~reasons.bad
-    core = mech.randomize({k: v[ok] for k, v in core_cols.items()}, u[ok])
+    cols = {k: np.asarray(v)[order] for k, v in cols.items()}
+    core = core_reports(mech, {"x": t["parents"].to_numpy(zero_copy_only=False),
+                               "y": t["cls"].to_numpy(zero_copy_only=False)},
+                        5, stream_id("nursery.parquet"))
     np.testing.assert_array_equal(core["x"], cols["x"])
     np.testing.assert_array_equal(core["y"], cols["y"])
 

@@ -3,8 +3,6 @@ chosen uniformly by keyed priorities; the same rows on every runner and retry fo
 other rows for another; rows without a unit dead-lettered; every dropped row counted."""
 from __future__ import annotations
 
-import json
-import os
 import pickle
 
 import apache_beam as beam
@@ -20,33 +18,9 @@ from ldp_beam.pipelines.common import run_pipeline
 from ldp_beam.rng import RunKey
 from ldp_beam.transforms import ReadTable
 from ldp_beam.transforms.units import BoundContributions
+from ldp_beam_test_helpers import bounded_run
 
 MULTI = ["--direct_num_workers=2", "--direct_running_mode=multi_processing"]
-
-
-def _kept(path, run_key, out_dir, l0=1, linf=1, partition_fn=None, args=(), batch_rows=5000):
-    """Run the bounding; returns (kept record ids as (stream, id) pairs, dead letters, dropped)."""
-    kept, dead, dropped = (os.path.join(out_dir, n) for n in ("kept", "dead", "dropped"))
-
-    def ids(b):
-        return json.dumps([[int(b.stream), int(i)] for i in b.record_ids()])
-
-    def build(p):
-        b = p | BoundContributions("uid", run_key, l0, linf, partition_fn,
-                                   source=ReadTable(str(path), batch_rows=batch_rows))
-        return [b.batches | "Ids" >> beam.Map(ids)
-                | "WK" >> beam.io.WriteToText(kept, shard_name_template=""),
-                b.dead_letter | "DJ" >> beam.Map(json.dumps, default=str)
-                | "WD" >> beam.io.WriteToText(dead, shard_name_template=""),
-                b.dropped | "Sum" >> beam.Map(lambda d: d["bounded_out"])
-                | "Total" >> beam.CombineGlobally(sum)
-                | "WB" >> beam.io.WriteToText(dropped, shard_name_template="")]
-
-    run_pipeline(build, list(args))
-    pairs = sorted(tuple(x) for line in open(kept) if line.strip() for x in json.loads(line))
-    deads = [json.loads(line) for line in open(dead) if line.strip()]
-    total = sum(int(line) for line in open(dropped) if line.strip())
-    return pairs, deads, total
 
 
 def _units_table(path, units=4000, rows=5, seed=0):
@@ -58,7 +32,7 @@ def _units_table(path, units=4000, rows=5, seed=0):
 
 def test_each_unit_keeps_one_row_chosen_uniformly(tmp_path):
     uid = _units_table(tmp_path / "t.parquet")
-    pairs, dead, dropped = _kept(tmp_path / "t.parquet", RunKey.new(), tmp_path)
+    pairs, dead, dropped = bounded_run(tmp_path / "t.parquet", RunKey.new(), tmp_path)
     rows = np.array([i for _, i in pairs])
     assert len(rows) == 4000 and dropped == 16000 and not dead
     assert sorted(uid[rows].tolist()) == list(range(4000))  # exactly one row per unit
@@ -82,8 +56,8 @@ def test_rows_per_partition_and_partitions_per_unit(tmp_path):
     def partition_fn(table):
         return table.column("p").to_numpy().astype(np.int64)
 
-    pairs, _, dropped = _kept(tmp_path / "t.parquet", RunKey.new(), tmp_path, l0=2, linf=3,
-                              partition_fn=partition_fn)
+    pairs, _, dropped = bounded_run(tmp_path / "t.parquet", RunKey.new(), tmp_path, l0=2,
+                                    linf=3, partition_fn=partition_fn)
     rows = np.array([i for _, i in pairs])
     assert len(rows) + dropped == n
     for u in range(100):
@@ -97,10 +71,10 @@ def test_same_key_same_rows_on_every_runner_and_batching(tmp_path):
     key = RunKey.new(7)
     (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir(), (tmp_path / "c").mkdir()
     (tmp_path / "d").mkdir()
-    a = _kept(tmp_path / "t.parquet", key, tmp_path / "a")[0]
-    b = _kept(tmp_path / "t.parquet", key, tmp_path / "b", args=MULTI)[0]
-    c = _kept(tmp_path / "t.parquet", key, tmp_path / "c", batch_rows=333)[0]
-    d = _kept(tmp_path / "t.parquet", RunKey.new(), tmp_path / "d")[0]
+    a = bounded_run(tmp_path / "t.parquet", key, tmp_path / "a")[0]
+    b = bounded_run(tmp_path / "t.parquet", key, tmp_path / "b", args=MULTI)[0]
+    c = bounded_run(tmp_path / "t.parquet", key, tmp_path / "c", batch_rows=333)[0]
+    d = bounded_run(tmp_path / "t.parquet", RunKey.new(), tmp_path / "d")[0]
     assert a == b == c
     assert len(set(a) & set(d)) < 0.4 * len(a)  # another run key: another uniform choice
 
@@ -108,7 +82,7 @@ def test_same_key_same_rows_on_every_runner_and_batching(tmp_path):
 def test_rows_without_a_unit_are_dead_lettered_and_counted(tmp_path):
     pq.write_table(pa.table({"uid": ["u1", None, "", "u1", "u2"], "x": [1, 2, 3, 4, 5]}),
                    tmp_path / "t.parquet")
-    pairs, dead, dropped = _kept(tmp_path / "t.parquet", RunKey.new(), tmp_path)
+    pairs, dead, dropped = bounded_run(tmp_path / "t.parquet", RunKey.new(), tmp_path)
     assert len(pairs) == 2 and len(dead) == 2 and dropped == 1
     assert all("uid" in d["reason"] for d in dead)
 
