@@ -6,6 +6,8 @@ untrusted clients) to a dead-letter output before they reach the accumulator.
 """
 from __future__ import annotations
 
+import copy
+
 from typing import Any, Mapping
 
 import apache_beam as beam
@@ -18,7 +20,8 @@ from ldp_beam.errors import EmptyAccumulatorError
 
 from .batches import (EstimateFailure, KeyedBatch, check_report_field, get_column, is_batch,
                       num_rows, report_columns, report_field_columns, row_dict, take)
-from .perturb import clipped_record as _clipped, dead_letter, split_dead_letters
+from .perturb import (clipped_record as _clipped, dead_letter, dead_letter_outputs,
+                      tag_dead_letters)
 
 
 class EstimatorCombineFn(beam.CombineFn):
@@ -273,7 +276,14 @@ class ValidateReportsFn(beam.DoFn):
             reasons.flag(new, msgs.__getitem__)
         return reasons, typed, n
 
+    #: dead letters as a tagged output (set by :func:`~.perturb.dead_letter_outputs`)
+    tagged = False
+
     def process(self, element: Any):
+        return tag_dead_letters(self.tagged, self.validate(element))
+
+    def validate(self, element: Any):
+        """The element's valid reports and a dead letter for each invalid one."""
         keyed = element if isinstance(element, KeyedBatch) else None
         table = element.table if keyed is not None else element
         batch = is_batch(element)
@@ -338,15 +348,7 @@ class ValidateReports(beam.PTransform):
         self.fn = ValidateReportsFn(estimator)
 
     def expand(self, pcoll):
-        return split_dead_letters(pcoll | "Validate" >> beam.ParDo(self.fn), "reports")
-
-
-def table_of(batch: Any) -> pa.Table:
-    if isinstance(batch, pa.Table):
-        return batch
-    if isinstance(batch, pa.RecordBatch):
-        return pa.Table.from_batches([batch])
-    return pa.table({k: np.asarray(v) for k, v in batch.items()})
+        return dead_letter_outputs(pcoll, "Validate", copy.copy(self.fn), "reports")
 
 
 # --------------------------------------------------------------------------- per-key central releases

@@ -122,7 +122,7 @@ from ldp_beam.errors import LdpBeamError, ParameterError
 from ldp_beam.rng import stream_id
 
 from .batches import KeyedBatch
-from .perturb import dead_letter
+from .perturb import dead_letter, tag_dead_letters
 
 DEFAULT_BATCH_ROWS = 1 << 16
 CSV_BLOCK_BYTES = 1 << 22          # pyarrow's parse block for CSV: 4 MiB
@@ -939,7 +939,14 @@ class ReadUnitFn(beam.DoFn):
         self.n_files_unreadable = Metrics.counter("ldp_beam", "files_unreadable")
         self.n_uncounted = Metrics.counter("ldp_beam", "input_parts_uncounted")
 
-    def process(self, unit: ReadUnit):
+    #: dead letters as a tagged output (set by :func:`~.perturb.dead_letter_outputs`)
+    tagged = False
+
+    def process(self, unit: Any):
+        return tag_dead_letters(self.tagged, self.read(unit))
+
+    def read(self, unit: ReadUnit):
+        """The unit's batches and dead letters, in the order read."""
         self._unit = unit  # its partition values are added to every batch (_batch)
         if table_format(unit.path) == "parquet":
             yield from self._parquet(unit)

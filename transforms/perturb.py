@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import bisect
 import hashlib
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 import apache_beam as beam
 import numpy as np
@@ -91,6 +91,16 @@ def dead_letter(reason: str, record: Any, source: str = "", row: int | None = No
     return DeadLetterRecord(reason=reason, record=record, source=source, row=row)
 
 
+def tag_dead_letters(tagged: bool, items: Iterable[Any]) -> Iterable[Any]:
+    """A DoFn's outputs ``items`` as :func:`dead_letter_outputs` routes them: unchanged when not
+    ``tagged`` (:func:`split_dead_letters` finds the :class:`DeadLetterRecord`), else each dead
+    letter as a ``TaggedOutput`` of :data:`DEAD_LETTER` (a plain dict, as that split gives)."""
+    if not tagged:
+        return items
+    return (TaggedOutput(DEAD_LETTER, dict(x)) if isinstance(x, DeadLetterRecord) else x
+            for x in items)
+
+
 def _main_part(element: Any) -> list:
     return [] if isinstance(element, DeadLetterRecord) else [element]
 
@@ -116,10 +126,9 @@ class Outputs:
 
 
 def split_dead_letters(pcoll: Any, main_name: str) -> Outputs:
-    """Split a DoFn's single output into its main elements and its dead letters.
-
-    Not ``with_outputs``: Beam's Dask runner does not separate tagged outputs (each branch gets
-    every element), so one output plus two filters is what runs the same on every runner."""
+    """Split a DoFn's single output into its main elements and its dead letters: what
+    :func:`dead_letter_outputs` does where the runner does not separate tagged outputs (Beam's
+    Dask runner gives each branch every element), one output plus two filters."""
     return Outputs(main_name, pcoll | f"{main_name.title()}" >> beam.FlatMap(_main_part),
                    pcoll | "DeadLetters" >> beam.FlatMap(_dead_part))
 
@@ -585,15 +594,22 @@ def separates_tagged_outputs(pipeline: Any) -> bool:
         "apache_beam.runners.dask")
 
 
-def perturb_outputs(pcoll: Any, fn: PerturbFn) -> Outputs:
-    """``pcoll | ParDo(fn)`` as reports and dead letters: a tagged dead-letter output where the
-    runner separates tagged outputs, else :func:`split_dead_letters`."""
+def dead_letter_outputs(pcoll: Any, label: str, fn: Any, main_name: str) -> Outputs:
+    """``pcoll | label >> ParDo(fn)`` as its main elements and its dead letters: a tagged
+    dead-letter output where the runner separates tagged outputs (one step), else
+    :func:`split_dead_letters` (three). ``fn`` emits its dead letters by its ``tagged``
+    attribute, set here: a ``TaggedOutput`` when true, a :class:`DeadLetterRecord` when false."""
     if not separates_tagged_outputs(pcoll.pipeline):
         fn.tagged = False
-        return split_dead_letters(pcoll | "Perturb" >> beam.ParDo(fn), REPORTS)
+        return split_dead_letters(pcoll | label >> beam.ParDo(fn), main_name)
     fn.tagged = True
-    res = pcoll | "Perturb" >> beam.ParDo(fn).with_outputs(DEAD_LETTER, main=REPORTS)
-    return Outputs(REPORTS, res[REPORTS], res[DEAD_LETTER])
+    res = pcoll | label >> beam.ParDo(fn).with_outputs(DEAD_LETTER, main=main_name)
+    return Outputs(main_name, res[main_name], res[DEAD_LETTER])
+
+
+def perturb_outputs(pcoll: Any, fn: PerturbFn) -> Outputs:
+    """``pcoll | ParDo(fn)`` as reports and dead letters (:func:`dead_letter_outputs`)."""
+    return dead_letter_outputs(pcoll, "Perturb", fn, REPORTS)
 
 
 OUTPUTS = ("batches", "rows")

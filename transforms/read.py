@@ -16,7 +16,7 @@ from ldp_beam.errors import ParameterError
 from .io import (DEFAULT_BATCH_ROWS, DEFAULT_NULL_VALUES, ReadUnitFn, beam_flags, check_columns,
                  check_object_store, csv_settings, input_schema, is_remote, list_input,
                  plan_units)
-from .perturb import split_dead_letters
+from .perturb import dead_letter_outputs
 from .sources import is_source_url, open_source
 
 
@@ -133,4 +133,5 @@ class ReadTable(beam.PTransform):
         # beam.Create reshuffles its elements itself when it has more than one (MaybeReshuffle),
         # which spreads the units over workers; a second Reshuffle only added a stage
         units = pbegin | "Units" >> beam.Create(self.units)
-        return split_dead_letters(units | "Read" >> beam.ParDo(self.fn), "batches")
+        # the fn copied: dead_letter_outputs sets how it emits for this pipeline's runner
+        return dead_letter_outputs(units, "Read", copy.copy(self.fn), "batches")

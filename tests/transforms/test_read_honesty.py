@@ -367,3 +367,45 @@ def test_plan_and_read_agree_on_offsets_for_a_file_planned_whole(tmp_path):
             got[kb.offset + i] = v
     assert got == {i: i for i in range(900)}
     assert [u.offset for u in plan_units([str(path)])] == [0, 300, 600]
+
+
+def _par_do_labels(p):
+    labels = []
+
+    class Visit(beam.pipeline.PipelineVisitor):
+        def visit_transform(self, node):
+            if isinstance(node.transform, beam.ParDo):
+                labels.append(node.full_label)
+
+    p.visit(Visit())
+    return labels
+
+
+def test_the_reader_and_the_validator_emit_dead_letters_as_a_tagged_output_of_their_own_step(
+        defects):
+    """Where the runner separates tagged outputs (every runner but Beam's Dask runner), the
+    reader's and the report validator's dead letters are a tagged output of the step itself, not
+    two filters after it (each a step every element passes, and a fixed cost in every run); the
+    Dask runner keeps the filters. What each output holds is the same either way (the counts
+    test above runs both on the direct runners; tests/pipelines/test_runners.py on Dask)."""
+    from apache_beam.runners.dask.dask_runner import DaskRunner
+
+    from ldp_beam import estimator_for
+    from ldp_beam.transforms import ValidateReports
+
+    est = estimator_for(build_mechanism("harmony", epsilon=1.0, lower=0.0, upper=1.0))
+    for runner, split in (("DirectRunner", False), (DaskRunner(), True)):
+        p = beam.Pipeline(runner=runner)
+        rd = p | ReadTable(str(defects / "latin.csv"))
+        v = rd.batches | ValidateReports(est)
+        labels = _par_do_labels(p)
+        for step, main in (("ReadTable", "Batches"), ("ValidateReports", "Reports")):
+            assert (f"{step}/DeadLetters" in labels) is split, (runner, labels)
+            assert (f"{step}/{main}" in labels) is split, (runner, labels)
+        assert rd.dead_letter.producer.full_label.startswith(
+            "ReadTable/DeadLetters" if split else "ReadTable/Read/")
+        assert v.dead_letter.producer.full_label.startswith(
+            "ValidateReports/DeadLetters" if split else "ValidateReports/Validate/")
+    # and the tagged read gives what the split one did: the latin-1 file's one bad row
+    batches, dead = read_all(defects / "latin.csv")
+    assert [d["row"] for d in dead] == [1] and sum(len(b[2]) for b in batches) == 2
