@@ -172,10 +172,11 @@ def summarize(out_dir: str, run_id: str, records_read: int | None = None,
         records_read = sum(r["records"] for r in messages)
     last: dict[str, dict] = {}
     last_released: dict[str, dict] = {}
-    n_panes = n_withheld = 0
+    n_panes = n_withheld = n_published = 0
     for p in (r for r in ledger if r["kind"] == "pane"):
         n_panes += 1
         n_withheld += not p["released"]
+        n_published += p["released"] and not p.get("already_published")
         w = p["window_start"]
         if w not in last or p["pane"] > last[w]["pane"]:
             last[w] = p
@@ -192,6 +193,8 @@ def summarize(out_dir: str, run_id: str, records_read: int | None = None,
     out = {"run": run_id, "files": len(files), "files_unread": unread,
            "windows": len(last), "panes": n_panes,
            "panes_withheld": n_withheld,
+           # released and written by this run (not a pane a killed run had published already)
+           "panes_published": n_published,
            "records": {"lines": src["lines"] if from_files else None, "read": records,
                        "dead_lettered_at_source": at_source,
                        "too_late": src["too_late"], "skipped_settled": src["skipped_settled"],
@@ -490,7 +493,8 @@ def run_stream(output_dir: str, mechanism: Mechanism, *, spool: str | None = Non
                        "declared": {"start": start_us is not None, "end": end_us is not None},
                        "rule": _range_line(once, range_start, range_end,
                                            start_us is not None)})
-        summary["ledger"] = settle_or_say(account, say_always)
+        summary["ledger"] = settle_or_say(
+            account, say_always, published=summary["panes_published"] > 0)
         account = None
         write_json(os.path.join(out_dir, SUMMARY), summary)
         log(summary_line(summary))

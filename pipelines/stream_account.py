@@ -182,10 +182,13 @@ class StreamAccount:
             cap = self.cap_from_budget = m0 + left
         return math.inf if cap is None else max(0.0, cap - m0)
 
-    def settle(self, failed: BaseException | None = None) -> dict | None:
+    def settle(self, failed: BaseException | None = None,
+               published: bool | None = None) -> dict | None:
         """Commit what the run added to the deployment's largest unit loss, or give the
-        reservation back when it published and charged nothing. Returns what the summary says
-        about the ledger (None if :meth:`open` did not reserve)."""
+        reservation back when it published and charged nothing. ``published``: whether this
+        run released a pane, when its summary knows (its own ledger rows); None (a failed run)
+        reads the deployment's estimates for it. Returns what the summary says about the
+        ledger (None if :meth:`open` did not reserve)."""
         entry, self.entry = self.entry, None  # settled once, whatever happens below
         if entry is None:
             return None
@@ -193,7 +196,9 @@ class StreamAccount:
             added = max(0.0, self.loss() - self.loss_before)
             if self.unit is None:
                 added = min(added, self.reserved)
-            if added > 0 or published_by(self.out_dir, self.run_id):
+            if published is None:
+                published = published_by(self.out_dir, self.run_id)
+            if added > 0 or published:
                 entry.commit(outputs={"stream": self.out_dir}, epsilon=added)
                 self.recorded = added
             else:
@@ -208,13 +213,13 @@ class StreamAccount:
                 "deployment_max_unit_loss": self.loss_before + (self.recorded or 0.0)}
 
 
-def settle_or_say(account: StreamAccount, log: Any,
-                  failed: BaseException | None = None) -> dict | None:
-    """``account.settle(failed)``; a ledger that cannot be settled (unreachable, replaced)
+def settle_or_say(account: StreamAccount, log: Any, failed: BaseException | None = None,
+                  published: bool | None = None) -> dict | None:
+    """``account.settle(failed, published)``; a ledger that cannot be settled (unreachable, replaced)
     leaves the entry pending, counted at what the run reserved (never less than it spent): that
     is said (``log`` and the returned ``error``), not raised over the run's own outcome."""
     try:
-        return account.settle(failed)
+        return account.settle(failed, published)
     except Exception as exc:
         said = (f"the ledger entry of run {account.run_id} was not settled ({exc}); it stays "
                 "pending and counts at what the run reserved until it is resolved (`ldp-beam "

@@ -220,3 +220,24 @@ def test_a_ledger_gone_at_the_end_leaves_the_entry_pending_and_says_so(tmp_path,
     with Ledger.open(f"sqlite:///{tmp_path / 'moved.db'}") as led:
         (e,) = led.entries()
     assert (e["status"], e["epsilon"]) == ("pending", 1.0)
+
+
+def test_a_pane_a_killed_run_had_published_is_not_this_runs_publication(tmp_path):
+    """A restart that computes again the pane a killed run published (the file was not settled)
+    writes nothing (``already_published``): its summary counts no pane published by it, so
+    its ledger entry, having charged nothing, is given back rather than committed."""
+    from ldp_beam.pipelines.stream import summarize
+    from ldp_beam.transforms.windowed import LEDGER_FILE
+
+    pane = {"kind": "pane", "window_start": "2026-11-27T00:00:00Z", "pane": 0, "count": 3,
+            "timing": "ON_TIME", "released": True}
+    rows = [{**pane, "run": "killed"}, {**pane, "run": "restart", "already_published": True},
+            {**pane, "run": "restart", "window_start": "2026-11-27T00:00:02Z"}]
+    (tmp_path / LEDGER_FILE).parent.mkdir(exist_ok=True)
+    (tmp_path / LEDGER_FILE).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    s = summarize(str(tmp_path), "restart")
+    assert (s["panes"], s["panes_withheld"], s["panes_published"]) == (2, 0, 1)
+    rows.pop()
+    (tmp_path / LEDGER_FILE).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    s = summarize(str(tmp_path), "restart")
+    assert (s["panes"], s["panes_withheld"], s["panes_published"]) == (1, 0, 0)
