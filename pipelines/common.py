@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import difflib
 import json
 import os
 import shutil
@@ -71,24 +70,6 @@ def beam_option_names() -> set[str]:
         for action in parser._actions:
             names.update(o for o in action.option_strings if o.startswith("--"))
     return names
-
-
-def check_beam_args(args: Iterable[str], ours: Iterable[str]) -> None:
-    """Refuse an option that neither the command nor any Beam PipelineOptions knows (a typo such
-    as ``--kep`` must not be passed on to Beam and silently ignored), naming the closest one."""
-    known = None
-    for a in args:
-        if not a.startswith("--"):
-            continue
-        name = a.split("=", 1)[0]
-        known = known if known is not None else beam_option_names()
-        if name in known:
-            continue
-        pool = sorted(set(ours) | known)
-        close = difflib.get_close_matches(name, pool, n=1, cutoff=0.6)
-        hint = f"; did you mean {close[0]}?" if close else ""
-        raise ValueError(f"unknown option {name}{hint} (not an option of this command nor of "
-                         "Apache Beam's PipelineOptions)")
 
 
 def runner_args(beam_args: Iterable[str] = ()) -> list[str]:

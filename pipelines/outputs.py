@@ -334,12 +334,6 @@ class _Inputs:
         return None
 
 
-def input_paths(inputs: Iterable[str]) -> list[str]:
-    """Every local real path an input names: the path or pattern itself (a file or folder), a
-    glob's matches, and every file of a folder (recursively)."""
-    return sorted(_Inputs(inputs).reals)
-
-
 def _option(role: str, labels: Mapping[str, str] | None) -> str:
     return (labels or {}).get(role) or _DEFAULT_OPTIONS.get(role) or f"the {role} output"
 

@@ -37,10 +37,6 @@ def release_id(row: Mapping[str, Any]) -> str:
     return f"{row['window_start']}/{row['pane']['index']}"
 
 
-def _start_us(row: Mapping[str, Any]) -> int:
-    return int(round(float(row["window_start_epoch"]) * 1_000_000))
-
-
 class FolderResults:
     """One JSON file per pane in a folder (see the module docstring)."""
 

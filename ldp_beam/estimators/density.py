@@ -223,14 +223,6 @@ def density_statistics(grid: DensityGrid, v: np.ndarray, note: str = "") -> dict
     return out
 
 
-def grid_of(stats: Mapping[str, Statistic]) -> tuple[DensityGrid, np.ndarray]:
-    """Recover (grid, density) from released statistics."""
-    z = np.asarray(stats["grid"].value, dtype=float)
-    w = z[1] - z[0]
-    grid = DensityGrid(float(z[0] - w / 2), float(z[-1] + w / 2), int(z.size))
-    return grid, np.asarray(stats["density"].value, dtype=float)
-
-
 def sample_density(grid: DensityGrid, v: np.ndarray, n: int,
                    rng: np.random.Generator) -> np.ndarray:
     """Draw ``n`` values from the piecewise-uniform density (a synthetic sample of the data)."""

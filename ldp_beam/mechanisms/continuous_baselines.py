@@ -109,10 +109,6 @@ def gg_sd(sigma: float, p: float) -> float:
     return sigma * math.exp(0.5 * (math.lgamma(3.0 / p) - math.lgamma(1.0 / p)))
 
 
-def gg_logpdf(z: np.ndarray, sigma: float, p: float) -> np.ndarray:
-    return _stats().gennorm.logpdf(np.asarray(z, float), p, scale=sigma)
-
-
 def _loss_root(eps: float, D: float, p: float) -> float:
     """t* with |t* - D|^p - |t*|^p = eps (noise in units of sigma, shift D = sensitivity/sigma):
     the privacy loss ln f(t)/f(t - D) exceeds eps exactly for t < t*. p > 1; -inf if t* is

@@ -279,11 +279,6 @@ class TDRR(SensitiveJoint):
             ULDP, self.epsilon, params=self._params_note(),
             notes=f"eps/2 + eps/2 by sequential composition; {TWO_D_NOTE}")
 
-    def axis_probabilities(self) -> tuple[tuple[float, float, float], tuple[float, float, float]]:
-        """(a, b, t) of the x-axis and the y-axis uRR, each with eps/2."""
-        return (urr_probabilities(self.epsilon / 2, self.sx),
-                urr_probabilities(self.epsilon / 2, self.sy))
-
     def randomize(self, cols: dict[str, np.ndarray], u: np.ndarray) -> Reports:
         xs, ys = self.sensitive_codes()
         e2 = self.epsilon / 2
