@@ -22,8 +22,8 @@ from urllib.parse import urlsplit
 import pyarrow.fs as pafs
 
 from ldp_beam.errors import ParameterError
-from ldp_beam.ledger import (_GLOB_CHARS, DATABASE_SCHEMES, _table_url, canonical_location,
-                             check_dataset_name)
+from ldp_beam.ledger import DATABASE_SCHEMES, canonical_location, check_dataset_name
+from ldp_beam.ledger.names import _GLOB_CHARS, _table_url
 
 def dataset_identity(input: str, options: Any = (), name: str | None = None) -> dict:
     """The identity of the data a run reads: ``{"dataset", "uri", "fingerprint", "files",

@@ -243,7 +243,7 @@ def test_a_reservation_waits_for_one_in_flight_and_counts_it(ledger_url, data):
     """Deterministic interleaving: another process is mid-reservation (its transaction holds the
     dataset and has inserted its pending row, not yet committed). Our reserve must wait for it
     and then count it: reading what was spent before the other commits would let both pass."""
-    from ldp_beam.ledger import _ENTRY_COLUMNS
+    from ldp_beam.ledger.backends import _ENTRY_COLUMNS
 
     with Ledger.open(ledger_url) as led:
         reserve(led, "seed", data, 0.1, budget=1.0).commit()

@@ -194,7 +194,7 @@ def _loaded(module: str, heavy: tuple[str, ...]) -> list[str]:
 
 
 def test_the_command_line_starts_without_beam_or_pyarrow():
-    """What the lazy imports in outputs.py, ldp_beam/ledger.py and lifecycle.py keep out of
+    """What the lazy imports in outputs.py, ldp_beam/ledger/ and lifecycle.py keep out of
     every command's start-up (``--help`` and ``ledger`` included)."""
     heavy = ("apache_beam", "pyarrow", "pandas", "scipy", "dp_accounting")
     assert _loaded("ldp_beam.pipelines.cli", heavy) == []

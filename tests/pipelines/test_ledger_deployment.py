@@ -570,7 +570,7 @@ def _v1_rows(uri_a, uri_b, uri_b_copy, spool):
 
 
 def _build_v1(execute, executemany, placeholder="?"):
-    from ldp_beam.ledger import _SCHEMA_V1, _V1_ENTRY_COLUMNS
+    from ldp_beam.ledger.migrate import _SCHEMA_V1, _V1_ENTRY_COLUMNS
 
     for stmt in _SCHEMA_V1:
         execute(stmt)
@@ -654,7 +654,7 @@ def test_a_schema_1_postgres_ledger_is_migrated_in_place(fresh_pg_url):
 
 
 def test_a_failed_migration_changes_nothing(tmp_path, monkeypatch):
-    from ldp_beam import ledger as L
+    from ldp_beam.ledger import store as L  # where Ledger looks _migrate_v1 up
 
     path = str(tmp_path / "v1.db")
     con = sqlite3.connect(path, isolation_level=None)
