@@ -340,7 +340,7 @@ BUILTINS = (
      "ldp_beam.central.histogram:HistogramReleaseEstimator"),
     ("ospdprr", "ldp_beam.central.ospdprr:OSPDPRR",
      "ldp_beam.central.ospdprr:OSPDPRREstimator"),
-    ("osdp-rr", "ldp_beam.central.ospdprr:OsdpRR", "ldp_beam.central.ospdprr:OsdpRREstimator"),
+    ("osdp-rr", "ldp_beam.central.osdprr:OsdpRR", "ldp_beam.central.osdprr:OsdpRREstimator"),
     ("central-count", "ldp_beam.central.count:CentralCount",
      "ldp_beam.central.count:CentralCountEstimator"),
     ("privacy-id-count", "ldp_beam.central.count:PrivacyIdCount",

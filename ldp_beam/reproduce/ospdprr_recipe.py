@@ -26,7 +26,8 @@ U(0.001, 1] on sensitive items, 0 elsewhere; importance ``d / max d`` with ``d ~
 per user; weights = importance x level (the library's default sensitivity function).
 
 Methods, per threshold ``t`` in {0.6, 0.7, 0.8, 0.9} (library functions of
-:mod:`ldp_beam.central.ospdprr`, vectorized over the repetitions):
+:mod:`ldp_beam.central.ospdprr` and :mod:`ldp_beam.central.osdprr`, vectorized over the
+repetitions):
 
 * ``paper-raw`` / ``paper-ratio``: the literal rule eps = e^m (no privacy claim);
 * ``sound-public-raw`` / ``sound-public-ratio``: data references, noise budget t (t-DP only if
@@ -72,9 +73,9 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from ..central.osdprr import osdp_epsilon_for_threshold, osdp_keep_probability
 from ..central.ospdprr import (comprehensive_weight, exact_answer, importance_times_level,
-                               noisy_statistics, osdp_epsilon_for_threshold,
-                               osdp_keep_probability, personal_budgets, query_answer,
+                               noisy_statistics, personal_budgets, query_answer,
                                sampling_probabilities, statistic_lattice, statistic_units)
 from ..noise import discrete_laplace_cumulants, discrete_laplace_scale
 from ..pipelines.records import make_record, select

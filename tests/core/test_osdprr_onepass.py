@@ -20,8 +20,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from ldp_beam.central.ospdprr import (QUERIES, OsdpRR, OsdpRREstimator, exact_sum_units,
-                                      from_exact_units, query_answer)
+from ldp_beam.central.osdprr import OsdpRR, OsdpRREstimator, exact_sum_units, from_exact_units
+from ldp_beam.central.ospdprr import QUERIES, query_answer
 from ldp_beam.errors import ParameterError
 from ldp_beam.rng import RandomSource, RunKey
 from ldp_beam_test_helpers import (emitted_rows, release_on_two_runners, release_pipeline,

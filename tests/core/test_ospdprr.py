@@ -18,11 +18,11 @@ from scipy import stats as st
 from scipy.special import logsumexp
 
 from ldp_beam import EmptyAccumulatorError, InvalidRecordsError, ParameterError
-from ldp_beam.central.ospdprr import (OSPDPRR, QUERY_STATISTICS, OSPDPRREstimator, OsdpRR,
-                                      OsdpRREstimator,
+from ldp_beam.central.osdprr import (OsdpRR, OsdpRREstimator, osdp_epsilon_for_threshold,
+                                     osdp_keep_probability)
+from ldp_beam.central.ospdprr import (OSPDPRR, QUERY_STATISTICS, OSPDPRREstimator,
                                       comprehensive_weight, exact_answer,
                                       importance_times_level, noise_scales, normalize_weights,
-                                      osdp_epsilon_for_threshold, osdp_keep_probability,
                                       personal_budgets, personal_epsilon, query_answer,
                                       sampling_probabilities, sensitivities)
 from ldp_beam.core import CentralRelease, Mechanism

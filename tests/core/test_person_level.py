@@ -24,9 +24,9 @@ from ldp_beam.central.dphr import DPHR
 from ldp_beam.central.histogram import (HistogramReleaseEstimator, IdentityLaplace,
                                         count_noise_variance)
 from ldp_beam.central.histogram_baselines import AHP, StructureFirst
-from ldp_beam.central.ospdprr import (OSPDPRR, OSPDPRREstimator, OsdpRR, OsdpRREstimator,
-                                      noise_scales, personal_epsilon, statistic_lattice,
-                                      unit_personal_epsilon)
+from ldp_beam.central.osdprr import OsdpRR, OsdpRREstimator
+from ldp_beam.central.ospdprr import (OSPDPRR, OSPDPRREstimator, noise_scales, personal_epsilon,
+                                      statistic_lattice, unit_personal_epsilon)
 from ldp_beam.central.partition import bound_contributions
 from ldp_beam.reproduce import audit_recipe as R
 from ldp_beam.noise import discrete_laplace_pmf, discrete_laplace_scale, discrete_laplace_variance
