@@ -9,6 +9,7 @@ import copy
 from typing import Any, Mapping, Sequence
 
 import apache_beam as beam
+from apache_beam.options.pipeline_options import DirectOptions
 import pyarrow as pa
 
 from ldp_beam.errors import ParameterError
@@ -18,6 +19,16 @@ from .io import (DEFAULT_BATCH_ROWS, DEFAULT_NULL_VALUES, ReadUnitFn, beam_flags
                  plan_units)
 from .perturb import dead_letter_outputs
 from .sources import is_source_url, open_source
+
+
+def one_local_worker(pipeline: Any) -> bool:
+    """Whether ``pipeline`` runs on Beam's DirectRunner with one worker (its default: one
+    in-memory worker), where spreading elements over workers has nothing to spread over."""
+    runner = getattr(pipeline, "runner", None)
+    if runner is None or not type(runner).__module__.startswith("apache_beam.runners.direct"):
+        return False
+    opts = pipeline.options.view_as(DirectOptions)
+    return opts.direct_num_workers == 1 and opts.direct_running_mode == "in_memory"
 
 
 class ReadTable(beam.PTransform):
@@ -131,7 +142,9 @@ class ReadTable(beam.PTransform):
 
     def expand(self, pbegin):
         # beam.Create reshuffles its elements itself when it has more than one (MaybeReshuffle),
-        # which spreads the units over workers; a second Reshuffle only added a stage
-        units = pbegin | "Units" >> beam.Create(self.units)
+        # which spreads the units over workers; a second Reshuffle only added a stage. With one
+        # worker there is nothing to spread over: no reshuffle (four steps and a shuffle fewer)
+        units = pbegin | "Units" >> beam.Create(
+            self.units, reshuffle=not one_local_worker(pbegin.pipeline))
         # the fn copied: dead_letter_outputs sets how it emits for this pipeline's runner
         return dead_letter_outputs(units, "Read", copy.copy(self.fn), "batches")

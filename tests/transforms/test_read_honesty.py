@@ -409,3 +409,24 @@ def test_the_reader_and_the_validator_emit_dead_letters_as_a_tagged_output_of_th
     # and the tagged read gives what the split one did: the latin-1 file's one bad row
     batches, dead = read_all(defects / "latin.csv")
     assert [d["row"] for d in dead] == [1] and sum(len(b[2]) for b in batches) == 2
+
+
+def test_the_reader_spreads_its_units_over_workers_only_where_there_are_several(defects):
+    """Beam's Create reshuffles its elements to spread them over workers: four steps and a
+    shuffle. On the DirectRunner's default single in-memory worker there is nothing to spread
+    over, so the reader skips it; with several workers (and on any other runner) it is kept.
+    The rows read are the same either way (the counts test above runs both)."""
+    from apache_beam.runners.dask.dask_runner import DaskRunner
+
+    from ldp_beam.transforms.read import one_local_worker
+
+    for args, runner, spread in ((["--runner=DirectRunner"], None, False),
+                                 (MULTI, None, True),
+                                 (["--runner=DirectRunner", "--direct_num_workers=2"], None,
+                                  True),
+                                 ([], DaskRunner(), True)):
+        p = beam.Pipeline(runner=runner, options=PipelineOptions(args))
+        assert one_local_worker(p) is not spread
+        p | ReadTable(str(defects))
+        labels = _par_do_labels(p)
+        assert any("ReadTable/Units/MaybeReshuffle/" in x for x in labels) is spread, labels
