@@ -34,15 +34,15 @@ from typing import Any, ClassVar, Iterable, Mapping, Union
 import numpy as np
 
 from ..core import (CentralRelease, Estimate, Estimator, Reasons, Reports, Role, Statistic,
-                    check_choice, coerce_numeric)
+                    check_choice)
 from ..errors import EmptyAccumulatorError, ParameterError
 from ..privacy import ULDP, PrivacyGuarantee, central_unit_params, central_unit_text
 from ..rng import RngLike
 from .histogram import as_generator
 from .ospdprr import (CLIPPED, CLIPPED_DTYPE, RATIO_QUERIES, _ByItem, _check_bounds,
-                      _check_clipped, _check_common, _check_t, _clip_note, _clipped_column,
-                      _clipped_sum, _estimate, _flag_levels, _flag_values, _is_number,
-                      _ReleasedOnce, _UnitBounded, query_answer)
+                      _check_common, _check_t, _clip_note, _clipped_column,
+                      _clipped_sum, _curated, _estimate, _flag_levels, _flag_values, _is_number,
+                      _ReleasedOnce, _report_values, _UnitBounded, query_answer)
 
 
 # --------------------------------------------------------------------------- the baseline
@@ -487,21 +487,12 @@ class OsdpRREstimator(_ReleasedOnce, Estimator):
     def _release(self, acc: np.ndarray) -> Estimate:
         _, records, s, q = acc[:4]
         rel = self.mechanism.release_sums(int(records), int(s), int(q))
-        # n_reports=None: the exact number of users is itself sensitive and is not released;
-        # nor is the number of clipped values (curator only: Estimate.curator)
-        curator = {"values_clipped": int(acc[4])} if self.clip else {}
-        return replace(rel, curator=curator)
+        return _curated(rel, acc[4] if self.clip else None)
 
     def check_reports(self, reports: Mapping[str, Any], n: int | None = None) -> Reasons:
         reasons = super().check_reports(reports, n)
         m = self.mechanism
-        for name, _ in self.fields:
-            if name not in reports:
-                continue
-            if name == CLIPPED:
-                _check_clipped(m, reports, reasons)
-                continue
-            v, _ = coerce_numeric(reports[name])  # non-numeric entries -> NaN, flagged below
+        for name, v in _report_values(self, reports, reasons):
             if name.startswith("value"):
                 with np.errstate(invalid="ignore"):
                     bad = ~np.isfinite(v) | (v < m.lower) | (v > m.upper)

@@ -660,6 +660,27 @@ def _ospdprr_fields(m: "OSPDPRR") -> tuple[tuple[str, str], ...]:
     return values + tuple((f"weight{i}", "float64") for i in range(1, m.k + 1)) + clip
 
 
+def _curated(rel: Estimate, clipped: Any) -> Estimate:
+    """``rel`` keeping, for the curator only, the number of values clipped (``clipped``; None
+    without clipping). Its ``n_reports`` stays None: the exact number of users is itself
+    sensitive and is not released, nor is the number of clipped values (``Estimate.curator``
+    keeps only that count: a release's own curator bookkeeping is for tests and diagnostics)."""
+    return replace(rel, curator={} if clipped is None else {"values_clipped": int(clipped)})
+
+
+def _report_values(est: Any, reports: Mapping[str, Any], reasons: Reasons):
+    """``(name, values)`` for each report field of estimator ``est`` present in ``reports``, as
+    numbers (a non-numeric entry is NaN, for the caller to flag); the clipped-count field is
+    checked here (:func:`_check_clipped`), not yielded."""
+    for name, _ in est.fields:
+        if name not in reports:
+            continue
+        if name == CLIPPED:
+            _check_clipped(est.mechanism, reports, reasons)
+            continue
+        yield name, coerce_numeric(reports[name])[0]
+
+
 class _UnitBounded:
     """The contribution bounds of a per-user release (``max_partitions_per_unit``,
     ``max_rows_per_partition`` fields of the dataclass)."""
@@ -1322,12 +1343,7 @@ class _UserRowsEstimator(_ReleasedOnce, Estimator):
                         release_source(self.seed, np.ascontiguousarray(acc[:, :kt + k]), key),
                         allow_empty=True,
                         **getattr(self, "_lean", {}))
-        # n_reports=None: the exact number of users is itself sensitive and is not released;
-        # nor is the number of clipped values (curator only: Estimate.curator, which keeps
-        # only that count: the release's own curator bookkeeping is for tests and diagnostics)
-        curator = ({"values_clipped": int(acc[:, kt + k:].sum())}
-                   if getattr(m, "clip", False) else {})
-        return replace(rel, curator=curator)
+        return _curated(rel, acc[:, kt + k:].sum() if getattr(m, "clip", False) else None)
 
 
 class OSPDPRREstimator(_UserRowsEstimator):
@@ -1485,21 +1501,12 @@ class OSPDPRREstimator(_UserRowsEstimator):
         rel = self.mechanism.release_sums(int(acc[0]), acc[1:4],
                                           release_source(self.seed, acc[:4], key),
                                           allow_empty=True)
-        # n_reports=None: the exact number of users is itself sensitive and is not released;
-        # nor is the number of clipped values (curator only: Estimate.curator)
-        curator = {"values_clipped": int(acc[4])} if self.clip else {}
-        return replace(rel, curator=curator)
+        return _curated(rel, acc[4] if self.clip else None)
 
     def check_reports(self, reports: Mapping[str, Any], n: int | None = None) -> Reasons:
         reasons = super().check_reports(reports, n)
         m = self.mechanism
-        for name, _ in self.fields:
-            if name not in reports:
-                continue
-            if name == CLIPPED:
-                _check_clipped(m, reports, reasons)
-                continue
-            v, _ = coerce_numeric(reports[name])  # non-numeric entries -> NaN, flagged below
+        for name, v in _report_values(self, reports, reasons):
             if name == "sampled":
                 reasons.flag(~np.isin(v, (0.0, 1.0)), lambda r, v=v: f"report field "
                              f"'sampled': {float(v[r])!r} is not 0 or 1")
