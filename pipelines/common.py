@@ -24,7 +24,7 @@ from ldp_beam.jsonio import json_line, write_json_atomic as write_json  # noqa: 
 from ldp_beam.progress import pipeline_progress
 
 import ldp_beam.transforms  # noqa: F401  (its fixes to Beam's S3 FileSystem, on Dask workers too)
-from ldp_beam.transforms.io import count_rows, table_format
+from ldp_beam.transforms.io import ReadUnitFn, count_rows, table_format
 from ldp_beam.transforms.read import ReadTable
 from ldp_beam.transforms.tally import LIVE as _LIVE, UNREADABLE_PREFIX, CountLive
 
@@ -285,10 +285,17 @@ def _read_tables(p: beam.Pipeline) -> list:
 
     class _Visit(PipelineVisitor):
         def visit_transform(self, node):
-            parent = node.parent  # the read step: ReadTable's ParDo labelled "Read"
-            if (parent is not None and isinstance(parent.transform, ReadTable)
-                    and node.full_label == f"{parent.full_label}/Read"):
-                found.append((parent.transform, node.outputs.get(None)))
+            # the read step: the ParDo of a reader DoFn inside a ReadTable (its "Read" step, or
+            # the ParDo within it where the dead letters are a tagged output); its main output
+            # holds the batches (and, on Dask, the dead letters too)
+            fn = getattr(node.transform, "fn", None)
+            if not isinstance(node.transform, beam.ParDo) or not isinstance(fn, ReadUnitFn):
+                return
+            owner = node.parent
+            while owner is not None and not isinstance(owner.transform, ReadTable):
+                owner = owner.parent
+            if owner is not None:
+                found.append((owner.transform, node.outputs.get(None)))
 
     try:
         p.visit(_Visit())
