@@ -6,8 +6,6 @@ untrusted clients) to a dead-letter output before they reach the accumulator.
 """
 from __future__ import annotations
 
-import copy
-
 from typing import Any, Mapping
 
 import apache_beam as beam
@@ -20,8 +18,8 @@ from ldp_beam.errors import EmptyAccumulatorError
 
 from .batches import (EstimateFailure, KeyedBatch, check_report_field, get_column, is_batch,
                       num_rows, report_columns, report_field_columns, row_dict, take)
-from .perturb import (clipped_record as _clipped, dead_letter, dead_letter_outputs,
-                      tag_dead_letters)
+from .perturb import (DeadLetteringFn, clipped_record as _clipped, dead_letter,
+                      dead_letter_outputs)
 
 
 class EstimatorCombineFn(beam.CombineFn):
@@ -230,7 +228,7 @@ class SplitByKey(beam.DoFn):
             yield key, take(table, order[bounds[j]:bounds[j + 1]])
 
 
-class ValidateReportsFn(beam.DoFn):
+class ValidateReportsFn(DeadLetteringFn):
     """Pass well-formed reports; dead-letter the rest with the reason.
 
     Two checks, in this order, before anything is cast: each report field's value must be a
@@ -276,13 +274,7 @@ class ValidateReportsFn(beam.DoFn):
             reasons.flag(new, msgs.__getitem__)
         return reasons, typed, n
 
-    #: dead letters as a tagged output (set by :func:`~.perturb.dead_letter_outputs`)
-    tagged = False
-
-    def process(self, element: Any):
-        return tag_dead_letters(self.tagged, self.validate(element))
-
-    def validate(self, element: Any):
+    def outputs(self, element: Any):
         """The element's valid reports and a dead letter for each invalid one."""
         keyed = element if isinstance(element, KeyedBatch) else None
         table = element.table if keyed is not None else element
@@ -348,7 +340,7 @@ class ValidateReports(beam.PTransform):
         self.fn = ValidateReportsFn(estimator)
 
     def expand(self, pcoll):
-        return dead_letter_outputs(pcoll, "Validate", copy.copy(self.fn), "reports")
+        return dead_letter_outputs(pcoll, "Validate", self.fn, "reports")
 
 
 # --------------------------------------------------------------------------- per-key central releases

@@ -108,7 +108,6 @@ from dataclasses import dataclass, fields as dc_fields
 from typing import Any, Iterable, Mapping, Sequence
 from urllib.parse import unquote
 
-import apache_beam as beam
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
@@ -122,7 +121,7 @@ from ldp_beam.errors import LdpBeamError, ParameterError
 from ldp_beam.rng import stream_id
 
 from .batches import KeyedBatch
-from .perturb import dead_letter, tag_dead_letters
+from .perturb import DeadLetteringFn, dead_letter
 
 DEFAULT_BATCH_ROWS = 1 << 16
 CSV_BLOCK_BYTES = 1 << 22          # pyarrow's parse block for CSV: 4 MiB
@@ -899,7 +898,7 @@ def _decode_dictionaries(batch: pa.RecordBatch, names: Sequence[str]
             coded or None)
 
 
-class ReadUnitFn(beam.DoFn):
+class ReadUnitFn(DeadLetteringFn):
     """A :class:`ReadUnit` -> :class:`KeyedBatch` elements and the reader's dead letters (see
     the module docstring for what they carry)."""
 
@@ -939,13 +938,7 @@ class ReadUnitFn(beam.DoFn):
         self.n_files_unreadable = Metrics.counter("ldp_beam", "files_unreadable")
         self.n_uncounted = Metrics.counter("ldp_beam", "input_parts_uncounted")
 
-    #: dead letters as a tagged output (set by :func:`~.perturb.dead_letter_outputs`)
-    tagged = False
-
-    def process(self, unit: Any):
-        return tag_dead_letters(self.tagged, self.read(unit))
-
-    def read(self, unit: ReadUnit):
+    def outputs(self, unit: ReadUnit):
         """The unit's batches and dead letters, in the order read."""
         self._unit = unit  # its partition values are added to every batch (_batch)
         if table_format(unit.path) == "parquet":

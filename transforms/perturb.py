@@ -30,6 +30,7 @@ or a stage (all of them do, on failure or speculatively) reproduces the same rep
 from __future__ import annotations
 
 import bisect
+import copy
 import hashlib
 from typing import Any, Iterable, Mapping
 
@@ -91,14 +92,23 @@ def dead_letter(reason: str, record: Any, source: str = "", row: int | None = No
     return DeadLetterRecord(reason=reason, record=record, source=source, row=row)
 
 
-def tag_dead_letters(tagged: bool, items: Iterable[Any]) -> Iterable[Any]:
-    """A DoFn's outputs ``items`` as :func:`dead_letter_outputs` routes them: unchanged when not
-    ``tagged`` (:func:`split_dead_letters` finds the :class:`DeadLetterRecord`), else each dead
-    letter as a ``TaggedOutput`` of :data:`DEAD_LETTER` (a plain dict, as that split gives)."""
-    if not tagged:
-        return items
-    return (TaggedOutput(DEAD_LETTER, dict(x)) if isinstance(x, DeadLetterRecord) else x
-            for x in items)
+class DeadLetteringFn(beam.DoFn):
+    """A DoFn whose :meth:`outputs` yields its main elements and :class:`DeadLetterRecord`
+    entries; :func:`dead_letter_outputs` routes them (``tagged``: each dead letter as a
+    ``TaggedOutput`` of :data:`DEAD_LETTER`, a plain dict as :func:`split_dead_letters` gives;
+    else unchanged, for that split to find)."""
+
+    tagged = False
+
+    def process(self, element: Any):
+        items = self.outputs(element)
+        if not self.tagged:
+            return items
+        return (TaggedOutput(DEAD_LETTER, dict(x)) if isinstance(x, DeadLetterRecord) else x
+                for x in items)
+
+    def outputs(self, element: Any) -> Iterable[Any]:
+        raise NotImplementedError
 
 
 def _main_part(element: Any) -> list:
@@ -597,8 +607,10 @@ def separates_tagged_outputs(pipeline: Any) -> bool:
 def dead_letter_outputs(pcoll: Any, label: str, fn: Any, main_name: str) -> Outputs:
     """``pcoll | label >> ParDo(fn)`` as its main elements and its dead letters: a tagged
     dead-letter output where the runner separates tagged outputs (one step), else
-    :func:`split_dead_letters` (three). ``fn`` emits its dead letters by its ``tagged``
-    attribute, set here: a ``TaggedOutput`` when true, a :class:`DeadLetterRecord` when false."""
+    :func:`split_dead_letters` (three). ``fn`` (copied here: one transform may be applied to
+    pipelines on different runners) emits its dead letters by its ``tagged`` attribute, set
+    here: a ``TaggedOutput`` when true, a :class:`DeadLetterRecord` when false."""
+    fn = copy.copy(fn)
     if not separates_tagged_outputs(pcoll.pipeline):
         fn.tagged = False
         return split_dead_letters(pcoll | label >> beam.ParDo(fn), main_name)

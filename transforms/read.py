@@ -146,5 +146,4 @@ class ReadTable(beam.PTransform):
         # worker there is nothing to spread over: no reshuffle (four steps and a shuffle fewer)
         units = pbegin | "Units" >> beam.Create(
             self.units, reshuffle=not one_local_worker(pbegin.pipeline))
-        # the fn copied: dead_letter_outputs sets how it emits for this pipeline's runner
-        return dead_letter_outputs(units, "Read", copy.copy(self.fn), "batches")
+        return dead_letter_outputs(units, "Read", self.fn, "batches")

@@ -1144,7 +1144,7 @@ class ReadSourceFn(ReadUnitFn):
     def teardown(self) -> None:
         self.source.close()
 
-    def read(self, unit: SourceUnit):
+    def outputs(self, unit: SourceUnit):
         stream = stream_id(unit.stream)
         schema = self.source.schema
         emitted = 0
