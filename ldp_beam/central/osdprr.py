@@ -7,8 +7,8 @@ truthfully with probability ``1 - e^-epsilon`` (:func:`osdp_keep_probability`), 
 is answered from the released records. Spec: ``shared/specs/ospdprr.md`` (source tags as in
 :mod:`ldp_beam.central.ospdprr`: [OSDP] Kotsogiannis et al. 2020, [I] our interpretation);
 guarantee: docs/ospdprr_privacy.md. The queries, their parameter checks, clipping, the
-contribution bounds and the release as an :class:`~ldp_beam.core.Estimate` are OSPDPRR's,
-imported from :mod:`ldp_beam.central.ospdprr`.
+contribution bounds and the release as an :class:`~ldp_beam.core.Estimate` are shared with
+OSPDPRR, imported from :mod:`ldp_beam.central.unit_release`.
 
 **OsdpRR: one pass, memory that does not grow with users (issue 16).** The baseline adds no
 noise: each non-sensitive record is kept with the public probability q, independently of every
@@ -39,10 +39,10 @@ from ..errors import EmptyAccumulatorError, ParameterError
 from ..privacy import ULDP, PrivacyGuarantee, central_unit_params, central_unit_text
 from ..rng import RngLike
 from .histogram import as_generator
-from .ospdprr import (CLIPPED, CLIPPED_DTYPE, RATIO_QUERIES, _ByItem, _check_bounds,
-                      _check_common, _check_t, _clip_note, _clipped_column,
-                      _clipped_sum, _curated, _estimate, _flag_levels, _flag_values, _is_number,
-                      _ReleasedOnce, _report_values, _UnitBounded, query_answer)
+from .unit_release import (CLIPPED, CLIPPED_DTYPE, RATIO_QUERIES, _ByItem, _check_bounds,
+                           _check_common, _check_t, _clip_note, _clipped_column,
+                           _clipped_sum, _curated, _estimate, _flag_levels, _flag_values,
+                           _is_number, _ReleasedOnce, _report_values, _UnitBounded, query_answer)
 
 
 # --------------------------------------------------------------------------- the baseline
@@ -257,7 +257,7 @@ class OsdpRR(_UnitBounded, CentralRelease):
     def sums_used(self) -> set[str]:
         """The sums the release computes (N always; S and Q as :attr:`exact_sums` says), whose
         magnitude the bounds must keep finite
-        (:func:`~ldp_beam.central.ospdprr._check_magnitudes`)."""
+        (:func:`~ldp_beam.central.unit_release._check_magnitudes`)."""
         need_s, need_q = self.exact_sums
         return {"N"} | ({"S"} if need_s else set()) | ({"Q"} if need_q else set())
 

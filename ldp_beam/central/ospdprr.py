@@ -1,5 +1,6 @@
 """OSPDPRR: one-sided personalized DP queries driven by user sensitivity weights. Its
-baseline OsdpRR (OSDP randomized response, ``osdp-rr``) is in :mod:`ldp_beam.central.osdprr`.
+baseline OsdpRR (OSDP randomized response, ``osdp-rr``) is in :mod:`ldp_beam.central.osdprr`. The
+query machinery both share (queries, checks, clipping) is in :mod:`ldp_beam.central.unit_release`.
 
 Paper: Liu, Wang, Dong, Wang, JEIT 47(8):2768-2779, 2025 (``shared/papers/
 ospdprr_one_sided_personalized_dp.txt``: abstract and the Algorithm 1 box only). Spec:
@@ -132,33 +133,34 @@ user present in several keys or windows) adds its budget for her (sequential com
 from __future__ import annotations
 
 import math
-import sys
 import threading
 import weakref
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Iterable, Mapping, Union
 
 import numpy as np
 
 from ..core import (CentralRelease, Estimate, Estimator, Reasons, Reports, Role, Statistic,
-                    check_choice, check_interval, coerce_numeric)
+                    check_choice)
 from ..errors import EmptyAccumulatorError, ParameterError
 from ..limits import cap, check_cap
-from ..noise import discrete_laplace_scale, discrete_laplace_variance, lattice_laplace, to_units
-from ..privacy import (CENTRAL, NONE, ContributionBounds, PrivacyGuarantee,
-                       central_unit_params, central_unit_text, check_contribution_bound)
+from ..noise import discrete_laplace_variance, lattice_laplace, to_units
+from ..privacy import (CENTRAL, NONE, PrivacyGuarantee, central_unit_params,
+                       central_unit_text)
 from ..rng import RngLike
 from .histogram import UNKEYED, as_generator, release_source
+# the query machinery OSPDPRR shares with OsdpRR; its public names (the constants, query_answer
+# and statistic_lattice) were defined here and are re-exported: old imports from here still work
+from .unit_release import (CLIP_NOTE, CLIPPED, CLIPPED_DTYPE, LATTICE_BITS, MAX_TERMS, QUERIES,
+                           QUERY_STATISTICS, RATIO_QUERIES, STATISTIC_NAMES, query_answer,
+                           statistic_lattice, _ByItem, _check_bounds, _check_common, _check_t,
+                           _clip_note, _clipped_column, _clipped_sum, _curated, _estimate,
+                           _flag_levels, _flag_values, _ReleasedOnce, _report_values,
+                           _UnitBounded)  # noqa: F401 (CLIP_NOTE, MAX_TERMS: re-exported)
 
-QUERIES = ("count", "sum", "mean", "variance", "cv")
 MODES = ("paper", "sound-public", "sound-self")
 NORMS = ("vector", "minmax")
 REFS = ("data", "fixed")
-#: the noisy statistics each query is built from; the budget is split equally among them (§6)
-QUERY_STATISTICS = {"count": ("N",), "sum": ("S",), "mean": ("N", "S"),
-                    "variance": ("N", "S", "Q"), "cv": ("N", "S", "Q")}
-STATISTIC_NAMES = {"N": "sample_count", "S": "sample_sum", "Q": "sample_sumsq"}
-RATIO_QUERIES = ("count", "sum")
 
 
 # --------------------------------------------------------------------------- stage 1
@@ -330,27 +332,6 @@ def noise_scales(query: str, k_target: int, lower: float, upper: float,
     return {s: d / share for s, d in delta.items()}
 
 
-#: real-valued statistics are summed exactly as integers on a grid of 2^-LATTICE_BITS of their
-#: per-value bound, so their sensitivity in grid units is an exact integer (ldp_beam.noise)
-LATTICE_BITS = 20
-
-
-def statistic_lattice(query: str, k_target: int, lower: float, upper: float,
-                      unit_rows: int = 1) -> dict[str, tuple[float, int]]:
-    """(grid, sensitivity in grid units) of each noisy statistic of ``query``: N counts items
-    (grid 1, sensitivity k_T); S and Q sum values and squares in units of Bmax / 2^20 and
-    Bmax^2 / 2^20 (sensitivity k_T 2^20: rounding is monotone, so a value bounded by Bmax has at
-    most 2^20 units). The grids are powers of two times the bound, so no rounding hides in them.
-    ``unit_rows`` = m multiplies every sensitivity (an integer: a unit of at most m rows)."""
-    check_choice(query, "query", QUERIES)
-    bmax = max(abs(float(lower)), abs(float(upper)))
-    unit = 1 << LATTICE_BITS
-    m = int(unit_rows)
-    lattice = {"N": (1.0, m * int(k_target)), "S": (bmax / unit, m * int(k_target) * unit),
-               "Q": (bmax * bmax / unit, m * int(k_target) * unit)}
-    return {s: lattice[s] for s in QUERY_STATISTICS[query]}
-
-
 def statistic_units(values: np.ndarray, lattice: Mapping[str, tuple[float, int]]) -> np.ndarray:
     """Per user (row of ``values``, shape (n, k_T)), her contribution to N, S and Q in lattice
     units: an (n, 3) int64 table whose column sums are the exact integer statistics (columns a
@@ -387,39 +368,6 @@ def noisy_statistics(sums: np.ndarray, query: str, k_target: int, lower: float, 
     return noisy, variance
 
 
-def query_answer(query: str, n: Any, s: Any, q: Any, lower: float, upper: float,
-                 mean_floor: float | None = None) -> tuple[Any, Any]:
-    """The query from (noisy) count, sum and sum of squares; post-processing only (spec §6).
-    Returns ``(value, clipped)``: the plain formula and its post-processed form inside the valid
-    range. mean: S/max(N, 1), clipped to [lower, upper]; variance: Q/max(N, 1) - mean^2 with the
-    clipped mean, clipped to [0, (upper - lower)^2 / 4]; cv: sqrt(clipped variance) / max(clipped
-    mean, mean_floor) (value and clipped agree). Vectorized over arrays."""
-    check_choice(query, "query", QUERIES)
-    if query == "count":
-        n = np.asarray(n, dtype=np.float64)
-        return n, np.maximum(n, 0.0)
-    if query == "sum":
-        s = np.asarray(s, dtype=np.float64)
-        lo = 0.0 if lower >= 0 else -np.inf
-        hi = 0.0 if upper <= 0 else np.inf
-        return s, np.clip(s, lo, hi)
-    nn = np.maximum(np.asarray(n, dtype=np.float64), 1.0)
-    mean = np.asarray(s, dtype=np.float64) / nn
-    mean_c = np.clip(mean, lower, upper)
-    if query == "mean":
-        return mean, mean_c
-    var = np.asarray(q, dtype=np.float64) / nn - mean_c * mean_c
-    var_c = np.clip(var, 0.0, (upper - lower) ** 2 / 4.0)
-    if query == "variance":
-        return var, var_c
-    floor = lower if mean_floor is None else mean_floor
-    if not floor > 0:
-        raise ParameterError("mean_floor", mean_floor, "a number > 0 for the cv (the mean must "
-                             "be bounded away from 0)")
-    cv = np.sqrt(var_c) / np.maximum(mean_c, floor)
-    return cv, cv
-
-
 def exact_answer(query: str, values: np.ndarray) -> float:
     """The query on exact data (the truth of an experiment): population variance, cv = sd/mean."""
     v = np.asarray(values, dtype=np.float64).ravel()
@@ -434,214 +382,7 @@ def exact_answer(query: str, values: np.ndarray) -> float:
     return var if query == "variance" else math.sqrt(var) / mean
 
 
-# --------------------------------------------------------------------------- validation helpers
-def _is_number(v: Any) -> bool:
-    return not isinstance(v, bool) and isinstance(v, (int, float, np.integer, np.floating)) \
-        and math.isfinite(v)
-
-
-def _check_t(t: Any) -> float:
-    if not _is_number(t) or not 0 < t <= 1:
-        raise ParameterError("t", t, "a number in (0, 1] (the sampling threshold and, in the "
-                             "sound modes, the noise budget)")
-    return float(t)
-
-
-def _check_items(k: Any, target: Any) -> tuple[int, tuple[int, ...]]:
-    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
-        raise ParameterError("k", k, "an integer >= 1 (items per user)")
-    k = check_cap("items", k, "k")
-    if isinstance(target, (int, np.integer)) and not isinstance(target, bool):
-        target = (target,)
-    try:
-        items = tuple(target)
-    except TypeError:
-        raise ParameterError("target", target, f"item numbers in 1..{k}") from None
-    if not items:
-        return k, tuple(range(1, k + 1))
-    bad = [i for i in items if isinstance(i, bool) or not isinstance(i, (int, np.integer))
-           or not 1 <= i <= k]
-    if bad:
-        raise ParameterError("target", target, f"distinct item numbers in 1..{k} (k = {k})")
-    if len(set(items)) != len(items):
-        raise ParameterError("target", target, "distinct item numbers")
-    return k, tuple(sorted(int(i) for i in items))
-
-
-def _check_common(self: Any) -> None:
-    """Shared checks of OSPDPRR and OsdpRR: query, items, interval, clip, mean floor."""
-    check_choice(self.query, "query", QUERIES)
-    k, target = _check_items(self.k, self.target)
-    object.__setattr__(self, "k", k)
-    object.__setattr__(self, "target", target)
-    check_interval(self.lower, self.upper)
-    _check_magnitudes(self)
-    if not isinstance(self.clip, (bool, np.bool_)):
-        raise ParameterError("clip", self.clip, "True or False")
-    if self.mean_floor is not None:
-        if self.query != "cv":
-            raise ParameterError("mean_floor", self.mean_floor,
-                                 "None unless query='cv' (it bounds the cv's denominator)")
-        if not _is_number(self.mean_floor) or self.mean_floor <= 0:
-            raise ParameterError("mean_floor", self.mean_floor, "a number > 0")
-    elif self.query == "cv" and self.lower <= 0:
-        raise ParameterError(
-            "lower", self.lower, "a number > 0 for query='cv'",
-            "with lower <= 0 the mean of the data can be 0 and the coefficient of variation is "
-            "unbounded; declare a public lower bound on the mean with mean_floor > 0, or use "
-            "values bounded away from 0")
-
-
-#: the largest number of values a release sums (the int64 counts' limit): a sum of values
-#: bounded by Bmax = max(|lower|, |upper|) is at most MAX_TERMS Bmax, of squares MAX_TERMS Bmax^2
-MAX_TERMS = float(1 << 63)
-
-
-def _check_magnitudes(self: Any) -> None:
-    """The bounds' scaled computations must stay finite (an overflow would release inf or fail
-    mid-run): the sums of up to 2^63 values (S: Bmax each) and of their squares (Q: Bmax^2,
-    for the queries that use Q, and OsdpRR's sum, whose stderr does), and OSPDPRR's noise
-    variance (checked with the noise in :func:`_check_bounds`)."""
-    bmax = max(abs(float(self.lower)), abs(float(self.upper)))
-    uses = self.sums_used
-    for stat, power in (("S", 1), ("Q", 2)):
-        if stat not in uses:
-            continue
-        limit = (sys.float_info.max / MAX_TERMS) ** (1.0 / power)
-        if not bmax <= limit:
-            what = "values" if power == 1 else "squared values"
-            raise ParameterError(
-                "lower, upper", (self.lower, self.upper),
-                f"bounds with max(|lower|, |upper|) at most {limit:.3g} for query="
-                f"{self.query!r} (its sum of up to 2^63 {what} must stay finite; and lower and "
-                "upper finite with upper - lower finite)", "narrow the bounds")
-
-
-def _check_bounds(self: Any, share: float | None = None) -> None:
-    """The contribution bounds (integers in [1, 10^6]); with ``share`` (the budget of one noisy
-    statistic) also that the noise they need stays within the exact sampler's range."""
-    for name in ("max_partitions_per_unit", "max_rows_per_partition"):
-        object.__setattr__(self, name, check_contribution_bound(getattr(self, name), name))
-    if share is None:
-        return
-    m = self.max_partitions_per_unit * self.max_rows_per_partition
-    for stat, (grid, sens) in statistic_lattice(self.query, len(self.target), self.lower,
-                                                self.upper, m).items():
-        try:
-            scale = discrete_laplace_scale(sens, share)
-        except ParameterError:
-            raise ParameterError(
-                "max_rows_per_partition", self.max_rows_per_partition,
-                f"bounds whose product L0 x Linf = {m} keeps the noise scale (L0 x Linf x "
-                f"{sens // m} lattice units / {share:g}) below 2^56 units",
-                "smaller contribution bounds, or a larger t") from None
-        # the released noise's variance in data units (its stderr) must be finite
-        with np.errstate(over="ignore"):
-            var = grid * grid * float(discrete_laplace_variance(scale))
-        if not math.isfinite(var):
-            raise ParameterError(
-                "lower, upper", (self.lower, self.upper),
-                f"bounds whose noise for {STATISTIC_NAMES[stat]} (scale {float(scale):.4g} "
-                f"units of {grid:.4g}) has a finite variance: a smaller max(|lower|, |upper|)",
-                "narrow the bounds, or raise t")
-
-
-#: the report field (``clip=True`` only) holding how many of the row's target values were
-#: clipped into [lower, upper]; the estimators sum it into the curator-only count
-#: ``Estimate.curator["values_clipped"]``
-CLIPPED = "clipped"
-CLIPPED_DTYPE = "uint32"
-#: what a release with ``clip=True`` says about clipping (the exact count is not published)
-CLIP_NOTE = ("values outside [{lo:g}, {hi:g}] were clipped to it (clip=True); their exact "
-             "number is in the curator file, not published")
-
-
-def _clip_note(self: Any) -> str:
-    return "; " + CLIP_NOTE.format(lo=self.lower, hi=self.upper) if self.clip else ""
-
-
-def _flag_values(self: Any, cols: dict, reasons: Reasons) -> None:
-    """Missing target values are invalid; values outside [lower, upper] are clipped when
-    ``clip`` was asked for and invalid otherwise. With ``clip``, ``cols["clipped"]`` counts
-    each row's clipped target values (the report field :data:`CLIPPED`)."""
-    clipped = np.zeros(reasons.n, dtype=CLIPPED_DTYPE) if self.clip else None
-    for i in self.target:
-        name = f"value{i}"
-        v = cols[name]
-        reasons.flag(np.isnan(v), f"{name}: missing value (a number is required)")
-        with np.errstate(invalid="ignore"):
-            out = (v < self.lower) | (v > self.upper)
-        if self.clip:
-            cols[name] = np.clip(v, self.lower, self.upper)
-            clipped += out
-        else:
-            reasons.flag(out, lambda r, v=v, nm=name: (
-                f"{nm}: {float(v[r])!r} is outside the declared interval [{self.lower!r}, "
-                f"{self.upper!r}] (not clipped; set clip=True to clip)"))
-    if clipped is not None:
-        cols[CLIPPED] = clipped
-
-
-def _clipped_column(self: Any, cols: Mapping[str, np.ndarray], n: int) -> np.ndarray:
-    """The rows' clipped-value counts (as :func:`_flag_values` left them; zeros for columns
-    built without :meth:`check`)."""
-    c = cols.get(CLIPPED)
-    return np.zeros(n, dtype=CLIPPED_DTYPE) if c is None else np.asarray(c, dtype=CLIPPED_DTYPE)
-
-
-def _clipped_sum(mech: Any, reports: Mapping[str, Any]) -> int:
-    """The clipped values of a batch of reports (their :data:`CLIPPED` field summed)."""
-    if CLIPPED not in reports:
-        raise ParameterError("reports", sorted(reports), f"{mech.name} reports with clip=True: "
-                             f"the field {CLIPPED!r} (the row's clipped values, made by "
-                             f"{type(mech).__name__}.perturb/randomize)")
-    return int(np.asarray(reports[CLIPPED]).astype(np.int64).sum())
-
-
-def _check_clipped(mech: Any, reports: Mapping[str, Any], reasons: Reasons) -> None:
-    """Report field :data:`CLIPPED`: a whole number in [0, k_T]."""
-    v, _ = coerce_numeric(reports[CLIPPED])
-    kt = mech.k_target
-    with np.errstate(invalid="ignore"):
-        bad = ~np.isfinite(v) | (v < 0) | (v > kt) | (v != np.floor(v))
-    reasons.flag(bad, lambda r, v=v: f"report field {CLIPPED!r}: {float(v[r])!r} is not a "
-                 f"whole number in [0, {kt}]")
-
-
-def _flag_levels(self: Any, cols: dict, reasons: Reasons, items: Iterable[int]) -> None:
-    for i in items:
-        name = f"level{i}"
-        v = cols[name]
-        reasons.flag(np.isnan(v), f"{name}: missing sensitivity level (a number in [0, 1] is "
-                     "required)")
-        with np.errstate(invalid="ignore"):
-            out = (v < 0) | (v > 1)
-        reasons.flag(out, lambda r, v=v, nm=name: f"{nm}: sensitivity level {float(v[r])!r} is "
-                     "outside [0, 1]")
-
-
-class _ByItem:
-    """A class attribute computed from an instance's ``k``/``target`` (its roles or report
-    fields); on the class itself it shows a template (for ``ldp-beam list``)."""
-
-    def __init__(self, build: Callable[[Any], tuple], template: tuple) -> None:
-        self.build, self.template = build, template
-
-    def __get__(self, obj: Any, owner: type) -> tuple:
-        return self.template if obj is None else self.build(obj)
-
-
 # --------------------------------------------------------------------------- OSPDPRR
-def _estimate(mech: Any, statistics: dict[str, Statistic], curator: dict[str, Any]) -> Estimate:
-    """One OSPDPRR or OsdpRR release as the library's :class:`~ldp_beam.core.Estimate` (the paper
-    API's ``release``/``release_sums`` and, through them, the estimators' ``finalize``): the
-    mechanism's name, guarantee and params; ``n_reports=None`` (a central release does not
-    publish its number of users); ``statistics``, what may be published; ``curator``, what must
-    not be (the sample, the sampling probabilities, the scores, the noise: for tests and
-    diagnostics only, left out of ``to_dict()`` -- publishing any of it voids the guarantee)."""
-    return Estimate(mech.name, None, statistics, mech.guarantee, mech.params(), curator)
-
-
 def _ospdprr_roles(m: "OSPDPRR") -> tuple[Role, ...]:
     return (tuple(Role(f"value{i}", help=f"item {i}: a number in [lower, upper]")
                   for i in m.target)
@@ -658,42 +399,6 @@ def _ospdprr_fields(m: "OSPDPRR") -> tuple[tuple[str, str], ...]:
     if m.one_pass:  # sound-self: the row's sampling decision, drawn where the row is read
         return values + (("sampled", "uint8"),) + clip
     return values + tuple((f"weight{i}", "float64") for i in range(1, m.k + 1)) + clip
-
-
-def _curated(rel: Estimate, clipped: Any) -> Estimate:
-    """``rel`` keeping, for the curator only, the number of values clipped (``clipped``; None
-    without clipping). Its ``n_reports`` stays None: the exact number of users is itself
-    sensitive and is not released, nor is the number of clipped values (``Estimate.curator``
-    keeps only that count: a release's own curator bookkeeping is for tests and diagnostics)."""
-    return replace(rel, curator={} if clipped is None else {"values_clipped": int(clipped)})
-
-
-def _report_values(est: Any, reports: Mapping[str, Any], reasons: Reasons):
-    """``(name, values)`` for each report field of estimator ``est`` present in ``reports``, as
-    numbers (a non-numeric entry is NaN, for the caller to flag); the clipped-count field is
-    checked here (:func:`_check_clipped`), not yielded."""
-    for name, _ in est.fields:
-        if name not in reports:
-            continue
-        if name == CLIPPED:
-            _check_clipped(est.mechanism, reports, reasons)
-            continue
-        yield name, coerce_numeric(reports[name])[0]
-
-
-class _UnitBounded:
-    """The contribution bounds of a per-user release (``max_partitions_per_unit``,
-    ``max_rows_per_partition`` fields of the dataclass)."""
-
-    @property
-    def contribution_bounds(self) -> ContributionBounds:
-        """The bounds the release is calibrated to (the pipeline must enforce them)."""
-        return ContributionBounds(self.max_partitions_per_unit, self.max_rows_per_partition)
-
-    @property
-    def unit_sensitivity(self) -> int:
-        """m = L0 * Linf: the rows one unit keeps over all partitions (1: one row per user)."""
-        return self.max_partitions_per_unit * self.max_rows_per_partition
 
 
 @dataclass(frozen=True)
@@ -1237,19 +942,6 @@ class OSPDPRR(_UnitBounded, CentralRelease):
         if self.mode == "paper":
             base += "; paper mode: replication only, no privacy claim"
         return base + _clip_note(self)
-
-
-class _ReleasedOnce:
-    """The per-user central estimators: one release, by ``finalize``, from a non-empty
-    accumulator (no per-statistic estimates)."""
-
-    def statistics(self, acc: np.ndarray) -> dict[str, Statistic]:
-        raise NotImplementedError("a central release is made by finalize(), once")
-
-    def _require_reports(self, acc: np.ndarray) -> None:
-        if self.n_reports(acc) == 0:
-            raise EmptyAccumulatorError(f"{self.mechanism.name}: no reports (users) were "
-                                        "accumulated; there is nothing to release")
 
 
 class _UserRowsEstimator(_ReleasedOnce, Estimator):
