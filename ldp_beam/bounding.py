@@ -113,6 +113,11 @@ Two passes over the rows, vectorized per batch (no per-row Python except dead le
    ``ldp-beam bench --only bounding`` records both growths (the fixed-units one with the +15%
    target) and the time against the unbounded pipeline.
 
+The streaming run bounds each unit's reports of a window with the same rule and the same
+function (:func:`reduce_candidates`, through :func:`bound_candidates`):
+there a row's priority is a keyed BLAKE2b digest of its durable identity (file, line, event
+time, content), as the stream's per-unit record outlives a run.
+
 Limits: at most ``max_units`` distinct units (default: the ``units`` cap,
 ``LDP_BEAM_MAX_UNITS``, 10,000,000): a run with more fails with a
 :class:`~ldp_beam.errors.LimitError` naming the column, what was seen, the cap and how to raise
@@ -123,10 +128,11 @@ the sketch is extracted).
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import os
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable
+from typing import Any, Callable, Iterable, Mapping
 
 import numpy as np
 import pyarrow as pa
@@ -521,6 +527,86 @@ class _Acc:
             sh[0].append(part)
             sh[1] += size
         return sh
+
+
+# --------------------------------------------------------------------------- stream candidates
+def _unit_code(unit: str) -> int:
+    """A stream unit hash's 64-bit code for the grouping: its first 64 bits (a keyed
+    :func:`ldp_beam.longitudinal.unit_hash` is ``"u"`` + 32 hex digits), lowest bit set as the
+    batch's unit codes; any other text (a test's name) by an unkeyed BLAKE2b of it. Two units
+    whose codes collide (about ``units^2 / 2^65`` per window) share one bound: stricter, never
+    looser."""
+    if len(unit) == 33 and unit[0] == "u":
+        try:
+            return int.from_bytes(bytes.fromhex(unit[1:17]), "big") | 1
+        except ValueError:
+            pass
+    return _text_code(unit)
+
+
+def _text_code(unit: str) -> int:
+    return int.from_bytes(hashlib.blake2b(unit.encode("utf-8"), digest_size=8).digest(),
+                          "big") | 1
+
+
+def bound_candidates(per: dict, units: Iterable[str], k: int) -> None:
+    """Keep, of each of ``units``' candidates in ``per`` (unit hash -> ``[n, candidates]``,
+    in place), one per slot (a record read twice is one record) and, of those, the ``k`` of
+    smallest ``(priority, slot)``, in that order: the batch's bounding algorithm
+    (:func:`reduce_candidates`, one partition, ``Linf = k``) with a candidate's priority as the
+    row priority and the slot's last 64 bits (its first 64 are the priority) as the record
+    identity that breaks ties. So the stream's per-unit choice and the
+    batch's are one function, and the choice does not depend on the split or order of the rows:
+    the ``k`` smallest of the union are the ``k`` smallest of the parts' ``k`` smallest."""
+    owners, sizes, codes, flat = [], [], [], []
+    for u in units:
+        cands = per[u][1]
+        if len(cands) < 2:
+            continue
+        owners.append(u)
+        sizes.append(len(cands))
+        codes.append(_unit_code(u))
+        flat.extend(cands)
+        cands.clear()
+    if not flat:
+        return
+    n = len(flat)
+    owner = np.repeat(np.arange(len(owners)), sizes)
+    slots = "".join([c[1] for c in flat])
+    if len(slots) != 32 * n:
+        raise ValueError("a candidate's slot is not 32 hex digits (longitudinal.priority)")
+    c = {"u": np.repeat(np.array(codes, np.uint64), sizes),
+         "rh": np.fromiter((c[0] for c in flat), np.uint64, n),
+         "s": np.frombuffer(bytes.fromhex(slots), ">u8")[1::2].astype(np.uint64),
+         "rid": np.arange(n, dtype=np.int64)}
+    if k > 1:  # one candidate per slot of a unit (a record read twice is one record)
+        o = np.lexsort((c["s"], c["rh"], owner))
+        again = ((owner[o][1:] == owner[o][:-1]) & (c["rh"][o][1:] == c["rh"][o][:-1])
+                 & (c["s"][o][1:] == c["s"][o][:-1]))
+        if again.any():
+            first = np.sort(np.concatenate((o[:1], o[1:][~again])))
+            c = {name: col[first] for name, col in c.items()}
+    kept, _ = reduce_candidates(c, 1, k, False)
+    rid = kept["rid"][np.lexsort((kept["s"], kept["rh"], owner[kept["rid"]]))]
+    for i in rid.tolist():
+        per[owners[owner[i]]][1].append(flat[i])
+
+
+def fold_candidates(into: dict, units: Mapping[str, tuple], k: int) -> None:
+    """Fold per-unit candidates ``units`` (unit hash -> ``(n, candidates)``) into ``into``
+    (unit hash -> ``[n, candidates]``), in place: counts add up, at most ``k`` candidates of
+    smallest priority stay, one per slot (:func:`bound_candidates`)."""
+    touched = []
+    for u, (n, cands) in units.items():
+        entry = into.get(u)
+        if entry is None:
+            into[u] = entry = [n, list(cands)]
+        else:
+            entry[0] += n
+            entry[1].extend(cands)
+        if len(entry[1]) > 1:
+            touched.append(u)
+    bound_candidates(into, touched, k)
 
 
 _EMPTY = U64(_MASK64)  # a slot's row reference while it holds no row (and its priority)
@@ -1420,6 +1506,7 @@ class KeptRows:
 
 
 __all__ = ["DEFAULT_MAX_UNITS", "KeptRows", "MISSING_UNIT_REASON", "UNITS_CAP", "UNITS_ENV",
-           "UnitLimitError", "aes_prf", "check_bound", "hash_units", "reduce_candidates",
+           "UnitLimitError", "aes_prf", "bound_candidates", "check_bound", "fold_candidates",
+           "hash_units", "reduce_candidates",
            "row_priorities", "shard_of", "siphash_text", "siphash_words", "unit_column",
            "unit_fingerprint", "units_cap"]

@@ -42,8 +42,9 @@ are bounded per unit and window, and each unit's cumulative loss is tracked acro
 SQLite file and capped. The accounting rules (:meth:`UnitState.admit`):
 
 * per window, at most ``k`` reports of a unit are estimated, chosen by the smallest keyed
-  priorities (uniform among the unit's reports when they are all present at once); the rest are
-  counted as ``bounded_out`` and never estimated;
+  priorities (uniform among the unit's reports when they are all present at once; the batch's
+  bounding algorithm, :func:`ldp_beam.bounding.bound_candidates`); the rest are counted as
+  ``bounded_out`` and never estimated;
 * an estimated report costs its epsilon; a report flagged memoized (a ``memo`` id naming the
   device's (unit, value) slot, :meth:`Memoized.memo_ids`) costs 0 when the same memo id of the
   same unit was already charged *with the same report*: memoization makes the repeat a copy. A
@@ -81,7 +82,7 @@ from .core import CentralRelease, Mechanism, Reports
 from .errors import InvalidRecordsError, ParameterError
 from .estimators import estimator_for
 from .mechanisms.categorical import GRR, urr_probabilities
-from .privacy import LDP, NONE, PrivacyGuarantee
+from .privacy import LDP, PrivacyGuarantee
 from .rng import RandomSource, RngLike, as_source, draw_uniforms
 
 #: what a memoized report's guarantee says about repeats and the leak (see the module docstring)
@@ -150,10 +151,19 @@ def canonical_rows(mechanism: Mechanism, values: Any, units: Any
     return cols, [unit_text(u) for u in units], value_texts(mechanism, cols)
 
 
+def keyed_digest(key: bytes, data: bytes, size: int = 16) -> bytes:
+    """BLAKE2b of ``data`` keyed by ``key`` (at most 64 bytes), ``size`` bytes: the durable
+    keyed hash of the streaming collector's per-unit record (unit hashes, record and memo
+    slots in ``units.sqlite``) and of memoized reports. It outlives a run, so it can never
+    change (a new hash would orphan every unit's recorded spend); what lives one run is keyed
+    by :mod:`ldp_beam.prf` under the run's key."""
+    return hashlib.blake2b(data, key=key, digest_size=size).digest()
+
+
 def _digest(key: bytes, *parts: str, size: int = 16) -> bytes:
     """A keyed BLAKE2b digest of length-prefixed parts (so no two part lists collide)."""
     data = b"".join(len(b).to_bytes(8, "big") + b for b in (p.encode("utf-8") for p in parts))
-    return hashlib.blake2b(data, key=key, digest_size=size).digest()
+    return keyed_digest(key, data, size)
 
 
 def unit_loss(units: Sequence[Any], values: Sequence[Any], epsilon: float) -> dict[str, float]:
@@ -674,48 +684,15 @@ class UnitHasher:
         return UnitHasher, (self.key, self.size)
 
 
-def keep_smallest(kept: list, cand: tuple, k: int) -> None:
-    """Add ``cand`` to ``kept`` (at most ``k`` candidates, of the smallest (priority, slot)),
-    in place; a candidate whose slot is already kept (the same record twice) is not added. The
-    stream's half of the per-unit bound: which k of a unit's reports in a window are candidates
-    for :meth:`UnitState.admit`, whatever the split and order of the rows."""
-    slot = cand[1]
-    worst = -1
-    for i, c in enumerate(kept):
-        if c[1] == slot:
-            return
-        if worst < 0 or (c[0], c[1]) > (kept[worst][0], kept[worst][1]):
-            worst = i
-    if len(kept) < k:
-        kept.append(cand)
-    elif (cand[0], slot) < (kept[worst][0], kept[worst][1]):
-        kept[worst] = cand
-
-
-def fold_candidates(into: dict, units: Mapping[str, tuple], k: int) -> None:
-    """Fold per-unit candidates ``units`` (unit hash -> ``(n, candidates)``) into ``into``
-    (unit hash -> ``[n, candidates]``), in place: counts add up, at most ``k`` candidates of
-    smallest priority stay (:func:`keep_smallest`)."""
-    for u, (n, cands) in units.items():
-        entry = into.get(u)
-        if entry is None:
-            into[u] = [n, list(cands)]
-            continue
-        entry[0] += n
-        for c in cands:
-            keep_smallest(entry[1], c, k)
-
-
 def priority(key: bytes, identity: str) -> tuple[int, str]:
     """A record's keyed selection priority (a 64-bit integer: the k smallest of a unit's
     reports in a window are estimated) and its slot id, both from a keyed digest of its
     identity (file, line and content): deterministic under re-execution and restarts, and
     unpredictable without the key."""
-    d = hashlib.blake2b(identity.encode("utf-8"), key=key, digest_size=16).digest()
+    d = keyed_digest(key, identity.encode("utf-8"))
     return int.from_bytes(d[:8], "big"), d.hex()
 
 
 __all__ = ["Admission", "MEMO_NOTE", "Memoized", "TwoLayerClient", "TwoLayerGRR", "UnitHasher",
-           "UnitState", "UnitStateError", "canonical_rows", "fold_candidates", "keep_smallest",
-           "priority", "unit_hash", "unit_loss",
-           "unit_text", "value_texts"]
+           "UnitState", "UnitStateError", "canonical_rows", "keyed_digest", "priority", "unit_hash",
+           "unit_loss", "unit_text", "value_texts"]

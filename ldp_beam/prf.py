@@ -3,7 +3,12 @@ pyarrow and ``cryptography``'s AES): SipHash-2-4 of text (:func:`siphash_text`,
 :func:`siphash_words`), the first 64 bits of an AES-128 block (:func:`aes_prf`) and a record's
 priority as the block at its counter of the addressable AES-CTR stream that draws the noise
 (:func:`row_priorities`). Why each is uniform and retry-proof, and which key each use takes, is
-in :mod:`ldp_beam.bounding`."""
+in :mod:`ldp_beam.bounding`.
+
+These are keyed by a run's key and live as long as the run. What must outlive a run, the
+streaming collector's per-unit record (``units.sqlite``), is keyed by
+:func:`ldp_beam.longitudinal.keyed_digest` (BLAKE2b, 128 bits, under the state file's own key),
+which the device side shares and which therefore imports nothing heavy."""
 from __future__ import annotations
 
 import sys

@@ -30,11 +30,11 @@ from apache_beam.transforms.window import (FixedWindows, GlobalWindow, GlobalWin
 from apache_beam.utils.timestamp import Duration, Timestamp
 from apache_beam.utils.windowed_value import WindowedValue
 
+from ldp_beam.bounding import bound_candidates, fold_candidates
 from ldp_beam.central.histogram import HistogramReleaseEstimator, release_source
 from ldp_beam.core import CentralRelease, Estimate, Mechanism
 from ldp_beam.estimators import estimator_for
-from ldp_beam.longitudinal import (UnitHasher, UnitState, fold_candidates, keep_smallest,
-                                   priority)
+from ldp_beam.longitudinal import UnitHasher, UnitState, keyed_digest, priority
 from ldp_beam.privacy import PrivacyGuarantee, compose
 from ldp_beam.transforms.batches import num_rows
 from ldp_beam.transforms.perturb import dead_letter, split_dead_letters
@@ -699,8 +699,7 @@ class BatchPerWindowFn(beam.DoFn):
                 bad.append(f"memo field {field!r} is a {type(m).__name__}: expected the "
                            "memoized slot's id (a string or an integer) or no field")
             else:
-                memos.append(hashlib.blake2b(str(m).encode(), key=key,
-                                             digest_size=16).hexdigest())
+                memos.append(keyed_digest(key, str(m).encode()).hex())
                 bad.append(None)
         return memos, bad
 
@@ -726,7 +725,8 @@ class BatchPerWindowFn(beam.DoFn):
             if entry is None:
                 entry = per[units[i]] = [0, []]
             entry[0] += 1
-            keep_smallest(entry[1], (prio, slot, memo, digest, rows[j]), k)
+            entry[1].append((prio, slot, memo, digest, rows[j]))
+        bound_candidates(per, per, k)
         return UnitRows(per)
 
 

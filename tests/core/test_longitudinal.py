@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from ldp_beam.bounding import bound_candidates, fold_candidates
 from ldp_beam.errors import InvalidRecordsError, ParameterError
 from ldp_beam.longitudinal import (Memoized, TwoLayerGRR, UnitState, UnitStateError, priority,
                                    unit_hash, unit_loss, unit_text)
@@ -177,6 +178,50 @@ def cands(names, memo=None, digest=None):
     """Candidates as the stream makes them: a keyed priority and slot id from each record's
     identity (here a name), its memo slot and report digest, and its row."""
     return [(*priority(b"k" * 32, s), memo, digest, (s,)) for s in names]
+
+
+def _smallest(cands, k):
+    """The rule, written out: one candidate per slot, the k of smallest (priority, slot)."""
+    return sorted({c[1]: c for c in cands}.values(), key=lambda c: (c[0], c[1]))[:k]
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_the_streams_per_unit_choice_is_the_k_smallest_whatever_the_split(k):
+    """The stream folds a window's candidates batch by batch and merges accumulators in any
+    order (Beam's CombineFn); with the batch's algorithm underneath, every split keeps the k
+    of smallest (priority, slot) of each unit, a record read twice counting once."""
+    rng = np.random.default_rng(7)
+    names = [f"u{i}" for i in range(40)] + [unit_hash(b"k" * 32, i) for i in range(40)]
+    rows = [(u, c) for u in names for c in cands([f"{u}/{j}" for j in range(rng.integers(1, 9))])]
+    rows += [rows[i] for i in rng.integers(0, len(rows), 60)]  # duplicates of some records
+    expect = {u: _smallest([c for v, c in rows if v == u], k) for u in names}
+    counts = {u: sum(v == u for v, _ in rows) for u in names}
+    for _ in range(5):
+        rng.shuffle(rows)
+        cuts = np.sort(rng.integers(0, len(rows), 6))
+        parts = []
+        for chunk in np.split(np.arange(len(rows)), cuts):
+            per: dict = {}
+            for i in chunk.tolist():
+                u, c = rows[i]
+                e = per.setdefault(u, [0, []])
+                e[0] += 1
+                e[1].append(c)
+            bound_candidates(per, per, k)
+            parts.append(per)
+        out: dict = {}
+        for per in parts[::-1]:
+            fold_candidates(out, {u: tuple(e) for u, e in per.items()}, k)
+        assert {u: e[1] for u, e in out.items()} == expect
+        assert {u: e[0] for u, e in out.items()} == counts
+
+
+def test_equal_priorities_are_ordered_by_slot():
+    low, high = "0" * 16 + "0" * 15 + "1", "0" * 16 + "f" * 16
+    per = {"u": [3, [(5, high, None, None, ("b",)), (5, low, None, None, ("a",)),
+                     (9, "0" * 32, None, None, ("c",))]]}
+    bound_candidates(per, ["u"], 1)
+    assert per["u"][1] == [(5, low, None, None, ("a",))]
 
 
 @pytest.fixture
