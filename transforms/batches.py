@@ -95,9 +95,6 @@ class KeyedBatch:
             return np.asarray(self.rows, dtype=np.int64)
         return self.offset + np.arange(self.table.num_rows, dtype=np.int64)
 
-    def row_id(self, i: int) -> int:
-        return int(self.rows[i]) if self.rows is not None else self.offset + i
-
     def subset(self, idx: np.ndarray) -> "KeyedBatch":
         """The rows at positions ``idx`` (increasing), keeping their identities."""
         idx = np.asarray(idx, dtype=np.int64)

@@ -4,7 +4,6 @@ PostgreSQL database (:class:`_Postgres`, psycopg 3)."""
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import os
 import random
@@ -73,15 +72,6 @@ class _Tx:
 
     def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
         self.cur.executemany(sql.replace("?", "%s") if self.pg else sql, list(rows))
-
-    def among(self, values: Sequence[str]) -> tuple[str, Any]:
-        """``(subquery, parameter)`` for ``column IN subquery`` over many values, as one
-        parameter (an array, a JSON list): one statement whatever the number, and a plan that
-        hashes them (a list of 500 placeholders was prepared by psycopg into a generic plan that
-        compared every row with every value: 165 ms a query at 10,000 units)."""
-        if self.pg:
-            return "(SELECT unnest(?::text[]))", list(values)
-        return "(SELECT value FROM json_each(?))", json.dumps(list(values))
 
     def one(self, sql: str, args: Sequence[Any] = ()) -> tuple | None:
         return self.execute(sql, args).fetchone()

@@ -311,9 +311,6 @@ class LaplaceNoise(_BoundedValue):
     def randomize(self, cols: dict[str, np.ndarray], u: np.ndarray) -> Reports:
         return {"y": cols["value"] + gg_noise_from_uniform(u[:, 0], self.scale, 1.0)}
 
-    def noise_cdf(self, z: np.ndarray) -> np.ndarray:
-        return _stats().laplace.cdf(z, scale=self.scale)
-
     def density(self, y: np.ndarray, x: np.ndarray) -> np.ndarray:
         """p(y | x) (broadcasts)."""
         return _stats().laplace.pdf(np.asarray(y, float) - np.asarray(x, float), scale=self.scale)
@@ -432,9 +429,6 @@ class GeneralizedGaussianNoise(_BoundedValue):
 
     def randomize(self, cols: dict[str, np.ndarray], u: np.ndarray) -> Reports:
         return {"y": cols["value"] + gg_noise_from_uniform(u[:, 0], self.scale, float(self.p))}
-
-    def noise_cdf(self, z: np.ndarray) -> np.ndarray:
-        return _stats().gennorm.cdf(z, float(self.p), scale=self.scale)
 
     def density(self, y: np.ndarray, x: np.ndarray) -> np.ndarray:
         """p(y | x) (broadcasts)."""
