@@ -15,7 +15,6 @@ import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import PipelineOptions
-from apache_beam.pipeline import PipelineVisitor
 from apache_beam.runners.direct.direct_runner import SwitchingDirectRunner
 
 from ldp_beam.errors import LdpBeamError
@@ -24,8 +23,9 @@ from ldp_beam.jsonio import json_line, write_json_atomic as write_json  # noqa: 
 from ldp_beam.progress import pipeline_progress
 
 import ldp_beam.transforms  # noqa: F401  (its fixes to Beam's S3 FileSystem, on Dask workers too)
-from ldp_beam.transforms.io import ReadUnitFn, count_rows, table_format
-from ldp_beam.transforms.read import ReadTable
+from ldp_beam.transforms.io import count_rows, table_format
+from ldp_beam.transforms.read import read_steps
+from ldp_beam.transforms.runners import DEFAULT_DASK_WORKERS
 from ldp_beam.transforms.tally import LIVE as _LIVE, UNREADABLE_PREFIX, CountLive
 
 from .outputs import RunFailed
@@ -33,17 +33,6 @@ from .outputs import RunFailed
 DASK_RUNNER = "apache_beam.runners.dask.dask_runner.DaskRunner"
 RUNNER_ALIASES = {"dask": DASK_RUNNER, "daskrunner": DASK_RUNNER, "direct": "DirectRunner",
                   "directrunner": "DirectRunner"}
-DEFAULT_DASK_WORKERS = 2
-
-
-class LdpBeamRunnerOptions(PipelineOptions):
-    """Runner options ldp-beam adds to Beam's (read by :func:`runner_context`)."""
-
-    @classmethod
-    def _add_argparse_args(cls, parser):
-        parser.add_argument("--dask_workers", type=int, default=DEFAULT_DASK_WORKERS,
-                            help="worker processes of the local Dask cluster started for a run "
-                                 "with --runner dask and no --dask_client_address")
 
 
 def _subclasses(cls: type) -> Iterator[type]:
@@ -219,7 +208,7 @@ def run_pipeline(build: Callable[[beam.Pipeline], Sequence[Any]],
             share_filesystem_options(args)
         p = beam.Pipeline(runner=local_runner(args), options=PipelineOptions(args))
         terminals = [t for t in build(p) if t is not None]
-        reads = _read_tables(p)
+        reads = read_steps(p)
         prog = pipeline_progress(total=lambda: _total_rows(reads))
         run_id = None
         if prog is not None and prog.show_bar and _in_process(args):
@@ -277,31 +266,6 @@ def _our_error(exc: BaseException) -> BaseException | None:
         seen.add(id(cur))
         cur = cur.__cause__ or cur.__context__
     return None
-
-
-def _read_tables(p: beam.Pipeline) -> list:
-    """(ReadTable transform, its read step's output) of every ReadTable in the pipeline."""
-    found: list = []
-
-    class _Visit(PipelineVisitor):
-        def visit_transform(self, node):
-            # the read step: the ParDo of a reader DoFn inside a ReadTable (its "Read" step, or
-            # the ParDo within it where the dead letters are a tagged output); its main output
-            # holds the batches (and, on Dask, the dead letters too)
-            fn = getattr(node.transform, "fn", None)
-            if not isinstance(node.transform, beam.ParDo) or not isinstance(fn, ReadUnitFn):
-                return
-            owner = node.parent
-            while owner is not None and not isinstance(owner.transform, ReadTable):
-                owner = owner.parent
-            if owner is not None:
-                found.append((owner.transform, node.outputs.get(None)))
-
-    try:
-        p.visit(_Visit())
-    except Exception:  # progress is best effort: never fail a run over it
-        return []
-    return found
 
 
 def _passes(reads: list) -> int:

@@ -48,6 +48,7 @@ from .batches import (KeyedBatch, column_names, get_column, is_batch, report_sch
                       reports_batch, row_dict)
 from .rows import (ReportsAsRows, as_arrow, as_record, is_dataframe, kept_types,
                    report_row_type)
+from .runners import separates_tagged_outputs
 
 DEAD_LETTER = "dead_letter"
 REPORTS = "reports"
@@ -593,15 +594,6 @@ def _column(values: list) -> np.ndarray:
 
 
 _NUMBER = (int, float, np.integer, np.floating)
-
-
-def separates_tagged_outputs(pipeline: Any) -> bool:
-    """Whether the pipeline's runner routes tagged outputs to their own PCollections. Beam's
-    Dask runner does not (each branch gets every element): there, one output and two filters
-    (:func:`split_dead_letters`) do the same job at the cost of two steps per element."""
-    runner = getattr(pipeline, "runner", None)
-    return runner is not None and not type(runner).__module__.startswith(
-        "apache_beam.runners.dask")
 
 
 def dead_letter_outputs(pcoll: Any, label: str, fn: Any, main_name: str) -> Outputs:

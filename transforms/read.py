@@ -9,7 +9,7 @@ import copy
 from typing import Any, Mapping, Sequence
 
 import apache_beam as beam
-from apache_beam.options.pipeline_options import DirectOptions
+from apache_beam.pipeline import PipelineVisitor
 import pyarrow as pa
 
 from ldp_beam.errors import ParameterError
@@ -18,17 +18,8 @@ from .io import (DEFAULT_BATCH_ROWS, DEFAULT_NULL_VALUES, ReadUnitFn, beam_flags
                  check_object_store, csv_settings, input_schema, is_remote, list_input,
                  plan_units)
 from .perturb import dead_letter_outputs
+from .runners import one_local_worker
 from .sources import is_source_url, open_source
-
-
-def one_local_worker(pipeline: Any) -> bool:
-    """Whether ``pipeline`` runs on Beam's DirectRunner with one worker (its default: one
-    in-memory worker), where spreading elements over workers has nothing to spread over."""
-    runner = getattr(pipeline, "runner", None)
-    if runner is None or not type(runner).__module__.startswith("apache_beam.runners.direct"):
-        return False
-    opts = pipeline.options.view_as(DirectOptions)
-    return opts.direct_num_workers == 1 and opts.direct_running_mode == "in_memory"
 
 
 class ReadTable(beam.PTransform):
@@ -147,3 +138,29 @@ class ReadTable(beam.PTransform):
         units = pbegin | "Units" >> beam.Create(
             self.units, reshuffle=not one_local_worker(pbegin.pipeline))
         return dead_letter_outputs(units, "Read", self.fn, "batches")
+
+
+def read_steps(pipeline: Any) -> list:
+    """``(ReadTable, its read step's main output)`` of every :class:`ReadTable` applied to
+    ``pipeline`` (for progress: the rows read are counted there). The read step is the ParDo of
+    a :class:`~ldp_beam.transforms.io.ReadUnitFn` inside a ReadTable; its main output holds the
+    batches (and, on Dask, the dead letters too). Best effort: ``[]`` if the graph cannot be
+    walked."""
+    found: list = []
+
+    class _Visit(PipelineVisitor):
+        def visit_transform(self, node):
+            fn = getattr(node.transform, "fn", None)
+            if not isinstance(node.transform, beam.ParDo) or not isinstance(fn, ReadUnitFn):
+                return
+            owner = node.parent
+            while owner is not None and not isinstance(owner.transform, ReadTable):
+                owner = owner.parent
+            if owner is not None:
+                found.append((owner.transform, node.outputs.get(None)))
+
+    try:
+        pipeline.visit(_Visit())
+    except Exception:  # progress is best effort: never fail a run over it
+        return []
+    return found

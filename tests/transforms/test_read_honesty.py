@@ -418,7 +418,7 @@ def test_the_reader_spreads_its_units_over_workers_only_where_there_are_several(
     The rows read are the same either way (the counts test above runs both)."""
     from apache_beam.runners.dask.dask_runner import DaskRunner
 
-    from ldp_beam.transforms.read import one_local_worker
+    from ldp_beam.transforms.runners import one_local_worker
 
     for args, runner, spread in ((["--runner=DirectRunner"], None, False),
                                  (MULTI, None, True),
