@@ -261,6 +261,24 @@ class ContributionBounds:
         return cls(*bounds)
 
 
+class UnitBounded:
+    """A central release calibrated to contribution bounds per privacy unit: a mixin for a
+    dataclass with the fields ``max_partitions_per_unit`` (L0) and ``max_rows_per_partition``
+    (Linf), which the pipeline enforces before the release sees a row."""
+
+    @property
+    def contribution_bounds(self) -> ContributionBounds:
+        """The bounds the release is calibrated to (the pipeline must enforce them)."""
+        return ContributionBounds(self.max_partitions_per_unit, self.max_rows_per_partition)
+
+    @property
+    def unit_sensitivity(self) -> int:
+        """m = L0 x Linf: the rows one unit keeps over all partitions after bounding, the L1
+        change of the counts when all of them are removed; 1 for one row per unit (the
+        per-record release)."""
+        return self.max_partitions_per_unit * self.max_rows_per_partition
+
+
 def central_unit_params(bounds: ContributionBounds, unit_epsilon: float | None = None) -> dict:
     """The params entries every central release's guarantee carries: the contribution bounds it
     is calibrated to (``contribution_bounds``, ``unit_sensitivity`` = L0 * Linf), the unit it is

@@ -52,7 +52,7 @@ from ..core import (Estimate, Estimator, Reasons, Statistic, check_epsilon, chec
 from ..errors import EmptyAccumulatorError, ParameterError
 from ..noise import (discrete_laplace, discrete_laplace_scale, discrete_laplace_variance,
                      realized_epsilon, to_units)
-from ..privacy import (CENTRAL, ContributionBounds, PrivacyGuarantee, central_unit_params,
+from ..privacy import (CENTRAL, PrivacyGuarantee, UnitBounded, central_unit_params,
                        central_unit_text, check_contribution_bound)
 from .histogram import as_generator, release_source
 
@@ -184,7 +184,7 @@ def normalize_wide(acc: np.ndarray, limbs: tuple[int, ...]) -> np.ndarray:
 
 
 # =============================================================================== releases
-class Aggregation:
+class Aggregation(UnitBounded):
     """What the six aggregations share (a mixin of frozen dataclasses that declare the fields
     ``epsilon``, ``max_partitions_per_unit``, ``max_rows_per_partition`` and, where values are
     involved, ``lower`` and ``upper``): the contribution bounds and the guarantee's unit, the
@@ -209,17 +209,7 @@ class Aggregation:
             object.__setattr__(self, "lower", float(self.lower))
             object.__setattr__(self, "upper", float(self.upper))
 
-    # -- the privacy unit (as HistogramRelease)
-    @property
-    def contribution_bounds(self) -> ContributionBounds:
-        """The bounds the release is calibrated to (the pipeline enforces them first)."""
-        return ContributionBounds(self.max_partitions_per_unit, self.max_rows_per_partition)
-
-    @property
-    def unit_sensitivity(self) -> int:
-        """m = L0 x Linf: the rows one unit may have over all keys after bounding."""
-        return self.max_partitions_per_unit * self.max_rows_per_partition
-
+    # -- the privacy unit (contribution_bounds, unit_sensitivity: UnitBounded)
     def unit_guarantee(self, notes: str, params: dict | None = None,
                        realized: float | None = None) -> PrivacyGuarantee:
         b = self.contribution_bounds

@@ -52,7 +52,7 @@ from ..limits import check_cap
 from ..mechanisms.categorical import count_labels
 from ..noise import (discrete_laplace_scale, discrete_laplace_variance, lattice_laplace,
                      realized_epsilon)
-from ..privacy import (CENTRAL, ContributionBounds, PrivacyGuarantee, central_unit_params,
+from ..privacy import (CENTRAL, PrivacyGuarantee, UnitBounded, central_unit_params,
                        central_unit_text, check_contribution_bound)
 from ..rng import RandomSource, RngLike
 
@@ -123,7 +123,7 @@ class TwoPartBudget:
 
 
 @dataclass(frozen=True)
-class HistogramRelease(CentralRelease):
+class HistogramRelease(UnitBounded, CentralRelease):
     """Base of the central histogram algorithms: the budget and the bucket domain."""
 
     family: ClassVar[str] = "dphr"
@@ -185,18 +185,7 @@ class HistogramRelease(CentralRelease):
         release's size cap, before anything of that size is built."""
         check_cap(cls.BUCKET_CAP, n, param)
 
-    # -- the privacy unit
-    @property
-    def contribution_bounds(self) -> ContributionBounds:
-        """The bounds the release is calibrated to (the pipeline must enforce them)."""
-        return ContributionBounds(self.max_partitions_per_unit, self.max_rows_per_partition)
-
-    @property
-    def unit_sensitivity(self) -> int:
-        """m = L0 * Linf: the L1 change of the counts (over all partitions) when all of one
-        unit's bounded rows are removed; 1 for the per-record release."""
-        return self.max_partitions_per_unit * self.max_rows_per_partition
-
+    # -- the privacy unit (contribution_bounds, unit_sensitivity: UnitBounded)
     def unit_guarantee(self, kind: str, epsilon: float, notes: str, params: dict | None = None,
                        claim: str = "") -> PrivacyGuarantee:
         """A guarantee of this release with the unit it holds for (params and a sentence)."""

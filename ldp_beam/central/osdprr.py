@@ -36,13 +36,14 @@ import numpy as np
 from ..core import (CentralRelease, Estimate, Estimator, Reasons, Reports, Role, Statistic,
                     check_choice)
 from ..errors import EmptyAccumulatorError, ParameterError
-from ..privacy import ULDP, PrivacyGuarantee, central_unit_params, central_unit_text
+from ..privacy import (ULDP, PrivacyGuarantee, UnitBounded, central_unit_params,
+                       central_unit_text)
 from ..rng import RngLike
 from .histogram import as_generator
 from .unit_release import (CLIPPED, CLIPPED_DTYPE, RATIO_QUERIES, _ByItem, _check_bounds,
                            _check_common, _check_t, _clip_note, _clipped_column,
                            _clipped_sum, _curated, _estimate, _flag_levels, _flag_values,
-                           _is_number, _ReleasedOnce, _report_values, _UnitBounded, query_answer)
+                           _is_number, _ReleasedOnce, _report_values, query_answer)
 
 
 # --------------------------------------------------------------------------- the baseline
@@ -132,7 +133,7 @@ def _osdp_fields(m: "OsdpRR") -> tuple[tuple[str, str], ...]:
 
 
 @dataclass(frozen=True)
-class OsdpRR(_UnitBounded, CentralRelease):
+class OsdpRR(UnitBounded, CentralRelease):
     """OsdpRR: OSDP randomized response, record-level one-sided DP (the OSPDPRR baseline).
 
     Kotsogiannis et al., ICDE 2020. Every target item of every user is a record; a sensitive

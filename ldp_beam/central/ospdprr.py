@@ -145,18 +145,18 @@ from ..core import (CentralRelease, Estimate, Estimator, Reasons, Reports, Role,
 from ..errors import EmptyAccumulatorError, ParameterError
 from ..limits import cap, check_cap
 from ..noise import discrete_laplace_variance, lattice_laplace, to_units
-from ..privacy import (CENTRAL, NONE, PrivacyGuarantee, central_unit_params,
+from ..privacy import (CENTRAL, NONE, PrivacyGuarantee, UnitBounded, central_unit_params,
                        central_unit_text)
 from ..rng import RngLike
 from .histogram import UNKEYED, as_generator, release_source
 # the query machinery OSPDPRR shares with OsdpRR; its public names (the constants, query_answer
-# and statistic_lattice) were defined here and are re-exported: old imports from here still work
-from .unit_release import (CLIP_NOTE, CLIPPED, CLIPPED_DTYPE, LATTICE_BITS, MAX_TERMS, QUERIES,
-                           QUERY_STATISTICS, RATIO_QUERIES, STATISTIC_NAMES, query_answer,
+# and statistic_lattice) were defined here and are re-exported (CLIP_NOTE and MAX_TERMS only
+# for that): old imports from here still work
+from .unit_release import (CLIP_NOTE, CLIPPED, CLIPPED_DTYPE, LATTICE_BITS, MAX_TERMS,  # noqa: F401
+                           QUERIES, QUERY_STATISTICS, RATIO_QUERIES, STATISTIC_NAMES, query_answer,
                            statistic_lattice, _ByItem, _check_bounds, _check_common, _check_t,
                            _clip_note, _clipped_column, _clipped_sum, _curated, _estimate,
-                           _flag_levels, _flag_values, _ReleasedOnce, _report_values,
-                           _UnitBounded)  # noqa: F401 (CLIP_NOTE, MAX_TERMS: re-exported)
+                           _flag_levels, _flag_values, _ReleasedOnce, _report_values)
 
 MODES = ("paper", "sound-public", "sound-self")
 NORMS = ("vector", "minmax")
@@ -402,7 +402,7 @@ def _ospdprr_fields(m: "OSPDPRR") -> tuple[tuple[str, str], ...]:
 
 
 @dataclass(frozen=True)
-class OSPDPRR(_UnitBounded, CentralRelease):
+class OSPDPRR(UnitBounded, CentralRelease):
     """OSPDPRR: one-sided personalized DP query on users' k items (central, one release).
 
     TOPSIS sensitivity scores, personalized sampling with threshold t, one Laplace release.

@@ -6,8 +6,8 @@ It holds the queries (count, sum, mean, variance, cv) and their answers from the
 sum of squares (:func:`query_answer`), the lattice those statistics are summed on
 (:func:`statistic_lattice`), the parameter checks (query, items, interval, magnitudes and the
 contribution bounds), clipping and its curator-only count (report field :data:`CLIPPED`), the
-release as an :class:`~ldp_beam.core.Estimate`, and the two base classes: the contribution bounds
-of a unit-bounded release and an estimator that releases once. Spec: ``shared/specs/ospdprr.md``.
+release as an :class:`~ldp_beam.core.Estimate`, and the base of an estimator that releases once
+(the contribution bounds are every central release's :class:`~ldp_beam.privacy.UnitBounded`). Spec: ``shared/specs/ospdprr.md``.
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from ..core import Estimate, Reasons, Statistic, check_choice, check_interval, c
 from ..errors import EmptyAccumulatorError, ParameterError
 from ..limits import check_cap
 from ..noise import discrete_laplace_scale, discrete_laplace_variance
-from ..privacy import ContributionBounds, check_contribution_bound
+from ..privacy import check_contribution_bound
 
 QUERIES = ("count", "sum", "mean", "variance", "cv")
 #: the noisy statistics each query is built from; the budget is split equally among them (§6)
@@ -313,21 +313,6 @@ def _report_values(est: Any, reports: Mapping[str, Any], reasons: Reasons):
             _check_clipped(est.mechanism, reports, reasons)
             continue
         yield name, coerce_numeric(reports[name])[0]
-
-
-class _UnitBounded:
-    """The contribution bounds of a per-user release (``max_partitions_per_unit``,
-    ``max_rows_per_partition`` fields of the dataclass)."""
-
-    @property
-    def contribution_bounds(self) -> ContributionBounds:
-        """The bounds the release is calibrated to (the pipeline must enforce them)."""
-        return ContributionBounds(self.max_partitions_per_unit, self.max_rows_per_partition)
-
-    @property
-    def unit_sensitivity(self) -> int:
-        """m = L0 * Linf: the rows one unit keeps over all partitions (1: one row per user)."""
-        return self.max_partitions_per_unit * self.max_rows_per_partition
 
 
 class _ReleasedOnce:
