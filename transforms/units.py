@@ -51,10 +51,10 @@ import pyarrow as pa
 from apache_beam.metrics import Metrics
 
 from ldp_beam.bounding import (_MASK64, _SHARD_MIN, U64, KeptRows, MISSING_UNIT_REASON, _Acc,
-                               _concat, _MinSketch, _Rows, _Spec, _trim_heap, check_bound,
-                               reduce_candidates, row_priorities, shard_of, unit_fingerprint,
-                               units_cap)
+                               _concat, _Rows, _Spec, check_bound, reduce_candidates,
+                               row_priorities, shard_of, unit_fingerprint, units_cap)
 from ldp_beam.errors import ParameterError
+from ldp_beam.minsketch import _MinSketch, _trim_heap
 from ldp_beam.rng import RunKey
 
 from .batches import KeyedBatch

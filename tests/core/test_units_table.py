@@ -1,13 +1,15 @@
 """The one-row bounding sketch's packed references, its encoding and the AES row priorities
-(ldp_beam/bounding.py: _MinSketch, _MinTable, row_priorities; transforms/units.py: the coder)."""
+(ldp_beam/minsketch.py: _MinSketch, _MinTable; ldp_beam/prf.py: row_priorities;
+transforms/units.py: the coder)."""
 import pickle
 
 import numpy as np
 import pytest
 
 from ldp_beam.rng import RunKey
-from ldp_beam import bounding
-from ldp_beam.bounding import KeptRows, _MinSketch, reduce_candidates
+from ldp_beam import bounding, minsketch
+from ldp_beam.bounding import KeptRows, reduce_candidates
+from ldp_beam.minsketch import _MinSketch
 from ldp_beam.prf import _row_priorities_ctr, row_priorities
 from ldp_beam.transforms.units import _ArraysCoder
 
@@ -27,12 +29,12 @@ def insert(request, monkeypatch):
     """Every test runs with the C insert loop (ldp_beam/_minsketch.c) and with the numpy
     rounds it replaces: the two must keep the same rows."""
     if request.param == "numpy":
-        monkeypatch.setattr(bounding, "_NATIVE", None)
+        monkeypatch.setattr(minsketch, "_NATIVE", None)
     else:
         mod = _c_module()
         if mod is None:
             _no_c_module()
-        monkeypatch.setattr(bounding, "_NATIVE", mod)
+        monkeypatch.setattr(minsketch, "_NATIVE", mod)
     return request.param
 
 
@@ -87,7 +89,7 @@ def test_references_that_do_not_pack_turn_the_sketch_wide_with_the_same_rows(cas
     elif case == "negative_record":
         rid[late] = -2 - rid[late]
     else:
-        monkeypatch.setattr(bounding, "_MAX_STREAMS", 3)
+        monkeypatch.setattr(minsketch, "_MAX_STREAMS", 3)
         s[late] = rng.integers(100, 110, 10_000).astype(U64)
     want = _oracle(u, prio, s, rid)
     sketch = _MinSketch()
@@ -224,7 +226,7 @@ def test_kept_rows_round_trip_through_their_compact_encoding():
 
 def test_freezing_hands_the_freed_heap_back_once(monkeypatch):
     calls = []
-    monkeypatch.setattr(bounding, "_LIBC", lambda pad: calls.append(pad))
+    monkeypatch.setattr(minsketch, "_LIBC", lambda pad: calls.append(pad))
     rng = np.random.default_rng(9)
     u, prio, s, rid = _rows(rng, 5000, 800, [2], ties=False)
     sketch = _MinSketch()
@@ -304,7 +306,7 @@ def test_the_c_rehash_puts_every_unit_where_probing_finds_it():
     mod = _c_or_skip()
     rng = np.random.default_rng(12)
     u = np.unique(rng.integers(1, 2**63, 3000, dtype=U64) | U64(1))
-    t = bounding._MinTable(size=4096)
+    t = minsketch._MinTable(size=4096)
     t.kp[:], t.ref[:] = 0, 0  # as the C mode allocates it
     names = np.array([9], U64)
     prio, ref = rng.integers(0, 2**63, u.size, dtype=U64), np.arange(u.size, dtype=U64)
@@ -359,10 +361,10 @@ def test_queued_inserts_hold_every_batch_and_raise_an_error_after_the_queue(inse
             sketch.add(u[a:a + 4000], prio[a:a + 4000], s[a:a + 4000], rid[a:a + 4000])
             added += 1
         sketch.units
-    assert added <= bounding._QUEUE  # raised once the queue came round to it
+    assert added <= minsketch._QUEUE  # raised once the queue came round to it
     assert not sketch.inflight  # and the queue was drained before it was raised
     good = _MinSketch()
     for a in range(0, u.size, 4000):
         good.add(u[a:a + 4000], prio[a:a + 4000], s[a:a + 4000], rid[a:a + 4000])
-    assert len(good.inflight) <= bounding._QUEUE
+    assert len(good.inflight) <= minsketch._QUEUE
     assert _got(good) == _oracle(u, prio, s, rid)

@@ -99,8 +99,8 @@ def test_one_row_table_matches_the_sorting_sketch_in_any_batches_with_ties(monke
     """The hash-table sketch (Linf = 1) keeps exactly the rows the sorting sketch keeps, whatever
     the batches and merges, including rows of one unit with equal priorities (drawn from 4
     values here, so most units have ties) and the largest priority (the empty-slot value)."""
-    from ldp_beam import bounding
-    from ldp_beam.bounding import _MinSketch
+    from ldp_beam import minsketch
+    from ldp_beam.minsketch import _MinSketch
 
     rng = np.random.default_rng(5)
     n = 60_000
@@ -113,7 +113,7 @@ def test_one_row_table_matches_the_sorting_sketch_in_any_batches_with_ties(monke
     want = _oracle(u, prio, s, rid)
     for trial in range(4):
         if trial == 3:  # small queues: rows reach the tables in many small inserts
-            monkeypatch.setattr(bounding, "_FLUSH", 64)
+            monkeypatch.setattr(minsketch, "_FLUSH", 64)
         cuts = np.sort(rng.integers(0, n, 12 + 40 * trial))
         parts = [_MinSketch(), _MinSketch()]
         for j, (a, b) in enumerate(zip(np.r_[0, cuts], np.r_[cuts, n])):
