@@ -97,7 +97,8 @@ class DeadLetteringFn(beam.DoFn):
     """A DoFn whose :meth:`outputs` yields its main elements and :class:`DeadLetterRecord`
     entries; :func:`dead_letter_outputs` routes them (``tagged``: each dead letter as a
     ``TaggedOutput`` of :data:`DEAD_LETTER`, a plain dict as :func:`split_dead_letters` gives;
-    else unchanged, for that split to find)."""
+    else unchanged, for that split to find). A subclass with a ``process`` of its own emits
+    each dead letter through :meth:`_dead`."""
 
     tagged = False
 
@@ -105,11 +106,19 @@ class DeadLetteringFn(beam.DoFn):
         items = self.outputs(element)
         if not self.tagged:
             return items
-        return (TaggedOutput(DEAD_LETTER, dict(x)) if isinstance(x, DeadLetterRecord) else x
-                for x in items)
+        return (self._dead(x) if isinstance(x, DeadLetterRecord) else x for x in items)
 
     def outputs(self, element: Any) -> Iterable[Any]:
         raise NotImplementedError
+
+    def _dead(self, entry: Any) -> Any:
+        """A dead letter (or a windowed one) as this DoFn emits it: tagged, or as it is for
+        :func:`split_dead_letters`."""
+        if not self.tagged:
+            return entry
+        if isinstance(entry, WindowedValue):
+            return TaggedOutput(DEAD_LETTER, entry.with_value(dict(entry.value)))
+        return TaggedOutput(DEAD_LETTER, dict(entry))
 
 
 def _main_part(element: Any) -> list:
@@ -162,7 +171,7 @@ def content_stream(table: Any, columns: list[str]) -> int:
     return int.from_bytes(h.digest(), "big")
 
 
-class PerturbFn(beam.DoFn):
+class PerturbFn(DeadLetteringFn):
     """Perturb elements with ``mechanism``; ``columns`` maps each role to an input column name
     (default: role 'value' -> column 'value'); ``keep`` lists columns copied to the reports
     unprotected (e.g. a public grouping key: never an input column of the mechanism).
@@ -210,7 +219,6 @@ class PerturbFn(beam.DoFn):
         self.schema = report_schema(mechanism, passthrough_schema, seeded=self.run_key.seeded) \
             if passthrough_schema or not self.keep else None  # else: from the first batch
         self._key_needed = bool(mechanism.draws)  # single records need key_column
-        self.tagged = False  # dead letters as a tagged output (set by Perturb.expand)
         # roles read as Arrow: 'category' roles of mechanisms that use the generic check
         self._arrow_roles = frozenset(
             r.name for r in mechanism.roles if r.kind == "category") \
@@ -345,15 +353,6 @@ class PerturbFn(beam.DoFn):
     # -- element path: single records are buffered per bundle and perturbed together
     def start_bundle(self) -> None:
         self._buffer = _RecordBuffer(self._fields, keep_records=self._shown is None)
-
-    def _dead(self, entry: Any) -> Any:
-        """A dead letter (or a windowed one) as this DoFn emits it: tagged (``Perturb`` on
-        runners that separate tagged outputs) or marked for :func:`split_dead_letters`."""
-        if not self.tagged:
-            return entry
-        if isinstance(entry, WindowedValue):
-            return TaggedOutput(DEAD_LETTER, entry.with_value(dict(entry.value)))
-        return TaggedOutput(DEAD_LETTER, dict(entry))
 
     def _flush(self) -> Any:
         """Perturb the buffered single records together: their outputs (dead letters first,
