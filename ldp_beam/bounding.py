@@ -136,8 +136,7 @@ import pyarrow.compute as pc
 
 from .errors import LdpBeamError, LimitError
 from .limits import env_cap
-from .prf import (_key_words, aes_prf, row_priorities, siphash_text,  # noqa: F401 (exported)
-                  siphash_words)
+from .prf import _key_words, aes_prf, row_priorities, siphash_words  # noqa: F401 (exported)
 from .privacy import check_contribution_bound
 from .rng import RunKey
 
@@ -154,6 +153,51 @@ _COMPACT_MIN = 1 << 16  # pending candidate entries before an accumulator is fir
 
 
 # --------------------------------------------------------------------------- parameters
+def siphash_text(key: tuple[int, int], arr: pa.Array) -> np.ndarray:
+    """SipHash-2-4 of every value of a string or binary Arrow array (its UTF-8 bytes; nulls hash
+    as empty), vectorized: values are grouped by their number of 64-bit words and each group is
+    gathered from the array's own buffers and hashed at once."""
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks()
+    n = len(arr)
+    out = np.empty(n, U64)
+    if n == 0:
+        return out
+    wide = pa.types.is_large_string(arr.type) or pa.types.is_large_binary(arr.type)
+    bufs = arr.buffers()
+    offsets = np.frombuffer(bufs[1], dtype=np.int64 if wide else np.int32)[
+        arr.offset: arr.offset + n + 1].astype(np.int64)
+    data = np.frombuffer(bufs[2], dtype=np.uint8) if bufs[2] is not None else \
+        np.zeros(0, np.uint8)
+    starts = offsets[:-1]
+    lens = np.diff(offsets)
+    if arr.null_count:
+        lens = np.where(arr.is_null().to_numpy(zero_copy_only=False), 0, lens)
+    nwords = lens // 8 + 1
+    # 64-bit little-endian loads at any byte offset q: lanes[q % 8, q // 8] (the bytes copied
+    # 8 times, each copy shifted by one byte, so every load is an aligned gather)
+    m = data.size // 8 + 2
+    pad = np.zeros(8 * m + 8, np.uint8)
+    pad[:data.size] = data
+    lanes = np.stack([pad[r: r + 8 * m].view("<u8") for r in range(8)]).astype(U64, copy=False)
+    if nwords.min() == nwords.max():
+        groups = [np.arange(n)]
+    else:
+        order = np.argsort(nwords, kind="stable")
+        groups = np.split(order, np.flatnonzero(np.diff(nwords[order])) + 1)
+    for idx in groups:
+        w = int(nwords[idx[0]])
+        ln, st = lens[idx], starts[idx]
+        words = [lanes[(st + 8 * j) % 8, (st + 8 * j) // 8] for j in range(w)]
+        tail = (ln % 8).astype(U64) * U64(8)  # bits of the last, partial word
+        with np.errstate(over="ignore"):
+            mask = np.where(tail == 0, U64(0), (U64(1) << tail) - U64(1))
+        words[-1] &= mask
+        words[-1] |= (ln.astype(U64) & U64(0xFF)) << U64(56)  # the length byte ends it
+        out[idx] = siphash_words(key, words)
+    return out
+
+
 def check_bound(name: str, value: Any) -> int:
     """A contribution bound: an integer >= 1 (the shared check of ldp_beam.privacy)."""
     return check_contribution_bound(value, name)

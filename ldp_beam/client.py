@@ -27,8 +27,9 @@ source can window without a flattening step.
 ``event_micros`` and Beam's ``timestamp_attribute`` both accept.
 
 **Report ids.** Report number ``seq`` of device ``D`` has id ``sha256("D:seq")`` in hex (with
-``id_key``: HMAC-SHA256 under that key, so that whoever knows a device id cannot recognise its
-reports by enumerating sequence numbers). The id never depends on the value. Sequence numbers
+``id_key``: the keyed 256-bit BLAKE2b of :func:`ldp_beam.prf.keyed_digest` under a sub-key of
+it, so that whoever knows a device id cannot recognise its reports by enumerating sequence
+numbers). The id never depends on the value. Sequence numbers
 come from :class:`SequenceStore`: with ``seq_store`` (a directory on the device) they are
 reserved durably in blocks before use, so a restarted device never reuses one (it skips the
 unused rest of a block); without it they start at a random 63-bit number each process (unique
@@ -53,7 +54,6 @@ This module imports neither Apache Beam nor, until it publishes, the Google Clou
 from __future__ import annotations
 
 import hashlib
-import hmac
 import json
 import math
 import os
@@ -72,6 +72,7 @@ from .core import CentralRelease, Mechanism
 from .errors import InvalidRecordsError, ParameterError
 from .jsonio import encoder
 from .longitudinal import Memoized
+from .prf import derive_key, keyed_digest
 from .rng import RandomSource
 
 #: the key of the mechanism metadata in a reports schema (``ldp_beam.transforms.batches``
@@ -354,7 +355,7 @@ class Reporter:
         self.reports_per_message = reports_per_message
         self.unit_field = unit_field
         self.timeout = float(timeout)
-        self._id_key = None if id_key is None else bytes(id_key)
+        self._id_key = None if id_key is None else derive_key(bytes(id_key), "report-id")
         self._publisher = publisher
         self._own_publisher = publisher is None
         self._lock = threading.RLock()
@@ -403,7 +404,7 @@ class Reporter:
         """The id of this device's report number ``seq``."""
         text = f"{self.device_id}:{seq}".encode()
         if self._id_key is not None:
-            return hmac.new(self._id_key, text, hashlib.sha256).hexdigest()
+            return keyed_digest(self._id_key, text, 32).hex()
         return hashlib.sha256(text).hexdigest()
 
     def pending(self) -> int:

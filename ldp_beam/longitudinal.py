@@ -67,7 +67,6 @@ Nothing here imports Apache Beam.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import math
 import os
 import sqlite3
@@ -82,6 +81,7 @@ from .core import CentralRelease, Mechanism, Reports
 from .errors import InvalidRecordsError, ParameterError
 from .estimators import estimator_for
 from .mechanisms.categorical import GRR, urr_probabilities
+from .prf import derive_key, keyed_digest
 from .privacy import LDP, PrivacyGuarantee
 from .rng import RandomSource, RngLike, as_source, draw_uniforms
 
@@ -151,15 +151,6 @@ def canonical_rows(mechanism: Mechanism, values: Any, units: Any
     return cols, [unit_text(u) for u in units], value_texts(mechanism, cols)
 
 
-def keyed_digest(key: bytes, data: bytes, size: int = 16) -> bytes:
-    """BLAKE2b of ``data`` keyed by ``key`` (at most 64 bytes), ``size`` bytes: the durable
-    keyed hash of the streaming collector's per-unit record (unit hashes, record and memo
-    slots in ``units.sqlite``) and of memoized reports. It outlives a run, so it can never
-    change (a new hash would orphan every unit's recorded spend); what lives one run is keyed
-    by :mod:`ldp_beam.prf` under the run's key."""
-    return hashlib.blake2b(data, key=key, digest_size=size).digest()
-
-
 def _digest(key: bytes, *parts: str, size: int = 16) -> bytes:
     """A keyed BLAKE2b digest of length-prefixed parts (so no two part lists collide)."""
     data = b"".join(len(b).to_bytes(8, "big") + b for b in (p.encode("utf-8") for p in parts))
@@ -205,9 +196,9 @@ class Memoized:
                 "at least 16 bytes of secret entropy (os.urandom(32)), kept on the device")
         self.mechanism = mechanism
         secret = bytes(device_secret)
-        self._noise_key = hashlib.sha256(b"ldp-beam/memoize/noise/" + secret).digest()
-        self._slot_key = hashlib.sha256(b"ldp-beam/memoize/slot/" + secret).digest()
-        self._memo_key = hashlib.sha256(b"ldp-beam/memoize/memo-id/" + secret).digest()
+        self._noise_key = derive_key(secret, "memoize", "noise")
+        self._slot_key = derive_key(secret, "memoize", "slot")
+        self._memo_key = derive_key(secret, "memoize", "memo-id")
         self._source = RandomSource(key=self._noise_key)
         self._config = mechanism.describe()
 
@@ -488,8 +479,7 @@ class UnitState:
     # -- keys (the trusted side's)
     def key(self, purpose: str) -> bytes:
         """A sub-key of the state's secret for one use ("unit", "source", "select")."""
-        return hashlib.sha256(b"ldp-beam/units/" + purpose.encode() + b"/" +
-                              self._secret).digest()
+        return derive_key(self._secret, "units", purpose)
 
     # -- the connection
     def _conn(self) -> sqlite3.Connection:
@@ -694,5 +684,5 @@ def priority(key: bytes, identity: str) -> tuple[int, str]:
 
 
 __all__ = ["Admission", "MEMO_NOTE", "Memoized", "TwoLayerClient", "TwoLayerGRR", "UnitHasher",
-           "UnitState", "UnitStateError", "canonical_rows", "keyed_digest", "priority", "unit_hash",
+           "UnitState", "UnitStateError", "canonical_rows", "priority", "unit_hash",
            "unit_loss", "unit_text", "value_texts"]

@@ -1,21 +1,31 @@
-"""Keyed pseudorandom functions over numpy arrays, the bounding's only randomness (pure: numpy,
-pyarrow and ``cryptography``'s AES): SipHash-2-4 of text (:func:`siphash_text`,
-:func:`siphash_words`), the first 64 bits of an AES-128 block (:func:`aes_prf`) and a record's
-priority as the block at its counter of the addressable AES-CTR stream that draws the noise
-(:func:`row_priorities`). Why each is uniform and retry-proof, and which key each use takes, is
+"""Every keyed hash in ldp-beam, in one module, by how long its output must stay the same.
+
+**A run's** (keyed by its :class:`~ldp_beam.rng.RunKey`, recomputed by a retry, never stored):
+SipHash-2-4 of many messages at once (:func:`siphash_words`; the Arrow text adapter,
+``siphash_text``, sits with its one caller in :mod:`ldp_beam.bounding`), the first 64 bits of
+an AES-128 block (:func:`aes_prf`) and a record's priority as the block at its counter of the
+addressable AES-CTR stream that draws the noise (:func:`row_priorities`). They hash millions of
+rows a second, vectorized in numpy or in OpenSSL's AES; why each is uniform and retry-proof is
 in :mod:`ldp_beam.bounding`.
 
-These are keyed by a run's key and live as long as the run. What must outlive a run, the
-streaming collector's per-unit record (``units.sqlite``), is keyed by
-:func:`ldp_beam.longitudinal.keyed_digest` (BLAKE2b, 128 bits, under the state file's own key),
-which the device side shares and which therefore imports nothing heavy."""
+**Durable** (their outputs are stored or sent, so the bytes can never change):
+:func:`keyed_digest`, BLAKE2b under a secret key, for what outlives a run: the streaming
+collector's unit hashes and record and memo slots in ``units.sqlite``, memoized reports' ids
+and a device's report ids under its ``id_key``. Changing it would orphan every unit's
+recorded spend, so it is not replaced by the faster per-run hashes.
+
+**Sub-keys** for both: :func:`derive_key` (SHA-256 of a label path and the secret), the one way
+a run key, a state file's secret or a device secret is split into independent keys per use.
+
+Pure: numpy, ``cryptography``'s AES and randomgen (no pyarrow: a device imports this module
+through its memoization and report ids)."""
 from __future__ import annotations
 
+import hashlib
 import sys
 import threading
 
 import numpy as np
-import pyarrow as pa
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from randomgen import AESCounter
 
@@ -76,49 +86,19 @@ def siphash_words(key: tuple[int, int], words: list[np.ndarray]) -> np.ndarray:
     return v0
 
 
-def siphash_text(key: tuple[int, int], arr: pa.Array) -> np.ndarray:
-    """SipHash-2-4 of every value of a string or binary Arrow array (its UTF-8 bytes; nulls hash
-    as empty), vectorized: values are grouped by their number of 64-bit words and each group is
-    gathered from the array's own buffers and hashed at once."""
-    if isinstance(arr, pa.ChunkedArray):
-        arr = arr.combine_chunks()
-    n = len(arr)
-    out = np.empty(n, U64)
-    if n == 0:
-        return out
-    wide = pa.types.is_large_string(arr.type) or pa.types.is_large_binary(arr.type)
-    bufs = arr.buffers()
-    offsets = np.frombuffer(bufs[1], dtype=np.int64 if wide else np.int32)[
-        arr.offset: arr.offset + n + 1].astype(np.int64)
-    data = np.frombuffer(bufs[2], dtype=np.uint8) if bufs[2] is not None else \
-        np.zeros(0, np.uint8)
-    starts = offsets[:-1]
-    lens = np.diff(offsets)
-    if arr.null_count:
-        lens = np.where(arr.is_null().to_numpy(zero_copy_only=False), 0, lens)
-    nwords = lens // 8 + 1
-    # 64-bit little-endian loads at any byte offset q: lanes[q % 8, q // 8] (the bytes copied
-    # 8 times, each copy shifted by one byte, so every load is an aligned gather)
-    m = data.size // 8 + 2
-    pad = np.zeros(8 * m + 8, np.uint8)
-    pad[:data.size] = data
-    lanes = np.stack([pad[r: r + 8 * m].view("<u8") for r in range(8)]).astype(U64, copy=False)
-    if nwords.min() == nwords.max():
-        groups = [np.arange(n)]
-    else:
-        order = np.argsort(nwords, kind="stable")
-        groups = np.split(order, np.flatnonzero(np.diff(nwords[order])) + 1)
-    for idx in groups:
-        w = int(nwords[idx[0]])
-        ln, st = lens[idx], starts[idx]
-        words = [lanes[(st + 8 * j) % 8, (st + 8 * j) // 8] for j in range(w)]
-        tail = (ln % 8).astype(U64) * U64(8)  # bits of the last, partial word
-        with np.errstate(over="ignore"):
-            mask = np.where(tail == 0, U64(0), (U64(1) << tail) - U64(1))
-        words[-1] &= mask
-        words[-1] |= (ln.astype(U64) & U64(0xFF)) << U64(56)  # the length byte ends it
-        out[idx] = siphash_words(key, words)
-    return out
+def derive_key(secret: bytes, *labels: str) -> bytes:
+    """A 32-byte sub-key of ``secret`` for one use: SHA-256 of ``ldp-beam/<label>/.../<secret>``
+    (the labels joined by ``/``, the secret last). Every key ldp-beam splits off a run key, a
+    state file's secret or a device secret comes from here, with fixed labels per use; the
+    bytes are those stored state was keyed with, so they never change."""
+    return hashlib.sha256(b"/".join([b"ldp-beam", *(lab.encode() for lab in labels),
+                                     bytes(secret)])).digest()
+
+
+def keyed_digest(key: bytes, data: bytes, size: int = 16) -> bytes:
+    """BLAKE2b of ``data`` keyed by ``key`` (at most 64 bytes: a :func:`derive_key` output),
+    ``size`` bytes: the durable keyed hash (see the module's text)."""
+    return hashlib.blake2b(data, key=key, digest_size=size).digest()
 
 
 _SCRATCH = threading.local()
@@ -186,4 +166,4 @@ def _row_priorities_ctr(key: int, stream: int, ids: np.ndarray) -> np.ndarray:
     return out[0] if len(out) == 1 else np.concatenate(out)
 
 
-__all__ = ["U64", "aes_prf", "row_priorities", "siphash_text", "siphash_words"]
+__all__ = ["U64", "aes_prf", "derive_key", "keyed_digest", "row_priorities", "siphash_words"]

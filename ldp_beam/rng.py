@@ -35,16 +35,18 @@ from typing import Union
 import numpy as np
 from randomgen import AESCounter
 
+from .prf import derive_key
+
 _STREAM_SHIFT = 64
 _MASK64 = (1 << 64) - 1
 
 
-def _key_from_seed(seed: int | str | bytes, purpose: bytes = b"aes-key") -> int:
+def _key_from_seed(seed: int | str | bytes, purpose: str = "aes-key") -> int:
     if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, (int, np.integer, str, bytes)):
         raise TypeError(f"seed must be an int, str or bytes, not {type(seed).__name__}")
     raw = seed if isinstance(seed, bytes) else str(int(seed) if isinstance(seed, np.integer)
                                                     else seed).encode()
-    return int.from_bytes(hashlib.sha256(b"ldp-beam/" + purpose + b"/" + raw).digest()[:16], "big")
+    return int.from_bytes(derive_key(raw, purpose)[:16], "big")
 
 
 def stream_id(name: object) -> int:
@@ -78,7 +80,7 @@ class RunKey:
         _key_from_seed(seed)  # type check
         text = seed.hex() if isinstance(seed, bytes) else str(
             int(seed) if isinstance(seed, np.integer) else seed)
-        return cls(run_id, hashlib.sha256(b"ldp-beam/run-key/" + text.encode()).digest(), text)
+        return cls(run_id, derive_key(text.encode(), "run-key"), text)
 
     @property
     def seeded(self) -> bool:
@@ -91,7 +93,7 @@ class RunKey:
 
     def derive(self, purpose: str) -> bytes:
         """A sub-key for one use of the run (e.g. ``"release"``), independent of the others."""
-        return hashlib.sha256(b"ldp-beam/derive/" + purpose.encode() + b"/" + self.key).digest()
+        return derive_key(self.key, "derive", purpose)
 
 
 class RandomSource:
@@ -116,7 +118,7 @@ class RandomSource:
             self._key = None
             self._gen = np.random.Generator(AESCounter())  # OS entropy
         else:
-            self._key = _key_from_seed(seed) if key is None else _key_from_seed(key, b"run-key")
+            self._key = _key_from_seed(seed) if key is None else _key_from_seed(key, "run-key")
             self._gen = None
         self._next_block = 0
         self._next_generator = 0
@@ -200,7 +202,7 @@ class RandomSource:
         if self._key is None:
             return self._gen
         # A key of its own (never the mechanisms' key), one 2^64-block stream per call.
-        key = _key_from_seed(self.seed if self._run_key is None else self._run_key, b"generator")
+        key = _key_from_seed(self.seed if self._run_key is None else self._run_key, "generator")
         g = np.random.Generator(AESCounter(key=key, counter=self._next_generator << 64))
         self._next_generator += 1
         return g

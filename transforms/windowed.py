@@ -34,7 +34,8 @@ from ldp_beam.bounding import bound_candidates, fold_candidates
 from ldp_beam.central.histogram import HistogramReleaseEstimator, release_source
 from ldp_beam.core import CentralRelease, Estimate, Mechanism
 from ldp_beam.estimators import estimator_for
-from ldp_beam.longitudinal import UnitHasher, UnitState, keyed_digest, priority
+from ldp_beam.longitudinal import UnitHasher, UnitState, priority
+from ldp_beam.prf import keyed_digest
 from ldp_beam.privacy import PrivacyGuarantee, compose
 from ldp_beam.transforms.batches import num_rows
 from ldp_beam.transforms.perturb import dead_letter, split_dead_letters
