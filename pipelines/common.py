@@ -5,6 +5,7 @@ import argparse
 import contextlib
 import json
 import os
+import shlex
 import shutil
 import sys
 import tempfile
@@ -131,15 +132,26 @@ def worker_pool_env(folder: str, base: Mapping[str, str] | None = None) -> dict[
     pool: with ldp-beam installed in a virtual environment that is not on ``PATH``, the workers
     ran a Python without Beam, died with ``No module named 'apache_beam'`` and the job waited
     300 s for them, then failed with DEADLINE_EXCEEDED. This puts a folder first on ``PATH``
-    (``folder``, created if needed) holding ``python``, a link to ``sys.executable``. (The
-    pool's ``--container_executable`` is the other way: a program that takes the worker's
-    endpoints as flags, as Beam's container boot does.)"""
+    (``folder``, created if needed) holding ``python``, a two-line script that runs
+    ``sys.executable``. Not a link to it: Python finds its virtual environment by the
+    ``pyvenv.cfg`` beside the path it was started by, so a link in another folder started the
+    base interpreter outside the venv (its packages, or none). (The pool's
+    ``--container_executable`` is the other way: a program that takes the worker's endpoints as
+    flags, as Beam's container boot does.)"""
     os.makedirs(folder, exist_ok=True)
-    link = os.path.join(folder, "python")
-    if os.path.realpath(link) != os.path.realpath(sys.executable):
-        if os.path.lexists(link):
-            os.remove(link)
-        os.symlink(sys.executable, link)
+    script = os.path.join(folder, "python")
+    text = f'#!/bin/sh\nexec {shlex.quote(sys.executable)} "$@"\n'
+    try:
+        with open(script) as fh:
+            current = fh.read() if not os.path.islink(script) else None
+    except OSError:
+        current = None
+    if current != text:
+        tmp = f"{script}.{os.getpid()}.tmp"
+        with open(tmp, "w") as fh:
+            fh.write(text)
+        os.chmod(tmp, 0o755)
+        os.replace(tmp, script)
     env = dict(os.environ if base is None else base)
     env["PATH"] = folder + os.pathsep + env.get("PATH", "")
     return env

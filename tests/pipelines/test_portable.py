@@ -288,9 +288,25 @@ def test_worker_pool_env_runs_workers_on_this_interpreter(tmp_path):
     base = {**os.environ, "PATH": f"{bad}{os.pathsep}{os.environ.get('PATH', '')}"}
     assert shutil.which("python", path=base["PATH"]) == str(bad / "python")
     env = worker_pool_env(str(tmp_path / "pool-bin"), base)
-    found = shutil.which("python", path=env["PATH"])
-    assert os.path.realpath(found) == os.path.realpath(sys.executable)
-    out = subprocess.run(["python", "-c", "import apache_beam, sys; print(sys.executable)"],
+    assert shutil.which("python", path=env["PATH"]) == str(tmp_path / "pool-bin" / "python")
+    out = subprocess.run(["python", "-c", "import apache_beam, sys; print(sys.prefix)"],
                          env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == sys.prefix  # this environment's packages, not another's
     assert worker_pool_env(str(tmp_path / "pool-bin"), base) == env  # idempotent
+
+
+def test_worker_pool_python_stays_in_a_virtual_environment(tmp_path, monkeypatch):
+    """The pool's `python` was a link to ``sys.executable``; started through a link in another
+    folder, a venv's interpreter does not see its ``pyvenv.cfg`` and runs as the base
+    interpreter, without the venv's packages (the workers ran whatever the base Python had)."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True,
+                   timeout=120)
+    venv_python = venv / "bin" / "python"
+    monkeypatch.setattr(sys, "executable", str(venv_python))
+    env = worker_pool_env(str(tmp_path / "pool-bin"))
+    out = subprocess.run(["python", "-c", "import sys; print(sys.prefix)"], env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == str(venv)
