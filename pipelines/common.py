@@ -114,8 +114,10 @@ def runner_context(beam_args: Iterable[str] = ()) -> Iterator[list[str]]:
     except ImportError as exc:
         raise RuntimeError("the Dask runner needs dask and distributed: "
                            "pip install 'ldp-beam[dask]'") from exc
+    # its status page on a free loopback port: the default, 8787, is taken by any other cluster
+    # (a second run, the user's own), which Dask only warns about
     cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
-                           dashboard_address=None)
+                           dashboard_address="127.0.0.1:0")
     try:
         yield args + [f"--dask_client_address={cluster.scheduler_address}"]
     finally:

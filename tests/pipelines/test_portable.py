@@ -145,7 +145,8 @@ def dask_args(logs, shared):
     each with its own working directory, TMPDIR and --local-directory (on a private /tmp of its
     own when allowed)."""
     distributed = pytest.importorskip("distributed")
-    cluster = distributed.LocalCluster(n_workers=0, processes=True, dashboard_address=None)
+    cluster = distributed.LocalCluster(n_workers=0, processes=True,
+                                       dashboard_address="127.0.0.1:0")
     try:
         with _processes() as procs:
             for i in range(2):

@@ -24,7 +24,7 @@ MULTI = ["--runner=DirectRunner", "--direct_num_workers=2",
 @pytest.fixture(scope="module")
 def dask_args():
     cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                                       dashboard_address=None)
+                                       dashboard_address="127.0.0.1:0")
     try:
         yield ["--runner=dask", f"--dask_client_address={cluster.scheduler_address}"]
     finally:

@@ -39,7 +39,8 @@ def aws_env(s3_server, tmp_path_factory):
 def private_dask(aws_env, tmp_path_factory):
     """A scheduler here and two `dask worker` processes, each with its own working directory,
     TMPDIR and local directory (none of them the launcher's)."""
-    cluster = distributed.LocalCluster(n_workers=0, processes=True, dashboard_address=None)
+    cluster = distributed.LocalCluster(n_workers=0, processes=True,
+                                       dashboard_address="127.0.0.1:0")
     procs: list[subprocess.Popen] = []
     dirs = []
     try:
