@@ -17,8 +17,9 @@ recorded spend, so it is not replaced by the faster per-run hashes.
 **Sub-keys** for both: :func:`derive_key` (SHA-256 of a label path and the secret), the one way
 a run key, a state file's secret or a device secret is split into independent keys per use.
 
-Pure: numpy, ``cryptography``'s AES and randomgen (no pyarrow: a device imports this module
-through its memoization and report ids)."""
+Pure: numpy, randomgen and ``cryptography``'s AES (loaded by :func:`aes_prf` when first
+called: a device imports this module for its memoization and report ids, and loads neither
+pyarrow nor cryptography)."""
 from __future__ import annotations
 
 import hashlib
@@ -26,7 +27,6 @@ import sys
 import threading
 
 import numpy as np
-from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from randomgen import AESCounter
 
 U64 = np.uint64
@@ -121,6 +121,10 @@ def aes_prf(key: bytes, lo: np.ndarray, hi: np.ndarray | int) -> np.ndarray:
     ``q^2 / 2^129`` for ``q`` blocks, is negligible); OpenSSL's AES-NI code (through
     ``cryptography``, which Beam depends on) takes ~5 ns a block, ~30x less than SipHash in
     numpy. The blocks are encrypted in place (one buffer)."""
+    # lazy: cryptography, 32 ms at import (measured on the device client), which the device
+    # side of this module (keyed_digest, derive_key) never needs
+    from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+
     n = int(np.size(lo))
     if n == 0:
         return np.empty(0, U64)

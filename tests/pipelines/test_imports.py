@@ -11,7 +11,7 @@
   in a fresh interpreter.
 * The start-up the lazy imports protect: the command line (which imports outputs.py, the
   ledger and lifecycle.py for every command) loads neither Beam nor pyarrow, pandas, scipy or
-  dp_accounting; the device client loads neither pyarrow, pandas nor scipy.
+  dp_accounting; the device client loads neither pyarrow, pandas, scipy nor cryptography.
 """
 from __future__ import annotations
 
@@ -201,8 +201,10 @@ def test_the_command_line_starts_without_beam_or_pyarrow():
 
 
 def test_the_device_client_starts_without_pandas_pyarrow_or_scipy():
-    """What the lazy imports in ldp_beam/core.py keep out of ``import ldp_beam.client``."""
-    assert _loaded("ldp_beam.client", ("pyarrow", "pandas", "scipy", "apache_beam")) == []
+    """What the lazy imports in ldp_beam/core.py and ldp_beam/prf.py keep out of
+    ``import ldp_beam.client``."""
+    assert _loaded("ldp_beam.client", ("pyarrow", "pandas", "scipy", "apache_beam",
+                                       "cryptography")) == []
 
 
 def _top_level_imports(path: Path, name: str) -> set[str]:
