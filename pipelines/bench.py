@@ -70,10 +70,10 @@ from ldp_beam.pipelines.bench_sources import run as sources
 from ldp_beam.pipelines.records import make_record
 
 from .bench_stream import SOAK_SECONDS, _stream_line, stream_bench, stream_soak
-from .records import SectionFailed, command_paths
+from .records import PEAK_RSS_SOURCE, SectionFailed, command_paths
 
 _CHILD = r'''
-import json, resource, sys, time
+import json, sys, time
 
 LABELS = tuple(str(i) for i in range(20))
 
@@ -265,18 +265,7 @@ def gen_records(bounds):
         yield {"x": LABELS[c], "rid": rid}
 
 
-def peak_rss_mb():
-    """This process's own peak RSS: VmHWM belongs to the address space, which exec replaces
-    (getrusage's ru_maxrss survives exec on Linux, so a child would report its parent's peak)."""
-    try:
-        with open("/proc/self/status") as fh:
-            for line in fh:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024.0
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
-
+''' + PEAK_RSS_SOURCE + r'''
 
 if __name__ == "__main__":
     main()
@@ -286,15 +275,7 @@ if __name__ == "__main__":
 # RSS (VmHWM) written to the file named by LDP_BEAM_BENCH_RSS, whatever the exit.
 _CLI = r'''
 import os, sys
-
-
-def _hwm():
-    with open("/proc/self/status") as fh:
-        for line in fh:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024.0
-    return float("nan")
-
+''' + PEAK_RSS_SOURCE + r'''
 
 if __name__ == "__main__":
     sys.argv = ["ldp-beam"] + sys.argv[1:]
@@ -304,7 +285,7 @@ if __name__ == "__main__":
         code = entry()
     finally:
         with open(os.environ["LDP_BEAM_BENCH_RSS"], "w") as fh:
-            fh.write(repr(_hwm()))
+            fh.write(repr(peak_rss_mb()))
     sys.exit(code)
 '''
 

@@ -44,7 +44,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ldp_beam.pipelines.records import make_record
+from ldp_beam.pipelines.records import PEAK_RSS_SOURCE, make_record
 
 from .postgres_server import PostgresServer, PostgresStartError, free_port, missing
 
@@ -101,17 +101,7 @@ def cpu():
     return r.ru_utime + r.ru_stime
 
 
-def peak_rss_mb():
-    """This process's own peak RSS (VmHWM; ru_maxrss survives exec on Linux)."""
-    try:
-        with open("/proc/self/status") as fh:
-            for line in fh:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024.0
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
-
+''' + PEAK_RSS_SOURCE + r'''
 
 if __name__ == "__main__":
     main()

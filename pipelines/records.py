@@ -24,6 +24,25 @@ from ldp_beam.progress import SETTINGS, is_terminal, make_bar
 REQUIRED_KEYS = ("experiment", "dataset", "method", "epsilon", "metric", "value")
 
 
+# The peak RSS of a measured child process, as source text that the bench's child scripts
+# include (they run alone and import nothing of the bench, so that their memory is the
+# measurement's). VmHWM belongs to the address space, which exec replaces; getrusage's
+# ru_maxrss survives exec on Linux and would report the parent's peak, so where /proc is
+# missing the answer is NaN, not that.
+PEAK_RSS_SOURCE = r'''
+def peak_rss_mb():
+    """This process's own peak RSS in MB (VmHWM); NaN where /proc is missing."""
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024.0
+    except OSError:
+        pass
+    return float("nan")
+'''
+
+
 def _plain(x: Any) -> Any:
     """numpy scalars/arrays -> Python numbers/lists; non-finite floats -> None (valid JSON)."""
     if isinstance(x, np.ndarray):
