@@ -142,18 +142,11 @@ def worker_pool_env(folder: str, base: Mapping[str, str] | None = None) -> dict[
     flags, as Beam's container boot does.)"""
     os.makedirs(folder, exist_ok=True)
     script = os.path.join(folder, "python")
-    text = f'#!/bin/sh\nexec {shlex.quote(sys.executable)} "$@"\n'
-    try:
-        with open(script) as fh:
-            current = fh.read() if not os.path.islink(script) else None
-    except OSError:
-        current = None
-    if current != text:
-        tmp = f"{script}.{os.getpid()}.tmp"
-        with open(tmp, "w") as fh:
-            fh.write(text)
-        os.chmod(tmp, 0o755)
-        os.replace(tmp, script)
+    tmp = f"{script}.{os.getpid()}.tmp"  # written whole, then renamed over any older one
+    with open(tmp, "w") as fh:
+        fh.write(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} "$@"\n')
+    os.chmod(tmp, 0o755)
+    os.replace(tmp, script)
     env = dict(os.environ if base is None else base)
     env["PATH"] = folder + os.pathsep + env.get("PATH", "")
     return env
