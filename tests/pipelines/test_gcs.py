@@ -265,6 +265,19 @@ def silent_store():
         srv.settimeout(timeout)
         held.append(srv.accept()[0])  # raises socket.timeout if no client came
 
+    def drain() -> None:
+        """Take the connections already queued (an earlier client may open several): the next
+        :func:`connected` then waits for a new client, not an old one's leftover."""
+        srv.setblocking(False)
+        try:
+            while True:
+                held.append(srv.accept()[0])
+        except BlockingIOError:
+            pass
+        finally:
+            srv.setblocking(True)
+
+    connected.drain = drain
     try:
         yield f"http://127.0.0.1:{srv.getsockname()[1]}", connected
     finally:
@@ -344,6 +357,9 @@ def _sigterm_cli(silent, connected, tmp_path, started) -> None:
 
 
 def _sigterm_fingerprint(silent, connected, started) -> None:
+    # the CLI before may have left connections queued: under load, accepting one of those let
+    # the signal land before this child had installed its handlers (it then died of SIGTERM, -15)
+    connected.drain()
     proc = _python("""
         import sys
         from ldp_beam.pipelines.datasets import dataset_identity
