@@ -86,9 +86,6 @@ class KeyedBatch:
         state.pop("coded", None)  # a hint for the fused step after the reader, not data
         return state
 
-    def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state)
-
     def record_ids(self) -> np.ndarray:
         """The record number of every row."""
         if self.rows is not None:
@@ -242,6 +239,14 @@ def _dtype_range(dt: np.dtype) -> str:
     return f"{dt.name} (finite, magnitude at most {float(info.max):.4g})"
 
 
+def _integer(v: Any, n: Any, dt: np.dtype) -> tuple[Any, str | None]:
+    """:func:`report_value` of ``v``, whose integral value is ``n``, for integer dtype ``dt``."""
+    info = np.iinfo(dt)
+    if not info.min <= n <= info.max:
+        return None, f"{_shown(v)} is out of range for {_dtype_range(dt)}"
+    return int(n), None
+
+
 def report_value(v: Any, dt: np.dtype) -> tuple[Any, str | None]:
     """One report value -> ``(value of dtype dt, None)`` or ``(None, why it is not one)``.
 
@@ -270,10 +275,7 @@ def report_value(v: Any, dt: np.dtype) -> tuple[Any, str | None]:
                 d = Decimal(s)
                 if d != d.to_integral_value():
                     return None, f"{_shown(v)} is not an integer"
-                info = np.iinfo(dt)
-                if not info.min <= d <= info.max:
-                    return None, f"{_shown(v)} is out of range for {_dtype_range(dt)}"
-                return int(d), None
+                return _integer(v, d, dt)
             x = float(s)
             if not np.isfinite(x):  # e.g. "1e400": a number, but beyond any float
                 return None, f"{_shown(v)} is out of range for {_dtype_range(dt)}"
@@ -283,10 +285,7 @@ def report_value(v: Any, dt: np.dtype) -> tuple[Any, str | None]:
             return None, f"{_shown(v)} is not {what}"
     elif isinstance(v, (int, np.integer)):
         if integer:
-            info = np.iinfo(dt)
-            if not info.min <= int(v) <= info.max:
-                return None, f"{_shown(v)} is out of range for {_dtype_range(dt)}"
-            return int(v), None
+            return _integer(v, int(v), dt)
         try:
             x = float(v)
         except OverflowError:
@@ -298,10 +297,7 @@ def report_value(v: Any, dt: np.dtype) -> tuple[Any, str | None]:
         if integer:
             if not np.isfinite(x) or not x.is_integer():
                 return None, f"{_shown(v)} is not an integer"
-            info = np.iinfo(dt)
-            if not info.min <= int(x) <= info.max:
-                return None, f"{_shown(v)} is out of range for {_dtype_range(dt)}"
-            return int(x), None
+            return _integer(v, int(x), dt)
     else:
         return None, f"{_shown(v)} ({type(v).__name__}) is not {what}"
     if not np.isfinite(x):

@@ -83,20 +83,20 @@ by default; ``csv_options={'max_record_bytes': N}`` changes it, up to 2 GiB), wh
 record up to that size. A record longer than the cap is refused when the parser reaches it: the
 rest of that file becomes one "unreadable input" dead letter whose reason names the cap, the
 file and the first data row not read (the long record is at or after it), with its ``rows``
-counted as above. The count itself keeps no
-record: lines and fields of up to :data:`COUNT_LINE_CHARS` (1 Mi) characters go through the
-``csv`` module, and a file with a longer one is counted by a streaming pass over the same record
-boundaries (:func:`tolerant_count`), so its memory does not grow with the record. The header
-line is read up to ``max_record_bytes`` characters too (a longer one: an error naming the file).
-Measured (2026-11, a CSV of a header, two short rows, one 1 GiB line of digits and a last row,
-read by ``ReadTable`` in one process with Beam imported): peak RSS 0.75 GB (pyarrow's 64 MiB
-blocks about 0.45 GB of it), 10.6 s, one dead letter for the long row and the row after it
-(issue 23 reported the former reader, whose count held the whole line, past 2 GiB in 4 s). Parquet
+counted as above. The count itself keeps no record: lines and fields of up to
+:data:`COUNT_LINE_CHARS` (1 Mi) characters go through the ``csv`` module, and a file with a
+longer one is counted by a streaming pass over the same record boundaries
+(:func:`tolerant_count`), so its memory does not grow with the record. The header line is read
+up to ``max_record_bytes`` characters too (a longer one: an error naming the file). Measured
+(2026-11, a CSV of a header, two short rows, one 1 GiB line of digits and a last row, read by
+``ReadTable`` in one process with Beam imported): peak RSS 0.75 GB (pyarrow's 64 MiB blocks
+about 0.45 GB of it), 10.6 s, one dead letter for the long row and the row after it. Parquet
 pages are checked against their CRC where the writer stored one.
 """
 from __future__ import annotations
 
 import codecs
+import contextlib
 import csv
 import glob
 import gzip
@@ -143,8 +143,6 @@ class EmptySourceError(SourceError):
     """A database table or query that returns no rows (``allow_empty=True`` runs it anyway)."""
 
 
-TABLE_SUFFIXES = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv", ".csv.gz": "csv",
-                  ".txt": "csv"}
 HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
 _GLOB_CHARS = "*?["
 
@@ -253,7 +251,7 @@ def list_input(pattern: str, flags: Sequence[str] = ()) -> InputListing:
     files: list[InputFile] = []
     parts: list[dict] = []
     # a glob's matches are named by their path below the glob's fixed folder (the base name
-    # for a glob in one folder, as before), so day=*/part-0.parquet names stay distinct
+    # for a glob in one folder), so day=*/part-0.parquet names stay distinct
     cut = min([pattern.index(c) for c in _GLOB_CHARS if c in pattern], default=-1)
     glob_base = pattern[:pattern.rfind("/", 0, cut) + 1] if cut >= 0 else None
     for path in paths:
@@ -264,13 +262,12 @@ def list_input(pattern: str, flags: Sequence[str] = ()) -> InputListing:
         else:
             rel = os.path.basename(path.rstrip("/"))
         segments = rel.split("/") if is_remote(path) else rel.split(os.sep)
-        base = segments[-1]
         if (not is_remote(path)) and os.path.isdir(path):
             continue
         if any(_hidden(s) for s in segments):
             skipped.append({"path": path, "reason": "hidden file (a name starts with '.' or '_')"})
             continue
-        if not is_table_file(base):
+        if not is_table_file(segments[-1]):
             skipped.append({"path": path, "reason": "not a table file (expected .parquet, .pq, "
                             ".csv, .csv.gz or .txt)"})
             continue
@@ -285,7 +282,7 @@ def list_input(pattern: str, flags: Sequence[str] = ()) -> InputListing:
                                          f"(folder {seg!r}); give the rows a value or move the "
                                          "file out of the input")
                     part[k] = v
-        files.append(InputFile(path, rel, ()))
+        files.append(InputFile(path, rel))
         parts.append(part)
     for s in skipped:
         log.warning("ldp-beam: input %s skipped: %s", s["path"], s["reason"])
@@ -307,9 +304,8 @@ def list_input(pattern: str, flags: Sequence[str] = ()) -> InputListing:
             fields.append(pa.field(k, pa.int64() if big else pa.int32()))
         else:
             fields.append(pa.field(k, pa.string()))
-    if keys:
-        files = [InputFile(f.path, f.name, tuple((k, p[k]) for k in keys))
-                 for f, p in zip(files, parts)]
+    files = [InputFile(f.path, f.name, tuple((k, p[k]) for k in keys))
+             for f, p in zip(files, parts)]
     if root is None:
         names: dict[int, str] = {}
         for f in files:
@@ -420,22 +416,8 @@ def check_null_values(null_values: Any) -> tuple[str, ...]:
     return tuple(dict.fromkeys(out))
 
 
-class _CsvFieldLimit:
-    """Set the ``csv`` module's field size limit (a process-wide setting) to ``limit``
-    characters for a ``with`` block."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit = int(limit)
-
-    def __enter__(self):
-        self.old = csv.field_size_limit(self.limit)
-
-    def __exit__(self, *exc):
-        csv.field_size_limit(self.old)
-
-
 class _LongLine(Exception):
-    """A line longer than the characters :func:`_bounded_lines` allows."""
+    """A line or field longer than the characters :func:`_capped_csv` allows."""
 
 
 def _bounded_lines(fh: Any, limit: int):
@@ -448,6 +430,23 @@ def _bounded_lines(fh: Any, limit: int):
         if len(line) > limit:
             raise _LongLine(limit)
         yield line
+
+
+@contextlib.contextmanager
+def _capped_csv(path: str, opts: CsvOptions, flags: Sequence[str], limit: int):
+    """A ``csv.reader`` over the file whose lines and fields may be at most ``limit``
+    characters: a longer one raises :class:`_LongLine` before more of it is read. The ``csv``
+    module's field size limit (a process-wide setting) is ``limit`` within the block."""
+    old = csv.field_size_limit(limit)
+    try:
+        with opts.open_text(path, flags) as fh:
+            yield csv.reader(_bounded_lines(fh, limit), **opts.python_dialect())
+    except csv.Error as exc:
+        if "field limit" not in str(exc):
+            raise
+        raise _LongLine(limit) from None
+    finally:
+        csv.field_size_limit(old)
 
 
 #: lines and fields up to this many characters are counted by the ``csv`` module (fast); a
@@ -463,11 +462,9 @@ def csv_header(path: str, options: CsvOptions | None = None, flags: Sequence[str
     opts = options or CsvOptions()
     cap = opts.max_record_bytes
     try:
-        with _CsvFieldLimit(cap), opts.open_text(path, flags) as fh:
-            return next(csv.reader(_bounded_lines(fh, cap), **opts.python_dialect()), [])
-    except (_LongLine, csv.Error) as exc:
-        if isinstance(exc, csv.Error) and "field limit" not in str(exc):
-            raise
+        with _capped_csv(path, opts, flags, cap) as records:
+            return next(records, [])
+    except _LongLine:
         raise ValueError(f"{path}: line 1 (the header) is a record longer than "
                          f"max_record_bytes = {cap:,} characters; a CSV record is read only "
                          "up to that size (raise csv_options['max_record_bytes'] to read it)"
@@ -485,12 +482,9 @@ def tolerant_count(path: str, options: CsvOptions | None = None, flags: Sequence
     Raises if the file cannot be parsed at all."""
     opts = options or CsvOptions()
     try:
-        with _CsvFieldLimit(COUNT_LINE_CHARS), opts.open_text(path, flags) as fh:
-            n = sum(1 for _ in csv.reader(_bounded_lines(fh, COUNT_LINE_CHARS),
-                                          **opts.python_dialect()))
-    except (_LongLine, csv.Error) as exc:
-        if isinstance(exc, csv.Error) and "field limit" not in str(exc):
-            raise
+        with _capped_csv(path, opts, flags, COUNT_LINE_CHARS) as records:
+            n = sum(1 for _ in records)
+    except _LongLine:
         with opts.open_text(path, flags) as fh:
             n = _count_records(fh, opts)
     return max(n - 1, 0)
@@ -717,22 +711,6 @@ def count_rows(path: str, csv_options: Mapping[str, Any] | CsvOptions | None = N
 
 
 # --------------------------------------------------------------------------- the tally
-def reader_rows(dead: Mapping[str, Any]) -> tuple[str, int | None] | None:
-    """``(kind, rows)`` of a reader dead letter (kind ``"unreadable"`` or ``"malformed"``), or
-    None for any other dead letter."""
-    if "rows" not in dead:
-        return None
-    reason = str(dead.get("reason", ""))
-    if reason.startswith(UNREADABLE):
-        kind = "unreadable"
-    elif reason.startswith(MALFORMED):
-        kind = "malformed"
-    else:
-        return None
-    rows = dead["rows"]
-    return kind, (None if rows is None else int(rows))
-
-
 def reader_tally(dead_letters: Iterable[Mapping[str, Any]]) -> dict:
     """Add up what the reader's dead letters stand for (other dead letters are skipped).
 
@@ -743,11 +721,11 @@ def reader_tally(dead_letters: Iterable[Mapping[str, Any]]) -> dict:
     """
     malformed = unreadable_rows = parts = uncounted = 0
     for d in dead_letters:
-        got = reader_rows(d)
-        if got is None:
+        reason = str(d.get("reason", ""))
+        if "rows" not in d or not reason.startswith((UNREADABLE, MALFORMED)):
             continue
-        kind, rows = got
-        if kind == "malformed":
+        rows = None if d["rows"] is None else int(d["rows"])
+        if reason.startswith(MALFORMED):
             malformed += 1 if rows is None else rows
             continue
         parts += 1
@@ -915,12 +893,15 @@ class ReadUnitFn(DeadLetteringFn):
         self.csv = csv_settings(csv_options)
         self.partition_fields = list(partition_fields)
         self.flags = tuple(flags)  # Beam arguments for remote FileSystems (s3 endpoint, ...)
-        self._setup_metrics()
+        self.n_read = Metrics.counter("ldp_beam", "input_rows_read")
+        self.n_malformed = Metrics.counter("ldp_beam", "input_rows_malformed")
+        self.n_unreadable_rows = Metrics.counter("ldp_beam", "input_rows_unreadable")
+        self.n_unreadable = Metrics.counter("ldp_beam", "input_parts_unreadable")
+        self.n_files_unreadable = Metrics.counter("ldp_beam", "files_unreadable")
+        self.n_uncounted = Metrics.counter("ldp_beam", "input_parts_uncounted")
 
     def _with_partition(self, table: Any, unit: ReadUnit) -> Any:
         """Hive partition values as constant columns (after the file's own)."""
-        if not unit.partition:
-            return table
         values = dict(unit.partition)
         cols, names = list(table.columns), list(table.schema.names)
         for field in self.partition_fields:
@@ -929,14 +910,6 @@ class ReadUnitFn(DeadLetteringFn):
             cols.append(pa.array([v] * table.num_rows, type=field.type))
             names.append(field.name)
         return pa.RecordBatch.from_arrays(cols, names=names)
-
-    def _setup_metrics(self) -> None:
-        self.n_read = Metrics.counter("ldp_beam", "input_rows_read")
-        self.n_malformed = Metrics.counter("ldp_beam", "input_rows_malformed")
-        self.n_unreadable_rows = Metrics.counter("ldp_beam", "input_rows_unreadable")
-        self.n_unreadable = Metrics.counter("ldp_beam", "input_parts_unreadable")
-        self.n_files_unreadable = Metrics.counter("ldp_beam", "files_unreadable")
-        self.n_uncounted = Metrics.counter("ldp_beam", "input_parts_uncounted")
 
     def outputs(self, unit: ReadUnit):
         """The unit's batches and dead letters, in the order read."""
@@ -1214,20 +1187,18 @@ class ReadUnitFn(DeadLetteringFn):
         """Consecutive rows as text: batches of at most ``batch_rows``, rows whose cells are not
         valid UTF-8 dead-lettered in between."""
         out: list = []
-        cols, bad = [], None
-        for col in seg.columns:
+        cols, bad = [], {}  # bad: row -> the first column whose cell is not valid UTF-8
+        for name, col in zip(names, seg.columns):
             try:
                 cols.append(col.cast(pa.string()))
             except pa.ArrowInvalid:
-                vals = col.to_pylist()
                 ok = []
-                for i, v in enumerate(vals):
+                for i, v in enumerate(col.to_pylist()):
                     try:
                         ok.append(None if v is None else v.decode("utf-8"))
                     except UnicodeDecodeError:
                         ok.append(None)
-                        bad = set() if bad is None else bad
-                        bad.add(i)
+                        bad.setdefault(i, name)
                 cols.append(pa.array(ok, type=pa.string()))
         table = pa.RecordBatch.from_arrays(cols, names=names)
         if bad:
@@ -1240,9 +1211,8 @@ class ReadUnitFn(DeadLetteringFn):
                 if i < table.num_rows:
                     cells = {k: (None if v is None else v.decode("utf-8", "backslashreplace"))
                              for k, v in raw[i].items()}
-                    which = [k for k, v in raw[i].items() if v is not None and not _utf8(v)]
                     out.append(self._malformed(
-                        path, first + i, f"column {which[0]!r} is not valid UTF-8 (its bytes "
+                        path, first + i, f"column {bad[i]!r} is not valid UTF-8 (its bytes "
                         "shown as \\xNN)", cells))
                 start = i + 1
             return out
@@ -1251,14 +1221,6 @@ class ReadUnitFn(DeadLetteringFn):
     def _chunks(self, table: pa.RecordBatch, first: int, stream: int, path: str) -> list:
         return [self._batch(stream, first + s, table.slice(s, self.batch_rows), path)
                 for s in range(0, table.num_rows, self.batch_rows)]
-
-
-def _utf8(b: bytes) -> bool:
-    try:
-        b.decode("utf-8")
-        return True
-    except UnicodeDecodeError:
-        return False
 
 
 def beam_flags(options: Any = None) -> tuple[str, ...]:

@@ -19,7 +19,7 @@ from .io import (DEFAULT_BATCH_ROWS, DEFAULT_NULL_VALUES, ReadUnitFn, beam_flags
                  plan_units)
 from .perturb import dead_letter_outputs
 from .runners import one_local_worker
-from .sources import is_source_url, open_source
+from .sources import ReadSourceFn, is_source_url, open_source
 
 
 class ReadTable(beam.PTransform):
@@ -85,7 +85,7 @@ class ReadTable(beam.PTransform):
                                       allow_empty=allow_empty)
             self.kind = self.source.kind
             self.source_name = self.source.name
-            self.fn = self.source.read_fn(batch_rows, null_values)
+            self.fn = ReadSourceFn(self.source, batch_rows, null_values)
             self.units = list(self.source.units)
             self._schema = self.source.schema
             self.null_values = self.fn.null_values
@@ -133,8 +133,8 @@ class ReadTable(beam.PTransform):
 
     def expand(self, pbegin):
         # beam.Create reshuffles its elements itself when it has more than one (MaybeReshuffle),
-        # which spreads the units over workers; a second Reshuffle only added a stage. With one
-        # worker there is nothing to spread over: no reshuffle (four steps and a shuffle fewer)
+        # which spreads the units over workers (a Reshuffle of our own would only add a stage).
+        # With one worker there is nothing to spread over: no reshuffle (4 steps, 1 shuffle fewer)
         units = pbegin | "Units" >> beam.Create(
             self.units, reshuffle=not one_local_worker(pbegin.pipeline))
         return dead_letter_outputs(units, "Read", self.fn, "batches")

@@ -24,22 +24,16 @@ from apache_beam.typehints.schemas import named_fields_from_element_type
 
 from ldp_beam.core import Estimate, Mechanism
 
-from .batches import EstimateFailure
-
-
-def is_named_row(element: Any) -> bool:
-    """A ``beam.Row`` or a NamedTuple instance (a schema'd row of a Beam user)."""
-    if isinstance(element, beam.Row):
-        return True
-    return isinstance(element, tuple) and hasattr(element, "_asdict") and \
-        hasattr(type(element), "_fields")
+from .batches import EstimateFailure, is_batch
 
 
 def as_record(element: Any) -> dict | None:
-    """The fields of a ``beam.Row`` or NamedTuple as a dict; None for anything else."""
+    """The fields of a ``beam.Row`` or NamedTuple as a dict (a schema'd row of a Beam user);
+    None for anything else."""
     if isinstance(element, beam.Row):
         return dict(element.as_dict())
-    if is_named_row(element):
+    if isinstance(element, tuple) and hasattr(element, "_asdict") and \
+            hasattr(type(element), "_fields"):
         return dict(element._asdict())
     return None
 
@@ -133,8 +127,7 @@ class ReportsAsRows(beam.DoFn):
         if isinstance(element, (pa.RecordBatch, pa.Table)):
             cols = {c: element.column(c).to_pylist() for c in names}
             n = element.num_rows
-        elif isinstance(element, Mapping) and element and all(
-                isinstance(v, np.ndarray) and v.ndim == 1 for v in element.values()):
+        elif isinstance(element, Mapping) and is_batch(element):
             cols = {c: np.asarray(element[c]).tolist() for c in names}
             n = len(next(iter(cols.values()))) if cols else 0
         else:

@@ -71,6 +71,7 @@ at a time; a database table is written in one transaction).
 """
 from __future__ import annotations
 
+import contextlib
 import io
 import math
 import os
@@ -327,9 +328,9 @@ def tidy_rows(estimate: Mapping[str, Any], group_key: Any = None, window: Any = 
                                "y_label": None if yl is None else str(yl[j])})
                      for i in range(shape[0]) for j in range(shape[1])]
         for idx, labels in cells:
-            v = _cell(value, idx) if idx else value
-            s = _cell(se, idx) if idx else se
-            c = _cell(clipped, idx) if idx else clipped
+            v = _cell(value, idx)
+            s = _cell(se, idx)
+            c = _cell(clipped, idx)
             row = dict(base)
             row.update(labels)
             row["statistic"] = name
@@ -459,17 +460,18 @@ def _table_setting(url: str) -> str:
     return table
 
 
+#: how a tidy table is written as a whole file, by format
+_FILE_WRITERS = {"parquet": pq.write_table, "csv": pacsv.write_csv}
+
+
 def tidy_bytes(rows: Iterable[Mapping[str, Any]] | pa.Table, fmt: str) -> bytes:
     """Tidy rows encoded as a whole ``parquet`` or ``csv`` file (for a writer that puts the
     bytes somewhere itself, e.g. a run's staging folder on an object store)."""
     table = rows if isinstance(rows, pa.Table) else tidy_table(rows)
-    buf = io.BytesIO()
-    if fmt == "parquet":
-        pq.write_table(table, buf)
-    elif fmt == "csv":
-        pacsv.write_csv(table, buf)
-    else:
+    if fmt not in _FILE_WRITERS:
         raise ParameterError("fmt", fmt, "parquet or csv")
+    buf = io.BytesIO()
+    _FILE_WRITERS[fmt](table, buf)
     return buf.getvalue()
 
 
@@ -560,12 +562,9 @@ def write_tidy(rows: Iterable[Mapping[str, Any]] | pa.Table, url: str,
         raise ParameterError("mode", mode, f"one of {WRITE_MODES}")
     table = rows if isinstance(rows, pa.Table) else tidy_table(rows)
     fmt = tidy_format(url)
-    if fmt == "parquet":
+    if fmt in _FILE_WRITERS:
         with fs_open(url, "w") as fh:
-            pq.write_table(table, fh)
-    elif fmt == "csv":
-        with fs_open(url, "w") as fh:
-            pacsv.write_csv(table, fh)
+            _FILE_WRITERS[fmt](table, fh)
     elif fmt == "duckdb":
         _write_duckdb(table, url, mode)
     elif fmt == "postgresql":
@@ -605,10 +604,8 @@ def _write_duckdb(table: pa.Table, url: str, mode: str) -> None:
             con.execute(f"INSERT INTO {t} BY NAME SELECT * FROM __ldp_tidy")
         con.execute("COMMIT")
     except Exception as exc:  # noqa: BLE001
-        try:
+        with contextlib.suppress(Exception):
             con.execute("ROLLBACK")
-        except Exception:  # noqa: BLE001
-            pass
         if isinstance(exc, SourceError):
             raise
         raise SourceError(f"{redact(url)}: writing table {name} failed: "
@@ -648,10 +645,8 @@ def _write_postgres(table: pa.Table, url: str, mode: str) -> None:
         con.commit()
         cur.close()
     except Exception as exc:  # noqa: BLE001
-        try:
+        with contextlib.suppress(Exception):
             con.rollback()
-        except Exception:  # noqa: BLE001
-            pass
         if isinstance(exc, SourceError):
             raise
         raise SourceError(f"{redact(url)}: writing table {name} failed: "

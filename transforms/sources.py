@@ -78,6 +78,7 @@ it stands for, exactly as for files, so counts reconcile.
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
 import math
 import os
@@ -182,10 +183,6 @@ def _plain_schema(schema: pa.Schema) -> pa.Schema:
     return pa.schema([pa.field(f.name, f.type, f.nullable) for f in schema])
 
 
-def _plain_batch(b: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
-    return pa.RecordBatch.from_arrays(list(b.columns), schema=schema)
-
-
 @dataclass(frozen=True)
 class SourceUnit:
     """One work unit of a database source: ``sql`` (or an Iceberg data file in ``path``) read by
@@ -208,6 +205,12 @@ class Source:
     ``stream`` (the name keying its records) and ``rows`` (counted when planned)."""
 
     kind = ""
+    #: attributes that stay in their process (connections, a loaded table): a pickled copy
+    #: starts again from these values
+    _process_local: dict = {}
+
+    def __getstate__(self):
+        return {**self.__dict__, **{k: copy.copy(v) for k, v in self._process_local.items()}}
 
     def __init__(self, url: str, settings: dict, allow_empty: bool) -> None:
         self.url = url
@@ -220,9 +223,9 @@ class Source:
             raise SourceError(f"{self.name}: give exactly one of table=NAME or query=SELECT ...")
         if table is not None:
             quote_ident(table)
-        if query is not None and not query.strip():
-            raise SourceError(f"{self.name}: the query is empty")
         if query is not None:
+            if not query.strip():
+                raise SourceError(f"{self.name}: the query is empty")
             query = self._check_query(query)
         self.table, self.query = table, query
         self.units: list[SourceUnit] = []
@@ -248,10 +251,6 @@ class Source:
 
     def close(self) -> None:
         pass
-
-    def read_fn(self, batch_rows: int = DEFAULT_BATCH_ROWS,
-                null_values: Sequence[str] = DEFAULT_NULL_VALUES) -> "ReadSourceFn":
-        return ReadSourceFn(self, batch_rows, null_values)
 
     # -- shared planning for queries (and tables with order_by)
     def _relation(self) -> str:
@@ -288,6 +287,7 @@ class Source:
 # --------------------------------------------------------------------------- DuckDB
 class DuckDBSource(Source):
     kind = "duckdb"
+    _process_local = {"_con": None}
 
     def __init__(self, url: str, settings: dict, allow_empty: bool) -> None:
         self.path = url_file(url)
@@ -398,11 +398,6 @@ class DuckDBSource(Source):
             self._con.close()
             self._con = None
 
-    def __getstate__(self):
-        state = dict(self.__dict__)
-        state["_con"] = None  # a connection stays in its process
-        return state
-
 
 #: every DuckDB source connection: read-only (``read_only=True``), and nothing outside the
 #: database file is read or written (no COPY TO/FROM a file, no read_csv('/etc/...'), no ATTACH,
@@ -479,12 +474,13 @@ class PostgresSource(Source):
     On a machine busy with other work, wall time follows CPU seconds and the ratio tends to
     the CPU ratio, 5.55 / 1.78 = 3.1x (measured 2.2-3.0x at load 5-10). At 10^6 rows the
     floor is (1.40 + 0.28) / 2 = 0.84 s, well within 1.5x of Parquet's ~1.1 s (measured
-    1.22x, 1.31x with the reader before the threads). The threads overlap; they do not remove
-    work: the read alone (no Beam, 10^7 rows) took 3.6 s instead of 4.6 s at the same 1.4-1.5
-    client CPU seconds. More cores (or a server on another machine) lift the limit: then
-    only the client's 3.24 s remain on the client."""
+    1.22x). The threads overlap; they do not remove work: the read alone (no Beam, 10^7 rows)
+    took 3.6 s instead of 4.6 s at the same 1.4-1.5 client CPU seconds. More cores (or a
+    server on another machine) lift the limit: then only the client's 3.24 s remain on the
+    client."""
 
     kind = "postgresql"
+    _process_local = {"_con": None, "_pool": []}
 
     def __init__(self, url: str, settings: dict, allow_empty: bool, libpq: list) -> None:
         parts = urlsplit(url.split("?", 1)[0])
@@ -731,11 +727,8 @@ class PostgresSource(Source):
         try:
             for r in readers:
                 for b in r:
-                    if b.num_rows <= batch_rows:
-                        yield b
-                    else:
-                        for s in range(0, b.num_rows, batch_rows):
-                            yield b.slice(s, batch_rows)
+                    for s in range(0, b.num_rows, batch_rows):
+                        yield b.slice(s, batch_rows)
         finally:
             for r in readers:
                 r.cancel()
@@ -753,12 +746,6 @@ class PostgresSource(Source):
                 self._con.close()
             finally:
                 self._con = None
-
-    def __getstate__(self):
-        state = dict(self.__dict__)
-        state["_con"] = None  # connections stay in their process
-        state["_pool"] = []
-        return state
 
 
 _COUNT_BATCH = 256  # page ranges counted per planning statement
@@ -975,6 +962,7 @@ def _pg_error(exc: BaseException) -> str:
 # --------------------------------------------------------------------------- Iceberg
 class IcebergSource(Source):
     kind = "iceberg"
+    _process_local = {"_table": None}
 
     def __init__(self, url: str, settings: dict, allow_empty: bool) -> None:
         rest = url_file(url)
@@ -1093,11 +1081,6 @@ class IcebergSource(Source):
             for s in range(0, b.num_rows, batch_rows):
                 yield b.slice(s, batch_rows)
 
-    def __getstate__(self):
-        state = dict(self.__dict__)
-        state["_table"] = None
-        return state
-
 
 # --------------------------------------------------------------------------- opening
 def open_source(url: str, *, table: str | None = None, query: str | None = None,
@@ -1155,18 +1138,17 @@ class ReadSourceFn(ReadUnitFn):
                     continue
                 if unit.ids:
                     ids = b.column(0).to_numpy(zero_copy_only=False).astype(np.int64)
-                    b = b.drop_columns([RECORD_COLUMN]) if hasattr(b, "drop_columns") \
-                        else pa.RecordBatch.from_arrays(b.columns[1:], b.schema.names[1:])
+                    b = pa.RecordBatch.from_arrays(b.columns[1:], schema=schema)  # ids dropped
                     if ids.size > 1 and not (np.diff(ids) > 0).all():
                         order = np.argsort(ids, kind="stable")
                         ids, b = ids[order], b.take(pa.array(order))
-                    table = self._null_tokens(_plain_batch(b, schema))
+                    table = self._null_tokens(b)
                     contiguous = ids[-1] - ids[0] == ids.size - 1
                     out = KeyedBatch(stream, int(ids[0]), table, self.source.name,
                                      None if contiguous else ids)
                     last = int(ids[-1])
                 else:
-                    table = self._null_tokens(_plain_batch(b, schema))
+                    table = self._null_tokens(pa.RecordBatch.from_arrays(b.columns, schema=schema))
                     out = KeyedBatch(stream, unit.offset + emitted, table, self.source.name)
                 self.n_read.inc(table.num_rows)
                 emitted += table.num_rows

@@ -18,9 +18,6 @@ from apache_beam.io.filesystems import FileSystems
 
 from ldp_beam.jsonio import json_line as to_json_line
 
-def _to_table(batch: Any) -> pa.Table:
-    return batch if isinstance(batch, pa.Table) else pa.Table.from_batches([batch])
-
 
 #: where a single-file write stages its part files: ``PATH`` + this + ``/part-UUID.parquet``
 PARTS_SUFFIX = ".ldp-beam-parts"
@@ -90,7 +87,7 @@ class _WritePartFn(beam.DoFn):
         if self.schema is None:
             self.fh.write(element.encode("utf-8") + b"\n")
         else:
-            table = _to_table(element)
+            table = element if isinstance(element, pa.Table) else pa.Table.from_batches([element])
             if not table.schema.equals(self.schema, check_metadata=False):
                 table = table.cast(self.schema)
             self.writer.write_table(table)
@@ -103,9 +100,8 @@ class _WritePartFn(beam.DoFn):
         self.fh = self.writer = None
 
 
-#: how parts and joined files are encoded: as Beam's Parquet sink wrote the reports before
-#: (uncompressed, dictionary-encoded: a report column of a few codes takes a few bits a row;
-#: without dictionaries the reports were 6-27x larger)
+#: how parts and joined files are encoded: uncompressed, dictionary-encoded (a report column
+#: of a few codes takes a few bits a row; without dictionaries the reports were 6-27x larger)
 _PARQUET_ENCODING = {"compression": "none", "use_dictionary": True}
 
 
