@@ -198,6 +198,11 @@ def run_demo_stream(out_dir: str | None = None, epsilon: float = 3.0, seed: Any 
         starts = [(first_us + k * window_us) / 1e6 for k in range(windows)]
         give_up = devices.end_us / 1e6 + LAG + 30.0
 
+        def show(start: float, row: dict, note: str = "") -> None:
+            truth = devices.truth.get(int(round(start * 1e6)))
+            printed[start] = {"estimate": row, "truth": truth}
+            w("\n" + "\n".join(window_lines(row, truth)) + note)
+
         def watch() -> None:
             """Print each window once its estimate is out; stop the collector after the
             last one (or when it is overdue, or the devices failed)."""
@@ -206,9 +211,7 @@ def run_demo_stream(out_dir: str | None = None, epsilon: float = 3.0, seed: Any 
                 for start in starts:
                     if start in rows and start not in printed and \
                             time.time() >= start + window_seconds:
-                        truth = devices.truth.get(int(round(start * 1e6)))
-                        printed[start] = {"estimate": rows[start], "truth": truth}
-                        w("\n" + "\n".join(window_lines(rows[start], truth)))
+                        show(start, rows[start])
                 if len(printed) == windows or time.time() > give_up or (
                         devices.error is not None):
                     stop.set()
@@ -238,12 +241,9 @@ def run_demo_stream(out_dir: str | None = None, epsilon: float = 3.0, seed: Any 
     rows = _last_panes(estimates)  # a window released at the stop, not printed yet
     for start in starts:
         if start in rows and start not in printed:
-            truth = devices.truth.get(int(round(start * 1e6)))
-            printed[start] = {"estimate": rows[start], "truth": truth}
             early = stopped_at < start + window_seconds + LAG
-            w("\n" + "\n".join(window_lines(rows[start], truth)) + (
-                "\n  (released by the stop while the window was open: its last reports had "
-                "not landed yet)" if early else ""))
+            show(start, rows[start], "\n  (released by the stop while the window was open: its "
+                 "last reports had not landed yet)" if early else "")
     records = summary.get("records", {})
     lander = summary.get("lander", {})
     estimated = sum(p["estimate"].get("n_reports", 0) for p in printed.values())

@@ -57,10 +57,7 @@ def run_pubsub_stream(subscription: str, output_dir: str, mechanism: Mechanism, 
                          "spool_dir: do not pass spool= or subscription=")
     spool = os.path.abspath(spool_dir or os.path.join(output_dir, "spool"))
     os.makedirs(output_dir, exist_ok=True)
-    say = None
-    if progress:
-        def say(msg: str) -> None:
-            print(msg, file=sys.stderr, flush=True)
+    say = (lambda msg: print(msg, file=sys.stderr, flush=True)) if progress else None
     stop = stop or threading.Event()
     if stream_kwargs.get("dataset") is None:  # in the ledger: the subscription, not its landing
         stream_kwargs["dataset"] = f"pubsub://{subscription}"
@@ -73,44 +70,25 @@ def run_pubsub_stream(subscription: str, output_dir: str, mechanism: Mechanism, 
         if stream_kwargs.get("once"):  # a bounded run: the backlog landed, read once
             summary = run_stream(output_dir, mechanism, spool=spool, duration=duration,
                                  stop=stop, progress=progress, **stream_kwargs)
-            summary["lander"] = asdict(lander.stats)
-            summary["spool"] = spool
-            summary["delivery"] = DELIVERY
-            _rewrite(output_dir, summary)
-            return summary
-        thread = threading.Thread(target=_land, args=(lander, stop, failure),
-                                  name="ldp-beam-lander", daemon=True)
-        thread.start()
-        try:
-            summary = run_stream(output_dir, mechanism, spool=spool, duration=duration,
-                                 stop=stop, progress=progress, **stream_kwargs)
-        finally:
-            lander.stop()
-            thread.join(timeout=lander.pull_timeout + lander.gather_seconds
-                        + lander.ack_timeout * 2 + 10)
+        else:
+            thread = threading.Thread(target=_land, args=(lander, stop, failure),
+                                      name="ldp-beam-lander", daemon=True)
+            thread.start()
+            try:
+                summary = run_stream(output_dir, mechanism, spool=spool, duration=duration,
+                                     stop=stop, progress=progress, **stream_kwargs)
+            finally:
+                lander.stop()
+                thread.join(timeout=lander.pull_timeout + lander.gather_seconds
+                            + lander.ack_timeout * 2 + 10)
     finally:
         lander.close()
-    summary["lander"] = asdict(lander.stats)
-    summary["spool"] = spool
-    summary["delivery"] = DELIVERY
-    _rewrite(output_dir, summary)
+    # the run's summary file again, with the lander's counts and the delivery guarantee
+    summary.update(lander=asdict(lander.stats), spool=spool, delivery=DELIVERY)
+    write_json(os.path.join(output_dir, SUMMARY), summary)
     if failure:
         raise LanderError(f"the lander stopped the stream: {failure[0]}") from failure[0]
     return summary
-
-
-def _rewrite(output_dir: str, summary: dict) -> None:
-    """The run's summary file, with the lander's counts and the delivery guarantee."""
-    write_json(os.path.join(output_dir, SUMMARY), summary)
-
-
-def ack_deadline(lander: Lander) -> float | None:
-    """The subscription's ack deadline in seconds (None if it cannot be read)."""
-    try:
-        sub = lander._client().get_subscription(subscription=lander.subscription, timeout=10)
-        return float(sub.ack_deadline_seconds)
-    except Exception:  # a missing permission: the check below is advice, not a condition
-        return None
 
 
 def _check_lag(lander: Lander, kw: Mapping[str, Any], say: Any) -> None:
@@ -118,9 +96,13 @@ def _check_lag(lander: Lander, kw: Mapping[str, Any], say: Any) -> None:
     ack deadline; to be on time in their windows after a restart, the watermark lag plus the
     allowed lateness must cover it. Say so when it does not (they would be dead-lettered as
     too late: counted, not lost)."""
-    deadline = ack_deadline(lander)
+    try:
+        sub = lander._client().get_subscription(subscription=lander.subscription, timeout=10)
+        deadline = float(sub.ack_deadline_seconds)
+    except Exception:  # a missing permission: this check is advice, not a condition
+        return
     cover = float(kw.get("watermark_lag") or 0.0) + float(kw.get("allowed_lateness") or 0.0)
-    if say is not None and deadline is not None and cover < deadline and not kw.get("once"):
+    if say is not None and cover < deadline and not kw.get("once"):
         say(f"ldp-beam stream: note: the subscription's ack deadline is {deadline:g}s and "
             f"--watermark-lag plus --allowed-lateness is {cover:g}s: after a crash, messages "
             "the dead collector had pulled come back up to that late and are dead-lettered as "

@@ -108,13 +108,15 @@ privacy unit, the records of every window's last pane = estimated + bounded out 
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import signal
 import threading
 import time
-from typing import Any, Iterable, Mapping
+from collections import Counter
+from typing import Any, Iterable, Iterator, Mapping
 
 import apache_beam as beam
 from apache_beam.utils.timestamp import Duration
@@ -122,7 +124,8 @@ from apache_beam.utils.timestamp import Duration
 from ldp_beam.core import CentralRelease, Mechanism
 from ldp_beam.longitudinal import UnitState, UnitStateError
 from ldp_beam.transforms.sources import redact
-from ldp_beam.transforms.stream_results import check_results, open_results, unsettled_rows
+from ldp_beam.transforms.stream_results import (check_results, jsonl_rows, open_results,
+                                                unsettled_rows)
 from ldp_beam.transforms.spool import (ReadSpoolOnce, SpoolDirectory, SpoolSource, WindowClock,
                                        event_micros, iso)
 from ldp_beam.transforms.windowed import (CURATOR, ESTIMATES, DEAD_LETTERS, LEDGER_FILE, SUMMARY,
@@ -138,25 +141,12 @@ from .stream_account import StreamAccount, settle_or_say
 
 def prior_releases(path: str) -> dict[int, int]:
     """Releases per window start (µs) already in an estimates file (every run's)."""
-    out: dict[int, int] = {}
-    if not os.path.exists(path):
-        return out
-    with open(path) as fh:
-        for line in fh:
-            if line.strip():
-                row = json.loads(line)
-                if "release" in row:
-                    key = int(round(row["window_start_epoch"] * 1e6))
-                    out[key] = out.get(key, 0) + 1
-    return out
+    return dict(Counter(int(round(row["window_start_epoch"] * 1e6)) for row in jsonl_rows(path)
+                        if "release" in row))
 
 
 def _read_run(path: str, run_id: str) -> list[dict]:
-    if not os.path.exists(path):
-        return []
-    with open(path) as fh:
-        rows = (json.loads(line) for line in fh if line.strip())
-        return [r for r in rows if r.get("run") == run_id]
+    return [r for r in jsonl_rows(path) if r.get("run") == run_id]
 
 
 def summarize(out_dir: str, run_id: str, records_read: int | None = None,
@@ -326,10 +316,8 @@ def run_stream(output_dir: str, mechanism: Mechanism, *, spool: str | None = Non
     args = runner_args(beam_args)
     stop = stop or threading.Event()
     clock = WindowClock(window_seconds, allowed_lateness)
-    spool_dir = SpoolDirectory(spool, clock, timestamp_field, unit_field, unit_key) \
+    spool_dir = SpoolDirectory(spool, clock, timestamp_field, unit_field, unit_key).open() \
         if spool else None
-    if spool_dir is not None:
-        spool_dir.open()
     account: StreamAccount | None = None
 
     def say_always(m: str) -> None:  # a ledger left unsettled is said even with progress off
@@ -371,7 +359,7 @@ def run_stream(output_dir: str, mechanism: Mechanism, *, spool: str | None = Non
             mechanism, window_seconds, 0.0 if once else allowed_lateness,
             None if once else early_seconds, releases_per_window, columns, options, prior,
             unit=unit, run_id=run_id, unit_hashed=True)
-        log = (lambda m: say(f"ldp-beam stream: {m}")) if progress else (lambda m: None)
+        log = say_always if progress else (lambda m: None)
         account = run.stream_account(out_dir, mechanism, estimate.stream_guarantee,
                                      unit).open()
         if account.cap_from_budget is not None:
@@ -429,7 +417,8 @@ def run_stream(output_dir: str, mechanism: Mechanism, *, spool: str | None = Non
             + ("" if once or duration else "; Ctrl-C stops cleanly"))
 
         if central:
-            log(_range_line(once, range_start, range_end, start_us is not None))
+            rule = _range_line(once, range_start, range_end, start_us is not None)
+            log(rule)
             if continued is not None and start_us is None:
                 log(f"continuing the release range of run {continued['run']} (recorded in "
                     f"{os.path.join(out_dir, RANGE_FILE)}): windows it left open at its stop "
@@ -491,8 +480,7 @@ def run_stream(output_dir: str, mechanism: Mechanism, *, spool: str | None = Non
             rr.update({"start": iso(range_start) if range_start is not None else None,
                        "end": iso(range_end) if range_end is not None else None,
                        "declared": {"start": start_us is not None, "end": end_us is not None},
-                       "rule": _range_line(once, range_start, range_end,
-                                           start_us is not None)})
+                       "rule": rule})
         summary["ledger"] = settle_or_say(
             account, say_always, published=summary["panes_published"] > 0)
         account = None
@@ -646,27 +634,21 @@ def until_stopped(stop: threading.Event, duration: float | None, log: Any,
     return wait
 
 
-class _stop_on_signals:
+@contextlib.contextmanager
+def _stop_on_signals(stop: threading.Event, log: Any, enabled: bool) -> Iterator[None]:
     """SIGINT/SIGTERM set ``stop`` (a clean stop: open windows fire, claimed files settle); a
     second SIGINT interrupts. Only on the main thread."""
-
-    def __init__(self, stop: threading.Event, log: Any, enabled: bool) -> None:
-        self.stop, self.log = stop, log
-        self.enabled = enabled and threading.current_thread() is threading.main_thread()
-        self.saved: dict = {}
-
-    def _handle(self, signum, frame):
-        self.log(f"{signal.Signals(signum).name}: stopping cleanly (open windows fire first; "
-                 "press Ctrl-C again to abort)")
-        self.stop.set()
+    def handle(signum, frame):
+        log(f"{signal.Signals(signum).name}: stopping cleanly (open windows fire first; "
+            "press Ctrl-C again to abort)")
+        stop.set()
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
-    def __enter__(self):
-        if self.enabled:
-            for s in (signal.SIGINT, signal.SIGTERM):
-                self.saved[s] = signal.signal(s, self._handle)
-        return self
-
-    def __exit__(self, *exc):
-        for s, h in self.saved.items():
+    saved = {}
+    if enabled and threading.current_thread() is threading.main_thread():
+        saved = {s: signal.signal(s, handle) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, h in saved.items():
             signal.signal(s, h)

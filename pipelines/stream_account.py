@@ -34,13 +34,13 @@ is recorded as ``stream:`` and the output folder (the deployment).
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 import socket
 from typing import Any, Mapping
 
 from ldp_beam.ledger import BUDGET_TOLERANCE, Ledger, canonical_location, check_dataset_name
+from ldp_beam.transforms.stream_results import jsonl_rows
 from ldp_beam.transforms.windowed import ESTIMATES, PrivacyUnit, StreamConfigError
 
 from .lifecycle import ledger_state
@@ -65,11 +65,7 @@ def published_before(out_dir: str) -> bool:
 
 def published_by(out_dir: str, run_id: str) -> bool:
     """Whether run ``run_id`` published a pane in ``out_dir``."""
-    path = os.path.join(out_dir, ESTIMATES)
-    if not os.path.exists(path):
-        return False
-    with open(path) as fh:
-        return any(line.strip() and json.loads(line).get("run") == run_id for line in fh)
+    return any(row.get("run") == run_id for row in jsonl_rows(os.path.join(out_dir, ESTIMATES)))
 
 
 class StreamAccount:

@@ -165,11 +165,6 @@ class LandStats:
     recovered: int = 0  # pending batches repaired at start-up
     seconds: float = 0.0  # time spent in land_once
 
-    @property
-    def rate(self) -> float:
-        """Messages landed and acknowledged per second of :meth:`Lander.land_once`."""
-        return self.messages / self.seconds if self.seconds > 0 else 0.0
-
 
 def _fsync_dir(path: str) -> None:
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))

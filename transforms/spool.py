@@ -150,7 +150,7 @@ import stat
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cached_property
 from datetime import datetime, timezone
 from typing import Any, Iterator
@@ -321,6 +321,10 @@ def _kind(mode: int) -> str:
     return "not a regular file"
 
 
+# read an entry itself, never through a symbolic link, and never wait for a pipe's writer
+_READ_FLAGS = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+
+
 class NotRegularFile(OSError):
     """A spool entry that is not a regular file (a symbolic link, a directory, a pipe...)."""
 
@@ -331,9 +335,8 @@ def open_regular(path: str):
     after ``fstat`` of what was opened (``O_NONBLOCK``, so that opening a pipe does not wait for
     a writer), so nothing can be swapped in between a check and the open. Raises
     :class:`NotRegularFile` saying what it is."""
-    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
     try:
-        fd = os.open(path, flags)
+        fd = os.open(path, _READ_FLAGS)
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise NotRegularFile(errno.ELOOP, "a symbolic link", path) from None
@@ -450,7 +453,6 @@ class ReadTally:
     skipped: int = 0
     lines: int = 0
     error: str = ""
-    extra: dict = field(default_factory=dict)
 
 
 WITHHELD = "<withheld: a privacy-unit stream does not copy a line it cannot parse, which may " \
@@ -536,17 +538,9 @@ class SpoolDirectory:
         self.close()
 
     # -- the settled watermark
-    @property
-    def watermark_path(self) -> str:
-        return os.path.join(self.path, WATERMARK_FILE)
-
     def settled(self) -> int | None:
         """The settled watermark in µs (see the module docstring), or None if never recorded."""
-        try:
-            with open(self.watermark_path) as fh:
-                return int(fh.read().strip())
-        except (FileNotFoundError, ValueError):
-            return None
+        return read_settled(self.path)
 
     # -- files
     def _sub(self, sub: str, name: str = "") -> str:
@@ -578,8 +572,7 @@ class SpoolDirectory:
         ``settle`` seconds or, with no writer, ends with a newline. An entry that is not a
         regular file, or cannot be opened, may be claimed (:meth:`read` says what it is)."""
         try:
-            fd = os.open(os.path.join(self.path, name),
-                         os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+            fd = os.open(os.path.join(self.path, name), _READ_FLAGS)
         except OSError:
             return None
         try:
@@ -679,11 +672,9 @@ class SpoolDirectory:
         for a re-read leftover, records whose window closed before it are skipped (counted in
         the ledger).
 
-        Only a regular file is read (:func:`open_regular`): anything else (a symbolic link, a
-        pipe, a directory) is moved to ``.failed/`` unread, with a dead letter and a ledger
-        entry saying what it is. Lines are read by :func:`read_lines`: a line longer than
-        ``MAX_LINE_BYTES`` is dead-lettered (with its size and first 1,000 bytes) without being
-        held in memory, and reading resumes at the next line."""
+        Only a regular file is read; anything else is moved to ``.failed/`` unread, with a dead
+        letter and a ledger entry saying what it is (see "Reading a file" in the module
+        docstring)."""
         tally = ReadTally()
         try:
             fh = open_regular(state.path)
@@ -863,15 +854,21 @@ def _dead(reason: str, record: Any, source: str, row: int | None) -> dict:
     return {"reason": reason, "record": record, "source": source, "row": row}
 
 
+def read_settled(spool_path: str) -> int | None:
+    """The settled watermark in µs recorded in a spool directory, or None if never recorded."""
+    try:
+        with open(os.path.join(spool_path, WATERMARK_FILE)) as fh:
+            return int(fh.read().strip())
+    except (FileNotFoundError, ValueError):
+        return None
+
+
 def record_settled(spool_path: str, watermark_us: int) -> None:
     """Record the settled watermark (atomically; it only moves forward). Called by the sink."""
     path = os.path.join(spool_path, WATERMARK_FILE)
-    try:
-        with open(path) as fh:
-            if int(fh.read().strip()) >= watermark_us:
-                return
-    except (FileNotFoundError, ValueError):
-        pass
+    settled = read_settled(spool_path)
+    if settled is not None and settled >= watermark_us:
+        return
     tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
     with open(tmp, "w") as fh:
         fh.write(f"{int(watermark_us)}\n")
@@ -894,17 +891,11 @@ class SpoolSource(beam.PTransform):
     marked (a ``(MARK, window start)`` item) once the wall clock reaches its start, up to the
     run's last poll or ``mark_until_us`` (None: no marks).
 
-    **Chunks.** A poll lists the new files and claims and reads them one at a time (a file
-    still being written is left for a later poll and logged once; those still so at the stop
-    are in ``unsettled`` and get an ``unread`` ledger entry), sending at most ``CHUNK_ITEMS``
-    items (records, dead letters, ledger entries) before an acknowledgment point: a heartbeat
-    and a watermark one microsecond past the one in force, so that every file of one listing is
-    judged late or on time against the same watermark (the wall clock's comes when the listing
-    is done). The sink records the heartbeat's settled watermark once
-    everything before it is written; the source does not send a chunk before the one two back
-    is acknowledged (at most ``ACK_SECONDS``), so at most about two chunks are ever in flight: a
-    stop (``duration``, ``stop``) takes effect after the file being read, with little queued
-    behind it, and the files not yet claimed stay in the spool for the next run.
+    **Chunks** (see "Protocol" in the module docstring): a file still being written is left
+    for a later poll and logged once (those still so at the stop are in ``unsettled`` and get
+    an ``unread`` ledger entry); the source waits at most ``ACK_SECONDS`` for the chunk two back
+    to be acknowledged, so at most about two chunks are ever in flight: a stop (``duration``,
+    ``stop``) takes effect after the file being read, with little queued behind it.
     """
 
     def __init__(self, spool: SpoolDirectory, poll_seconds: float = 1.0,
@@ -1021,24 +1012,22 @@ class SpoolSource(beam.PTransform):
         batch: list = []
         size = 0
 
-        def add(value, t_us) -> list:
-            """Add an element to the batch; returns the events to send first (the batch, when
-            the element would take it past EVENT_BYTES or EVENT_ELEMENTS)."""
-            nonlocal batch, size
-            enc = self.coder.encode(value)
-            out = []
-            if batch and (size + len(enc) > EVENT_BYTES or len(batch) >= EVENT_ELEMENTS):
-                out = [ev(element_event=ev.AddElements(elements=batch, tag="None"))]
-                batch, size = [], 0
-            batch.append(runner_api.TestStreamPayload.TimestampedElement(encoded_element=enc,
-                                                                  timestamp=t_us))
-            size += len(enc)
-            return out
-
         def flush() -> list:
             nonlocal batch, size
             out = [ev(element_event=ev.AddElements(elements=batch, tag="None"))] if batch else []
             batch, size = [], 0
+            return out
+
+        def add(value, t_us) -> list:
+            """Add an element to the batch; returns the events to send first (the batch, when
+            the element would take it past EVENT_BYTES or EVENT_ELEMENTS)."""
+            nonlocal size
+            enc = self.coder.encode(value)
+            out = flush() if size + len(enc) > EVENT_BYTES or len(batch) >= EVENT_ELEMENTS \
+                else []
+            batch.append(runner_api.TestStreamPayload.TimestampedElement(encoded_element=enc,
+                                                                  timestamp=t_us))
+            size += len(enc)
             return out
 
         try:
@@ -1116,9 +1105,7 @@ class SpoolSource(beam.PTransform):
         spool for the next run, as ledger entries (the sink logs them)."""
         self.unsettled = {n: why for n, why in self.spool.waiting.items()
                           if os.path.lexists(os.path.join(self.spool.path, n))}
-        return [{"kind": "unread", "file": name, "reason": f"still being written at the stop "
-                 f"({why}): left in the spool for the next run"}
-                for name, why in sorted(self.unsettled.items())]
+        return unread_entries(self.unsettled, "at the stop")
 
     def settle(self) -> list[FileState]:
         """Move to ``.done/`` the claimed files the settled watermark has passed."""
@@ -1145,6 +1132,13 @@ class SpoolSource(beam.PTransform):
         n = self.spool.finish_existing(self.claimed)
         self.claimed = []
         return n
+
+
+def unread_entries(unsettled: dict[str, str], when: str) -> list[dict]:
+    """Ledger entries ``{"kind": "unread", "file", "reason"}`` of the new files left in the
+    spool still being written (``unsettled``: name -> why) ``when`` the source gave up on them."""
+    return [{"kind": "unread", "file": name, "reason": f"still being written {when} ({why}): "
+             "left in the spool for the next run"} for name, why in sorted(unsettled.items())]
 
 
 def file_line(entry: dict) -> str:
@@ -1213,12 +1207,8 @@ class ReadSpoolOnce(beam.PTransform):
         items = files | "Read" >> beam.ParDo(ReadClaimedFn(self.spool, self.settled_us))
         if not self.unsettled:
             return items
-        wait = self.spool.settle_wait
-        left = pbegin | "Unsettled" >> beam.Create([
-            (LEDGER, {"kind": "unread", "file": name,
-                      "reason": f"still being written after waiting {wait:g} s ({why}): left "
-                                "in the spool for the next run"})
-            for name, why in sorted(self.unsettled.items())])
+        left = pbegin | "Unsettled" >> beam.Create([(LEDGER, e) for e in unread_entries(
+            self.unsettled, f"after waiting {self.spool.settle_wait:g} s")])
         return (items, left) | "WithUnsettled" >> beam.Flatten()
 
     def finish_all(self) -> int:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 import os
 from datetime import datetime, timezone
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Iterator, Mapping
 
 from ldp_beam.errors import ParameterError
 
@@ -33,16 +33,11 @@ from .sinks import _duckdb_path, _pg_connect, _table_setting, tidy_format
 from .sources import quote_ident, redact
 
 
-def release_id(row: Mapping[str, Any]) -> str:
-    return f"{row['window_start']}/{row['pane']['index']}"
-
-
 class FolderResults:
     """One JSON file per pane in a folder (see the module docstring)."""
 
     def __init__(self, path: str) -> None:
         self.path = path[len("file://"):] if path.startswith("file://") else path
-        self.shown = path
         os.makedirs(self.path, exist_ok=True)
 
     def write(self, row: Mapping[str, Any]) -> bool:
@@ -85,7 +80,6 @@ class DuckDBResults:
     def __init__(self, url: str) -> None:
         import duckdb  # lazy: optional dependency (the [duckdb] extra)
 
-        self.shown = redact(url)
         self.table = ".".join(quote_ident(p) for p in _table_setting(url).split("."))
         self.con = duckdb.connect(_duckdb_path(url))
         self.con.execute(f"CREATE TABLE IF NOT EXISTS {self.table} ({_COLUMNS})")
@@ -101,7 +95,6 @@ class DuckDBResults:
 
 class PostgresResults:
     def __init__(self, url: str) -> None:
-        self.shown = redact(url)
         self.table = ".".join(quote_ident(p) for p in _table_setting(url).split("."))
         self.con = _pg_connect(url)
         with self.con.cursor() as cur:
@@ -127,13 +120,14 @@ class TopicResults:
 
         from google.cloud import pubsub_v1  # lazy: optional dependency (the [pubsub] extra)
 
-        self.topic, self.shown, self.timeout = topic_path(topic), topic, timeout
+        self.topic, self.timeout = topic_path(topic), timeout
         self.publisher = pubsub_v1.PublisherClient()
 
     def write(self, row: Mapping[str, Any]) -> bool:
+        start, pane = row["window_start"], row["pane"]["index"]
         fut = self.publisher.publish(self.topic, json.dumps(row, sort_keys=True).encode(),
-                                     window_start=str(row["window_start"]),
-                                     pane=str(row["pane"]["index"]), release_id=release_id(row))
+                                     window_start=str(start), pane=str(pane),
+                                     release_id=f"{start}/{pane}")
         fut.result(timeout=self.timeout)
         return True
 
@@ -181,17 +175,16 @@ def open_results(dests: Iterable[str], topic: str | None) -> list:
     return out
 
 
+def jsonl_rows(path: str) -> Iterator[dict]:
+    """The rows of a JSON-lines file such as ``estimates.jsonl`` (none when it does not exist;
+    blank lines skipped)."""
+    if os.path.exists(path):
+        with open(path) as fh:
+            yield from (json.loads(line) for line in fh if line.strip())
+
+
 def unsettled_rows(estimates: str, settled_us: int | None) -> list[dict]:
     """The published rows of windows that end after the settled watermark (a crash may have left
     them undelivered to the sinks); every row when nothing was settled."""
-    if not os.path.exists(estimates):
-        return []
-    out = []
-    with open(estimates) as fh:
-        for line in fh:
-            if line.strip():
-                row = json.loads(line)
-                end = int(round(float(row["window_end_epoch"]) * 1_000_000))
-                if settled_us is None or end > settled_us:
-                    out.append(row)
-    return out
+    return [row for row in jsonl_rows(estimates) if settled_us is None
+            or int(round(float(row["window_end_epoch"]) * 1_000_000)) > settled_us]

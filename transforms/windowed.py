@@ -37,12 +37,11 @@ from ldp_beam.estimators import estimator_for
 from ldp_beam.longitudinal import UnitHasher, UnitState, priority
 from ldp_beam.prf import keyed_digest
 from ldp_beam.privacy import PrivacyGuarantee, compose
-from ldp_beam.transforms.batches import num_rows
+from ldp_beam.transforms.batches import num_rows, report_columns
 from ldp_beam.transforms.perturb import dead_letter, split_dead_letters
 from ldp_beam.transforms.combine import EstimateFailure, EstimatorCombineFn
 from ldp_beam.jsonio import json_line as to_json_line
 from ldp_beam.transforms.stream_results import open_results
-from ldp_beam.transforms.batches import report_columns
 from ldp_beam.transforms.spool import (DEAD, HEARTBEAT, LEDGER, MARK, RECORD, RECORDS, WindowClock,
                                        file_line, iso, parse_line, pseudonymize, record_settled,
                                        WITHHELD)
@@ -79,11 +78,12 @@ MEMO_FIELD = "memo_id"  # the report field of a memoized report's slot, by defau
 
 @dataclass(frozen=True)
 class PrivacyUnit:
-    """A stream's privacy unit (see "Privacy units" in the module docstring): ``field``, the
-    record field with the unit's id; ``state``, its durable per-unit state; at most
-    ``max_reports`` of a unit's reports (records, for a central release) estimated per window;
-    its cumulative loss capped at ``budget`` (None: tracked, not capped); ``memo_field``: LDP,
-    the report field naming a memoized report's slot (None: every report is charged)."""
+    """A stream's privacy unit ("Privacy units" in :mod:`ldp_beam.pipelines.stream`):
+    ``field``, the record field with the unit's id; ``state``, its durable per-unit state; at
+    most ``max_reports`` of a unit's reports (records, for a central release) estimated per
+    window; its cumulative loss capped at ``budget`` (None: tracked, not capped);
+    ``memo_field``: LDP, the report field naming a memoized report's slot (None: every report
+    is charged)."""
 
     field: str
     state: UnitState | None
@@ -141,13 +141,13 @@ def calibrated_rows(g: PrivacyGuarantee) -> int:
     """The rows per unit a central release's noise is calibrated to (its contribution bounds'
     L0 x Linf when it states them, else 1: calibrated to one record)."""
     b = g.params.get("contribution_bounds") if isinstance(g.params, dict) else None
-    if isinstance(b, dict):
-        try:
-            return max(1, int(b.get("max_partitions_per_unit", 1)) *
-                       int(b.get("max_rows_per_partition", 1)))
-        except (TypeError, ValueError):
-            return 1
-    return 1
+    if not isinstance(b, dict):
+        return 1
+    try:
+        return max(1, int(b.get("max_partitions_per_unit", 1)) *
+                   int(b.get("max_rows_per_partition", 1)))
+    except (TypeError, ValueError):
+        return 1
 
 
 def unit_scope(central: bool, unit: PrivacyUnit | None, epsilon: float) -> str:
@@ -226,9 +226,6 @@ class WindowMark:
 
     def __repr__(self) -> str:
         return "WINDOW_MARK"
-
-
-WINDOW_MARK = WindowMark()
 
 
 def empty_release(estimator: Any):
@@ -366,19 +363,14 @@ class PaneFn(beam.DoFn):
         est, units = self._estimate(element, start)
         if units is not None:
             out["units"] = units
+        res = result_dict(est, self.central)
+        per_release = res.pop("guarantee", None)
+        row.update(res, guarantee=self.guarantee)
         if self.central:
-            res = result_dict(est, True)
-            per_release = res.pop("guarantee", None)
-            row.update(res)
             row["release"] = {"index": release, "of": self.releases}
-            row["guarantee"] = self.guarantee
             if self.releases > 1 and per_release is not None:
                 row["guarantee_per_release"] = per_release
         else:
-            res = result_dict(est, False)
-            res.pop("guarantee", None)
-            row.update(res)
-            row["guarantee"] = self.guarantee
             row["estimand"] = ESTIMAND_PER_REPORT
         row.update(self._unit_row(units))
         out["row"] = row
@@ -622,7 +614,7 @@ class BatchPerWindowFn(beam.DoFn):
         records = [g[0] for g in group]
         n = len(records)
         self.n_in.inc(n)
-        shown_records = None
+        shown_records = memos = None
         if self.unit is not None:  # the unit's id -> its keyed hash, in what is shown
             units, unit_bad, records = self._pseudonymize(records)
             shown_records = records
@@ -633,38 +625,27 @@ class BatchPerWindowFn(beam.DoFn):
             cols, reasons = self.mechanism.check(raw)
             reasons.flag(np.array([a is not None for a in absent]),
                          lambda i: f"record has no field {absent[i]!r}", replace=True)
-            shown = self.shown
-            if self.unit is not None:
-                reasons.flag(np.array([u is None for u in units]), lambda i: unit_bad[i],
-                             replace=True)
-                shown = [*self.shown, self.unit.field]
-            yield from self._dead(reasons, group, window, shown, shown_records)
-            ok = np.flatnonzero(~reasons.bad)
-            if ok.size:
-                batch = self.mechanism.rows({k: v[ok] for k, v in cols.items()},
-                                                 np.empty((int(ok.size), 0)))
-                t = min(group[i][1] for i in ok.tolist())
-                if self.unit is not None:
-                    batch = self._candidates(batch, ok, group, units, None)
-                yield WindowedValue(batch, t, (window,))
-            return
-        absent = [next((f for f in self.fields if f not in r), None) for r in records]
-        cols = {f: _report_column([r.get(f) for r in records]) for f in self.fields}
-        reasons = self.estimator.check_reports(cols, n)
-        reasons.flag(np.array([a is not None for a in absent]),
-                     lambda i: f"report field {absent[i]!r} is missing", replace=True)
-        memos = None
-        if self.unit is not None:
-            if self.unit.memo_field is not None:
+            shown = self.shown if self.unit is None else [*self.shown, self.unit.field]
+        else:
+            absent = [next((f for f in self.fields if f not in r), None) for r in records]
+            cols = {f: _report_column([r.get(f) for r in records]) for f in self.fields}
+            reasons = self.estimator.check_reports(cols, n)
+            reasons.flag(np.array([a is not None for a in absent]),
+                         lambda i: f"report field {absent[i]!r} is missing", replace=True)
+            shown = None
+            if self.unit is not None and self.unit.memo_field is not None:
                 memos, memo_bad = self._memos(records)
                 reasons.flag(np.array([m is not None for m in memo_bad]),
                              lambda i: memo_bad[i], replace=True)
+        if self.unit is not None:
             reasons.flag(np.array([u is None for u in units]), lambda i: unit_bad[i],
                          replace=True)
-        yield from self._dead(reasons, group, window, None, shown_records)
+        yield from self._dead(reasons, group, window, shown, shown_records)
         ok = np.flatnonzero(~reasons.bad)
         if ok.size:
-            batch = {f: c[ok] for f, c in cols.items()}
+            batch = {k: v[ok] for k, v in cols.items()}
+            if self.central:
+                batch = self.mechanism.rows(batch, np.empty((int(ok.size), 0)))
             t = min(group[i][1] for i in ok.tolist())
             if self.unit is not None:
                 batch = self._candidates(batch, ok, group, units, memos)
@@ -747,13 +728,13 @@ class WindowedEstimate(beam.PTransform):
     window, see :func:`mark_windows`), empty ones included; a window with records but no mark
     is withheld (a dead letter says so) — the source decides the range, the data does not.
     ``window_seconds``, ``allowed_lateness``, ``early_seconds`` (a whole number of seconds):
-    the windowing and triggers (see the module docstring); ``releases_per_window``: the release
-    budget per window of a central family (required when a window can fire more than once);
-    ``prior_releases``: releases already made per window start (µs), e.g. before a crash, that
-    count against it. ``unit``: a privacy unit (see "Privacy units" in the module docstring),
-    whose ids are replaced here by keyed hashes, or, with ``unit_hashed``, were replaced by the
-    source (the spool and Pub/Sub readers of :func:`run_stream` do it as they parse, so no raw
-    id reaches even a source's dead letter); ``run_id`` names the run in the per-unit state.
+    the windowing and triggers (:mod:`ldp_beam.pipelines.stream`); ``releases_per_window``:
+    the release budget per window of a central family (required when a window can fire more
+    than once); ``prior_releases``: releases already made per window start (µs), e.g. before a
+    crash, that count against it. ``unit``: a privacy unit (:class:`PrivacyUnit`), whose ids
+    are replaced here by keyed hashes, or, with ``unit_hashed``, were replaced by the source
+    (the spool and Pub/Sub readers of :func:`run_stream` do it as they parse, so no raw id
+    reaches even a source's dead letter); ``run_id`` names the run in the per-unit state.
     """
 
     def __init__(self, mechanism: Mechanism, window_seconds: float,
@@ -922,15 +903,13 @@ class StreamSink(beam.DoFn):
         self.published: dict[int, dict[int, Any]] = {}
         for start, pane, n in published:
             self.published.setdefault(int(start), {})[int(pane)] = n
-        self._fds: dict[str, int] | None = None
+        self._fds: dict[str, int] = {}
         self._sinks: list | None = None
 
     def setup(self) -> None:
         self._sinks = open_results(self.results, self.results_topic)
 
     def _fd(self, name: str) -> int:
-        if self._fds is None:
-            self._fds = {}
         if name not in self._fds:
             os.makedirs(os.path.dirname(os.path.join(self.out_dir, name)), exist_ok=True)
             self._fds[name] = os.open(os.path.join(self.out_dir, name),
@@ -938,9 +917,9 @@ class StreamSink(beam.DoFn):
         return self._fds[name]
 
     def teardown(self) -> None:
-        for fd in (self._fds or {}).values():
+        for fd in self._fds.values():
             os.close(fd)
-        self._fds = None
+        self._fds = {}
         for sink in self._sinks or ():
             sink.close()
         self._sinks = None
@@ -954,10 +933,9 @@ class StreamSink(beam.DoFn):
         run = {"run": self.run_id}
         if kind == PANE:
             p = payload
-            ledger = {"kind": "pane", **run, **window_fields(p["window_start_us"],
-                                                             p["window_end_us"]),
-                      "pane": p["index"], "timing": p["timing"], "count": p["count"],
-                      "released": p["row"] is not None}
+            span = window_fields(p["window_start_us"], p["window_end_us"])
+            ledger = {"kind": "pane", **run, **span, "pane": p["index"], "timing": p["timing"],
+                      "count": p["count"], "released": p["row"] is not None}
             if "in_range" in p:
                 ledger["in_range"] = p["in_range"]
             if "units" in p:
@@ -982,10 +960,8 @@ class StreamSink(beam.DoFn):
             else:
                 _append(self._fd(DEAD_LETTERS), {
                     **run, "stage": "release", "reason": p["refused"], "source": "release",
-                    "row": None, "record": {**window_fields(p["window_start_us"],
-                                                            p["window_end_us"]),
-                                            "pane": {"index": p["index"],
-                                                     "timing": p["timing"]}}})
+                    "row": None, "record": {**span, "pane": {"index": p["index"],
+                                                             "timing": p["timing"]}}})
             _append(self._fd(LEDGER_FILE), ledger)
             self._say(self._pane_line(p))
         elif kind == DEAD:
