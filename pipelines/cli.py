@@ -3,6 +3,10 @@
 Arguments this parser does not know (``--runner=...``, ``--direct_num_workers=2``, ...) are passed
 on to Apache Beam's PipelineOptions. Exit codes: 0 success, 2 bad usage or configuration,
 3 a command that is not available yet, 1 a failed run.
+
+The imports inside functions are lazy on purpose: this module's imports load neither Beam nor
+numpy, so that ``ldp-beam --help`` and the commands that need neither start fast; each names
+what it would cost.
 """
 from __future__ import annotations
 
@@ -50,8 +54,8 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _kv(items: list[str] | None, what: str) -> dict[str, str]:
-    """NAME=VALUE options; a NAME given twice with different values is refused (the last one
-    used to win silently), the same value twice is fine."""
+    """NAME=VALUE options; a NAME given twice with different values is refused, the same value
+    twice is fine."""
     out: dict[str, str] = {}
     for item in items or []:
         if "=" not in item:
@@ -98,7 +102,7 @@ def _run_args(sp: argparse.ArgumentParser) -> None:
 
 def _params(a: argparse.Namespace) -> dict[str, Any]:
     """The mechanism parameters of ``-p NAME=VALUE`` and ``--epsilon``; epsilon given both ways
-    with different values is refused (``--epsilon 1 -p epsilon=2`` used to run with 1)."""
+    with different values is refused."""
     params: dict[str, Any] = _kv(a.param, "--param")
     if a.epsilon is not None:
         given = params.get("epsilon")
@@ -168,8 +172,7 @@ def _epsilon_from(a: argparse.Namespace, exc: BaseException) -> str:
     if not name or "parameter '" not in text:
         return ""
     try:
-        # lazy: ldp_beam.registry (numpy, randomgen) costs 0.17 s at import (measured); the CLI's
-        # module imports load no numpy, and only a failed command's message needs it
+        # lazy: ldp_beam.registry, 0.17 s (measured); only a failed command's message needs it
         from ldp_beam.registry import get_registry
 
         how = getattr(get_registry().get(name).mechanism, "EPSILON_FROM", None)
@@ -190,8 +193,8 @@ def _nearest(name: str, ours: list[str], beam: set[str] | frozenset = frozenset(
 
 def check_leftovers(rest: list[str], ours: list[str], command: str) -> None:
     """What the command's parser did not take: only Apache Beam's ``--options`` may pass. An
-    unknown option is named (not the value after it: ``--bogus 3`` used to report "unexpected
-    arguments: 3") with the nearest valid one; raises ValueError in one line."""
+    unknown option is named (not the value after it) with the nearest valid one; raises
+    ValueError in one line."""
     def is_option(x: str) -> bool:
         if not x.startswith("-") or x == "-":
             return False
@@ -208,8 +211,7 @@ def check_leftovers(rest: list[str], ours: list[str], command: str) -> None:
                              f"ldp-beam {command})")
     longs = [x for x in rest if x.startswith("--")]
     if longs:
-        # lazy: Beam (pipelines.common) costs 1.5 s at import (measured); only a command given
-        # an option of Beam's needs its list
+        # lazy: Beam (pipelines.common), 1.5 s (measured); only an option of Beam's needs it
         from .common import beam_option_names
 
         known = beam_option_names()
@@ -574,8 +576,7 @@ def _not_yet(what: str) -> int:
 
 
 def cmd_list(a: argparse.Namespace) -> int:
-    # lazy: ldp_beam.registry (numpy, randomgen) costs 0.17 s at import (measured); `import
-    # ldp_beam.pipelines.cli` and `ldp-beam --help` load no registry
+    # lazy: ldp_beam.registry (numpy, randomgen), 0.17 s at import (measured)
     from ldp_beam.registry import get_registry
 
     reg = get_registry()
@@ -660,8 +661,7 @@ def _freeze_heap() -> None:
 
 
 def cmd_collect(a: argparse.Namespace, beam_args: list[str]) -> int:
-    # lazy: Beam (pipelines.collect) costs 1.6 s at import (measured); `ldp-beam --help` and the
-    # commands that run no pipeline must not load it
+    # lazy: Beam (pipelines.collect), 1.6 s at import (measured)
     from .collect import build, run_collect
 
     _freeze_heap()
@@ -681,8 +681,7 @@ def cmd_collect(a: argparse.Namespace, beam_args: list[str]) -> int:
                       dead_letter_columns="all" if a.dead_letter_all_columns else "mapped",
                       unit=a.privacy_unit, max_reports_per_unit=a.max_reports_per_unit,
                       **ledger_args(a))
-    # lazy: Beam (pipelines.common) costs 1.5 s at import (measured); loaded by now (collect),
-    # but the CLI's module imports stay light so `ldp-beam --help` starts fast
+    # lazy: Beam (pipelines.common), 1.5 s at import (measured); loaded by now (collect)
     from .common import records_line
 
     print(f"collected {man['records']['reported']:,} reports into {a.output} (run "
@@ -749,8 +748,7 @@ def _say_ledger(out: dict) -> None:
 
 
 def cmd_estimate(a: argparse.Namespace, beam_args: list[str]) -> int:
-    # lazy: Beam (pipelines.estimate) costs 1.6 s at import (measured); `ldp-beam --help` and the
-    # commands that run no pipeline must not load it
+    # lazy: Beam (pipelines.estimate), 1.6 s at import (measured)
     from .estimate import mechanism_from_reports, run_estimate
 
     _freeze_heap()
@@ -759,8 +757,7 @@ def cmd_estimate(a: argparse.Namespace, beam_args: list[str]) -> int:
     mech = mechanism_from_reports(a.input, a.mechanism, params, a.allow_no_guarantee,
                                   beam_args) if (a.mechanism or params) else None
     columns = None
-    # lazy: ldp_beam.core (numpy) is loaded by now (the mechanism was built); the CLI's module
-    # imports stay light so `ldp-beam --help` starts fast
+    # lazy: ldp_beam.core (numpy), loaded by now (the mechanism was built)
     from ldp_beam.core import CentralRelease
 
     if a.column or a.role:
@@ -784,14 +781,12 @@ def cmd_estimate(a: argparse.Namespace, beam_args: list[str]) -> int:
                        unit=a.privacy_unit, keys=_keys(a.keys), selection=selection,
                        side_outputs=a.side_outputs, unverified=a.unverified,
                        min_group_size=a.min_group_size, **ledger_args(a))
-    # lazy: Beam (ldp_beam.transforms) costs 1.7 s at import (measured); loaded by now
-    # (estimate), but the CLI's module imports stay light so `ldp-beam --help` starts fast
+    # lazy: Beam (ldp_beam.transforms), 1.7 s at import (measured); loaded by now (estimate)
     from ldp_beam.transforms.sources import redact
 
     shown = redact(a.output)  # a database URL's password is never printed
     if mech is None:  # reports collected under a weak epsilon: said, not refused (no noise here)
-        # lazy: ldp_beam.registry (numpy, randomgen) costs 0.17 s at import (measured); loaded by
-        # now, but the CLI's module imports load no numpy
+        # lazy: ldp_beam.registry (numpy, randomgen), 0.17 s at import (measured); loaded by now
         from ldp_beam.registry import get_registry
 
         try:
@@ -889,12 +884,15 @@ def groups_table(out: dict, limit: int = 30) -> str:
                      "" if not ci else f"[{number_text(ci[0])}, {number_text(ci[1])}]"])
     more = len(out["estimates"]) - limit
     head = [out.get("by") or "group", "reports", main or "estimate", "95% CI"]
-    widths = [max(len(r[k]) for r in [head] + rows) for k in range(4)]
-    lines = ["  ".join(c.ljust(w) if k == 0 else c.rjust(w)
-                       for k, (c, w) in enumerate(zip(r, widths))).rstrip()
-             for r in [head] + rows]
-    return "\n".join(lines) + (f"\n... and {more} more group(s) in the output"
-                               if more > 0 else "")
+    return "\n".join(_aligned([head] + rows)) + (f"\n... and {more} more group(s) in the output"
+                                                if more > 0 else "")
+
+
+def _aligned(rows: list[list[str]]) -> list[str]:
+    """Rows of cells as text lines: the first column left-aligned, the others right-aligned."""
+    widths = [max(len(r[k]) for r in rows) for k in range(len(rows[0]))]
+    return ["  ".join(c.ljust(w) if k == 0 else c.rjust(w)
+                      for k, (c, w) in enumerate(zip(r, widths))).rstrip() for r in rows]
 
 
 def _keys(text: str | None) -> list[str] | None:
@@ -1003,17 +1001,13 @@ def bucket_table_text(estimate: dict, limit: int = 30) -> str:
         ci = ("" if se is None or se[k] is None or not isinstance(v, (int, float))
               else f"[{number_text(v - z * se[k])}, {number_text(v + z * se[k])}]")
         rows.append([names[k], number_text(v), ci])
-    widths = [max(len(r[c]) for r in rows) for c in range(3)]
-    lines = ["  ".join(c.ljust(w) if j == 0 else c.rjust(w)
-                       for j, (c, w) in enumerate(zip(r, widths))).rstrip() for r in rows]
     more = f"\n... and {n - limit} more bucket(s) in the output" if n > limit else ""
-    return "histogram by bucket:\n" + "\n".join(lines) + more
+    return "histogram by bucket:\n" + "\n".join(_aligned(rows)) + more
 
 
 def joint_table_text(estimate: dict) -> str:
     """The consistent joint table of a joint-family estimate, labelled, as text ('' otherwise)."""
-    # lazy: Beam (pipelines.common) costs 1.5 s at import (measured); the CLI's module imports
-    # stay light so `ldp-beam --help` starts fast
+    # lazy: Beam (pipelines.common), 1.5 s at import (measured)
     from .common import format_table
 
     joint = estimate.get("statistics", {}).get("joint")
@@ -1035,12 +1029,10 @@ def _emit_records(records: list[dict], path: str | None) -> None:
 
 
 def cmd_stream(a: argparse.Namespace, beam_args: list[str]) -> int:
-    # lazy: ldp_beam.registry (numpy, randomgen) costs 0.17 s at import (measured); the CLI's
-    # module imports load no numpy
+    # lazy: ldp_beam.registry (numpy, randomgen), 0.17 s at import (measured)
     from ldp_beam.registry import get_registry
 
-    # lazy: Beam (pipelines.estimate, pipelines.stream) costs 1.7 s at import (measured);
-    # `ldp-beam --help` and the commands that run no pipeline must not load it
+    # lazy: Beam (pipelines.estimate, pipelines.stream), 1.7 s at import (measured)
     from .estimate import mechanism_from_reports
     from .stream import run_stream
 
@@ -1071,8 +1063,7 @@ def cmd_stream(a: argparse.Namespace, beam_args: list[str]) -> int:
                              f"only; {mech.name} reads its reports' own fields")
         columns = role_columns(mech, a.column, a.role)
     if a.subscription and not a.beam_pubsub:  # land (fsync, then ack), then stream the spool
-        # lazy: Beam (pipelines.pubsub_stream) costs 1.8 s at import (measured); loaded by now
-        # (stream), but the CLI's module imports stay light so `ldp-beam --help` starts fast
+        # lazy: Beam (pipelines.pubsub_stream), 1.8 s at import (measured); loaded by now
         from .pubsub_stream import run_pubsub_stream
 
         def run(output, mechanism, *, spool, subscription, **kw):
@@ -1117,8 +1108,7 @@ def cmd_bench(a: argparse.Namespace) -> int:
     """Core micro benchmarks, then the pipelines (each path as a ratio to the plain-Beam reference
     measured in the same run); the records as JSON, a summary on stderr, optionally the
     generated performance table of a page (--readme docs/guides/performance.md)."""
-    # lazy: pipelines.bench (numpy, pyarrow, randomgen) costs 0.29 s at import (measured);
-    # `import ldp_beam.pipelines.cli` and `ldp-beam --help` load none of them
+    # lazy: pipelines.bench (numpy, pyarrow, randomgen), 0.29 s at import (measured)
     from . import bench as pipeline_bench
 
     if a.from_json:
@@ -1126,8 +1116,7 @@ def cmd_bench(a: argparse.Namespace) -> int:
             records = json.load(fh)
         total = next((r["bench_seconds"] for r in records if "bench_seconds" in r), None)
     else:
-        # lazy: pipelines.bench_core (numpy, randomgen) costs 0.24 s at import (measured); the
-        # CLI's module imports load no numpy
+        # lazy: pipelines.bench_core (numpy, randomgen), 0.24 s at import (measured)
         from . import bench_core as bench
         from .records import Progress
 
@@ -1148,7 +1137,6 @@ def cmd_bench(a: argparse.Namespace) -> int:
         total = time.perf_counter() - t0
         for r in records:
             r["bench_seconds"] = total
-        for r in records:
             tgt = ""
             if r.get("target") is not None:
                 tgt = f"  target {r['target']:.3g}: {'ok' if r['meets_target'] else 'MISSED'}"
@@ -1172,11 +1160,10 @@ def cmd_bench(a: argparse.Namespace) -> int:
 
 def cmd_audit(a: argparse.Namespace) -> int:
     """Exit 0 when every audited claim is consistent, 1 when one is violated."""
-    # lazy: ldp_beam.reproduce.audit_recipe (numpy, randomgen, scipy) costs 0.5 s at import
-    # (measured); the CLI's module imports load no numpy
+    # lazy: ldp_beam.reproduce.audit_recipe (numpy, randomgen, scipy), 0.5 s (measured)
     from ldp_beam.reproduce import audit_recipe
 
-    # lazy: pipelines.records (numpy) costs 0.11 s at import (measured; see above)
+    # lazy: pipelines.records (numpy), 0.11 s at import (measured)
     from .records import Progress
 
     records = audit_recipe.run(quick=a.quick, progress=Progress("audit"), seed=a.seed,
@@ -1195,8 +1182,7 @@ def _write_reproduction(out: str, families: list[str], readme: str | None) -> No
     """Write ``out/report.md`` and, with ``readme``, that page's results block (e.g.
     docs/reproductions.md), both from the outputs in ``out/FAMILY/`` (each family's run, quick or
     full and its seed, from its records)."""
-    # lazy: ldp_beam.reproduce.report (numpy) costs 0.13 s at import (measured); the CLI's
-    # module imports load no numpy
+    # lazy: ldp_beam.reproduce.report (numpy), 0.13 s at import (measured)
     from ldp_beam.reproduce.report import results_section, update_readme, write_report
 
     path = write_report(out, families)
@@ -1216,8 +1202,7 @@ def cmd_reproduce(a: argparse.Namespace) -> int:
     rewrites that report (and, with ``--readme PAGE``, that page's results block)."""
     families = list(FAMILIES) if a.family in ("all", "report") else [a.family]
     if a.readme:  # find a page without markers before, not after, the experiments
-        # lazy: ldp_beam.reproduce.report (numpy) costs 0.13 s at import (measured; see
-        # _write_reproduction)
+        # lazy: ldp_beam.reproduce.report (numpy), 0.13 s at import (measured)
         from ldp_beam.reproduce.report import readme_block
 
         readme_block(a.readme)
@@ -1286,16 +1271,14 @@ def _main(argv: list[str] | None = None) -> int:
     if a.command in ("collect", "estimate"):
         # the ledger's fingerprint of a local input (every run records one), hashed while Beam
         # is imported
-        # lazy: pipelines.datasets (numpy, pyarrow) costs 0.18 s at import (measured); the CLI's
-        # module imports load neither
+        # lazy: pipelines.datasets (numpy, pyarrow), 0.18 s at import (measured)
         from .datasets import prefetch_dataset_identity
 
         prefetch_dataset_identity(a.input)
     if a.command in ("demo", "collect", "estimate", "stream"):  # commands that build pipelines
         # patches of Beam's pipeline construction: only when asked for (--beam-speedups or
         # LDP_BEAM_SPEEDUPS=1), on a verified Beam only (ldp_beam/transforms/beam_speed.py)
-        # lazy: Beam (ldp_beam.transforms) costs 1.7 s at import (measured); `ldp-beam --help`
-        # and the commands that build no pipeline must not load it
+        # lazy: Beam (ldp_beam.transforms), 1.7 s at import (measured)
         from ldp_beam.transforms import beam_speed
 
         try:
@@ -1308,27 +1291,25 @@ def _main(argv: list[str] | None = None) -> int:
                   "shipped", file=sys.stderr)
     try:
         if a.command == "demo":
-            # lazy: Beam (pipelines.demo) costs 1.7 s at import (measured); `ldp-beam --help` and
-            # the other commands must not load it
+            # lazy: Beam (pipelines.demo), 1.7 s at import (measured)
             from .demo import run_demo
 
             _freeze_heap()
             if a.stream:
-                # lazy: Beam (pipelines.demo_stream) costs 1.6 s at import (measured; see above)
+                # lazy: Beam (pipelines.demo_stream), 1.6 s at import (measured)
                 from .demo_stream import run_demo_stream
 
                 run_demo_stream(a.out, epsilon=a.epsilon, seed=a.seed)
                 return 0
             run_demo(a.out, epsilon=a.epsilon, seed=a.seed, beam_args=rest, sections=a.section)
             return 0
-        if a.command == "list":
-            return cmd_list(a)
-        if a.command == "collect":
-            return cmd_collect(a, rest)
-        if a.command == "estimate":
-            return cmd_estimate(a, rest)
-        if a.command == "reproduce":
-            return cmd_reproduce(a)
+        if a.command in ("collect", "estimate", "stream"):  # the commands Beam arguments reach
+            return {"collect": cmd_collect, "estimate": cmd_estimate,
+                    "stream": cmd_stream}[a.command](a, rest)
+        commands = {"list": cmd_list, "reproduce": cmd_reproduce, "ledger": cmd_ledger,
+                    "bench": cmd_bench, "audit": cmd_audit}
+        if a.command in commands:
+            return commands[a.command](a)
         if a.command == "emit":
             # lazy: import cycle (pipelines.emit imports from this module; see build_parser)
             from .emit import cmd_emit
@@ -1339,14 +1320,6 @@ def _main(argv: list[str] | None = None) -> int:
             from .plan import cmd_plan
 
             return cmd_plan(a)
-        if a.command == "ledger":
-            return cmd_ledger(a)
-        if a.command == "bench":
-            return cmd_bench(a)
-        if a.command == "stream":
-            return cmd_stream(a, rest)
-        if a.command == "audit":
-            return cmd_audit(a)
         return _not_yet(a.command)
     except RunFailed as exc:
         print(f"ldp-beam {a.command}: run failed: {exc}", file=sys.stderr)

@@ -103,7 +103,9 @@ def run_collect(input: str, output: str, mechanism: Mechanism, columns: Mapping[
 
         def reported() -> int:
             if not run.outs.exists(staged):  # no valid record at all: a readable, empty table
-                run.outs.write(staged, parquet_bytes(schema.empty_table()))
+                buf = io.BytesIO()
+                pq.write_table(schema.empty_table(), buf)
+                run.outs.write(staged, buf.getvalue())
             with run.outs.open(staged) as fh:
                 return pq.ParquetFile(fh).metadata.num_rows
 
@@ -132,12 +134,6 @@ def run_collect(input: str, output: str, mechanism: Mechanism, columns: Mapping[
         written = run.commit(manifest)  # the ledger settled as what truly happened
         written["ledger_state"] = run.ledger_state()
         return written
-
-
-def parquet_bytes(table: pa.Table) -> bytes:
-    buf = io.BytesIO()
-    pq.write_table(table, buf)
-    return buf.getvalue()
 
 
 def build(name: str, params: Mapping[str, Any], allow_no_guarantee: bool = False) -> Mechanism:

@@ -20,7 +20,7 @@ from apache_beam.runners.direct.direct_runner import SwitchingDirectRunner
 
 from ldp_beam.errors import LdpBeamError
 # write_json: the name stream.py and pubsub_stream.py import from here
-from ldp_beam.jsonio import json_line, write_json_atomic as write_json  # noqa: F401
+from ldp_beam.jsonio import write_json_atomic as write_json  # noqa: F401
 from ldp_beam.progress import pipeline_progress
 
 import ldp_beam.transforms  # noqa: F401  (its fixes to Beam's S3 FileSystem, on Dask workers too)
@@ -29,6 +29,7 @@ from ldp_beam.transforms.read import read_steps
 from ldp_beam.transforms.runners import DEFAULT_DASK_WORKERS
 from ldp_beam.transforms.tally import LIVE as _LIVE, UNREADABLE_PREFIX, CountLive
 
+from .lifecycle import _in_chain
 from .outputs import RunFailed
 
 DASK_RUNNER = "apache_beam.runners.dask.dask_runner.DaskRunner"
@@ -84,11 +85,6 @@ def runner_args(beam_args: Iterable[str] = ()) -> list[str]:
 
 def runner_name(args: Sequence[str]) -> str:
     return next(a.split("=", 1)[1] for a in args if a.startswith("--runner="))
-
-
-def pipeline_options(beam_args: Iterable[str] = ()) -> PipelineOptions:
-    """Beam options from the command line's leftover arguments; DirectRunner unless told."""
-    return PipelineOptions(runner_args(beam_args))
 
 
 @contextlib.contextmanager
@@ -265,14 +261,8 @@ def _our_error(exc: BaseException) -> BaseException | None:
     """The ldp-beam error (a size cap's LimitError, a ParameterError) a runner's RuntimeError
     wraps, if any: the command line then reports it as a configuration error (exit 2) rather
     than a failed run with the runner's traceback."""
-    seen = set()
-    cur: BaseException | None = exc
-    while cur is not None and id(cur) not in seen:
-        if isinstance(cur, LdpBeamError):
-            return cur if cur is not exc else None
-        seen.add(id(cur))
-        cur = cur.__cause__ or cur.__context__
-    return None
+    ours = _in_chain(exc, LdpBeamError)
+    return None if ours is exc else ours
 
 
 def _passes(reads: list) -> int:
@@ -377,19 +367,6 @@ def counters(result: Any, namespace: str = "ldp_beam") -> dict[str, int]:
 
 def say(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
-
-
-def read_tally(path: str) -> dict:
-    with open(path) as fh:
-        vals = [json.loads(line) for line in fh if line.strip()]
-    return vals[0] if vals else {}
-
-
-def count_lines(path: str) -> int:
-    if not os.path.exists(path):
-        return 0
-    with open(path, "rb") as fh:
-        return sum(1 for line in fh if line.strip())
 
 
 def reconcile(t: dict, dead_letter_lines: int, accepted: int | None = None) -> dict:

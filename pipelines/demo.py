@@ -70,15 +70,11 @@ def _truth(path: str, epsilon: float) -> dict[str, Any]:
     return out
 
 
-def _fmt_ci(stat: dict, digits: int = 3) -> str:
-    ci = stat.get("ci95")
-    return "" if ci is None else f"[{ci[0]:.{digits}f}, {ci[1]:.{digits}f}]"
-
-
 def _row(label: str, truth: float, stat: dict, digits: int = 3) -> str:
-    val = stat.get("value")
+    val, ci = stat.get("value"), stat.get("ci95")
     v = "undefined" if val is None else f"{val:.{digits}f}"
-    return f"  {label:<28}{truth:>12.{digits}f}{v:>12}   {_fmt_ci(stat, digits)}"
+    ci_text = "" if ci is None else f"[{ci[0]:.{digits}f}, {ci[1]:.{digits}f}]"
+    return f"  {label:<28}{truth:>12.{digits}f}{v:>12}   {ci_text}"
 
 
 def _pyplot():

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import itertools
 import os
 import sys
 from typing import Any, Iterator
@@ -153,13 +154,7 @@ def _roles(mech: Any, columns: list[str] | None, roles: list[str] | None) -> dic
 
 # --------------------------------------------------------------------------- reading
 def _chunks_stdin_lines(stream: Any) -> Iterator[tuple[dict, None]]:
-    rows: list[str] = []
-    for line in stream:
-        rows.append(line.rstrip("\r\n"))
-        if len(rows) >= CHUNK_ROWS:
-            yield {"value": np.array(rows, dtype=object)}, None
-            rows = []
-    if rows:
+    while rows := [line.rstrip("\r\n") for line in itertools.islice(stream, CHUNK_ROWS)]:
         yield {"value": np.array(rows, dtype=object)}, None
 
 

@@ -24,7 +24,7 @@ from ldp_beam.core import CentralRelease, Mechanism
 from ldp_beam.estimators import estimator_for
 from ldp_beam.ledger import release_request
 from ldp_beam.limits import check_groups
-from ldp_beam.privacy import run_guarantee
+from ldp_beam.privacy import ContributionBounds, run_guarantee
 from ldp_beam.registry import get_registry
 from ldp_beam.rng import RunKey
 from ldp_beam.transforms import (EstimatorCombineFn, Perturb, ReadTable, SplitByKey,
@@ -34,10 +34,8 @@ from ldp_beam.transforms.combine import (EstimateFailure, PerKeyCombineFn, Relea
 from ldp_beam.transforms.io import open_input, table_format
 from ldp_beam.transforms.sinks import tidy_bytes, tidy_format, tidy_output_table
 from ldp_beam.transforms.sources import parse_settings
-
-from ldp_beam.privacy import ContributionBounds
-
 from ldp_beam.transforms.tally import WriteOneLine
+
 from .outputs import RunOutputs, location
 from .run import Run, take_seed
 from .provenance import agreed_metadata, mark_unverified, verify_reports
@@ -122,7 +120,7 @@ class GroupRule:
             return {"key": key, **_result(est)}
         if self.min_group_size is None:
             why = est.uninformative()
-        elif n is not None and n < self.min_group_size:
+        elif small:
             why = f"{n} reports, fewer than --min-group-size {self.min_group_size}"
         else:
             why = None
@@ -206,9 +204,8 @@ def run_estimate(input: str, output: str, mechanism: Mechanism | None = None,
     ``min_group_size``: which ``by`` groups are published (:class:`GroupRule`); the output
     names the ``suppressed`` and ``failed`` groups with their reasons."""
     options = dict(options or {})
-    if mechanism is not None and isinstance(mechanism, CentralRelease):
-        mech = mechanism
-        return run_release(input, output, mech, columns or {}, by, options, beam_args,
+    if isinstance(mechanism, CentralRelease):
+        return run_release(input, output, mechanism, columns or {}, by, options, beam_args,
                            seed=seed, force=force, allow_unreadable=allow_unreadable,
                            null_values=null_values, run_key=run_key, ledger=ledger,
                            budget=budget, budget_delta=budget_delta, unit=unit, keys=keys,
@@ -328,10 +325,9 @@ def write_estimate(out: dict, path: str, fmt: str, run_id: str, outs: RunOutputs
     as Parquet and written to the database when the run commits)."""
     if fmt == "json":
         outs.write_json(path, out)
-    elif fmt in ("parquet", "csv"):
-        outs.write(path, tidy_bytes(tidy_output_table(out, run_id=run_id), fmt))
-    elif fmt in ("duckdb", "postgresql"):
-        outs.write(path, tidy_bytes(tidy_output_table(out, run_id=run_id), "parquet"))
+    elif fmt in ("parquet", "csv", "duckdb", "postgresql"):  # a table is staged as Parquet
+        outs.write(path, tidy_bytes(tidy_output_table(out, run_id=run_id),
+                                    "csv" if fmt == "csv" else "parquet"))
     else:
         raise ValueError(f"estimate outputs go to .json, .parquet or .csv files or duckdb:// / "
                          f"postgresql:// tables (not {fmt})")
@@ -502,13 +498,10 @@ class _Global:
 
 
 # --------------------------------------------------------------------------- per-key releases
-def key_codes(column: str):
+class _KeyCodes:
     """A picklable partition function: one int64 code per row from the text of ``column`` (a
     keyed hash is not needed here: codes only group rows; -1 for a null key)."""
-    return _KeyCodes(column)
 
-
-class _KeyCodes:
     def __init__(self, column: str) -> None:
         self.column = column
 
@@ -550,7 +543,7 @@ class _PerKey:
                              "release calibrates its noise to; see docs/plugins.md")
         self.public = None if keys is None else tuple(str(k) for k in keys)
         if self.public is not None:
-            check_groups(len(self.public), mech_cells(mech), "--keys")
+            check_groups(len(self.public), int(getattr(mech, "n_buckets", 1) or 1), "--keys")
             self.selector, sel_g = None, PublicPartitions(self.public).guarantee
             self.request = {"by": by, "keys": list(self.public)}
         else:
@@ -560,7 +553,7 @@ class _PerKey:
         self.selection = selection
         self.guarantee = per_key_guarantee(mech.guarantee, sel_g)
         self.bounds = cb
-        self.read_bounds = (cb.l0, cb.linf, key_codes(by))
+        self.read_bounds = (cb.l0, cb.linf, _KeyCodes(by))
         self.keep = (by, unit)
         self.seed = run.release_seed
         self.rule = rule
@@ -585,14 +578,10 @@ class _PerKey:
         for r in sorted(rows, key=lambda r: r["key"]):
             key = r.pop("key")
             r.pop("n_reports", None)  # exact counts stay with the curator
-            if r.get("curator"):
-                exact[key] = r.pop("curator")
-            r.pop("curator", None)
+            cur = r.pop("curator", None)
+            if cur:
+                exact[key] = cur
             releases[key] = _mark(r, guarantee)
         out["estimates"] = releases
         out.update(group_outcomes(releases))
         return exact
-
-
-def mech_cells(mech: Mechanism) -> int:
-    return int(getattr(mech, "n_buckets", 1) or 1)

@@ -85,13 +85,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     return lp
 
 
-def _given(a: argparse.Namespace, name: str) -> Any:
-    return getattr(a, name, None)
-
-
 def cmd_ledger(a: argparse.Namespace) -> int:
-    set_budget, why = _given(a, "set_budget"), _given(a, "why")
-    budget_delta = _given(a, "budget_delta")
+    set_budget, why = getattr(a, "set_budget", None), getattr(a, "why", None)
+    budget_delta = getattr(a, "budget_delta", None)
     if a.resolve_as and not a.resolve:
         raise ParameterError("--as", a.resolve_as, "given with --resolve RUN_ID")
     if a.resolve and not a.resolve_as:
@@ -164,13 +160,8 @@ def _dataset_name(led: Ledger, text: str) -> str:
 def render_change(url: str, change: Mapping[str, Any]) -> str:
     """What ``--set-budget`` changed, in one line (and a warning when the dataset has already
     spent more than its new budget)."""
-    def budget(eps: Any, delta: Any) -> str:
-        if eps is None:
-            return "none"
-        return f"epsilon={_num(eps)}" + (f" delta={delta:g}" if delta is not None else "")
-
-    before = budget(change["previous_epsilon"], change["previous_delta"])
-    after = budget(change["epsilon"], change["delta"])
+    before = _budget_text(change["previous_epsilon"], change["previous_delta"])
+    after = _budget_text(change["epsilon"], change["delta"])
     verb = "unchanged at" if before == after else f"{before} ->"
     line = (f"ledger {url}: dataset {change['dataset']}: budget {verb} {after}, recorded by "
             f"{change['os_user']}@{change['host']} at {change['changed'][:19].replace('T', ' ')} "
@@ -181,6 +172,12 @@ def render_change(url: str, change: Mapping[str, Any]) -> str:
         line += (f"\nwarning: it has already spent epsilon={_num(eps)}, more than its new "
                  "budget: no further run on it fits")
     return line
+
+
+def _budget_text(eps: Any, delta: Any) -> str:
+    if eps is None:
+        return "none"
+    return f"epsilon={_num(eps)}" + (f" delta={delta:g}" if delta is not None else "")
 
 
 def ledger_line(url: str, status: Mapping[str, Any], default_used: bool) -> str:
@@ -217,9 +214,7 @@ def _finite(x: Any) -> Any:
 
 
 def _num(x: Any) -> str:
-    if x is None:
-        return "inf"
-    if isinstance(x, float) and math.isinf(x):
+    if x is None or (isinstance(x, float) and math.isinf(x)):
         return "inf"
     return f"{x:.6g}"
 
@@ -273,10 +268,7 @@ def render(url: str, entries: list[dict], totals: list[dict]) -> str:
         for d, ds in t["days"].items():
             lines.append(f"    day {d}: epsilon={_num(ds['epsilon'])} ({ds['runs']} run(s))")
         for c in t.get("budget_changes") or ():
-            was = ("none" if c["previous_epsilon"] is None else
-                   f"epsilon={_num(c['previous_epsilon'])}"
-                   + (f" delta={c['previous_delta']:g}" if c["previous_delta"] is not None
-                      else ""))
+            was = _budget_text(c["previous_epsilon"], c["previous_delta"])
             now = (f"epsilon={_num(c['epsilon'])}"
                    + (f" delta={c['delta']:g}" if c["delta"] is not None else ""))
             lines.append(f"    budget {c['changed'][:19].replace('T', ' ')}: {was} -> {now} by "
@@ -299,6 +291,4 @@ def ledger_args(a: argparse.Namespace) -> Mapping[str, Any]:
     """The keyword arguments the run functions take from ``add_ledger_options``' options:
     ``ledger``, ``budget``, ``budget_delta`` and ``dataset`` (the ``--dataset`` name, None for
     the input's canonical location)."""
-    return {"ledger": getattr(a, "ledger", None), "budget": getattr(a, "budget", None),
-            "budget_delta": getattr(a, "budget_delta", None),
-            "dataset": getattr(a, "dataset", None)}
+    return {k: getattr(a, k, None) for k in ("ledger", "budget", "budget_delta", "dataset")}

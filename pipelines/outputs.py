@@ -183,17 +183,12 @@ def write_bytes(path: str, data: bytes, flags: Sequence[str] = ()) -> None:
         return
     path = _local(path)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = path + ".tmp"
-    _unlink_quiet(tmp)  # a stale one may be a link: never write through it
-    try:
+    with _partial(path, ".tmp") as tmp:
         with open(tmp, "wb") as fh:
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
-    except BaseException:
-        _unlink_quiet(tmp)
-        raise
 
 
 def _unlink_quiet(path: str) -> None:
@@ -356,7 +351,7 @@ def _long(path: str) -> str:
 def _url_overlap(out: str, src: str) -> str | None:
     """'is' / 'inside' when the URL ``out`` is the URL input ``src`` (a file, a prefix or a
     glob) or lies below it, else None."""
-    if any(c in src for c in "*?["):
+    if _is_glob(src):
         return "inside" if fnmatch.fnmatchcase(out, src) or fnmatch.fnmatchcase(
             out, src.rstrip("/") + "/**") else None
     if out.rstrip("/") == src.rstrip("/"):
@@ -383,13 +378,11 @@ def check_outputs(outputs: Mapping[str, str], inputs: Iterable[str], force: bool
     already exist (unless ``force``): local paths, Beam FileSystems URLs and database tables
     alike.
 
-    ``outputs`` maps a role to its path as given (the manifest under the role ``"manifest"``).
-    A local path is judged by its :func:`real_path` (symlinks and ``..`` as the file system
-    resolves them, whatever the spelling) and, when the file exists, by its (st_dev, st_ino)
-    against every file of the inputs (a hard link to an input is the input). ``labels`` maps a
-    role to the option that set it (messages name it; default ``--output``, ``--dead-letter``,
-    ...); ``extra`` maps a role to further local real paths the run writes for it (its
-    temporary files, the staging folder), checked against the inputs the same way."""
+    ``outputs`` maps a role to its path as given (the manifest under the role ``"manifest"``);
+    a local path is judged as the module docstring says. ``labels`` maps a role to the option
+    that set it (messages name it; default ``--output``, ``--dead-letter``, ...); ``extra`` maps
+    a role to further local real paths the run writes for it (its temporary files, the staging
+    folder), checked against the inputs the same way."""
     inputs = [i for i in inputs if i]
     ins = _Inputs(inputs)
     url_ins = [i for i in inputs if is_url(i)]
@@ -520,10 +513,7 @@ def _probe(folder: str) -> None:
         except FileExistsError:
             continue
         os.close(fd)
-        try:
-            os.unlink(probe)
-        except OSError:
-            pass
+        _unlink_quiet(probe)
         return
 
 
@@ -541,10 +531,8 @@ def preflight(targets: Iterable[tuple[str, str, str, Sequence[str]]],
     for a file inside it). The folder must exist or be creatable (no component of it is an
     existing file); every name must fit the file system's ``PC_NAME_MAX`` and every path its
     ``PC_PATH_MAX`` (the outputs' own names are judged before the names written beside them);
-    the nearest existing folder must be writable: ``os.access``, then a probe file actually
-    created and removed there (``os.access`` says yes to root where a write still fails).
-    Raises one :class:`OutputError` per refusal, naming the option, the path and what is wrong.
-    """
+    the nearest existing folder must be writable: ``os.access``, then :func:`_probe`. Raises
+    one :class:`OutputError` per refusal, naming the option, the path and what is wrong."""
     targets = list(targets)
     found = []
     for role, given, real, names in targets:
@@ -994,10 +982,10 @@ def _move(src: str, dst: str, flags: Sequence[str] = ()) -> None:
 
 
 @contextlib.contextmanager
-def _partial(dst: str):
-    """``DST.ldp-beam-partial``: a stale one removed first (never written through: it may be a
-    link), removed again if the copy or the replace fails."""
-    tmp = dst + PARTIAL_SUFFIX
+def _partial(dst: str, suffix: str = PARTIAL_SUFFIX):
+    """``DST.ldp-beam-partial`` (or ``DST`` + ``suffix``): a stale one removed first (never
+    written through: it may be a link), removed again if the write or the replace fails."""
+    tmp = dst + suffix
     _unlink_quiet(tmp)
     try:
         yield tmp

@@ -45,12 +45,9 @@ def _pyplot() -> Any:
 
 def main_statistic(rows: list[dict]) -> str:
     names = [r["statistic"] for r in rows if r["statistic"] and r["value"] is not None]
-    for name in MAIN:
-        if name in names:
-            return name
     if not names:
         raise PlotError("the output has no numeric statistic to draw")
-    return names[0]
+    return next((name for name in MAIN if name in names), names[0])
 
 
 def _title(rows: list[dict], stat: str) -> str:
@@ -140,14 +137,13 @@ def _draw_groups(ax: Any, rows: list[dict], sel: list[dict], stat: str, by: str,
             known = [g for g in groups if g in truth]
             ax.scatter([x[g] for g in known], [truth[g] for g in known], marker="x",
                        color="black", zorder=3, label="truth")
-        ax.set_ylabel(stat)
     else:  # a vector per group: one line each
         for g in drawn:
             sub = sorted((r for r in sel if r["group"] == g), key=lambda r: r["i"])
             ax.errorbar([r["i"] for r in sub], [r["value"] for r in sub], yerr=_yerr(sub),
                         capsize=2, label=str(g))
-        ax.set_ylabel(stat)
         ax.set_xlabel("cell")
+    ax.set_ylabel(stat)
     names = [g if g not in missing else
              f"{g}\n({'suppressed' if missing[g].startswith('suppressed') else 'failed'})"
              for g in groups]

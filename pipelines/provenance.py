@@ -39,7 +39,7 @@ from ldp_beam.transforms import ReadTable, mechanism_metadata
 from ldp_beam.transforms.io import open_input, table_format
 from ldp_beam.jsonio import dumps
 
-from .outputs import _listing, exists, file_digest, is_url, location, open_read
+from .outputs import _listing, _parent, exists, file_digest, is_url, location, open_read
 
 #: what every refusal for missing or broken provenance ends with
 UNVERIFIED_HINT = "pass --unverified to estimate them anyway; every output then says so"
@@ -88,10 +88,9 @@ class Provenance:
         return {"verified": self.verified, "problems": list(self.problems)}
 
     def to_dict(self) -> dict:
-        return {"verified": self.verified, "problems": list(self.problems),
-                "runs": [dict(r) for r in self.runs], "files": list(self.files),
-                "mechanism": self.mechanism, "params": self.params, "seeded": self.seeded,
-                "privacy_unit": self.privacy_unit}
+        return {**self.verification(), "runs": [dict(r) for r in self.runs],
+                "files": list(self.files), "mechanism": self.mechanism, "params": self.params,
+                "seeded": self.seeded, "privacy_unit": self.privacy_unit}
 
 
 # ------------------------------------------------------------------------------ configuration
@@ -191,12 +190,6 @@ def agreed_metadata(files: Iterable[str], flags: Sequence[str] = (),
 
 
 # ------------------------------------------------------------------------------ manifests
-def _folder(path: str) -> str:
-    if is_url(path):
-        return path.rstrip("/").rsplit("/", 1)[0]
-    return os.path.dirname(os.path.abspath(path[7:] if path.startswith("file://") else path))
-
-
 def _folder_manifests(folder: str, flags: Sequence[str]) -> list[str]:
     if is_url(folder):
         try:
@@ -237,7 +230,7 @@ class _Manifests:
             if man is None:
                 return beside, None, f"its manifest {location(beside)} cannot be read ({err})"
             return beside, man, None
-        folder = _folder(path)
+        folder = _parent(path)
         if folder not in self.folders:
             self.folders[folder] = _folder_manifests(folder, self.flags)
         for cand in self.folders[folder]:

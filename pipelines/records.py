@@ -107,36 +107,21 @@ def command_paths(page: str | os.PathLike, *paths: str | os.PathLike) -> list[st
     holding a pyproject.toml or mkdocs.yml), else to the page's own folder; '/'-separated. The
     same whatever the working directory or the spelling of the paths, so a generated block does
     not change with who regenerates it."""
-    folder = os.path.dirname(os.path.abspath(page))
-    root, probe = folder, folder
-    while True:
-        if any(os.path.exists(os.path.join(probe, m)) for m in PROJECT_MARKERS):
-            root = probe
+    folder = root = os.path.dirname(os.path.abspath(page))
+    while not any(os.path.exists(os.path.join(root, m)) for m in PROJECT_MARKERS):
+        if os.path.dirname(root) == root:  # no project root above: the page's own folder
+            root = folder
             break
-        parent = os.path.dirname(probe)
-        if parent == probe:
-            break
-        probe = parent
+        root = os.path.dirname(root)
     return [os.path.relpath(os.path.abspath(p), root).replace(os.sep, "/") for p in paths]
 
 
 def select(records: Iterable[Mapping], **match: Any) -> list[Mapping]:
     """Records whose keys equal every ``match`` item (a list/tuple/set value matches any member)."""
-    out = []
-    for r in records:
-        ok = True
-        for k, v in match.items():
-            rv = r.get(k)
-            if isinstance(v, (list, tuple, set, frozenset)):
-                if rv not in v:
-                    ok = False
-                    break
-            elif rv != v:
-                ok = False
-                break
-        if ok:
-            out.append(r)
-    return out
+    def hit(rv: Any, v: Any) -> bool:
+        return rv in v if isinstance(v, (list, tuple, set, frozenset)) else rv == v
+
+    return [r for r in records if all(hit(r.get(k), v) for k, v in match.items())]
 
 
 class Progress:

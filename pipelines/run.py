@@ -227,12 +227,12 @@ class Run:
         return publish(self.entry, self.outs, {
             **manifest, "dataset": self.dataset["dataset"], "ledger": self.led.url}, release)
 
-    def ledger_state(self, led: Any = None) -> dict:
+    def ledger_state(self) -> dict:
         """What the output says about the ledger after the run (see :func:`ledger_state`)."""
-        if led is None and self.led is None:
+        if self.led is None:
             with Ledger.open(self.ledger_url) as opened:
                 return ledger_state(opened, self.dataset["dataset"], self.ledger_url)
-        return ledger_state(led or self.led, self.dataset["dataset"], self.ledger_url)
+        return ledger_state(self.led, self.dataset["dataset"], self.ledger_url)
 
     def records(self, tally: Mapping[str, Any]) -> dict:
         """A release's record counts, for the curator's bookkeeping only (never published)."""
