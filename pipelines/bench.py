@@ -56,6 +56,7 @@ import importlib
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -322,8 +323,7 @@ def _numeric(n: int, rng: Any) -> dict:
 def _pairs(n: int, rng: Any) -> dict:
     """Two string label columns (20 labels each, skewed)."""
     labels = np.array(_LABELS, dtype=object)
-    return {"x": labels[np.minimum(rng.geometric(0.15, n) - 1, 19)],
-            "y": labels[np.minimum(rng.geometric(0.15, n) - 1, 19)]}
+    return {c: labels[np.minimum(rng.geometric(0.15, n) - 1, 19)] for c in ("x", "y")}
 
 
 def _item_levels(n: int, rng: Any) -> dict:
@@ -331,22 +331,19 @@ def _item_levels(n: int, rng: Any) -> dict:
             "level": np.where(rng.random(n) < 0.6, 0.0, rng.uniform(0.01, 1.0, n))}
 
 
-def _numeric_units(n: int, rng: Any) -> dict:
-    """Values with a privacy unit of 10 rows each (units in random order)."""
-    return {"x": rng.uniform(0.0, 100.0, n),
-            "uid": rng.permutation(np.arange(n) // 10 + rng.integers(0, 2**40))}
-
-
-def _numeric_units100(n: int, rng: Any) -> dict:
-    """Values with a privacy unit of 100 rows each: at 10^7 rows, as many units as 10^6 rows
-    of :func:`_numeric_units` (memory at a fixed number of units, ten times the rows)."""
-    return {"x": rng.uniform(0.0, 100.0, n),
-            "uid": rng.permutation(np.arange(n) // 100 + rng.integers(0, 2**40))}
+def _numeric_units(per: int):
+    """Values with a privacy unit of ``per`` rows each (units in random order). 100 rows a unit
+    at 10^7 rows give as many units as 10 a unit at 10^6 (memory at a fixed number of units,
+    ten times the rows)."""
+    def gen(n: int, rng: Any) -> dict:
+        return {"x": rng.uniform(0.0, 100.0, n),
+                "uid": rng.permutation(np.arange(n) // per + rng.integers(0, 2**40))}
+    return gen
 
 
 #: input files: name -> (generator, the column the reference codes)
 FILES = {"numeric": (_numeric, "x"), "labels": (_pairs, "x"), "levels": (_item_levels, "x"),
-         "units": (_numeric_units, "x"), "units100": (_numeric_units100, "x")}
+         "units": (_numeric_units(10), "x"), "units100": (_numeric_units(100), "x")}
 
 #: LDP mechanisms of the api and cli paths: name -> (params, role -> column, file, collect extras)
 CASES = {
@@ -463,12 +460,7 @@ class _Bench:
             self.files[(name, n)] = path
         return self.files[(name, n)]
 
-    def child(self, cfg: dict) -> tuple[float, float]:
-        """One pipeline in a fresh process: (seconds, that process's own peak RSS in MiB)."""
-        out = self.child_out(cfg)
-        return out["seconds"], out["peak_rss_mb"]
-
-    def child_out(self, cfg: dict) -> dict:
+    def child(self, cfg: dict) -> dict:
         """One pipeline in a fresh process: what it reports (seconds, peak_rss_mb, ...)."""
         r = subprocess.run([sys.executable, self.script, json.dumps(cfg)], capture_output=True,
                            text=True, timeout=3600, env=self.env)
@@ -476,8 +468,7 @@ class _Bench:
             raise RuntimeError(f"benchmark pipeline failed ({cfg['mode']}): {r.stderr[-2000:]}")
         return json.loads(r.stdout.strip().splitlines()[-1])
 
-    def best(self, cfgs: list[dict], n: int, rounds: int | None = None
-             ) -> list[tuple[float, float]]:
+    def best(self, cfgs: list[dict], rounds: int | None = None) -> list[tuple[float, float]]:
         """Each configuration measured ``rounds`` times (default: the bench's rounds), interleaved
         so drift hits all alike; the fastest kept."""
         if rounds is None:
@@ -485,9 +476,9 @@ class _Bench:
         best: list[tuple[float, float] | None] = [None] * len(cfgs)
         for _ in range(rounds):
             for i, cfg in enumerate(cfgs):
-                secs, rss = self.child(cfg)
-                if best[i] is None or secs < best[i][0]:
-                    best[i] = (secs, rss)
+                out = self.child(cfg)
+                if best[i] is None or out["seconds"] < best[i][0]:
+                    best[i] = (out["seconds"], out["peak_rss_mb"])
         return best  # type: ignore[return-value]
 
     def runs(self, cfgs: list[dict], rounds: int) -> list[list[dict]]:
@@ -498,15 +489,14 @@ class _Bench:
         for k in range(rounds):
             order = range(len(cfgs)) if k % 2 == 0 else reversed(range(len(cfgs)))
             for i in order:
-                out[i].append(self.child_out(cfgs[i]))
+                out[i].append(self.child(cfgs[i]))
         return out
 
-    def reference(self, file: str, n: int, runner: str = "DirectRunner") -> float:
-        key = ("file", file, n, runner)
+    def reference(self, file: str, n: int) -> float:
+        key = ("file", file, n, "DirectRunner")
         if key not in self.refs:
-            self.note(f"reference: plain Beam GRR on {file} ({n:,} rows, {runner})")
-            cfg = self.ref_cfg(file, n, runner)
-            self.refs[key] = self.best([cfg], n)[0][0]
+            self.note(f"reference: plain Beam GRR on {file} ({n:,} rows, DirectRunner)")
+            self.refs[key] = self.best([self.ref_cfg(file, n)])[0][0]
         return self.refs[key]
 
     def ref_cfg(self, file: str, n: int, runner: str = "DirectRunner") -> dict:
@@ -535,16 +525,15 @@ class _Bench:
                secs: float, rss: float, ref: float, runner: str, target: float | None,
                note: str, **extra: Any) -> dict:
         ratio = ref / secs
-        rec = make_record("bench", "synthetic", method, epsilon, f"pipeline rows/s ({mode})",
-                          n / secs, stage=stage, path=path, runner=runner, rows=n, seconds=secs,
-                          rows_per_second=n / secs, peak_rss_mb=rss, mode=mode,
-                          reference_seconds=ref, ratio_to_reference=ratio,
-                          target=target, target_of="ratio_to_reference",
-                          meets_target=None if target is None else bool(ratio >= target),
-                          note=note + "; ratio_to_reference = reference seconds / seconds "
-                                      "(> 1: faster than the reference)",
-                          **extra, **self.stamp)
-        return rec
+        return make_record("bench", "synthetic", method, epsilon, f"pipeline rows/s ({mode})",
+                           n / secs, stage=stage, path=path, runner=runner, rows=n, seconds=secs,
+                           rows_per_second=n / secs, peak_rss_mb=rss, mode=mode,
+                           reference_seconds=ref, ratio_to_reference=ratio,
+                           target=target, target_of="ratio_to_reference",
+                           meets_target=None if target is None else bool(ratio >= target),
+                           note=note + "; ratio_to_reference = reference seconds / seconds "
+                                       "(> 1: faster than the reference)",
+                           **extra, **self.stamp)
 
 
 def _selection(only: list[str] | None) -> tuple[set[str], set[str] | None]:
@@ -611,15 +600,12 @@ def run(quick: bool = False, progress=None, only: list[str] | None = None,
         if "runners" in sections and not quick:
             section("runners", lambda: _runners(b, sizes[0], mechs))
         if "bounding" in sections:
-            section("bounding", lambda: _bounding(sizes, tmp, b.script, progress, bench=b))
+            section("bounding", lambda: _bounding(sizes, tmp, progress, bench=b))
         if "startup" in sections and mechs is None:
             section("startup", lambda: _startup(b, 1 if quick else STARTUP_ROUNDS))
         if "sources" in sections:
-            def sources_section():
-                recs = sources(sizes, tmp, progress, repeats=1) if quick else \
-                    sources(sizes, tmp, progress)
-                return _with_reference(b, recs, tmp)
-            section("sources", sources_section)
+            section("sources", lambda: _with_reference(
+                b, sources(sizes, tmp, progress, repeats=1 if quick else None), tmp))
         if "stream" in sections and mechs is None:
             section("stream", lambda: stream_bench(tmp, progress, quick=quick, stamp=b.stamp,
                                                    env=b.env))
@@ -665,7 +651,7 @@ def _with_reference(b: _Bench, recs: list[dict], tmp: str) -> list[dict]:
             b.note(f"reference: plain Beam GRR on the sources bench's Parquet ({n:,} rows)")
             cfg = {"mode": "reference", "path": path, "ref_column": "x",
                    "ref_epsilon": REF_EPSILON, "rows": n, "beam_args": RUNNERS["DirectRunner"]}
-            refs[n] = b.best([cfg], n)[0][0]
+            refs[n] = b.best([cfg])[0][0]
         secs = r.get("seconds")
         r["reference_seconds"] = refs.get(n)
         r["ratio_to_reference"] = refs[n] / secs if secs and n in refs else None
@@ -675,10 +661,10 @@ def _with_reference(b: _Bench, recs: list[dict], tmp: str) -> list[dict]:
     return recs
 
 
-def _api_cfg(b: _Bench, name: str, n: int, runner: str, mode: str = "api") -> dict:
+def _api_cfg(b: _Bench, name: str, n: int, runner: str) -> dict:
     params, cols, file, _ = CASES[name]
     return {"mechanism": name, "params": params, "columns": cols, "rows": n,
-            "path": b.file(file, n), "mode": mode, "beam_args": RUNNERS[runner]}
+            "path": b.file(file, n), "mode": "api", "beam_args": RUNNERS[runner]}
 
 
 def _api(b: _Bench, sizes, mechs) -> list[dict]:
@@ -691,7 +677,7 @@ def _api(b: _Bench, sizes, mechs) -> list[dict]:
         cfgs = [b.ref_cfg(f, n) for f in files] + [_api_cfg(b, m, n, "DirectRunner")
                                                    for m in names]
         b.note(f"api: reference on {', '.join(files)} and {', '.join(names)} ({n:,} rows)")
-        res = b.best(cfgs, n)
+        res = b.best(cfgs)
         for f, (secs, _) in zip(files, res):
             b.refs[("file", f, n, "DirectRunner")] = secs
         for m, (secs, rss) in zip(names, res[len(files):]):
@@ -701,12 +687,6 @@ def _api(b: _Bench, sizes, mechs) -> list[dict]:
                                 "ReadTable | Perturb | EstimateGlobally on the reference's file, "
                                 "Beam's start-up included"))
     return out
-
-
-def _median(xs: list[float]) -> float:
-    xs = sorted(xs)
-    k = len(xs) // 2
-    return xs[k] if len(xs) % 2 else (xs[k - 1] + xs[k]) / 2.0
 
 
 def _api_readme(b: _Bench, sizes, mechs, rounds: int = README_ROUNDS) -> list[dict]:
@@ -748,7 +728,7 @@ def _api_readme(b: _Bench, sizes, mechs, rounds: int = README_ROUNDS) -> list[di
         runs = dict(zip(keys, b.runs(cfgs, rounds)))
 
         def med(key, field="seconds"):
-            return _median([r[field] for r in runs[key]])
+            return statistics.median([r[field] for r in runs[key]])
 
         for speed in (False, True):
             for m in names:
@@ -771,7 +751,7 @@ def _api_readme(b: _Bench, sizes, mechs, rounds: int = README_ROUNDS) -> list[di
                     by_hand=True, speedups=speed, reference_speedups=speed, rounds=rounds,
                     statistic="median", seconds_runs=[r["seconds"] for r in runs[mine]],
                     reference_seconds_runs=[r["seconds"] for r in runs[theirs]],
-                    paired_ratio=_median(paired), cpu_seconds=med(mine, "cpu_seconds"),
+                    paired_ratio=statistics.median(paired), cpu_seconds=med(mine, "cpu_seconds"),
                     reference_cpu_seconds=med(theirs, "cpu_seconds"),
                     cpu_ratio_to_reference=med(theirs, "cpu_seconds") / med(mine, "cpu_seconds"))
                 if speed:  # False where this Beam is not one beam_speed verified
@@ -796,7 +776,7 @@ def _runners(b: _Bench, n: int, mechs) -> list[dict]:
             # interleaved with the reference, each the fastest of RUNNER_ROUNDS: two worker
             # processes on 2 cores move single runs by ±0.1 (0.84-1.01 in two quiet runs)
             (ref, _), (secs, rss) = b.best([b.ref_cfg(file, n, runner),
-                                            _api_cfg(b, m, n, runner)], n,
+                                            _api_cfg(b, m, n, runner)],
                                            rounds=max(b.rounds, RUNNER_ROUNDS)
                                            if b.rounds > 1 else 1)
             key = ("file", file, n, runner)
@@ -866,7 +846,7 @@ def _element(b: _Bench, n: int) -> list[dict]:
     cfg = {"mechanism": ELEMENT_MECHANISM, "params": params, "columns": cols, "rows": n,
            "path": None, "mode": "element", "beam_args": RUNNERS["DirectRunner"]}
     b.note(f"element: plain Beam per-record reference and {ELEMENT_MECHANISM} ({n:,} records)")
-    (ref, _), (secs, rss) = b.best([ref_cfg, cfg], n, rounds=1)  # seconds-long runs
+    (ref, _), (secs, rss) = b.best([ref_cfg, cfg], rounds=1)  # seconds-long runs
     return [b.record("element", "pipeline", ELEMENT_MECHANISM, params["epsilon"], "element", n,
                      secs, rss, ref, "DirectRunner", TARGETS["element"],
                      "records generated in the pipeline | Perturb(key_column=rid) | "
@@ -886,10 +866,7 @@ def _pargs(params: dict) -> list[str]:
 
 
 def _roles(params_cols: dict) -> list[str]:
-    out = []
-    for role, col in params_cols.items():
-        out += ["--role", f"{role}={col}"]
-    return out
+    return [a for role, col in params_cols.items() for a in ("--role", f"{role}={col}")]
 
 
 def _cli(b: _Bench, sizes, mechs, big: bool) -> list[dict]:
@@ -918,8 +895,7 @@ def _cli(b: _Bench, sizes, mechs, big: bool) -> list[dict]:
                 e = b.cli(["estimate", "-i", reports, "-o", est], ledger)
                 runs.append((c[0], e[0], c[1], e[1]))
                 if k + 1 < b.rounds:
-                    for f in (reports, est):
-                        _remove_outputs(f)
+                    _remove_outputs(reports, est)
             # the fastest round's times; each command's largest peak over the rounds
             c_secs, e_secs = min(runs, key=lambda r: r[0] + r[1])[:2]
             c_rss, e_rss = max(r[2] for r in runs), max(r[3] for r in runs)
@@ -936,8 +912,7 @@ def _cli(b: _Bench, sizes, mechs, big: bool) -> list[dict]:
                 collect_seconds=c_secs, estimate_seconds=e_secs, collect_peak_rss_mb=c_rss,
                 estimate_peak_rss_mb=e_rss, command="collect+estimate",
                 collect_args=" ".join(extra) or None))
-            for f in (reports, est):
-                _remove_outputs(f)
+            _remove_outputs(reports, est)
         for m in central:
             params, cols, file = RELEASES[m]
             src = b.file(file, n)
@@ -997,22 +972,22 @@ def _cli(b: _Bench, sizes, mechs, big: bool) -> list[dict]:
     return out
 
 
-def _remove_outputs(path: str) -> None:
-    """A run's output and its side files (manifest, dead letters, curator notes)."""
-    folder, base = os.path.split(path)
-    stem = base.rsplit(".", 1)[0]
-    for f in os.listdir(folder):
-        if f.startswith(base) or f.startswith(stem + "."):
-            full = os.path.join(folder, f)
-            if os.path.isfile(full):
-                os.remove(full)
+def _remove_outputs(*paths: str) -> None:
+    """Runs' outputs and their side files (manifest, dead letters, curator notes)."""
+    for path in paths:
+        folder, base = os.path.split(path)
+        stem = base.rsplit(".", 1)[0]
+        for f in os.listdir(folder):
+            if f.startswith(base) or f.startswith(stem + "."):
+                full = os.path.join(folder, f)
+                if os.path.isfile(full):
+                    os.remove(full)
 
 
 BOUNDING_ROUNDS = 3  # rounds of the bounded/unbounded comparison at every size (full bench)
 
 
-def _bounding(sizes, tmp: str, script: str, progress=None, bench: _Bench | None = None
-              ) -> list[dict]:
+def _bounding(sizes, tmp: str, progress=None, bench: _Bench | None = None) -> list[dict]:
     """The cost of bounding each privacy unit (10 rows per unit, one report kept) against the
     same pipeline without it, on the same file in the same run (issue 14: at most 2x, memory
     flat), and both against the reference on that file."""
@@ -1029,11 +1004,10 @@ def _bounding(sizes, tmp: str, script: str, progress=None, bench: _Bench | None 
     for n in sizes:
         path = b.file("units", n)
         cfgs = [b.ref_cfg("units", n)] + [cfg(path, n, mode) for mode in ("api", "bounded")]
-        if progress is not None:
-            progress.note(f"pipeline bisample with and without a privacy unit ({n:,} rows)")
+        b.note(f"pipeline bisample with and without a privacy unit ({n:,} rows)")
         # a ratio of two pipelines: each the fastest of 3 interleaved fresh-process rounds at
         # every size (one round at 10^7 moved it between 1.82x and 2.14x in two quiet runs)
-        (ref, _), *runs = b.best(cfgs, n, rounds=1 if b.rounds == 1 else BOUNDING_ROUNDS)
+        (ref, _), *runs = b.best(cfgs, rounds=1 if b.rounds == 1 else BOUNDING_ROUNDS)
         refs[n], unbounded = ref, runs[0][0]
         for mode, (secs, rss) in zip(("batched", "bounded"), runs):
             rec = b.record("api", "bounding", "bisample", params["epsilon"], mode, n, secs,
@@ -1054,10 +1028,8 @@ def _bounding(sizes, tmp: str, script: str, progress=None, bench: _Bench | None 
     big = max(sizes)
     if big > sizes[0]:
         # the rows x10 at the units of the smallest run: memory follows units, not rows
-        if progress is not None:
-            progress.note(f"pipeline bisample with a privacy unit, 100 rows a unit ({big:,} "
-                          f"rows)")
-        (secs, rss), = b.best([cfg(b.file("units100", big), big, "bounded")], big)
+        b.note(f"pipeline bisample with a privacy unit, 100 rows a unit ({big:,} rows)")
+        (secs, rss), = b.best([cfg(b.file("units100", big), big, "bounded")])
         growth = rss / peak[sizes[0]] - 1.0
         rec = b.record("api", "bounding", "bisample", params["epsilon"], "bounded-fixed-units",
                        big, secs, rss, refs[big],

@@ -30,6 +30,7 @@ sums).
 from __future__ import annotations
 
 import json
+import operator
 import os
 import shutil
 import tempfile
@@ -149,18 +150,6 @@ def _pdp_row(kv: Any) -> str:
     return json.dumps({"key": key, **metrics._asdict()})
 
 
-def _extract_user(r: dict) -> Any:
-    return r["user"]
-
-
-def _extract_key(r: dict) -> Any:
-    return r["key"]
-
-
-def _extract_value(r: dict) -> Any:
-    return r["value"]
-
-
 def run_pipeline_dp(name: str, path: str, keys: list[str], epsilon: float, l0: int, linf: int,
                     tmp: str, tag: str) -> tuple[float, dict[str, Any]]:
     """(seconds, published value per key) of PipelineDP's Beam backend on the same file."""
@@ -182,9 +171,9 @@ def run_pipeline_dp(name: str, path: str, keys: list[str], epsilon: float, l0: i
         max_partitions_contributed=l0,
         max_contributions_per_partition=1 if metric == "PRIVACY_ID_COUNT" else linf,
         min_value=LOWER, max_value=UPPER)
-    extractors = pipeline_dp.DataExtractors(privacy_id_extractor=_extract_user,
-                                            partition_extractor=_extract_key,
-                                            value_extractor=_extract_value)
+    extractors = pipeline_dp.DataExtractors(privacy_id_extractor=operator.itemgetter("user"),
+                                            partition_extractor=operator.itemgetter("key"),
+                                            value_extractor=operator.itemgetter("value"))
     p = beam.Pipeline(runner=local_runner(args), options=PipelineOptions(args))
     rows = p | "Read" >> beam.io.ReadFromParquet(path)
     res = engine.aggregate(rows, params, extractors, public_partitions=keys)

@@ -45,10 +45,8 @@ class Profile:
     uniform_fraction_target: float | None = None
 
 
-def _uniform(lo: float, hi: float) -> Callable[[int, np.random.Generator], np.ndarray]:
-    return lambda n, rng: rng.uniform(lo, hi, n)
-
-
+def _uniform(n: int, rng: np.random.Generator) -> np.ndarray:
+    return rng.uniform(0, 100, n)
 
 
 RR_FRACTION = 0.2  # issue 7: RR-style perturbation >= 20% of the raw uniform-draw rate
@@ -86,11 +84,11 @@ def _joint_profile(sensitive: bool = True, perturb_target: float | None = None) 
 _MEAN = dict(epsilon=1.0, lower=0.0, upper=100.0)
 _RR = dict(uniform_fraction_target=RR_FRACTION)
 PROFILES: dict[str, Profile] = {
-    "bisample": Profile(_MEAN, _uniform(0, 100), **_RR),
-    "bisample-md": Profile(_MEAN, _uniform(0, 100), **_RR),
-    "harmony": Profile(_MEAN, _uniform(0, 100), **_RR),
-    "pm": Profile(_MEAN, _uniform(0, 100)),
-    "privkvm": Profile(_MEAN, _uniform(0, 100)),
+    "bisample": Profile(_MEAN, _uniform, **_RR),
+    "bisample-md": Profile(_MEAN, _uniform, **_RR),
+    "harmony": Profile(_MEAN, _uniform, **_RR),
+    "pm": Profile(_MEAN, _uniform),
+    "privkvm": Profile(_MEAN, _uniform),
     "rvns": Profile(
         dict(lower=0.0, upper=10.0, d=2.0, k=1), lambda n, rng: chi2_truncated(3, n, rng, 10.0),
         estimators={"fast m=100": {"m": 100}, "fast m=1000": {"m": 1000},
@@ -137,14 +135,11 @@ def reference(rows: int, repeats: int) -> list[dict]:
     src = RandomSource()
     pcg = np.random.default_rng()
     ints = pcg.integers(0, 4, rows)
-    out = []
-    t, _ = _best(lambda: src.uniforms(rows, 1), repeats)
-    out.append(_rec("aes-counter uniforms", "reference", "uniforms/s", rows, t))
-    t, _ = _best(lambda: pcg.random(rows), repeats)
-    out.append(_rec("pcg64 uniforms", "reference", "uniforms/s", rows, t))
-    t, _ = _best(lambda: np.bincount(ints, minlength=4), repeats)
-    out.append(_rec("np.bincount", "reference", "ints/s", rows, t))
-    return out
+    cases = (("aes-counter uniforms", "uniforms/s", lambda: src.uniforms(rows, 1)),
+             ("pcg64 uniforms", "uniforms/s", lambda: pcg.random(rows)),
+             ("np.bincount", "ints/s", lambda: np.bincount(ints, minlength=4)))
+    return [_rec(name, "reference", metric, rows, _best(fn, repeats)[0])
+            for name, metric, fn in cases]
 
 
 def bench_mechanism(name: str, prof: Profile, rows: int, repeats: int, quick: bool,

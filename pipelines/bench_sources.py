@@ -124,11 +124,10 @@ def run(sizes: tuple[int, ...], tmp: str, progress=None, *,
             reps = repeats if repeats is not None else (3 if n >= 1_000_000 else 1)
             _note(progress, f"sources: writing {n:,} rows to Parquet, DuckDB and PostgreSQL")
             table = _table(n)
-            urls: dict[str, str] = {}
             skipped: dict[str, str] = {}
             parquet = os.path.join(tmp, f"sources-{n}.parquet")
-            _write_parquet(table, parquet)
-            urls["parquet"] = parquet
+            pq.write_table(table, parquet, row_group_size=250_000)  # as pipelines/bench.py does
+            urls = {"parquet": parquet}
             why = duckdb_unavailable()
             if why:
                 skipped["duckdb"] = why
@@ -258,10 +257,6 @@ def _table(n: int):
     """The benchmark's table: ``x`` uniform on [0, 100), seeded by its size (so every source of
     one size holds the same values, and runs are comparable)."""
     return pa.table({"x": np.random.default_rng(n).uniform(0.0, 100.0, n)})
-
-
-def _write_parquet(table, path: str) -> None:
-    pq.write_table(table, path, row_group_size=250_000)  # as pipelines/bench.py writes
 
 
 def duckdb_unavailable() -> str | None:

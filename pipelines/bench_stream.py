@@ -26,16 +26,14 @@ from .records import SectionFailed, make_record
 #: the domain of the stream's GRR reports
 _DOMAIN = tuple(str(i) for i in range(20))
 
-# -- live telemetry through Google's Pub/Sub emulator (issue 24) ------------------------------
-
 #: issue 24's goals: the lander at least half the plain pull client's messages/s on the same
 #: backlog, and at least 20,000 reports/s with batched messages
 STREAM_TARGETS = {"ratio_to_plain_pull": 0.5, "reports_per_second": 20_000}
 #: backlog sizes: single-report messages (plain pull and lander, ``rounds`` interleaved
 #: rounds), batched reports (``per_message`` a message), Beam's backlog (single-report
-#: messages) and how long Beam may take to drain it
-#: messages; 50 reports a message keep 1,000 messages (a full pull batch of the lander)
-#: under its 8 MiB batch cap. A `--once` drain ends at the first empty pull.
+#: messages) and how long Beam may take to drain it; 50 reports a message keep 1,000 messages
+#: (a full pull batch of the lander) under its 8 MiB batch cap. A `--once` drain ends at the
+#: first empty pull.
 STREAM_SIZES = {
     False: {"messages": 20_000, "rounds": 3, "reports": 210_000, "per_message": 50,
             "batched_rounds": 2, "beam_messages": 5_000, "beam_seconds": 40.0},
@@ -80,7 +78,6 @@ def main():
     started = time.time()
     result = p.run()
     deadline = time.monotonic() + cfg["timeout"]
-    rows = []
     while time.monotonic() < deadline:
         time.sleep(0.2)
         try:
@@ -188,13 +185,12 @@ def stream_bench(tmp: str, progress: Any = None, *, quick: bool = False,
       element to its last (its start-up excluded), beside the plain client; no goal.
 
     Without Java, the emulator or the Pub/Sub client, one record says so (``skipped``)."""
+    say = progress.note if progress is not None else (lambda text: None)
     why = pubsub_emulator.unavailable()
     if why:
-        if progress is not None:
-            progress.note(f"stream: skipped: {why}")
+        say(f"stream: skipped: {why}")
         return _stream_skipped(why, stamp)
     cfg = dict(STREAM_SIZES[bool(quick)], **(sizes or {}))
-    say = progress.note if progress is not None else (lambda text: None)
     mech = build_mechanism("grr", epsilon=STREAM_EPSILON, domain=_DOMAIN)
     rng = np.random.default_rng()
     out: list[dict] = []
@@ -424,12 +420,11 @@ def stream_soak(seconds: float, tmp: str, progress: Any = None, *, rate: float =
     :func:`rss_trend` after ``warmup`` (default: 20% of the run, at most 120 s): first (after
     the warm-up), last and max RSS, the slope in MB per 10 min and whether that is flat within
     the samples' noise. The collector must estimate every published report and reconcile."""
+    say = progress.note if progress is not None else (lambda text: None)
     why = pubsub_emulator.unavailable()
     if why:
-        if progress is not None:
-            progress.note(f"stream-soak: skipped: {why}")
+        say(f"stream-soak: skipped: {why}")
         return _stream_skipped(why, stamp, mode="soak")
-    say = progress.note if progress is not None else (lambda text: None)
     interval = interval or min(10.0, max(1.0, seconds / 60))
     warmup = min(120.0, 0.2 * seconds) if warmup is None else warmup
     folder = tempfile.mkdtemp(prefix="soak-", dir=tmp)

@@ -26,6 +26,7 @@ loads it by path before the package is installed.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import glob
 import os
 import shutil
@@ -105,6 +106,14 @@ def unavailable() -> str | None:
     return client_missing()
 
 
+def _set_host(value: str | None) -> None:
+    """Point this process's Pub/Sub clients at ``value`` (``PUBSUB_EMULATOR_HOST``; None: unset)."""
+    if value is None:
+        os.environ.pop("PUBSUB_EMULATOR_HOST", None)
+    else:
+        os.environ["PUBSUB_EMULATOR_HOST"] = value
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -142,7 +151,7 @@ class PubSubEmulator:
             raise EmulatorUnavailable(reason)
         launcher = find_launcher()
         last = ""
-        for attempt in range(2):  # a port taken between free_port() and the bind: try another
+        for _ in range(2):  # a port taken between free_port() and the bind: try another
             self.port = free_port()
             env = dict(os.environ)
             env["JAVA_OPTS"] = (env.get("JAVA_OPTS", "") + f" -Xmx{self.heap}").strip()
@@ -186,7 +195,7 @@ class PubSubEmulator:
         from google.cloud import pubsub_v1
 
         old = os.environ.get("PUBSUB_EMULATOR_HOST")
-        os.environ["PUBSUB_EMULATOR_HOST"] = self.host
+        _set_host(self.host)
         try:
             client = pubsub_v1.PublisherClient()
             list(client.list_topics(request={"project": f"projects/{PROJECT}"}, timeout=3.0,
@@ -196,32 +205,23 @@ class PubSubEmulator:
         except Exception:
             return False
         finally:
-            if old is None:
-                os.environ.pop("PUBSUB_EMULATOR_HOST", None)
-            else:
-                os.environ["PUBSUB_EMULATOR_HOST"] = old
+            _set_host(old)
 
     def stop(self, remove: bool = True) -> None:
         self.deactivate()
         proc, self.proc = self.proc, None
         if proc is not None and proc.poll() is None:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
             try:
                 proc.wait(timeout=5)
             except subprocess.TimeoutExpired:
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
                 proc.wait(timeout=10)
         if proc is not None:  # the group may outlive its leader (java under the launcher)
-            try:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
         if self._log is not None:
             self._log.close()
             self._log = None
@@ -234,16 +234,12 @@ class PubSubEmulator:
         :meth:`deactivate` (or :meth:`stop`) restores the previous value."""
         if not self._saved_env:
             self._saved_env.append(os.environ.get("PUBSUB_EMULATOR_HOST"))
-        os.environ["PUBSUB_EMULATOR_HOST"] = self.host
+        _set_host(self.host)
         return self
 
     def deactivate(self) -> None:
         if self._saved_env:
-            old = self._saved_env.pop()
-            if old is None:
-                os.environ.pop("PUBSUB_EMULATOR_HOST", None)
-            else:
-                os.environ["PUBSUB_EMULATOR_HOST"] = old
+            _set_host(self._saved_env.pop())
 
     def __enter__(self) -> "PubSubEmulator":
         self.start()
@@ -257,36 +253,33 @@ class PubSubEmulator:
         self.stop()
 
     # -- resources (the emulator's host must be in os.environ: the clients read it)
-    def topic(self, publisher=None) -> str:
+    def topic(self) -> str:
         # lazy: optional dependency (the [pubsub] extra; see client_missing)
         from google.cloud import pubsub_v1
 
-        client = publisher or pubsub_v1.PublisherClient()
         path = f"projects/{PROJECT}/topics/t-{uuid.uuid4().hex[:12]}"
-        client.create_topic(name=path, timeout=10.0)
+        pubsub_v1.PublisherClient().create_topic(name=path, timeout=10.0)
         return path
 
-    def subscription(self, topic: str, ack_deadline: int = 10, subscriber=None) -> str:
+    def subscription(self, topic: str, ack_deadline: int = 10) -> str:
         # lazy: optional dependency (the [pubsub] extra; see client_missing)
         from google.cloud import pubsub_v1
 
-        client = subscriber or pubsub_v1.SubscriberClient()
+        client = pubsub_v1.SubscriberClient()
         path = f"projects/{PROJECT}/subscriptions/s-{uuid.uuid4().hex[:12]}"
         client.create_subscription(name=path, topic=topic, ack_deadline_seconds=ack_deadline,
                                    timeout=10.0)
-        if subscriber is None:
-            client.close()
+        client.close()
         return path
 
 
-def main(argv: list[str] | None = None,
-         needed_by: str = "the Pub/Sub tests (tests/test_pubsub.py)") -> int:
+def main() -> int:
     """The command-line check (``.ci/run``): exit 1 with a clear message when java or the
     emulator is missing, else print where they are and exit 0."""
     why = missing()
     if why:
-        print(f"Pub/Sub emulator check failed: {why}; {needed_by} need it ({INSTALL_HINT})",
-              file=sys.stderr)
+        print(f"Pub/Sub emulator check failed: {why}; the Pub/Sub tests (tests/test_pubsub.py) "
+              f"need it ({INSTALL_HINT})", file=sys.stderr)
         return 1
     print(f"Pub/Sub emulator: {find_launcher()} (java: {find_java()})")
     return 0

@@ -7,7 +7,7 @@ by one opt-in with three doors:
 * the command line: the global flag ``ldp-beam --beam-speedups COMMAND ...``;
 * the environment: ``LDP_BEAM_SPEEDUPS=1`` (read by the command line, as the flag; a Python
   program asks :func:`enabled` and calls :func:`install` itself). ``LDP_BEAM_SPEEDUPS=0`` or
-  unset: off. The former ``LDP_BEAM_NO_BEAM_SPEEDUPS`` switch is gone (off is the default).
+  unset: off.
 
 Most of what they save is Beam's own fixed cost per pipeline (~0.5 s of a DirectRunner run on
 Beam 2.77, IPython's import ~0.3 s of it), which a plain Beam pipeline pays as well, so without
