@@ -112,8 +112,8 @@ def _density_epsilon(dens: Callable[[np.ndarray, np.ndarray], np.ndarray], xs: n
 
 
 # --------------------------------------------------------------------------- discrete LDP
-def _discrete(name: str, mech: Any, q: np.ndarray, definition: str, data_of: Callable,
-              code_of: Callable, n: int, gen: np.random.Generator, masks: tuple = ()) -> tuple:
+def _discrete(mech: Any, q: np.ndarray, definition: str, data_of: Callable, code_of: Callable,
+              n: int, gen: np.random.Generator, masks: tuple = ()) -> tuple:
     if definition == "ldp":
         exact = A.ldp_epsilon(q)
     elif definition == "uldp":
@@ -152,17 +152,17 @@ def _audit_discrete(name: str, n: int, gen) -> tuple:
     with_null = np.concatenate([grid, [np.nan]])
     if name == "grr":
         m = build_mechanism(name, epsilon=EPS, domain=dom)
-        return m, _discrete(name, m, m.transition_matrix(), "ldp", _labels(dom),
-                            lambda r: r["v"], n, gen)
+        return m, _discrete(m, m.transition_matrix(), "ldp", _labels(dom), lambda r: r["v"], n,
+                            gen)
     if name == "urr":
         m = build_mechanism(name, epsilon=EPS, domain=dom, sensitive=("a", "b"))
         mask = np.isin(np.array(dom), ["a", "b"])
-        return m, _discrete(name, m, m.transition_matrix(), "uldp", _labels(dom),
-                            lambda r: r["v"], n, gen, (mask,))
+        return m, _discrete(m, m.transition_matrix(), "uldp", _labels(dom), lambda r: r["v"], n,
+                            gen, (mask,))
     code = (lambda m: (lambda r: r["x"].astype(np.int64) * m.ny + r["y"]))
     if name == "jd-grr":
         m = build_mechanism(name, epsilon=EPS, x_domain=xd, y_domain=yd)
-        return m, _discrete(name, m, m.transition_matrix(), "ldp", _cells(m), code(m), n, gen)
+        return m, _discrete(m, m.transition_matrix(), "ldp", _cells(m), code(m), n, gen)
     if name in ("cprr", "jurr", "tdrr"):
         eps = 1.5 if name == "jurr" else EPS  # JuRR needs eps > ln(1 + sqrt(sx sy)) = ln 2
         m = build_mechanism(name, epsilon=eps, x_domain=xd, y_domain=yd, x_sensitive=("a",),
@@ -171,23 +171,19 @@ def _audit_discrete(name: str, n: int, gen) -> tuple:
         if name == "cprr":
             cells = np.zeros(m.nx * m.ny, dtype=bool)
             cells[m.sensitive_cells()] = True
-            return m, _discrete(name, m, m.transition_matrix(), "uldp", _cells(m), code(m), n,
-                                gen, (cells,))
-        return m, _discrete(name, m, m.transition_matrix(), "uldp2d", _cells(m), code(m), n,
-                            gen, (xs, ys))
-    if name in ("bisample", "harmony"):
-        m = build_mechanism(name, epsilon=EPS, lower=-1.0, upper=1.0)
-        q = m.output_probabilities(grid).T
-        code_of = ((lambda r: 2 * r["s"].astype(np.int64) + r["b"]) if name == "bisample"
-                   else (lambda r: (r["y"] == 1).astype(np.int64)))
-        return m, _discrete(name, m, q, "ldp", _numeric(grid), code_of, n, gen)
-    if name in ("bisample-md", "privkvm"):
-        m = build_mechanism(name, epsilon=EPS, lower=-1.0, upper=1.0)
-        q = m.output_probabilities(with_null).T
-        code_of = ((lambda r: 2 * r["s"].astype(np.int64) + r["b"]) if name == "bisample-md"
-                   else (lambda r: r["k"].astype(np.int64) * (1 + (r["v"] == 1))))
-        return m, _discrete(name, m, q, "ldp", _numeric(with_null), code_of, n, gen)
-    raise KeyError(name)
+            return m, _discrete(m, m.transition_matrix(), "uldp", _cells(m), code(m), n, gen,
+                                (cells,))
+        return m, _discrete(m, m.transition_matrix(), "uldp2d", _cells(m), code(m), n, gen,
+                            (xs, ys))
+    numeric = {  # name -> (inputs, the output code of a report)
+        "bisample": (grid, lambda r: 2 * r["s"].astype(np.int64) + r["b"]),
+        "harmony": (grid, lambda r: (r["y"] == 1).astype(np.int64)),
+        "bisample-md": (with_null, lambda r: 2 * r["s"].astype(np.int64) + r["b"]),
+        "privkvm": (with_null, lambda r: r["k"].astype(np.int64) * (1 + (r["v"] == 1)))}
+    inputs, code_of = numeric[name]  # KeyError for any other name
+    m = build_mechanism(name, epsilon=EPS, lower=-1.0, upper=1.0)
+    return m, _discrete(m, m.output_probabilities(inputs).T, "ldp", _numeric(inputs), code_of, n,
+                        gen)
 
 
 # --------------------------------------------------------------------------- continuous LDP
@@ -263,14 +259,16 @@ def _audit_rvns(n: int, gen, delta: float) -> tuple:
 
 
 # --------------------------------------------------------------------------- central DP
+_BASE = np.array([12, 3, 0, 7, 7, 1, 20, 4])  # the bucket counts of the histogram audits
+
+
 def _central_hist(m: Any, reps: int, gen, bucket: int = 0) -> tuple:
-    base = np.array([12, 3, 0, 7, 7, 1, 20, 4])
-    nb = base.copy()
+    nb = _BASE.copy()
     nb[bucket] += 1
-    s1 = np.array([m.release_counts(base, gen)["histogram"].value[bucket] for _ in range(reps)])
+    s1 = np.array([m.release_counts(_BASE, gen)["histogram"].value[bucket] for _ in range(reps)])
     s2 = np.array([m.release_counts(nb, gen)["histogram"].value[bucket] for _ in range(reps)])
     res = _thresholds(s1, s2)
-    note = (f"Monte Carlo: {reps} releases on counts {base.tolist()} and with one record added "
+    note = (f"Monte Carlo: {reps} releases on counts {_BASE.tolist()} and with one record added "
             f"to bucket {bucket}; threshold events on that bucket's published value")
     exact = getattr(m, "realized_epsilon", None)  # releases whose worst case is known exactly
     if exact is not None:
@@ -306,7 +304,6 @@ def _central_osdp(m: Any, reps: int, gen) -> tuple:
 
 # --------------------------------------------------------------------------- person level
 PERSON_ROWS = 50
-_BASE = np.array([12, 3, 0, 7, 7, 1, 20, 4])
 
 
 class _Audited:
@@ -329,15 +326,15 @@ def _unit_claim(mech: Any, bounded: bool) -> Any:
                                   "spends r x epsilon (no finite per-person guarantee)")
 
 
-def _person_counts(gen, bounds: Any, bucket: int = 0, base: np.ndarray = _BASE) -> np.ndarray:
-    """Bucket counts of the dataset with the person: single-row units in ``base`` plus the
+def _person_counts(gen, bounds: Any, bucket: int = 0) -> np.ndarray:
+    """Bucket counts of the dataset with the person: single-row units in ``_BASE`` plus the
     person's PERSON_ROWS rows in ``bucket``, bounded to ``bounds`` (None: not bounded)."""
-    buckets = np.concatenate([np.repeat(np.arange(base.size), base),
+    buckets = np.concatenate([np.repeat(np.arange(_BASE.size), _BASE),
                               np.full(PERSON_ROWS, bucket)])
-    units = np.concatenate([np.arange(base.sum()), np.full(PERSON_ROWS, -1)])
+    units = np.concatenate([np.arange(_BASE.sum()), np.full(PERSON_ROWS, -1)])
     keep = np.ones(buckets.size, dtype=bool) if bounds is None else bound_contributions(
         units, None, bounds.l0, bounds.linf, gen)
-    return np.bincount(buckets[keep], minlength=base.size)
+    return np.bincount(buckets[keep], minlength=_BASE.size)
 
 
 def _person_hist(m: Any, reps: int, gen, bounded: bool, bucket: int = 0) -> tuple:
@@ -499,11 +496,15 @@ def _person_aggregation(m: Any, stat: str, reps: int, gen) -> tuple:
 def _person_plan(reps: int) -> list[tuple[str, str, Callable]]:
     plan: list[tuple[str, str, Callable]] = []
 
-    def hist(name, bounded, setting, **kw):
+    def person(name, setting, audit, bounded=True, **kw):
         def f(g):
-            m = build_mechanism(name, epsilon=EPS, **kw)
-            return _Audited(m, _unit_claim(m, bounded)), _person_hist(m, reps, g, bounded)
+            m = build_mechanism(name, **kw)
+            return _Audited(m, _unit_claim(m, bounded)), audit(m, g)
         plan.append((name, setting, f))
+
+    def hist(name, bounded, setting, **kw):
+        person(name, setting, lambda m, g: _person_hist(m, reps, g, bounded), bounded,
+               epsilon=EPS, **kw)
     hist("laplace-histogram", True, "person L0=Linf=1")
     hist("laplace-histogram", False, "person unbounded")
     hist("dphr", True, "person L0=Linf=1", variant="sound")
@@ -511,24 +512,13 @@ def _person_plan(reps: int) -> list[tuple[str, str, Callable]]:
     hist("ahp", True, "person Linf=3", max_rows_per_partition=3)
     hist("structure-first", True, "person Linf=3 F=40", k=3, F=40.0,
          max_rows_per_partition=3)
-
-    def per_key(g):
-        m = build_mechanism("laplace-histogram", epsilon=EPS, max_partitions_per_unit=2,
-                            max_rows_per_partition=3)
-        return _Audited(m, _unit_claim(m, True)), _person_per_key(m, reps, g)
-    plan.append(("laplace-histogram", "person per key L0=2 Linf=3", per_key))
-
-    def osp(g):
-        m = build_mechanism("ospdprr", t=EPS, query="sum", lower=0.0, upper=1.0,
-                            max_rows_per_partition=2)
-        return _Audited(m, _unit_claim(m, True)), _person_ospdprr(m, reps, g)
-    plan.append(("ospdprr", "person Linf=2", osp))
-
-    def osdp(g):
-        m = build_mechanism("osdp-rr", epsilon=EPS, query="count", lower=0.0, upper=1.0,
-                            max_rows_per_partition=2)
-        return _Audited(m, _unit_claim(m, True)), _person_osdp(m, reps, g)
-    plan.append(("osdp-rr", "person Linf=2 one-sided", osdp))
+    person("laplace-histogram", "person per key L0=2 Linf=3",
+           lambda m, g: _person_per_key(m, reps, g), epsilon=EPS, max_partitions_per_unit=2,
+           max_rows_per_partition=3)
+    person("ospdprr", "person Linf=2", lambda m, g: _person_ospdprr(m, reps, g), t=EPS,
+           query="sum", lower=0.0, upper=1.0, max_rows_per_partition=2)
+    person("osdp-rr", "person Linf=2 one-sided", lambda m, g: _person_osdp(m, reps, g),
+           epsilon=EPS, query="count", lower=0.0, upper=1.0, max_rows_per_partition=2)
 
     def select(g):
         sel = PartitionSelection(EPS, 1e-5, 2)
@@ -536,10 +526,8 @@ def _person_plan(reps: int) -> list[tuple[str, str, Callable]]:
     plan.append(("partition-selection", "person L0=2 delta=1e-5", select))
 
     def agg(name, stat, setting, **kw):
-        def f(g):
-            m = build_mechanism(name, epsilon=EPS, **kw)
-            return _Audited(m, _unit_claim(m, True)), _person_aggregation(m, stat, reps, g)
-        plan.append((name, setting, f))
+        person(name, setting, lambda m, g: _person_aggregation(m, stat, reps, g), epsilon=EPS,
+               **kw)
     dom = {"lower": 0.0, "upper": 1.0}
     agg("central-count", "count", "person Linf=3", max_rows_per_partition=3)
     agg("privacy-id-count", "privacy_id_count", "person L0=Linf=1")
@@ -785,7 +773,7 @@ def _profile_audit(name: str, n: int) -> Callable:
         return np.asarray(profile.output_code(reports), dtype=np.int64)
 
     def audit(gen):
-        exact, res, note = _discrete(name, mech, q, "ldp", data_of, code_of, n, gen)
+        exact, res, note = _discrete(mech, q, "ldp", data_of, code_of, n, gen)
         return mech, (exact, res, f"plugin's audit_profile(): {note}")
     return audit
 

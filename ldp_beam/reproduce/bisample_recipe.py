@@ -39,7 +39,6 @@ from __future__ import annotations
 import math
 import os
 import time
-import zlib
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -52,7 +51,8 @@ from ..registry import build_mechanism
 from . import datasets as ds
 from .metrics import (absolute_error, bisample_variance, chi2_interval,
                       harmony_worst_case_variance, pm_variance, squared_error)
-from .recipe import finish_recipe, paper_run, pyplot, recipe_main, save_figure, start_recipe
+from .recipe import (below_by_se, cell_rng as _rng, claim_list, curve, finish_recipe, paper_run,
+                     pyplot, recipe_main, save_figure, start_recipe)
 
 FAMILY = "bisample"
 
@@ -99,13 +99,6 @@ FULL = Config(n=100_000, reps=100,
               eps_grid=(0.1, 0.5, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0))
 QUICK = Config(n=10_000, reps=10, eps_grid=(0.1, 1.0, 2.0, 4.0, 6.0, 8.0),
                mr_grid=(0.1, 0.3, 0.5, 0.7, 0.9), n_grid=(1_000, 10_000, 100_000))
-
-
-# --------------------------------------------------------------------------- randomness
-def _rng(seed: int, *label: Any) -> np.random.Generator:
-    """A PCG64 stream keyed by the recipe seed and a cell label (stable across grids/runs)."""
-    key = tuple(zlib.crc32(str(x).encode()) for x in label)
-    return np.random.Generator(np.random.PCG64(np.random.SeedSequence(seed, spawn_key=key)))
 
 
 # --------------------------------------------------------------------------- one cell
@@ -161,28 +154,19 @@ def _cell_records(experiment: str, dataset: str, method: str, epsilon: float, re
         return float(e.std(ddof=1) / math.sqrt(e.size)) if e.size > 1 else float("nan")
 
     common = dict(true_mean=true_mean, true_mr=true_mr, reps=T, **params)
+    series = []  # (what is estimated, its truth, the estimates, whether NaN ones are left out)
     if not math.isnan(true_mean):
-        out += [
-            make_record(experiment, dataset, method, epsilon, "AE(m)",
-                        absolute_error(true_mean, res.mean_raw, ignore_nan=True),
-                        se=ae_se(true_mean, res.mean_raw), undefined=undefined, **common),
-            make_record(experiment, dataset, method, epsilon, "Var(m)",
-                        squared_error(true_mean, res.mean_raw, ignore_nan=True),
-                        undefined=undefined, **common),
-            make_record(experiment, dataset, method, epsilon, "AE(m,clip)",
-                        absolute_error(true_mean, res.mean_clip),
-                        se=ae_se(true_mean, res.mean_clip), **common),
-            make_record(experiment, dataset, method, epsilon, "Var(m,clip)",
-                        squared_error(true_mean, res.mean_clip), **common),
-        ]
+        series += [("m", true_mean, res.mean_raw, True),
+                   ("m,clip", true_mean, res.mean_clip, False)]
     if res.mr is not None:
-        out += [
-            make_record(experiment, dataset, method, epsilon, "AE(mr)",
-                        absolute_error(true_mr, res.mr, ignore_nan=True),
-                        se=ae_se(true_mr, res.mr), **common),
-            make_record(experiment, dataset, method, epsilon, "Var(mr)",
-                        squared_error(true_mr, res.mr, ignore_nan=True), **common),
-        ]
+        series.append(("mr", true_mr, res.mr, True))
+    for what, truth, est, ignore_nan in series:
+        extra = {"undefined": undefined} if what == "m" else {}
+        out += [make_record(experiment, dataset, method, epsilon, f"AE({what})",
+                            absolute_error(truth, est, ignore_nan=ignore_nan),
+                            se=ae_se(truth, est), **extra, **common),
+                make_record(experiment, dataset, method, epsilon, f"Var({what})",
+                            squared_error(truth, est, ignore_nan=ignore_nan), **extra, **common)]
     return out
 
 
@@ -198,9 +182,14 @@ def _prefs(cfg: Config, seed: int, name: str, n: int) -> np.ndarray:
     return np.maximum(raw, PREF_FLOOR)
 
 
-def _missing_prefs(missing: np.ndarray, epsilon: float) -> np.ndarray:
-    """A preference column that makes exactly the ``missing`` users refuse at ``epsilon``."""
-    return np.where(missing, epsilon / 2.0, epsilon * 2.0)
+def _missing(d: ds.Dataset, rate: float, epsilon: float, rng: np.random.Generator
+             ) -> tuple[np.ndarray, float, float]:
+    """Exactly round(rate n) users of ``d``, drawn by ``rng``, refuse at ``epsilon``: (the
+    preference column that makes them refuse, the other users' mean, the true missing rate)."""
+    missing = np.zeros(d.n, dtype=bool)
+    missing[rng.choice(d.n, int(round(rate * d.n)), replace=False)] = True
+    return (np.where(missing, epsilon / 2.0, epsilon * 2.0), float(d.values[~missing].mean()),
+            int(missing.sum()) / d.n)
 
 
 def _datasets_experiment(cfg, seed, data_dir, common) -> list[dict]:
@@ -241,15 +230,12 @@ def _fig5(cfg, seed, data_dir, common, prog) -> list[dict]:
         for eps in cfg.fig5_eps:
             for rate in cfg.mr_grid:
                 prog.step(f"fig5 {name} eps={eps:g} mr={rate:g}")
-                k = int(round(rate * d.n))
-                missing = np.zeros(d.n, dtype=bool)
-                missing[_rng(seed, "fig5-missing", name, rate).choice(d.n, k, replace=False)] = True
-                prefs = _missing_prefs(missing, eps)
-                true_mean = float(d.values[~missing].mean())
+                prefs, true_mean, true_mr = _missing(d, rate, eps,
+                                                     _rng(seed, "fig5-missing", name, rate))
                 for method in MR_METHODS:
                     res = simulate(method, eps, d.values, prefs, cfg.reps,
                                    _rng(seed, "fig5", name, method, eps, rate))
-                    out += _cell_records("fig5", name, method, eps, res, true_mean, k / d.n,
+                    out += _cell_records("fig5", name, method, eps, res, true_mean, true_mr,
                                          n=d.n, missing_rate=rate, **common)
     return out
 
@@ -259,16 +245,12 @@ def _fig6(cfg, seed, data_dir, common, prog) -> list[dict]:
     eps, rate, name = cfg.fig6_eps, cfg.fig6_missing_rate, cfg.fig6_dataset
     for n in cfg.n_grid:
         d = _data(cfg, seed, name, data_dir, n=n)
-        k = int(round(rate * d.n))
-        missing = np.zeros(d.n, dtype=bool)
-        missing[_rng(seed, "fig6-missing", name, n).choice(d.n, k, replace=False)] = True
-        prefs = _missing_prefs(missing, eps)
-        true_mean = float(d.values[~missing].mean())
+        prefs, true_mean, true_mr = _missing(d, rate, eps, _rng(seed, "fig6-missing", name, n))
         prog.step(f"fig6 {name} n={d.n}")
         for method in METHODS:
             res = simulate(method, eps, d.values, prefs, cfg.reps,
                            _rng(seed, "fig6", name, method, n))
-            out += _cell_records("fig6", name, method, eps, res, true_mean, k / d.n,
+            out += _cell_records("fig6", name, method, eps, res, true_mean, true_mr,
                                  n=d.n, missing_rate=rate, **common)
     return out
 
@@ -344,13 +326,6 @@ _STYLE = {
 }
 
 
-def _curve(records, x_key, **match):
-    rs = sorted(select(records, **match), key=lambda r: r[x_key])
-    xs = [r[x_key] for r in rs if r["value"] is not None and r["value"] > 0]
-    ys = [r["value"] for r in rs if r["value"] is not None and r["value"] > 0]
-    return xs, ys
-
-
 def figures(records: Sequence[Mapping], out_dir: str, dpi: int = 90) -> list[str]:
     """One PNG per panel of Figs. 4-6 plus the variance figure. Returns the paths written."""
     plt = pyplot()
@@ -365,10 +340,10 @@ def figures(records: Sequence[Mapping], out_dir: str, dpi: int = 90) -> list[str
             continue
         fig, ax = plt.subplots(figsize=(5.2, 3.8))
         for method in METHODS:
-            xs, ys = _curve(rs, "epsilon", method=method, metric="AE(m)")
+            xs, ys, _ = curve(rs, "epsilon", method=method, metric="AE(m)")
             ax.plot(xs, ys, label=f"{method}-m", ms=4, **_STYLE[method])
         for method in MR_METHODS:
-            xs, ys = _curve(rs, "epsilon", method=method, metric="AE(mr)")
+            xs, ys, _ = curve(rs, "epsilon", method=method, metric="AE(mr)")
             ax.plot(xs, ys, label=f"{method}-mr", ms=3, alpha=0.6, color=_STYLE[method]["color"],
                     ls="-.", marker="x")
         ax.set(yscale="log", xlabel="epsilon", ylabel="average absolute error",
@@ -383,7 +358,7 @@ def figures(records: Sequence[Mapping], out_dir: str, dpi: int = 90) -> list[str
             fig, ax = plt.subplots(figsize=(4.6, 3.4))
             for method in MR_METHODS:
                 for metric, ls in (("AE(m)", "-"), ("AE(mr)", "--")):
-                    xs, ys = _curve(rs, "missing_rate", method=method, metric=metric)
+                    xs, ys, _ = curve(rs, "missing_rate", method=method, metric=metric)
                     st = {**_STYLE[method], "ls": ls}
                     ax.plot(xs, ys, label=f"{method}-{metric[3:-1]}", ms=4, **st)
             ax.set(yscale="log", xlabel="missing rate", ylabel="average absolute error",
@@ -397,7 +372,7 @@ def figures(records: Sequence[Mapping], out_dir: str, dpi: int = 90) -> list[str
         for panel, metric, methods in (("a", "AE(m)", list(METHODS)), ("b", "AE(mr)", MR_METHODS)):
             fig, ax = plt.subplots(figsize=(4.6, 3.4))
             for method in methods:
-                xs, ys = _curve(rs6, "n", method=method, metric=metric)
+                xs, ys, _ = curve(rs6, "n", method=method, metric=metric)
                 ax.plot(xs, ys, label=method, ms=4, **_STYLE[method])
             r0 = rs6[0]
             ax.set(xscale="log", yscale="log", xlabel="n (users)",
@@ -414,7 +389,7 @@ def figures(records: Sequence[Mapping], out_dir: str, dpi: int = 90) -> list[str
         for ax, name in zip(axes[0], names):
             rs = select(rv, dataset=name)
             for method in VARIANCE_METHODS:
-                xs, ys = _curve(rs, "epsilon", method=method)
+                xs, ys, _ = curve(rs, "epsilon", method=method)
                 ax.plot(xs, ys, label=f"{method} (empirical)", ms=4, ls="none",
                         marker=_STYLE[method]["marker"], color=_STYLE[method]["color"])
             b = sorted(select(rs, method="BiSample"), key=lambda r: r["epsilon"])
@@ -447,12 +422,6 @@ def _index(records, experiment, metric):
     return idx
 
 
-def _significantly_less(a: Mapping, b: Mapping, z: float = 2.0) -> bool:
-    """a's AE is below b's by more than z combined standard errors."""
-    se = math.hypot(a.get("se") or 0.0, b.get("se") or 0.0)
-    return a["value"] + z * se < b["value"]
-
-
 def _compare(idx, method, others, keep=lambda key, r: True):
     wins = losses = sig_losses = sig_wins = 0
     worst = None
@@ -467,9 +436,9 @@ def _compare(idx, method, others, keep=lambda key, r: True):
                 wins += 1
             else:
                 losses += 1
-            if _significantly_less(a, b):
+            if below_by_se(a, b):
                 sig_wins += 1
-            if _significantly_less(b, a):
+            if below_by_se(b, a):
                 sig_losses += 1
                 ratio = a["value"] / b["value"]
                 if worst is None or ratio > worst[0]:
@@ -494,10 +463,7 @@ def claims(records: Sequence[Mapping]) -> list[dict]:
     The rules are fixed in advance: differences count only beyond 2 standard errors of the AE
     (``se``); "with missing data" means a true missing rate of at least 5%.
     """
-    out = []
-
-    def add(claim, verdict, evidence):
-        out.append({"claim": claim, "verdict": verdict, "evidence": evidence})
+    out, add = claim_list()
 
     # 1. BiSample's variance matches Harmony's worst case (Eq. 14).
     claim = ("BiSample's variance matches Harmony's: worst case ((e^eps+1)/(e^eps-1))^2/n "
@@ -614,7 +580,7 @@ def claims(records: Sequence[Mapping]) -> list[dict]:
             continue
         best = min(rs, key=lambda r: r["value"])
         last = rs[-1]
-        g = best is not last and _significantly_less(best, last)
+        g = best is not last and below_by_se(best, last)
         grows.append(g)
         rows.append(f"{name}: min AE {best['value']:.4g} at eps={best['epsilon']:g} "
                     f"(answer rate {1 - best['true_mr']:.3f}), AE {last['value']:.4g} at "
@@ -645,7 +611,7 @@ def claims(records: Sequence[Mapping]) -> list[dict]:
                     w += 1
                 else:
                     fails.append(_fmt_key(key))
-                if _significantly_less(rm, rr):
+                if below_by_se(rm, rr):
                     sl += 1
             parts.append(f"{method}: AE(mr) < AE(m) in {w} of {t} cells"
                          + (f" (not in: {', '.join(fails[:6])}{' ...' if len(fails) > 6 else ''})"
@@ -699,9 +665,7 @@ def summary(records: Sequence[Mapping], eps_shown: Iterable[float] = (0.1, 1.0, 
                 n = rs[0]["n"]
                 cells = " ".join(f"{r['method']}={r['value'] * n:.3f}" for r in rs)
                 lines.append(f"  {name:<8} eps={e:<4g} {cells}  worst={rs[0]['theory_worst_case'] * n:.3f}")
-    lines.append("")
-    for c in claims(records):
-        lines.append(f"[{c['verdict']}] {c['claim']}")
+    lines += [""] + [f"[{c['verdict']}] {c['claim']}" for c in claims(records)]
     return "\n".join(lines)
 
 

@@ -88,7 +88,8 @@ from ..central.histogram import HistogramRelease, IdentityLaplace
 from ..central.histogram_baselines import AHP, StructureFirst
 from ..pipelines.records import make_record, select
 from .metrics import range_query_mse
-from .recipe import finish_recipe, paper_run, pyplot, recipe_main, save_figure, start_recipe
+from .recipe import (below_by_se, claim_list, finish_recipe, paper_run, pyplot, recipe_main,
+                     save_figure, start_recipe)
 
 FAMILY = "dphr"
 EPS_GRID = (1.0, math.log(2.0), 0.1, 0.01)
@@ -98,8 +99,7 @@ DATASETS = ("HEPTH", "INCOME", "MEDCOST")
 DPBENCH_DIR = "dpbench_1d"
 PAPER_DATASETS = ("Waitakere (7,725 buckets, mean 24.13, counts in [0, 467])",
                   "Social_Network (11,342 buckets, mean 59.49, counts in [1, 1678])")
-PAPER_HARDWARE = "Intel Core i7 2.60 GHz, 16 GB, Windows 10; Java and C++"
-PAPER_METHODS = ("DPHR", "IHP", "AHP", "StructureFirst")
+# the paper's timings ran on an Intel Core i7 2.60 GHz, 16 GB, Windows 10 (Java and C++)
 VERDICTS = ("reproduced", "differs", "inconclusive", "measured", "not testable")
 
 # --------------------------------------------------------------------------- data
@@ -135,10 +135,8 @@ def dpbench_path(data_dir: str | os.PathLike, name: str) -> str:
 def load_dpbench(name: str, data_dir: str | os.PathLike | None) -> Dataset | None:
     """``<data_dir>/dpbench_1d/<name>.n4096.npy`` (checked: 4096 non-negative integer counts), or
     None when absent."""
-    if data_dir is None:
-        return None
-    path = dpbench_path(data_dir, name)
-    if not os.path.isfile(path):
+    path = None if data_dir is None else dpbench_path(data_dir, name)
+    if path is None or not os.path.isfile(path):
         return None
     h = np.load(path, allow_pickle=False)
     if h.shape != (N_BUCKETS,) or h.dtype.kind not in "iu" or (h < 0).any():
@@ -339,11 +337,12 @@ def simulate(method: Method, epsilon: float, data: Dataset, lengths: Sequence[in
     return res, mech
 
 
-def _se(x: np.ndarray, axis: int = 0) -> Any:
+def _se(x: np.ndarray) -> Any:
+    """The standard error of the mean over the releases (axis 0); NaN below two releases."""
     x = np.asarray(x, dtype=float)
-    if x.shape[axis] < 2:
-        return np.full(np.delete(x.shape, axis), np.nan) if x.ndim > 1 else float("nan")
-    return x.std(axis=axis, ddof=1) / math.sqrt(x.shape[axis])
+    if x.shape[0] < 2:
+        return np.full(x.shape[1:], np.nan) if x.ndim > 1 else float("nan")
+    return x.std(axis=0, ddof=1) / math.sqrt(x.shape[0])
 
 
 # --------------------------------------------------------------------------- experiments
@@ -501,8 +500,7 @@ def significantly_less(a: Mapping, b: Mapping, z: float = 2.0, independent: bool
     one-sided rank-test p-value 1 / C(Ta + Tb, Ta) is at most 0.025 (Ta = Tb = 10: 5.4e-6; it
     needs T >= 4 each). The second rule covers heavy-tailed competitors (StructureFirst with its
     near-uniform boundaries) whose standard error is as large as their mean."""
-    se = math.hypot(a.get("se") or 0.0, b.get("se") or 0.0)
-    if a["value"] + z * se < b["value"]:
+    if below_by_se(a, b, z):
         return True
     if independent and a.get("max") is not None and b.get("min") is not None \
             and a["max"] < b["min"]:
@@ -581,10 +579,7 @@ def claims(records: Sequence[Mapping]) -> list[dict]:
 
     Verdicts: reproduced, differs, inconclusive (differences within noise), measured (our
     measurement, no paper claim to judge), not testable (no records)."""
-    out: list[dict] = []
-
-    def add(claim: str, verdict: str, evidence: str) -> None:
-        out.append({"claim": claim, "verdict": verdict, "evidence": evidence})
+    out, add = claim_list()
 
     idx = _index(records)
     cells = sorted({(k[0], k[1]) for k in idx}, key=lambda c: (c[0], -c[1]))
@@ -840,9 +835,7 @@ def summary(records: Sequence[Mapping]) -> str:
         for m in dict.fromkeys(r["method"] for r in sc):
             lines.append(f"  {m:<33}" + " ".join(
                 f"{r['value']:.4f}" for r in sorted(select(sc, method=m), key=lambda r: r["n"])))
-    lines.append("")
-    for c in claims(records):
-        lines.append(f"[{c['verdict']}] {c['claim']}")
+    lines += [""] + [f"[{c['verdict']}] {c['claim']}" for c in claims(records)]
     return "\n".join(lines)
 
 

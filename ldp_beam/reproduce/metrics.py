@@ -10,33 +10,26 @@ from __future__ import annotations
 import numpy as np
 
 
-def _pair(truth, estimates) -> tuple[np.ndarray, np.ndarray]:
+def _mean_error(truth, estimates, loss, ignore_nan: bool) -> float:
     est = np.asarray(estimates, dtype=np.float64).reshape(-1)
     tru = np.broadcast_to(np.asarray(truth, dtype=np.float64), est.shape)
     if est.size == 0:
         raise ValueError("no estimates: need at least one repetition")
-    return tru, est
+    err = loss(tru - est)
+    if ignore_nan:
+        err = err[~np.isnan(err)]
+    return float(err.mean()) if err.size else float("nan")
 
 
 def absolute_error(truth, estimates, *, ignore_nan: bool = False) -> float:
     """AE of Eq. 21: mean of |truth - estimate|. With ``ignore_nan`` undefined estimates (NaN)
     are left out (NaN if all are); otherwise a NaN estimate makes the result NaN."""
-    tru, est = _pair(truth, estimates)
-    err = np.abs(tru - est)
-    if ignore_nan:
-        err = err[~np.isnan(err)]
-        return float(err.mean()) if err.size else float("nan")
-    return float(err.mean())
+    return _mean_error(truth, estimates, np.abs, ignore_nan)
 
 
 def squared_error(truth, estimates, *, ignore_nan: bool = False) -> float:
     """Var of Eq. 21: mean of (truth - estimate)^2 (a mean squared error)."""
-    tru, est = _pair(truth, estimates)
-    err = (tru - est) ** 2
-    if ignore_nan:
-        err = err[~np.isnan(err)]
-        return float(err.mean()) if err.size else float("nan")
-    return float(err.mean())
+    return _mean_error(truth, estimates, np.square, ignore_nan)
 
 
 # The paper's names.

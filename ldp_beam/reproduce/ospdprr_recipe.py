@@ -67,7 +67,6 @@ import json
 import math
 import os
 import time
-import zlib
 from dataclasses import dataclass, replace
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -79,7 +78,8 @@ from ..central.ospdprr import (comprehensive_weight, exact_answer, importance_ti
                                sampling_probabilities, statistic_lattice, statistic_units)
 from ..noise import discrete_laplace_cumulants, discrete_laplace_scale
 from ..pipelines.records import make_record, select
-from .recipe import data_file, finish_recipe, pyplot, recipe_main, save_figure, start_recipe
+from .recipe import (cell_rng as _rng, claim_list, data_file, finish_recipe, pyplot, recipe_main,
+                     save_figure, start_recipe)
 
 FAMILY = "ospdprr"
 T_GRID = (0.6, 0.7, 0.8, 0.9)
@@ -88,8 +88,7 @@ REGIMES = ("random", "value-correlated")
 QUERIES = ("count", "sum", "mean", "cv")
 RATIO_QUERIES = ("count", "sum")
 ADULT_FILE = os.path.join("uci_adult", "adult.data")
-ADULT_ITEMS = ("age", "capital-gain", "capital-loss", "hours-per-week")
-ADULT_COLUMNS = (0, 10, 11, 12)
+ADULT_COLUMNS = (0, 10, 11, 12)  # age, capital-gain, capital-loss, hours-per-week
 
 #: Abstract, Fig. 4(c): RMSE(OSPDPRR) / RMSE(OsdpRR) = 77.28 % for the sum on Laplace data, t = 0.6
 PAPER_SUM_RATIO = 0.7728
@@ -154,13 +153,6 @@ class Config:
 FULL = Config()
 QUICK = Config(n=2_000, reps=50, data_seeds=2, rho_grid=(0.1, 0.5, 0.9), adult_n=5_000,
                sizes=((500, 3), (2_000, 1)), sizes_t=(0.6,))
-
-
-# --------------------------------------------------------------------------- randomness
-def _rng(seed: int, *label: Any) -> np.random.Generator:
-    """A PCG64 stream keyed by the recipe seed and a label (stable across grids and runs)."""
-    key = tuple(zlib.crc32(str(x).encode()) for x in label)
-    return np.random.Generator(np.random.PCG64(np.random.SeedSequence(seed, spawn_key=key)))
 
 
 # --------------------------------------------------------------------------- data
@@ -491,22 +483,15 @@ def _cell_records(ds: Dataset, regime: str, rho: float, pooled: Mapping, ctx: Ma
 
 
 def _run_dataset(ds: Dataset, cfg: Config, seed: int, common: Mapping, prog: Any,
-                 adult: np.ndarray | None = None, *, n: int | None = None,
-                 k: int | None = None, t_grid: Sequence[float] | None = None,
-                 regimes: Sequence[str] | None = None) -> list[dict]:
-    """Every (regime, rho) of one dataset, pooled over the data seeds. ``n``, ``k``, ``t_grid``
-    and ``regimes`` override the configuration (the size checks)."""
-    n = cfg.n if n is None else n
-    k = cfg.k if k is None else k
-    t_grid = cfg.t_grid if t_grid is None else t_grid
-    regimes = cfg.regimes if regimes is None else regimes
-    label = (ds.experiment, ds.name, n, k)
+                 adult: np.ndarray | None = None) -> list[dict]:
+    """Every (regime, rho) of one dataset, pooled over the data seeds."""
+    label = (ds.experiment, ds.name, cfg.n, cfg.k)
     records = []
     pops = []
     for s in range(cfg.data_seeds):
         gen = _rng(seed, "data", *label, s)
         if adult is None:
-            pops.append(synthetic_population(ds, n, k, gen))
+            pops.append(synthetic_population(ds, cfg.n, cfg.k, gen))
         else:
             rows = adult if cfg.adult_n is None or cfg.adult_n >= adult.shape[0] else \
                 adult[np.sort(gen.choice(adult.shape[0], cfg.adult_n, replace=False))]
@@ -516,14 +501,14 @@ def _run_dataset(ds: Dataset, cfg: Config, seed: int, common: Mapping, prog: Any
                                                            "rows")))
     n, k = pops[0].items.shape
     kt = len(pops[0].target)
-    for regime in regimes:
+    for regime in cfg.regimes:
         for rho in cfg.rho_grid:
             prog.step(f"{ds.experiment} {ds.name} n={n} k={k} {regime} rho={rho:g}")
             cells: dict[tuple, list[Cell]] = {}
             for s, pop in enumerate(pops):
                 levels, importance = assign_sensitivity(
                     pop.items, rho, regime, _rng(seed, "sensitivity", *label, s, regime, rho))
-                sim = simulate(pop, levels, importance, t_grid, cfg.queries, cfg.reps,
+                sim = simulate(pop, levels, importance, cfg.t_grid, cfg.queries, cfg.reps,
                                _rng(seed, "mechanisms", *label, s, regime, rho),
                                cfg.mean_floor, cfg.chunk)
                 for key, c in sim.items():
@@ -598,8 +583,8 @@ def run(quick: bool = False, data_dir: str | None = None, out_dir: str | None = 
         records += _run_dataset(ADULT, cfg, seed, common, prog, adult=adult)
     sizes = replace(SYNTHETIC["laplace"], experiment="sizes")
     for n, k in cfg.sizes:
-        records += _run_dataset(sizes, cfg, seed, common, prog, n=n, k=k, t_grid=cfg.sizes_t,
-                                regimes=cfg.sizes_regimes)
+        records += _run_dataset(sizes, replace(cfg, n=n, k=k, t_grid=cfg.sizes_t,
+                                               regimes=cfg.sizes_regimes), seed, common, prog)
     records += _headline(records, common)
     prog.note(f"experiments done in {time.perf_counter() - t0:.1f}s ({len(records)} records)")
     return finish_recipe(FAMILY, records, out_dir, prog, claims, figures, summary)
@@ -656,10 +641,7 @@ def claims(records: Sequence[Mapping]) -> list[dict]:
     "reproduced" when every mode is better in every cell, "partly" when some mode is or every
     mode is better in most cells, "differs" otherwise.
     """
-    out = []
-
-    def add(claim, verdict, evidence):
-        out.append({"claim": claim, "verdict": verdict, "evidence": evidence})
+    out, add = claim_list()
 
     idx = _index(records)
 
@@ -711,7 +693,7 @@ def claims(records: Sequence[Mapping]) -> list[dict]:
     claim = ("Sum on Laplace data at t = 0.6: OSPDPRR has a lower RMSE than OsdpRR at every "
              "sensitive-record fraction (Fig. 4(c))")
     rs = _rmse(records, experiment="synthetic", dataset="laplace", query="sum", t=0.6)
-    out.append(_per_mode(claim, idx, rs, lambda r, b: _less(r, b)))
+    out.append(_per_mode(claim, idx, rs))
 
     # 3. Fig. 5(g,h,i): CV on normal data.
     claim = ("CV on normal data at t = 0.7, 0.8, 0.9: OSPDPRR's RMSE stays below 200 while "
@@ -778,7 +760,7 @@ def claims(records: Sequence[Mapping]) -> list[dict]:
     if rs:
         top = max(r["rho"] for r in rs)
         rs = [r for r in rs if r["rho"] == top]
-    out.append(_per_mode(claim, idx, rs, lambda r, b: _less(r, b)))
+    out.append(_per_mode(claim, idx, rs))
 
     # 6. Real data (Fig. 6).
     claim = ("On real data OSPDPRR is more accurate than OsdpRR on all three functions (Fig. 6; "
@@ -787,7 +769,7 @@ def claims(records: Sequence[Mapping]) -> list[dict]:
     if not rs:
         add(claim, "not testable", "the Adult file was not found in --data-dir")
     else:
-        out.append(_per_mode(claim, idx, rs, lambda r, b: _less(r, b)))
+        out.append(_per_mode(claim, idx, rs))
 
     # 7. The spec's prototype: the CV ordering depends on the regime.
     claim = ("(spec §8.4 prototype, not the paper) CV: OsdpRR is more accurate in the random "
@@ -829,7 +811,7 @@ def claims(records: Sequence[Mapping]) -> list[dict]:
     return out
 
 
-def _per_mode(claim: str, idx: Mapping[tuple, list], rs: Sequence[Mapping], better) -> dict:
+def _per_mode(claim: str, idx: Mapping[tuple, list], rs: Sequence[Mapping]) -> dict:
     """Judge 'OSPDPRR beats OsdpRR' in every cell of ``rs``, separately for each mode (the best
     of its estimators per cell against OsdpRR's best): better / tie / worse per cell, where
     better and worse need the exact expectations or 2 standard errors (:func:`_less`)."""
@@ -851,9 +833,9 @@ def _per_mode(claim: str, idx: Mapping[tuple, list], rs: Sequence[Mapping], bett
                 continue
             txt = (f"{key[1]} {key[4]} rho={key[5]} t={key[6]} {key[7]} "
                    f"({best['value']:.4g} vs {base['value']:.4g})")
-            if better(best, base):
+            if _less(best, base):
                 wins[mode] += 1
-            elif better(base, best):
+            elif _less(base, best):
                 losses[mode].append(txt)
             else:
                 ties[mode].append(txt)
@@ -942,9 +924,7 @@ def summary(records: Sequence[Mapping], t_shown: Iterable[float] = (0.6, 0.9)) -
             lines.append(f"  {r['source_experiment']:<12} {r['dataset']:<10} n={r['n']:<6} "
                          f"k={r['k']} {r['regime']:<17} {r['method']:<19} / "
                          f"{r['baseline']:<14} {v:.4f}")
-    lines.append("")
-    for c in claims(records):
-        lines.append(f"[{c['verdict']}] {c['claim']}")
+    lines += [""] + [f"[{c['verdict']}] {c['claim']}" for c in claims(records)]
     return "\n".join(lines)
 
 

@@ -7,12 +7,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import secrets
 import time
-from typing import Any, Callable
+import zlib
+from typing import Any, Callable, Mapping
 
-from ..pipelines.records import Progress, as_progress, write_records
+import numpy as np
+
+from ..pipelines.records import Progress, as_progress, select, write_records
 
 
 def pyplot():
@@ -31,6 +35,14 @@ def pyplot():
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def curve(records: Any, x_key: str, **match: Any) -> tuple[list, list, list]:
+    """(x, value, se) of the records matching ``match`` whose value is positive (a log axis shows
+    them), sorted by ``x_key``; a missing ``se`` is 0."""
+    rs = sorted(select(records, **match), key=lambda r: r[x_key])
+    rs = [r for r in rs if r["value"] is not None and r["value"] > 0]
+    return [r[x_key] for r in rs], [r["value"] for r in rs], [r.get("se") or 0.0 for r in rs]
 
 
 def save_figure(fig: Any, path: str | os.PathLike, *, dpi: int = 90) -> str:
@@ -94,6 +106,28 @@ def paper_run(section: str) -> Callable[[Callable], Callable]:
         run.__doc__ = PAPER_RUN_DOC.format(section)
         return run
     return document
+
+
+def cell_rng(seed: int, *label: Any) -> np.random.Generator:
+    """A PCG64 stream keyed by the recipe seed and a cell label (stable across grids and runs).
+    The recipes simulate many users, so they use the fast PCG64 instead of the library's AES-CTR
+    default."""
+    key = tuple(zlib.crc32(str(x).encode()) for x in label)
+    return np.random.Generator(np.random.PCG64(np.random.SeedSequence(seed, spawn_key=key)))
+
+
+def below_by_se(a: Mapping, b: Mapping, z: float = 2.0) -> bool:
+    """Record a's ``value`` is below b's by more than z combined standard errors (``se``)."""
+    se = math.hypot(a.get("se") or 0.0, b.get("se") or 0.0)
+    return a["value"] + z * se < b["value"]
+
+
+def claim_list() -> tuple[list[dict], Callable[[str, str, str], None]]:
+    """A recipe's judged claims and the function adding one: ``add(claim, verdict, evidence)``
+    appends ``{"claim", "verdict", "evidence"}``."""
+    out: list[dict] = []
+    return out, lambda claim, verdict, evidence: out.append(
+        {"claim": claim, "verdict": verdict, "evidence": evidence})
 
 
 def data_file(data_dir: str | os.PathLike | None, name: str) -> str | None:

@@ -4,9 +4,9 @@
 claims with verdicts, summary, PNG figures) and then :func:`write_report` writes
 ``DIR/report.md``: a verdict count per family, then each family's claims (claim, verdict,
 evidence) and its figures, so every number stands beside the paper's claim it tests.
-:func:`results_section` renders the same outputs as the results block of a Markdown page (the
-README's once; docs/reproductions.md's now) and :func:`update_readme` puts it between that
-page's markers (``ldp-beam reproduce report --out docs/figures --readme docs/reproductions.md``).
+:func:`results_section` renders the same outputs as the results block of a Markdown page
+(docs/reproductions.md) and :func:`update_readme` puts it between that page's markers
+(``ldp-beam reproduce report --out docs/figures --readme docs/reproductions.md``).
 """
 from __future__ import annotations
 
@@ -144,9 +144,9 @@ def results_section(out_dir: str, families: Sequence[str], link_base: str,
     Links are ``link_base/FAMILY/FILE`` (relative to the page); a family's results page is
     linked when ``docs/results_FAMILY.md`` or ``results_FAMILY.md`` exists under ``readme_dir``
     (the page's folder; default: ``out_dir`` without ``link_base``). Paths in the text and
-    commands are as the regenerating
-    command names them (:func:`ldp_beam.pipelines.records.command_paths`: from the project
-    root); without ``readme`` the command says ``--readme FILE``."""
+    commands are as the regenerating command names them
+    (:func:`ldp_beam.pipelines.records.command_paths`: from the project root); without
+    ``readme`` the command says ``--readme FILE``."""
     root = Path(readme_dir) if readme_dir is not None else _readme_dir(out_dir, link_base)
     base = link_base.replace(os.sep, "/").rstrip("/")
     out_shown, page_shown = (base, "FILE") if readme is None else \

@@ -85,7 +85,6 @@ import csv
 import math
 import os
 import time
-import zlib
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
@@ -100,8 +99,8 @@ from ..pipelines.records import make_record, select
 from . import datasets as ds
 from .adversary import euclidean_distance, infer_rvns
 from .datasets import chi2_truncated
-from .recipe import (data_file, finish_recipe, paper_run, pyplot, recipe_main, save_figure,
-                     start_recipe)
+from .recipe import (cell_rng as _rng, data_file, finish_recipe, paper_run, pyplot, recipe_main,
+                     save_figure, start_recipe)
 
 FAMILY = "rvns"
 EXPERIMENT = "sec5"
@@ -161,13 +160,6 @@ QUICK = Config(
     sw_eps=(0.5, 2.0, 8.0, 32.0))
 
 
-# --------------------------------------------------------------------------- randomness
-def _rng(seed: int, *label: Any) -> np.random.Generator:
-    """A PCG64 stream keyed by the recipe seed and a cell label (stable across grids/runs)."""
-    key = tuple(zlib.crc32(str(x).encode()) for x in label)
-    return np.random.Generator(np.random.PCG64(np.random.SeedSequence(seed, spawn_key=key)))
-
-
 # --------------------------------------------------------------------------- datasets
 @dataclass(frozen=True)
 class RvnsDataset:
@@ -185,8 +177,6 @@ class RvnsDataset:
     @property
     def grid(self) -> DensityGrid:
         return DensityGrid(self.lower, self.upper, self.m)
-
-
 
 
 def load_students_math(data_dir: str | os.PathLike | None) -> np.ndarray | None:
@@ -215,22 +205,18 @@ def rvns_dataset(name: str, cfg: Config, rng: np.random.Generator,
         df = float(name[5:-1])
         return RvnsDataset(name, chi2_truncated(df, cfg.n, rng), 0.0, 10.0, cfg.m_synth,
                            "synthetic (chi-squared, values > 10 redrawn)")
-    if name == "AdultAge":
-        ages = ds.load_adult_age(data_dir)
-        if ages is None:
-            return RvnsDataset(name, ds.synthetic_age(ds.ADULT_ROWS, rng), 0.0, 100.0,
-                               cfg.m_real, "synthetic stand-in (uci_adult/adult.data not found)")
-        return RvnsDataset(name, ages, 0.0, 100.0, cfg.m_real,
-                           f"file {os.path.join(os.fspath(data_dir), ds.ADULT_FILE)}")
-    if name == "StudentsMath":
-        scores = load_students_math(data_dir)
-        if scores is None:
-            return RvnsDataset(name, synthetic_students(STUDENTS_ROWS, rng), 0.0, 100.0,
-                               cfg.m_real, f"synthetic stand-in ({STUDENTS_FILE} not found)")
-        return RvnsDataset(name, scores, 0.0, 100.0, cfg.m_real,
-                           f"file {os.path.join(os.fspath(data_dir), STUDENTS_FILE)}")
-    raise ValueError(f"dataset = {name!r} is invalid: expected chi2(df), AdultAge or "
-                     "StudentsMath")
+    real = {"AdultAge": (ds.load_adult_age, ds.synthetic_age, ds.ADULT_ROWS, ds.ADULT_FILE),
+            "StudentsMath": (load_students_math, synthetic_students, STUDENTS_ROWS, STUDENTS_FILE)}
+    if name not in real:
+        raise ValueError(f"dataset = {name!r} is invalid: expected chi2(df), AdultAge or "
+                         "StudentsMath")
+    load, stand_in, rows, file = real[name]
+    values = load(data_dir)
+    if values is None:
+        return RvnsDataset(name, stand_in(rows, rng), 0.0, 100.0, cfg.m_real,
+                           f"synthetic stand-in ({file} not found)")
+    return RvnsDataset(name, values, 0.0, 100.0, cfg.m_real,
+                       f"file {os.path.join(os.fspath(data_dir), file)}")
 
 
 def dataset_names(cfg: Config) -> list[str]:
@@ -355,6 +341,20 @@ def _run_dataset(cfg: Config, seed: int, data: RvnsDataset, reps: int, common: d
             dst.setdefault(name, []).append(float(val))
         info.setdefault(key, extra)
 
+    def reconstruct(method: str, s: Setting, rep: int, est: Any, reports: Any
+                    ) -> tuple[Any, dict[str, float]]:
+        """``est``'s estimate from ``reports`` and its utility metrics, with the seconds the
+        reconstruction (finalize) took; keeps the density of repetition 1 with ``keep_curves``."""
+        t0 = time.perf_counter()
+        fin = est.finalize(est.add(est.create(), reports))
+        secs = time.perf_counter() - t0
+        dens = np.asarray(fin["density"].value, dtype=np.float64)
+        if keep_curves and rep == 0:
+            curves[(method, s.label)] = dens
+        met = _utility(data, hist, truth, dens, _rng(seed, "sample", data.name, method, s.label,
+                                                      rep))
+        return fin, {**met, "seconds": secs}
+
     paper_here = data.name in cfg.paper_datasets
     rsets, bsets = rvns_settings(cfg, data), baseline_settings(cfg)
     for rep in range(reps):
@@ -371,18 +371,11 @@ def _run_dataset(cfg: Config, seed: int, data: RvnsDataset, reps: int, common: d
                 recons.append("paper")
             for how in recons:
                 method = "RVNS-EM" if how == "em" else "RVNS-paper"
-                est = RVNSEstimator(mech, m=data.m, method=how)
-                t0 = time.perf_counter()
-                fin = est.finalize(est.add(est.create(), reports))
-                secs = time.perf_counter() - t0
-                dens = np.asarray(fin["density"].value, dtype=np.float64)
-                met = _utility(data, hist, truth, dens, _rng(seed, "sample", data.name, method,
-                                                              s.label, rep))
-                met.update(privacy=priv, privacy_clipped=priv, seconds=secs,
+                fin, met = reconstruct(method, s, rep, RVNSEstimator(mech, m=data.m, method=how),
+                                       reports)
+                met.update(privacy=priv, privacy_clipped=priv,
                            converged=float(bool(fin["converged"].value)))
                 put(method, s, met, extra)
-                if keep_curves and rep == 0:
-                    curves[(method, s.label)] = dens
         for s in bsets:
             mech, est, inferred = _baseline(cfg, s, data)
             reports = mech.perturb_valid(cols, _rng(seed, "perturb", data.name, s.method,
@@ -390,13 +383,8 @@ def _run_dataset(cfg: Config, seed: int, data: RvnsDataset, reps: int, common: d
             guess = np.asarray(inferred(reports), dtype=np.float64)
             priv = euclidean_distance(x, guess)
             priv_clip = euclidean_distance(x, np.clip(guess, data.lower, data.upper))
-            t0 = time.perf_counter()
-            fin = est.finalize(est.add(est.create(), reports))
-            secs = time.perf_counter() - t0
-            dens = np.asarray(fin["density"].value, dtype=np.float64)
-            met = _utility(data, hist, truth, dens, _rng(seed, "sample", data.name, s.method,
-                                                          s.label, rep))
-            met.update(privacy=priv, privacy_clipped=priv_clip, seconds=secs)
+            _, met = reconstruct(s.method, s, rep, est, reports)
+            met.update(privacy=priv, privacy_clipped=priv_clip)
             extra: dict = {}
             if s.method == "Gaussian-pDP":
                 extra = {"dp_delta": cfg.gauss_delta, "noise_sd": mech.noise_sd}
@@ -405,8 +393,6 @@ def _run_dataset(cfg: Config, seed: int, data: RvnsDataset, reps: int, common: d
             elif s.method == "EMS":
                 extra = {"sw_b": mech.b, "ems_buckets": est.d}
             put(s.method, s, met, extra)
-            if keep_curves and rep == 0:
-                curves[(s.method, s.label)] = dens
     records = []
     for (method, label), mets in per.items():
         extra = dict(info[(method, label)])

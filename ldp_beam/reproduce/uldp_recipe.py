@@ -89,7 +89,6 @@ from __future__ import annotations
 import math
 import os
 import time
-import zlib
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
@@ -99,8 +98,8 @@ from ..estimators import estimator_for
 from ..mechanisms.joint import jurr_min_epsilon, jurr_valid
 from ..pipelines.records import make_record, select
 from ..registry import build_mechanism
-from .recipe import (data_file, finish_recipe, paper_run, pyplot, recipe_main, save_figure,
-                     start_recipe)
+from .recipe import (below_by_se, cell_rng as _rng, claim_list, curve, data_file, finish_recipe,
+                     paper_run, pyplot, recipe_main, save_figure, start_recipe)
 
 FAMILY = "uldp"
 EPS_GRID = (0.5, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0)
@@ -131,10 +130,15 @@ SCORE_PARTS = ("math score", "reading score", "writing score")
 @dataclass(frozen=True)
 class Attribute:
     """A categorical attribute: its domain (code order; low -> high where ordered) and the order
-    in which its labels become sensitive (the first s labels of ``sensitivity`` are X_S)."""
+    in which its labels become sensitive (the first s labels of ``sensitivity`` are X_S; by
+    default the domain's order)."""
 
     domain: tuple[str, ...]
-    sensitivity: tuple[str, ...]
+    sensitivity: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.sensitivity:
+            object.__setattr__(self, "sensitivity", self.domain)
 
     def sensitive(self, s: int) -> tuple[str, ...]:
         if not 1 <= s < len(self.domain):
@@ -145,22 +149,17 @@ class Attribute:
 
 NURSERY_CLASS = ("not_recom", "recommend", "very_recom", "priority", "spec_prior")
 ATTRIBUTES: dict[tuple[str, str], Attribute] = {
-    ("nursery", "parents"): Attribute(("usual", "pretentious", "great_pret"),
-                                      ("usual", "pretentious", "great_pret")),
+    ("nursery", "parents"): Attribute(("usual", "pretentious", "great_pret")),
     ("nursery", "has_nurs"): Attribute(
-        ("proper", "less_proper", "improper", "critical", "very_crit"),
         ("proper", "less_proper", "improper", "critical", "very_crit")),
     ("nursery", "form"): Attribute(("complete", "completed", "incomplete", "foster"),
                                    ("incomplete", "foster", "completed", "complete")),
-    ("nursery", "class"): Attribute(NURSERY_CLASS, NURSERY_CLASS),
-    ("score", "race"): Attribute(tuple(f"group {g}" for g in "ABCDE"),
-                                 tuple(f"group {g}" for g in "ABCDE")),
+    ("nursery", "class"): Attribute(NURSERY_CLASS),
+    ("score", "race"): Attribute(tuple(f"group {g}" for g in "ABCDE")),
     ("score", "education"): Attribute(
         ("some high school", "high school", "some college", "associate's degree",
-         "bachelor's degree", "master's degree"),
-        ("some high school", "high school", "some college", "associate's degree",
          "bachelor's degree", "master's degree")),
-    ("score", "class"): Attribute(("low", "middle", "high"), ("low", "middle", "high")),
+    ("score", "class"): Attribute(("low", "middle", "high")),
 }
 #: shared/data/README.md: class counts of nursery.data; race and education counts of the score file
 NURSERY_CLASS_COUNTS = {"not_recom": 4320, "recommend": 2, "very_recom": 328, "priority": 4266,
@@ -388,13 +387,6 @@ class Config:
 
 FULL = Config(reps=10)
 QUICK = Config(reps=5, fig6_eps=(1.0, 2.0, 4.0), fig7_eps=(1.0, 2.0, 4.0))
-
-
-# --------------------------------------------------------------------------- randomness
-def _rng(seed: int, *label: Any) -> np.random.Generator:
-    """A PCG64 stream keyed by the recipe seed and a cell label (stable across grids/runs)."""
-    key = tuple(zlib.crc32(str(x).encode()) for x in label)
-    return np.random.Generator(np.random.PCG64(np.random.SeedSequence(seed, spawn_key=key)))
 
 
 # --------------------------------------------------------------------------- one cell
@@ -625,13 +617,6 @@ _STYLE = {
 }
 
 
-def _curve(records, x_key, **match):
-    rs = sorted(select(records, **match), key=lambda r: r[x_key])
-    rs = [r for r in rs if r["value"] is not None and r["value"] > 0]
-    return ([r[x_key] for r in rs], [r["value"] for r in rs],
-            [r.get("se") or 0.0 for r in rs])
-
-
 def _tag(rs) -> str:
     r = next((r for r in rs if r.get("reps")), None)
     if r is None:
@@ -651,7 +636,7 @@ def figures(records: Sequence[Mapping], out_dir: str, dpi: int = 90) -> list[str
             rs = select(records, experiment=exp_name, dataset=name, metric="ED")
             fig, ax = plt.subplots(figsize=(4.8, 3.6))
             for method in METHODS:
-                xs, ys, es = _curve(rs, "epsilon", method=method)
+                xs, ys, es = curve(rs, "epsilon", method=method)
                 if xs:
                     ax.errorbar(xs, ys, yerr=es, label=method, ms=4, capsize=2,
                                 **_STYLE[method])
@@ -688,7 +673,7 @@ def figures(records: Sequence[Mapping], out_dir: str, dpi: int = 90) -> list[str
         ns = sorted({r["n"] for r in rs6})
         for ax, eps in zip(axes.ravel(), eps_list):
             for method in METHODS:
-                xs, ys, es = _curve(rs6, "n", method=method, epsilon=eps)
+                xs, ys, es = curve(rs6, "n", method=method, epsilon=eps)
                 if xs:
                     handles[method] = ax.errorbar(xs, ys, yerr=es, label=method, ms=3,
                                                   capsize=2, **_STYLE[method])
@@ -718,7 +703,7 @@ def figures(records: Sequence[Mapping], out_dir: str, dpi: int = 90) -> list[str
         for ax, name in zip(axes[0], names):
             rs = select(rs7, dataset=name)
             for mech in MECHANISMS:
-                xs, ys, es = _curve(rs, "epsilon", method=mech)
+                xs, ys, es = curve(rs, "epsilon", method=mech)
                 if xs:
                     ax.errorbar(xs, [1e3 * y for y in ys], yerr=[1e3 * e for e in es],
                                 label=mech, ms=4, capsize=2, **_STYLE[mech])
@@ -736,12 +721,6 @@ def figures(records: Sequence[Mapping], out_dir: str, dpi: int = 90) -> list[str
 
 
 # --------------------------------------------------------------------------- claims
-def _significantly_less(a: Mapping, b: Mapping, z: float = 2.0) -> bool:
-    """a's value is below b's by more than z combined standard errors."""
-    se = math.hypot(a.get("se") or 0.0, b.get("se") or 0.0)
-    return a["value"] + z * se < b["value"]
-
-
 def _ok(r: Mapping | None) -> bool:
     return r is not None and r.get("value") is not None
 
@@ -798,9 +777,9 @@ def _tally(idx, a: str, b: str) -> _Tally:
             continue
         t.total += 1
         t.wins += ra["value"] < rb["value"]
-        if _significantly_less(ra, rb):
+        if below_by_se(ra, rb):
             t.sig_wins += 1
-        if _significantly_less(rb, ra):
+        if below_by_se(rb, ra):
             t.sig_losses.append(f"{_key(key)} ({ra['value']:.4f} vs {rb['value']:.4f})")
         if ra.get("theory_ED2") is not None and rb.get("theory_ED2") is not None:
             t.theory_total += 1
@@ -820,10 +799,7 @@ def claims(records: Sequence[Mapping]) -> list[dict]:
     over the repetitions (``se``). JuRR is compared only where it is defined
     (eps > ln(1 + sqrt(sx sy))).
     """
-    out = []
-
-    def add(claim, verdict, evidence):
-        out.append({"claim": claim, "verdict": verdict, "evidence": evidence})
+    out, add = claim_list()
 
     idx = _index(records)
     has = bool(idx)
@@ -928,10 +904,10 @@ def claims(records: Sequence[Mapping]) -> list[dict]:
             rs.sort(key=lambda r: r["epsilon"])
             tdrr = ck[2] == "TDRR"
             for a, b in zip(rs, rs[1:]):
-                if _significantly_less(a, b):
+                if below_by_se(a, b):
                     (t_ups if tdrr else ups).append(
                         f"{ck[0]} {ck[1]} {ck[2]} eps {a['epsilon']:g}->{b['epsilon']:g}")
-            if len(rs) > 1 and not _significantly_less(rs[-1], rs[0]):
+            if len(rs) > 1 and not below_by_se(rs[-1], rs[0]):
                 (t_flat if tdrr else flat).append(f"{ck[0]} {ck[1]} {ck[2]}")
         ok = not ups and not flat
         n_judged = sum(1 for ck in curves if ck[2] != "TDRR")
@@ -958,10 +934,10 @@ def claims(records: Sequence[Mapping]) -> list[dict]:
         for (method, eps), rs in sorted(curves.items()):
             rs.sort(key=lambda r: r["n"])
             for a, b in zip(rs, rs[1:]):
-                if _significantly_less(a, b):
+                if below_by_se(a, b):
                     (t_ups if method == "TDRR" else ups).append(
                         f"{method} eps={eps:g} N {a['n']}->{b['n']}")
-            if len(rs) > 1 and not _significantly_less(rs[-1], rs[0]):
+            if len(rs) > 1 and not below_by_se(rs[-1], rs[0]):
                 (t_flat if method == "TDRR" else flat).append(f"{method} eps={eps:g}")
         ok = not ups and not flat
         floors = {r["n"]: r.get("independence_ED")
@@ -994,8 +970,8 @@ def claims(records: Sequence[Mapping]) -> list[dict]:
                     continue
                 total += 1
                 ups += big["value"] > small["value"]
-                sig_ups += _significantly_less(small, big)
-                if _significantly_less(big, small):
+                sig_ups += below_by_se(small, big)
+                if below_by_se(big, small):
                     downs.append(f"{exp} {name} {m} eps={eps:g}")
                 if big.get("theory_ED2") is not None and small.get("theory_ED2") is not None:
                     th_total += 1
@@ -1081,8 +1057,8 @@ def claims(records: Sequence[Mapping]) -> list[dict]:
         eps_all = sorted({r["epsilon"] for r in key_rs})
         by_eps = {e: {r["method"]: r for r in key_rs if r["epsilon"] == e} for e in eps_all}
         lo_e, hi_e = eps_all[0], eps_all[-1]
-        small = _significantly_less(by_eps[lo_e]["TDRR"], by_eps[lo_e]["JD-GRR"])
-        worst = all(_significantly_less(r, by_eps[hi_e]["TDRR"])
+        small = below_by_se(by_eps[lo_e]["TDRR"], by_eps[lo_e]["JD-GRR"])
+        worst = all(below_by_se(r, by_eps[hi_e]["TDRR"])
                     for m, r in by_eps[hi_e].items() if m in PAPER_METHODS and m != "TDRR"
                     and _ok(r))
         t = by_eps[hi_e]["TDRR"]
@@ -1154,9 +1130,7 @@ def summary(records: Sequence[Mapping]) -> str:
                 cells = [_cell(next(iter(select(rs, method=mech, epsilon=e)), None), 1e3,
                                "{:.2f}") for e in eps]
                 lines.append(f"  {mech:<8}" + " ".join(f"{c:<7}" for c in cells))
-    lines.append("")
-    for c in claims(records):
-        lines.append(f"[{c['verdict']}] {c['claim']}")
+    lines += [""] + [f"[{c['verdict']}] {c['claim']}" for c in claims(records)]
     return "\n".join(lines)
 
 
