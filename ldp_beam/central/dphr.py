@@ -45,16 +45,15 @@ import numpy as np
 from ..core import check_choice
 from ..privacy import CENTRAL, NONE, PrivacyGuarantee
 from ..rng import RngLike
-from .histogram import (HistogramRelease, TwoPartBudget, as_generator, check_counts,
-                        group_means_with_noise, laplace_counts)
+from .histogram import (HistogramRelease, TwoPartBudget, _groups_from_starts, _prefix_sums,
+                        as_generator, check_counts, group_means_with_noise, laplace_counts)
 
 
 # --------------------------------------------------------------------------- grouping
 def group_error_table(values: np.ndarray, eps2: float):
     """A function err(l, r) (vectorized over l, 0-based, inclusive) of Theorem 3:
     SSE(l..r) + 2 / (|G| eps2^2)."""
-    s1 = np.concatenate([[0.0], np.cumsum(values, dtype=float)])
-    s2 = np.concatenate([[0.0], np.cumsum(np.square(values, dtype=float))])
+    s1, s2 = _prefix_sums(values)
 
     def err(l: np.ndarray, r: int) -> np.ndarray:
         size = (r + 1 - l).astype(float)
@@ -85,10 +84,7 @@ def optimal_grouping(values: np.ndarray, eps2: float) -> tuple[np.ndarray, float
     while i > 0:
         cuts.append(arg[i])
         i = arg[i]
-    starts = np.array(sorted(cuts), dtype=np.int64)
-    gid = np.zeros(n, dtype=np.int64)
-    gid[starts[1:]] = 1
-    return np.cumsum(gid), float(best[n])
+    return _groups_from_starts(np.array(sorted(cuts), dtype=np.int64), n), float(best[n])
 
 
 def brute_force_grouping(values: np.ndarray, eps2: float) -> tuple[np.ndarray, float]:
@@ -103,9 +99,7 @@ def brute_force_grouping(values: np.ndarray, eps2: float) -> tuple[np.ndarray, f
         tot = sum(float(err(np.array([a]), b - 1)[0]) for a, b in zip(starts, ends))
         if tot < best - 1e-12:
             best, best_cuts = tot, starts
-    gid = np.zeros(n, dtype=np.int64)
-    gid[best_cuts[1:]] = 1
-    return np.cumsum(gid), best
+    return _groups_from_starts(best_cuts, n), best
 
 
 # --------------------------------------------------------------------------- the sort

@@ -375,8 +375,7 @@ class IdentityLaplace(HistogramRelease):
         """The exact worst-case privacy loss of the release as sampled, per unit: m/t for the
         rational scale t >= m/epsilon the exact sampler uses (m = L0 * Linf, 1 per record; at most
         epsilon, within 2^-20 of it)."""
-        m = self.unit_sensitivity
-        return realized_epsilon(m, discrete_laplace_scale(m, self.epsilon))
+        return realized_epsilon(self.unit_sensitivity, self.scale)
 
     def _publish(self, counts: Any, rng: RngLike = None) -> dict[str, Any]:
         h = check_counts(counts, cap=self.BUCKET_CAP)
@@ -402,6 +401,19 @@ def group_means_with_noise(counts: np.ndarray, groups: np.ndarray, epsilon: floa
     np.add.at(sums, groups, np.asarray(counts, dtype=np.int64))
     noisy = laplace_counts(sums, epsilon, gen, sensitivity) / size
     return noisy[groups], (count_noise_variance(epsilon, sensitivity) / size ** 2)[groups]
+
+
+def _prefix_sums(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    v = np.asarray(values, dtype=float)
+    return (np.concatenate([[0.0], np.cumsum(v)]),
+            np.concatenate([[0.0], np.cumsum(v * v)]))
+
+
+def _groups_from_starts(starts: np.ndarray, n: int) -> np.ndarray:
+    """Group id of every position for contiguous groups beginning at ``starts`` (starts[0] = 0)."""
+    gid = np.zeros(n, dtype=np.int64)
+    gid[np.asarray(starts[1:], dtype=np.int64)] = 1
+    return np.cumsum(gid)
 
 
 #: "no key": a release that is not one of several per-key releases

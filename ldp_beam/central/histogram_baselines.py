@@ -39,8 +39,8 @@ from ..errors import ParameterError
 from ..limits import check_cap, product
 from ..privacy import CENTRAL, NONE, PrivacyGuarantee
 from ..rng import RngLike
-from .histogram import (HistogramRelease, TwoPartBudget, as_generator, check_counts,
-                        group_means_with_noise, laplace_counts)
+from .histogram import (HistogramRelease, TwoPartBudget, _groups_from_starts, _prefix_sums,
+                        as_generator, check_counts, group_means_with_noise, laplace_counts)
 
 #: Entries of one block of the (prefix position x bucket) cost matrix of the v-optimal programme.
 _BLOCK_ENTRIES = 1 << 22
@@ -64,12 +64,6 @@ def exponential_mechanism(scores: np.ndarray, epsilon: float, sensitivity: float
     return int(min(np.searchsorted(cdf, u, side="right"), cdf.size - 1))
 
 
-def _prefix_sums(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    v = np.asarray(values, dtype=float)
-    return (np.concatenate([[0.0], np.cumsum(v)]),
-            np.concatenate([[0.0], np.cumsum(v * v)]))
-
-
 def _sse(s1: np.ndarray, s2: np.ndarray, lo: Any, hi: Any) -> Any:
     """SSE of the buckets lo..hi-1 (prefix positions lo < hi; vectorized, broadcasting)."""
     size = hi - lo
@@ -90,13 +84,6 @@ def _first_true(pred: Callable[[int, int], np.ndarray], start: int, stop: int,
             return lo + int(hit[0])
         lo, window = hi, window * 4
     return stop
-
-
-def _groups_from_starts(starts: np.ndarray, n: int) -> np.ndarray:
-    """Group id of every position for contiguous groups beginning at ``starts`` (starts[0] = 0)."""
-    gid = np.zeros(n, dtype=np.int64)
-    gid[np.asarray(starts[1:], dtype=np.int64)] = 1
-    return np.cumsum(gid)
 
 
 def _check_int(value: Any, name: str, low: int) -> int:
@@ -277,9 +264,7 @@ class StructureFirst(TwoPartBudget, HistogramRelease):
         T = v_optimal_table(values, k - 1)
         s1, s2 = _prefix_sums(values)
         eps_choice = e1 / (k - 1)
-        sensitivity = 2.0 * F + 1.0
-        if unit_rows != 1:
-            sensitivity *= unit_rows
+        sensitivity = (2.0 * F + 1.0) * unit_rows
         bounds = np.empty(k + 1, dtype=np.int64)  # bounds[j] = q_j (buckets in the first j)
         bounds[0], bounds[k] = 0, n
         for j in range(k - 1, 0, -1):

@@ -43,7 +43,7 @@ from .histogram import as_generator
 from .unit_release import (CLIPPED, CLIPPED_DTYPE, RATIO_QUERIES, _ByItem, _check_bounds,
                            _check_common, _check_t, _clip_note, _clipped_column,
                            _clipped_sum, _curated, _estimate, _flag_levels, _flag_values,
-                           _is_number, _ReleasedOnce, _report_values, query_answer)
+                           _is_number, _ReleasedOnce, _report_values, _UserQuery, query_answer)
 
 
 # --------------------------------------------------------------------------- the baseline
@@ -133,7 +133,7 @@ def _osdp_fields(m: "OsdpRR") -> tuple[tuple[str, str], ...]:
 
 
 @dataclass(frozen=True)
-class OsdpRR(UnitBounded, CentralRelease):
+class OsdpRR(_UserQuery, UnitBounded, CentralRelease):
     """OsdpRR: OSDP randomized response, record-level one-sided DP (the OSPDPRR baseline).
 
     Kotsogiannis et al., ICDE 2020. Every target item of every user is a record; a sensitive
@@ -157,26 +157,20 @@ class OsdpRR(UnitBounded, CentralRelease):
     and says it is not private) and the row's identity (input stream and record offset).
     :class:`OsdpRREstimator` keeps four Python integers ``[users, records, S, Q]`` (an object
     array): the users seen (never released), the released records, and the exact sums of their
-    values and of their squares (float64 ``v * v``, as before) in units of 2^-1074
+    values and of their squares (float64 ``v * v``) in units of 2^-1074
     (:func:`exact_sum_units`: no rounding, so any split and merge order gives the same
     integers), rounded once at release (correctly rounded: the ``math.fsum`` of the released
-    terms, where the former release summed them in float64, pairwise). OsdpRR adds no noise, so the
-    release draws nothing: it is post-processing of the sample drawn per record. Same q, same
-    records, same statistics as :meth:`release` (the in-memory path of the paper reproduction,
-    which draws the (n, k_T) uniforms itself and is unchanged but for its sums being exact
-    now): the release's distribution and the guarantee are unchanged.
+    terms). OsdpRR adds no noise, so the release draws nothing: it is post-processing of the
+    sample drawn per record. Same q, same records, same statistics as :meth:`release` (the
+    in-memory path of the paper reproduction, which draws the (n, k_T) uniforms itself).
 
     Measured (``ldp-beam estimate -i RAW -m osdp-rr`` from raw rows, epsilon = 0.8, sum, k = 1,
     lower 0, upper 100, the bench's ``levels`` file, DirectRunner, one process, peak RSS from
-    ``/usr/bin/time -f %M``, on the shared 2-core machine, load 3-5, so times are noisy): with
-    the former row accumulator (one float64 row of 2 k_T cells per user, sorted at release)
-    361 / 363 / 363 / 376 MB and 3.5-6.5 s at 10^6 rows, 1363 / 1350 / 1349 / 1363 MB and
-    10.2-18.7 s at 10^7 (four runs; RSS growth about +270%); one pass, 300 / 299 / 300 / 299 /
-    311 MB and 5.0-6.2 s at 10^6, 299 / 300 / 300 / 312 / 309 MB and 3.4-7.8 s at 10^7 (five
-    runs; growth -0.3% to +4%; the issue's target is +15%). Runs 3-4 of each were interleaved
-    (former, new, former, new) on the same load: 6.5 / 6.0 s and 4.5 / 5.0 s at 10^6, 18.7 /
-    7.8 s and 10.2 / 6.2 s at 10^7; run 5 is the committed code (the accumulator an object
-    array rather than a tuple). What remains of the memory is Beam's and the batches in flight.
+    ``/usr/bin/time -f %M``, on the shared 2-core machine, load 3-5, so times are noisy, five
+    runs): 299-311 MB and 5.0-6.2 s at 10^6 rows, 299-312 MB and 3.4-7.8 s at 10^7 (growth
+    -0.3% to +4%; the issue's target is +15%; a row accumulator of 2 k_T float64 cells per
+    user, sorted at release, took about 363 MB at 10^6 and 1355 MB at 10^7). What remains of
+    the memory is Beam's and the batches in flight.
     """
 
     NAME: ClassVar[str] = "osdp-rr"
@@ -224,24 +218,13 @@ class OsdpRR(UnitBounded, CentralRelease):
         return cls(epsilon=osdp_epsilon_for_threshold(t, matching), **params)
 
     @property
-    def k_target(self) -> int:
-        return len(self.target)
-
-    @property
     def record_epsilon(self) -> float:
         """The OSDP budget of one record (one target item of one row): epsilon / (L0 Linf)."""
-        m = self.unit_sensitivity
-        return float(self.epsilon) if m == 1 else float(self.epsilon) / m
+        return float(self.epsilon) / self.unit_sensitivity
 
     @property
     def keep_probability(self) -> float:
         return osdp_keep_probability(self.record_epsilon)
-
-    @property
-    def resolved_mean_floor(self) -> float | None:
-        if self.query != "cv":
-            return None
-        return float(self.lower if self.mean_floor is None else self.mean_floor)
 
     @property
     def draws(self) -> int:

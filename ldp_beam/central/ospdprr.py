@@ -70,21 +70,18 @@ the row's identity (its input stream and record offset, from ``ReadTable``'s ``K
 so the sample is secret, a runner's retry reproduces it, and a seeded run (reproducible, and
 saying it is not private) samples the same rows whatever the runner or batch size. The
 estimator's accumulator is four int64 numbers ``[users, N, S, Q]`` (a fifth, the clipped values,
-with ``clip=True``): the users seen (curator bookkeeping, never released) and the sample's statistics summed exactly on the integer lattice
-(:func:`statistic_lattice`), so ``add`` and ``merge`` are integer additions (exact in any split
-and merge order; at most (2^63 - 1) / (k_T 2^20) users, checked), and ``finalize`` draws the one
-discrete Laplace noise (:meth:`OSPDPRR.release_sums`). The release's distribution is that of
-:meth:`OSPDPRR.release` (the same pi_u, the same noise, budget and statistics); its seeded
-outputs differ from the former row accumulator's, whose sample was addressed by the hash of all
-sorted rows. :meth:`OSPDPRR.release` itself (numpy arrays of every user, the paper
-reproduction's path) is unchanged and O(users) in process.
+with ``clip=True``): the users seen (curator bookkeeping, never released) and the sample's
+statistics summed exactly on the integer lattice (:func:`statistic_lattice`), so ``add`` and
+``merge`` are integer additions (exact in any split and merge order; at most (2^63 - 1) / (k_T
+2^20) users, checked), and ``finalize`` draws the one discrete Laplace noise
+(:meth:`OSPDPRR.release_sums`). The release's distribution is that of :meth:`OSPDPRR.release`
+(the same pi_u, the same noise, budget and statistics), which takes numpy arrays of every user
+(the paper reproduction's path) and is O(users) in process.
 
 Measured (``ldp-beam bench --only cli --only ospdprr``: ``ldp-beam estimate -m ospdprr`` from
 raw rows, t = 0.8, sum, k = 1, DirectRunner, one process, peak RSS = the process's VmHWM, on the
-shared 2-core machine): with the former row accumulator 375 MB / 4.8 s at 10^6 rows and 1340 MB
-/ 13.4 s at 10^7 (RSS growth +257%, load 1.7); one pass, 331 MB / 5.5 s and 319 MB / 7.2 s
-(growth -4%, load 4.0), and in a second run 299 MB / 4.9 s and 312 MB / 6.1 s (growth +4%, load
-2.3; the issue's target is +15%). What remains of the memory is Beam's and
+shared 2-core machine): 299 MB / 4.9 s at 10^6 rows and 312 MB / 6.1 s at 10^7 (growth +4%,
+load 2.3; a row accumulator took 375 MB and 1340 MB). What remains of the memory is Beam's and
 the batches in flight, not users.
 
 **sound-public, paper: O(users), bounded and never copied quadratically.** Here the estimator
@@ -149,14 +146,12 @@ from ..privacy import (CENTRAL, NONE, PrivacyGuarantee, UnitBounded, central_uni
                        central_unit_text)
 from ..rng import RngLike
 from .histogram import UNKEYED, as_generator, release_source
-# the query machinery OSPDPRR shares with OsdpRR; its public names (the constants, query_answer
-# and statistic_lattice) were defined here and are re-exported (CLIP_NOTE and MAX_TERMS only
-# for that): old imports from here still work
-from .unit_release import (CLIP_NOTE, CLIPPED, CLIPPED_DTYPE, LATTICE_BITS, MAX_TERMS,  # noqa: F401
-                           QUERIES, QUERY_STATISTICS, RATIO_QUERIES, STATISTIC_NAMES, query_answer,
-                           statistic_lattice, _ByItem, _check_bounds, _check_common, _check_t,
-                           _clip_note, _clipped_column, _clipped_sum, _curated, _estimate,
-                           _flag_levels, _flag_values, _ReleasedOnce, _report_values)
+# the query machinery OSPDPRR shares with OsdpRR (its public names importable from here too)
+from .unit_release import (CLIPPED, CLIPPED_DTYPE, LATTICE_BITS, QUERIES, QUERY_STATISTICS,
+                           RATIO_QUERIES, STATISTIC_NAMES, query_answer, statistic_lattice, _ByItem,
+                           _check_bounds, _check_common, _check_t, _clip_note, _clipped_column,
+                           _clipped_sum, _curated, _estimate, _flag_levels, _flag_values,
+                           _ReleasedOnce, _report_values, _UserQuery)
 
 MODES = ("paper", "sound-public", "sound-self")
 NORMS = ("vector", "minmax")
@@ -192,13 +187,19 @@ def normalize_weights(weights: np.ndarray, norm: str = "vector") -> np.ndarray:
     column: ``vector``: w / sqrt(sum_u w^2) (a column of zeros stays 0); ``minmax``:
     (w - min)/(max - min) (a constant column becomes 0)."""
     w = np.asarray(weights, dtype=np.float64)
+    return _normalizer(w, norm)(w)
+
+
+def _normalizer(w: np.ndarray, norm: str) -> Callable[[np.ndarray], np.ndarray]:
+    """:func:`normalize_weights` with the column statistics of the float64 matrix ``w``, as a
+    function of rows of ``w`` (the release's chunks)."""
     if norm == "vector":
         norms = np.sqrt(np.einsum("ij,ij->j", w, w))
-        return np.divide(w, norms, out=np.zeros_like(w), where=norms > 0)
+        return lambda x: np.divide(x, norms, out=np.zeros_like(x), where=norms > 0)
     if norm == "minmax":
         lo, hi = w.min(axis=0), w.max(axis=0)
         span = hi - lo
-        return np.divide(w - lo, span, out=np.zeros_like(w), where=span > 0)
+        return lambda x: np.divide(x - lo, span, out=np.zeros_like(x), where=span > 0)
     raise ParameterError("norm", norm, f"one of {NORMS}")
 
 
@@ -264,9 +265,7 @@ def personal_budgets(scores: np.ndarray, rescale: bool) -> np.ndarray:
     paper's steps 6-7) ``M'_u = (M_u - B)/(A - B)`` with ``A = max M``, ``B = min M`` (all 1 if
     A = B); without, ``M_u`` itself (sound-self)."""
     m = np.asarray(scores, dtype=np.float64)
-    if not rescale:
-        return m.copy()
-    if m.size == 0:
+    if not rescale or m.size == 0:
         return m.copy()
     a, b = m.max(), m.min()
     if a == b:
@@ -316,9 +315,7 @@ def sensitivities(query: str, k_target: int, lower: float, upper: float,
     check_choice(query, "query", QUERIES)
     bmax = max(abs(lower), abs(upper))
     delta = {"N": float(k_target), "S": k_target * bmax, "Q": k_target * bmax * bmax}
-    if unit_rows != 1:
-        delta = {s: unit_rows * d for s, d in delta.items()}
-    return {s: delta[s] for s in QUERY_STATISTICS[query]}
+    return {s: unit_rows * delta[s] for s in QUERY_STATISTICS[query]}
 
 
 def noise_scales(query: str, k_target: int, lower: float, upper: float,
@@ -402,7 +399,7 @@ def _ospdprr_fields(m: "OSPDPRR") -> tuple[tuple[str, str], ...]:
 
 
 @dataclass(frozen=True)
-class OSPDPRR(UnitBounded, CentralRelease):
+class OSPDPRR(_UserQuery, UnitBounded, CentralRelease):
     """OSPDPRR: one-sided personalized DP query on users' k items (central, one release).
 
     TOPSIS sensitivity scores, personalized sampling with threshold t, one Laplace release.
@@ -506,10 +503,6 @@ class OSPDPRR(UnitBounded, CentralRelease):
 
     # -- derived parameters
     @property
-    def k_target(self) -> int:
-        return len(self.target)
-
-    @property
     def ref(self) -> str:
         """TOPSIS references: ``fixed`` (sound-self) or ``data`` (paper, sound-public)."""
         return "fixed" if self.mode == "sound-self" else "data"
@@ -518,12 +511,6 @@ class OSPDPRR(UnitBounded, CentralRelease):
     def sensitivity_function(self) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
         s = self.sensitivity
         return SENSITIVITY_FUNCTIONS[s] if isinstance(s, str) else s
-
-    @property
-    def resolved_mean_floor(self) -> float | None:
-        if self.query != "cv":
-            return None
-        return float(self.lower if self.mean_floor is None else self.mean_floor)
 
     def params(self) -> dict:
         p = super().params()
@@ -761,30 +748,28 @@ class OSPDPRR(UnitBounded, CentralRelease):
         if not diagnostics:
             sums, low, pi_sum = self._sample_in_chunks(vals, w, gen, lattice)
             curator: dict[str, Any] = {}
-            if self.mode == "paper":
-                epsilon = math.exp(float(low))
-                curator["m"] = float(low)
-            else:
-                epsilon = float(self.t)
-            return self._noisy_release(n, sums, epsilon, pi_sum, gen, lattice, curator)
-        if n == 0:
-            m, eps_u, pi = np.zeros(0), np.zeros(0), np.zeros(0)
         else:
-            m, eps_u, pi = self.sampling(w)
-        keep = gen.random(n) < pi
-        sv = vals[keep]
-        exact = {"N": float(self.k_target * keep.sum()), "S": float(sv.sum()),
-                 "Q": float(np.square(sv).sum())}
-        curator = {"scores": m, "budgets": eps_u, "pi": pi, "sample": keep, "exact": exact}
+            if n == 0:
+                m, eps_u, pi = np.zeros(0), np.zeros(0), np.zeros(0)
+            else:
+                m, eps_u, pi = self.sampling(w)
+            keep = gen.random(n) < pi
+            sv = vals[keep]
+            exact = {"N": float(self.k_target * keep.sum()), "S": float(sv.sum()),
+                     "Q": float(np.square(sv).sum())}
+            curator = {"scores": m, "budgets": eps_u, "pi": pi, "sample": keep, "exact": exact}
+            if self.mode == "paper":
+                score = m if self.paper_m == "raw" else eps_u
+                # empty sample: over all users (no users: m = 0)
+                low = score[keep].min() if keep.any() else (score.min() if n else 0.0)
+            sums = statistic_units(sv, lattice).sum(axis=0)
+            pi_sum = float(pi.sum())
         if self.mode == "paper":  # step 8: eps = e^m, m the smallest score among sampled users
-            score = m if self.paper_m == "raw" else eps_u
-            low = score[keep].min() if keep.any() else (score.min() if n else 0.0)  # empty
-            epsilon = math.exp(float(low))  # sample: over all users (no users: m = 0)
+            epsilon = math.exp(float(low))
             curator["m"] = float(low)
         else:
             epsilon = float(self.t)
-        sums = statistic_units(sv, lattice).sum(axis=0)
-        return self._noisy_release(n, sums, epsilon, float(pi.sum()), gen, lattice, curator)
+        return self._noisy_release(n, sums, epsilon, pi_sum, gen, lattice, curator)
 
     def release_sums(self, n: int, sums: np.ndarray, rng: RngLike = None, *,
                      allow_empty: bool = False) -> Estimate:
@@ -819,17 +804,7 @@ class OSPDPRR(UnitBounded, CentralRelease):
         n, step = vals.shape[0], self.CHUNK_ROWS
         k = w.shape[1]
         if self.ref == "data" and n:
-            if self.norm == "vector":
-                norms = np.sqrt(np.einsum("ij,ij->j", w, w))
-
-                def scale(x: np.ndarray) -> np.ndarray:
-                    return np.divide(x, norms, out=np.zeros_like(x), where=norms > 0)
-            else:
-                lo, hi = w.min(axis=0), w.max(axis=0)
-                span = hi - lo
-
-                def scale(x: np.ndarray) -> np.ndarray:
-                    return np.divide(x - lo, span, out=np.zeros_like(x), where=span > 0)
+            scale = _normalizer(w, self.norm)
             best, worst = np.full(k, np.inf), np.full(k, -np.inf)
             for i in range(0, n, step):
                 wb = scale(np.asarray(w[i:i + step], dtype=np.float64))
@@ -945,11 +920,10 @@ class OSPDPRR(UnitBounded, CentralRelease):
 
 
 class _UserRowsEstimator(_ReleasedOnce, Estimator):
-    """The row accumulator of OSPDPRR's data-reference modes (OsdpRR's estimator is one pass
-    and keeps four integers): the accumulator is one float64 row per user
-    (the report fields in order), appended with amortized growth (see the module docstring) and
-    capped by ``user_cells``; ``finalize`` sorts the rows and makes
-    the mechanism's one release from them."""
+    """The row accumulator of OSPDPRR's data-reference modes: one float64 row per user (the
+    report fields in order), appended with amortized growth (see the module docstring) and
+    capped by ``user_cells``; ``finalize`` sorts the rows and makes the mechanism's one release
+    from them."""
 
     #: the accumulator holds one row per user (O(users)); compare accumulators with canonical()
     accumulates_rows: ClassVar[bool] = True
@@ -1022,20 +996,19 @@ class _UserRowsEstimator(_ReleasedOnce, Estimator):
         the data) is released from no rows (noise alone), so that whether a public key occurs
         is not disclosed. The caller selects the keys (:mod:`ldp_beam.central.partition`) and
         bounds each unit's contribution first."""
-        return self._release(self.create() if acc is None else np.asarray(acc, np.float64),
-                             key)
+        return self._release(self.create() if acc is None else
+                             np.asarray(acc, self.create().dtype), key)
 
     def _release(self, acc: np.ndarray, key: Any) -> Estimate:
         acc = _canonical(acc)
         m = self.mechanism
-        kt, k = m.k_target, getattr(m, "k", acc.shape[1] - m.k_target)
+        kt, k = m.k_target, m.k
         # the noise is addressed by the rows without the clipped counts (the same address,
         # hence the same seeded release, as without them)
         rel = m.release(acc[:, :kt], acc[:, kt:kt + k],
                         release_source(self.seed, np.ascontiguousarray(acc[:, :kt + k]), key),
-                        allow_empty=True,
-                        **getattr(self, "_lean", {}))
-        return _curated(rel, acc[:, kt + k:].sum() if getattr(m, "clip", False) else None)
+                        allow_empty=True, **self._lean)
+        return _curated(rel, acc[:, kt + k:].sum() if m.clip else None)
 
 
 class OSPDPRREstimator(_UserRowsEstimator):
@@ -1045,17 +1018,17 @@ class OSPDPRREstimator(_UserRowsEstimator):
     (:meth:`OSPDPRR.prepare`: ``sampled = u < pi_u``, u drawn where the row was read); the
     accumulator is four int64 numbers, ``[users, N, S, Q]``: the users seen (the curator's
     count, never released) and the sample's statistics summed exactly on the integer lattice
-    (:func:`statistic_lattice`); with ``clip=True`` a fifth, the values clipped (released only
-    to the curator, in ``Estimate.curator["values_clipped"]``). ``add`` and ``merge`` add integers (exact, so any split and
-    merge order gives the same accumulator, bit for bit); ``finalize`` draws the one discrete
-    Laplace noise (:meth:`OSPDPRR.release_sums`). The memory does not grow with users.
+    (:func:`statistic_lattice`); with ``clip=True`` a fifth, the values clipped (curator only:
+    ``Estimate.curator["values_clipped"]``). ``add`` and ``merge`` add integers (exact, so any
+    split and merge order gives the same accumulator, bit for bit); ``finalize`` draws the one
+    discrete Laplace noise (:meth:`OSPDPRR.release_sums`). The memory does not grow with users.
 
-    **sound-public, paper (O(users)).** The accumulator is a float64 array of shape (users, k_T
-    + k), the target values and item weights (and with ``clip=True`` a last column, the row's
-    clipped values), because the normalization, the ideal points and
-    A/B need all users and the sample is drawn at release time (capped by
-    ``LDP_BEAM_MAX_USER_CELLS``). ``merge`` appends the rows once; ``finalize`` sorts the rows
-    first, so the release is the same whatever the split or merge order.
+    **sound-public, paper (O(users)).** The accumulator is a float64 array of shape (users,
+    k_T + k), the target values and item weights (with ``clip=True`` a last column, the row's
+    clipped values): the normalization, the ideal points and A/B need all users and the sample
+    is drawn at release time (capped by ``LDP_BEAM_MAX_USER_CELLS``). ``merge`` appends the rows
+    once; ``finalize`` sorts the rows first, so the release is the same whatever the split or
+    merge order.
 
     ``seed`` makes the release's noise reproducible (a function of the seed and the
     accumulator; for tests only: whoever knows the seed can remove the noise); default: OS
@@ -1064,11 +1037,11 @@ class OSPDPRREstimator(_UserRowsEstimator):
 
     def __init__(self, mechanism: Any, seed: int | None = None) -> None:
         super().__init__(mechanism, seed)
-        self.one_pass = bool(getattr(mechanism, "one_pass", False))
+        self.one_pass = mechanism.one_pass
         # the one-pass accumulator is four integers (five with clip=True: the clipped values);
         # the other modes' holds one row per user
         self.accumulates_rows = not self.one_pass
-        self.clip = bool(getattr(mechanism, "clip", False))
+        self.clip = bool(mechanism.clip)
         self._size = 5 if self.clip else 4
         if self.one_pass:
             self.lattice = statistic_lattice(mechanism.query, mechanism.k_target,
@@ -1101,25 +1074,16 @@ class OSPDPRREstimator(_UserRowsEstimator):
             return acc
         cols = [np.asarray(reports[f"value{i}"], dtype=np.float64).reshape(-1) for i in m.target]
         clipped = _clipped_sum(m, reports) if self.clip else 0
+        out = np.empty(self._size, dtype=np.int64)
+        out[0] = self._users(int(acc[0]) + n)
         if all(c.shape[0] == n for c in cols):
             # the sums column by column: the same integers as statistic_units' (n, 3) table
             # summed (int64 addition is exact and order-free), without building it
-            out = np.empty(self._size, dtype=np.int64)
-            out[0] = self._users(int(acc[0]) + n)
-            out[1:4] = np.asarray(acc[1:4], dtype=np.int64) + self._sample_units(cols, keep)
-            if self.clip:
-                out[4] = int(acc[4]) + clipped
-            return out
-        if keep.all():
-            vals = np.column_stack([np.asarray(reports[f"value{i}"], dtype=np.float64)
-                                    .reshape(-1) for i in m.target])
+            units = self._sample_units(cols, keep)
         else:
-            vals = np.column_stack([np.asarray(reports[f"value{i}"], dtype=np.float64)
-                                    .reshape(-1)[keep] for i in m.target])
-        out = np.empty(self._size, dtype=np.int64)
-        out[0] = self._users(int(acc[0]) + n)
-        out[1:4] = np.asarray(acc[1:4], dtype=np.int64) + statistic_units(
-            vals, self.lattice).sum(axis=0)
+            vals = np.column_stack(cols if keep.all() else [c[keep] for c in cols])
+            units = statistic_units(vals, self.lattice).sum(axis=0)
+        out[1:4] = np.asarray(acc[1:4], dtype=np.int64) + units
         if self.clip:
             out[4] = int(acc[4]) + clipped
         return out
@@ -1180,11 +1144,6 @@ class OSPDPRREstimator(_UserRowsEstimator):
         if self.one_pass:
             return np.array(acc, dtype=np.int64)
         return super().canonical(acc)
-
-    def finalize_key(self, acc: np.ndarray | None, key: Any) -> Estimate:
-        if not self.one_pass:
-            return super().finalize_key(acc, key)
-        return self._release(self.create() if acc is None else np.asarray(acc, np.int64), key)
 
     def _release(self, acc: np.ndarray, key: Any) -> Estimate:
         if not self.one_pass:

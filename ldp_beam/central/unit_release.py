@@ -272,6 +272,20 @@ def _flag_levels(self: Any, cols: dict, reasons: Reasons, items: Iterable[int]) 
                      "outside [0, 1]")
 
 
+class _UserQuery:
+    """The derived parameters OSPDPRR and OsdpRR share."""
+
+    @property
+    def k_target(self) -> int:
+        return len(self.target)
+
+    @property
+    def resolved_mean_floor(self) -> float | None:
+        if self.query != "cv":
+            return None
+        return float(self.lower if self.mean_floor is None else self.mean_floor)
+
+
 class _ByItem:
     """A class attribute computed from an instance's ``k``/``target`` (its roles or report
     fields); on the class itself it shows a template (for ``ldp-beam list``)."""

@@ -9,7 +9,7 @@ import os
 import random
 import sqlite3
 import time
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Iterator, Sequence
 from urllib.parse import quote, urlsplit
 
 from .base import _NOTHING_RUN, LedgerError, LedgerNotFound, LedgerUnavailable
@@ -69,9 +69,6 @@ class _Tx:
     def execute(self, sql: str, args: Sequence[Any] = ()) -> Any:
         self.cur.execute(sql.replace("?", "%s") if self.pg else sql, tuple(args))
         return self.cur
-
-    def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
-        self.cur.executemany(sql.replace("?", "%s") if self.pg else sql, list(rows))
 
     def one(self, sql: str, args: Sequence[Any] = ()) -> tuple | None:
         return self.execute(sql, args).fetchone()

@@ -33,9 +33,9 @@ def sqlite_path(url: str) -> str:
     the current folder, ``sqlite:///srv/team.db`` the absolute ``/srv/team.db`` (so is
     ``sqlite:////srv/team.db``: extra leading slashes are one).
 
-    SQLAlchemy reads ``sqlite:///team.db`` as relative; so did ldp-beam before. Where that
-    reading names an existing file and this one a different file, the URL is refused rather
-    than a new, empty ledger opened beside the one that holds the spending."""
+    SQLAlchemy reads ``sqlite:///team.db`` as relative: where that reading names an existing
+    file and this one a different file, the URL is refused rather than a new, empty ledger
+    opened beside the one that holds the spending."""
     path = url_file(url)
     if path.lstrip("/") == ":memory:":
         return ":memory:"

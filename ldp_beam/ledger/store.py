@@ -737,9 +737,8 @@ class Ledger:
         sql = f"SELECT {', '.join(_ENTRY_COLUMNS)} FROM ldp_beam_entries"
         args: list[Any] = []
         where = []
-        if status:
-            if status not in STATUSES:
-                raise ParameterError("--status", status, " or ".join(STATUSES))
+        if status and status not in STATUSES:
+            raise ParameterError("--status", status, " or ".join(STATUSES))
         with self._tx(write=False) as tx:
             if dataset:
                 clause, more = self._filter(tx, dataset)
