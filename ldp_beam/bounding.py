@@ -136,12 +136,11 @@ import pyarrow.compute as pc
 
 from .errors import LdpBeamError, LimitError
 from .limits import env_cap
-from .prf import _key_words, aes_prf, row_priorities, siphash_words  # noqa: F401 (exported)
+from .prf import (_MASK64, U64, _key_words, aes_prf, row_priorities,  # noqa: F401 (exported)
+                  siphash_words)
 from .privacy import check_contribution_bound
 from .rng import RunKey
 
-U64 = np.uint64
-_MASK64 = (1 << 64) - 1
 UNITS_CAP = "units"
 UNITS_ENV = "LDP_BEAM_MAX_UNITS"
 DEFAULT_MAX_UNITS = 10_000_000
@@ -149,7 +148,6 @@ UNITS_WHAT = ("distinct privacy units of a bounded collection or release: the bo
               "to max_partitions_per_unit x max_rows_per_partition entries of 32-48 bytes per "
               "unit while it runs (one row per unit: a hash table of 40-60 bytes a unit, about "
               "50 MB per million units; otherwise about 100 MB per million units)")
-_COMPACT_MIN = 1 << 16  # pending candidate entries before an accumulator is first reduced
 
 
 # --------------------------------------------------------------------------- parameters
@@ -428,8 +426,9 @@ class _Spec:
 # --------------------------------------------------------------------------- the sketch
 FIELDS = ("u", "rh", "s", "rid")  # + "p", "pp" when partitioned
 _HI32 = U64(0xFFFFFFFF00000000)
-SHARDS = 64  # an accumulator is split by unit hash, so each reduction is small (in cache)
-_SHARD_SHIFT = U64(58)  # 64 shards: the top 6 bits of the unit hash
+# an accumulator is split in 64 shards by unit hash (its top 6 bits), so each reduction is
+# small (in cache)
+_SHARD_SHIFT = U64(58)
 _SHARD_MIN = 4096  # pending entries of a shard before it is first reduced
 
 
@@ -443,15 +442,19 @@ def _group_order(g: np.ndarray, ident: list[np.ndarray], hi: np.ndarray,
     One quicksort of a 64-bit key (the top halves of ``g`` and ``hi``) instead of a lexsort,
     ~10x faster; the few runs it cannot order on its own (two identities sharing the top half
     of ``g``, or equal top halves of ``hi`` in a group) are found and re-sorted exactly."""
+    def starts_group(order: np.ndarray) -> np.ndarray:
+        differ = np.zeros(n - 1, bool)
+        for a in ident:
+            s_ = a[order]
+            differ |= s_[1:] != s_[:-1]
+        return differ
+
     comp = (g & _HI32) | (hi >> U64(32))
     order = np.argsort(comp)
     n = order.size
     cs = comp[order]
     same_run = (cs[1:] & _HI32) == (cs[:-1] & _HI32)
-    differ = np.zeros(n - 1, bool)
-    for a in ident:
-        s_ = a[order]
-        differ |= s_[1:] != s_[:-1]
+    differ = starts_group(order)
     bad = same_run & (differ | (cs[1:] == cs[:-1]))
     if bad.any():
         run = np.zeros(n, np.int64)
@@ -463,10 +466,7 @@ def _group_order(g: np.ndarray, ident: list[np.ndarray], hi: np.ndarray,
         keys = tuple(t[rows] for t in reversed(ties)) + (hi[rows],) \
             + tuple(a[rows] for a in reversed(ident)) + (g[rows],)
         order[pos] = rows[np.lexsort(keys)]
-        differ = np.zeros(n - 1, bool)
-        for a in ident:
-            s_ = a[order]
-            differ |= s_[1:] != s_[:-1]
+        differ = starts_group(order)
     new = np.empty(n, bool)
     new[0] = True
     new[1:] = differ
@@ -485,15 +485,6 @@ def reduce_candidates(c: dict, l0: int, linf: int, partitioned: bool) -> tuple[d
     partition code) and, in each ``(u, p)``, its ``linf`` rows of smallest priority ``rh``
     (ties: smaller record identity ``(s, rid)``). Returns the kept candidates and the number
     of distinct units."""
-    return _reduce(c, l0, linf, partitioned)
-
-
-def shard_of(u: np.ndarray) -> np.ndarray:
-    """The shard of each unit hash (its top 6 bits): a unit never spans two shards."""
-    return (u >> _SHARD_SHIFT).astype(np.uint8)
-
-
-def _reduce(c: dict, l0: int, linf: int, partitioned: bool) -> tuple[dict, int]:
     u = c["u"]
     n = u.size
     if n == 0:
@@ -523,6 +514,11 @@ def _reduce(c: dict, l0: int, linf: int, partitioned: bool) -> tuple[dict, int]:
         return c, units
     keep.sort()
     return {k: v[keep] for k, v in c.items()}, units
+
+
+def shard_of(u: np.ndarray) -> np.ndarray:
+    """The shard of each unit hash (its top 6 bits): a unit never spans two shards."""
+    return (u >> _SHARD_SHIFT).astype(np.uint8)
 
 
 def _concat(parts: list[dict], partitioned: bool) -> dict:
@@ -575,10 +571,6 @@ def _unit_code(unit: str) -> int:
             return int.from_bytes(bytes.fromhex(unit[1:17]), "big") | 1
         except ValueError:
             pass
-    return _text_code(unit)
-
-
-def _text_code(unit: str) -> int:
     return int.from_bytes(hashlib.blake2b(unit.encode("utf-8"), digest_size=8).digest(),
                           "big") | 1
 

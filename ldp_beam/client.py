@@ -335,10 +335,9 @@ class Reporter:
                                  "noise) on the device")
         if not isinstance(device_id, str) or not device_id or "\n" in device_id:
             raise ParameterError("device_id", device_id, "a non-empty one-line string")
-        for name, v, lo in (("batch_size", batch_size, 1),
-                            ("reports_per_message", reports_per_message, 1)):
-            if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-                raise ParameterError(name, v, f"an integer >= {lo}")
+        for name, v in (("batch_size", batch_size), ("reports_per_message", reports_per_message)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ParameterError(name, v, "an integer >= 1")
         if not (isinstance(timeout, (int, float)) and math.isfinite(timeout) and timeout > 0):
             raise ParameterError("timeout", timeout, "seconds > 0")
         reserved = {REPORT_ID, TS, MEMO_ID} | {f for f, _ in mech.report_fields}
@@ -564,8 +563,7 @@ class Reporter:
 
     # -- publishing
     def _outbox(self, name: str = "") -> str:
-        return os.path.join(self.state_dir, "outbox", name) if name else \
-            os.path.join(self.state_dir, "outbox")
+        return os.path.join(self.state_dir, "outbox", name)
 
     def _batches_to_send(self) -> list[_Batch]:
         if self.state_dir is None:

@@ -20,7 +20,6 @@ import dataclasses
 import functools
 import math
 import sys
-import typing
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Iterable, Mapping
@@ -31,7 +30,6 @@ from .errors import EmptyAccumulatorError, InvalidRecordsError, ParameterError
 from .privacy import PrivacyGuarantee
 from .rng import RngLike, as_source, draw_uniforms
 
-Columns = Mapping[str, np.ndarray]
 Reports = dict[str, np.ndarray]
 
 
@@ -114,9 +112,7 @@ def coerce_numeric(raw: Any) -> tuple[np.ndarray, np.ndarray]:
     missing value here (a reader may map chosen tokens to null before, see ``null_values`` of
     :class:`~ldp_beam.transforms.ReadTable`). Booleans are not numbers here.
     """
-    arr = np.asarray(raw)
-    if arr.ndim != 1:
-        arr = arr.reshape(-1)
+    arr = np.asarray(raw).reshape(-1)
     if arr.dtype.kind in "iuf":
         return arr.astype(np.float64, copy=False), np.zeros(arr.shape[0], dtype=bool)
     # lazy: pandas costs 280 ms at import (measured); the device client (ldp_beam.client) imports
@@ -217,9 +213,7 @@ def encode_categories(values: Any, labels: tuple[str, ...]) -> tuple[np.ndarray,
     """
     if _is_arrow(values):
         return _encode_arrow(values, labels)
-    arr = np.asarray(values)
-    if arr.ndim != 1:
-        arr = arr.reshape(-1)
+    arr = np.asarray(values).reshape(-1)
     if arr.dtype.kind in "iu":
         codes = _encode_ints(arr, labels)
         return codes, np.zeros(arr.shape[0], dtype=bool), codes < 0
@@ -232,9 +226,7 @@ def encode_categories_reference(values: Any, labels: tuple[str, ...]
                                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The reference semantics of :func:`encode_categories`: every distinct value through
     :func:`category_text` (factorized once). The fast paths must agree with it exactly."""
-    arr = np.asarray(values)
-    if arr.ndim != 1:
-        arr = arr.reshape(-1)
+    arr = np.asarray(values).reshape(-1)
     index = {lab: i for i, lab in enumerate(labels)}
     import pandas as pd  # lazy: pandas, 280 ms at import (measured; see coerce_numeric)
 
@@ -481,9 +473,7 @@ class Reasons:
             return
         self.bad[new] = True
         if not callable(message):
-            message = cap_reason(str(message))
-            for i in new.tolist():
-                self._msg[i] = message
+            self._msg.update(dict.fromkeys(new.tolist(), cap_reason(str(message))))
             return
         for i in new.tolist():
             self._msg[i] = cap_reason(message(i))
@@ -919,9 +909,7 @@ class Estimate:
         def num(x: Any) -> Any:
             if x is None:
                 return math.nan
-            if isinstance(x, (bool, np.bool_)):
-                return float(x)
-            if isinstance(x, (int, float, np.integer, np.floating)):
+            if isinstance(x, (bool, np.bool_, int, float, np.integer, np.floating)):
                 return float(x)
             return x  # text
 
@@ -1102,7 +1090,3 @@ class MomentEstimator(Estimator):
 
     def n_reports(self, acc: np.ndarray) -> int:
         return int(round(acc[0]))
-
-
-def type_hints(cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(cls)

@@ -174,10 +174,7 @@ def check_groups(n_groups: int, cells_per_group: int = 1, param: str = "--by") -
 
 def product(*sizes: Any) -> int:
     """The exact product of sizes (Python integers: no overflow)."""
-    out = 1
-    for s in sizes:
-        out *= int(s)
-    return out
+    return math.prod(int(s) for s in sizes)
 
 
 __all__ = ["CAPS", "Cap", "cap", "caps", "check_cap", "check_groups", "env_var", "product"]

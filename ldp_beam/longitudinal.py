@@ -93,9 +93,6 @@ MEMO_NOTE = (
     "report reveals a change of value, an unchanged report suggests an unchanged value, and on "
     "a small domain reports of the same value can be linked.")
 
-_SEP = b"\x1f"
-
-
 # --------------------------------------------------------------------------- canonical text
 def unit_text(value: Any) -> str:
     """The canonical text of a privacy-unit id: a string as it is, an integer (or an integral
@@ -213,29 +210,18 @@ class Memoized:
                                 notes=(g.notes + " " if g.notes else "") + MEMO_NOTE,
                                 claim=g.claim, params={**g.params, "memoized": True})
 
-    def _rows(self, values: Any, units: Any) -> tuple[dict, list[str], list[str]]:
-        return canonical_rows(self.mechanism, values, units)
-
-    def stream_ids(self, values: Any, units: Any) -> np.ndarray:
-        """The 64-bit stream id of each row: a keyed BLAKE2b digest of (mechanism, unit, value),
-        under a key derived from the device secret."""
-        _, us, vs = self._rows(values, units)
-        return self._streams(us, vs)
-
-    def _streams(self, us: list[str], vs: list[str]) -> np.ndarray:
-        return np.array([int.from_bytes(_digest(self._slot_key, self._config, u, v, size=8),
-                                        "big") for u, v in zip(us, vs)], dtype=np.uint64)
-
     def perturb(self, values: Any, units: Any) -> Reports:
         """The memoized reports of ``values`` (a column, or a mapping role -> column, as the
         mechanism's ``perturb`` takes) sent by ``units`` (one id per row): row i's draws are
-        those of record 0 of stream ``stream_ids[i]`` of ``RandomSource(key)``. Raises
-        :class:`~ldp_beam.errors.InvalidRecordsError` for invalid values."""
-        cols, us, vs = self._rows(values, units)
+        those of record 0 of stream ``sids[i]`` of ``RandomSource(key)``, a 64-bit keyed
+        BLAKE2b digest of (mechanism, unit, value) under a key derived from the device secret.
+        Raises :class:`~ldp_beam.errors.InvalidRecordsError` for invalid values."""
+        cols, us, vs = canonical_rows(self.mechanism, values, units)
         n = len(us)
         if n == 0:
             return self.mechanism.empty_reports()
-        sids = self._streams(us, vs)
+        sids = np.array([int.from_bytes(_digest(self._slot_key, self._config, u, v, size=8),
+                                        "big") for u, v in zip(us, vs)], dtype=np.uint64)
         uniq, first, inverse = np.unique(sids, return_index=True, return_inverse=True)
         draws = self.mechanism.draws
         u = np.empty((len(uniq), draws), order="F")
@@ -250,13 +236,13 @@ class Memoized:
         keyed digest under its own key, so the id reveals nothing about the value, but the
         same (unit, value) always has the same id — the collector learns exactly when a unit's
         value changes or returns to an earlier one (no more than the memoized reports suggest)."""
-        _, us, vs = self._rows(values, units)
+        _, us, vs = canonical_rows(self.mechanism, values, units)
         return np.array(["m" + _digest(self._memo_key, self._config, u, v).hex()
                          for u, v in zip(us, vs)], dtype=object)
 
     def loss(self, values: Any, units: Any) -> dict[str, float]:
         """Each unit's lifetime loss from these reports: epsilon x its distinct values."""
-        _, us, vs = self._rows(values, units)
+        _, us, vs = canonical_rows(self.mechanism, values, units)
         return unit_loss(us, vs, self.mechanism.guarantee.epsilon)
 
 
@@ -373,10 +359,6 @@ class UnitStateError(ValueError):
     """The per-unit state cannot be used as asked (another unit field, another seed...)."""
 
 
-#: candidates of one unit in one window: ``(priority, slot, memo, digest, row)`` tuples, the
-#: ``k`` smallest priorities (ties: by slot), and the number of the unit's reports in the window
-Candidate = tuple  # (int, str, str | None, str | None, Any)
-
 _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
     # one row per report estimated (or released) in a window: its cost, and for a memoized
@@ -387,6 +369,9 @@ _SCHEMA = (
     "CREATE INDEX IF NOT EXISTS reports_memo ON reports (unit, memo)",
 )
 SCHEMA_VERSION = 1
+#: the cumulative epsilon of each unit of ``temp.cand`` (:func:`_candidates`)
+_SPENT = ("SELECT r.unit, SUM(r.epsilon) FROM reports r JOIN temp.cand c ON r.unit = c.unit "
+          "GROUP BY r.unit")
 BUDGET_TOLERANCE = 1e-9  # relative: k x eps summed in floating point still fits a cap of k x eps
 
 
@@ -519,9 +504,7 @@ class UnitState:
                 return {u: float(s) for u, s in cur.execute(
                     "SELECT unit, SUM(epsilon) FROM reports GROUP BY unit")}
             _candidates(cur, units)
-            return {u: float(s) for u, s in cur.execute(
-                "SELECT r.unit, SUM(r.epsilon) FROM reports r JOIN temp.cand c "
-                "ON r.unit = c.unit GROUP BY r.unit")}
+            return {u: float(s) for u, s in cur.execute(_SPENT)}
 
     def max_loss(self) -> float:
         """The largest cumulative epsilon of one unit (0 when none is recorded): what the
@@ -567,9 +550,7 @@ class UnitState:
         now = time.time()
         with self._tx() as cur:
             _candidates(cur, candidates)
-            spent = dict(cur.execute(
-                "SELECT r.unit, SUM(r.epsilon) FROM reports r JOIN temp.cand c "
-                "ON r.unit = c.unit GROUP BY r.unit").fetchall())
+            spent = dict(cur.execute(_SPENT).fetchall())
             in_window: dict[str, set] = {}
             for u, slot in cur.execute(
                     "SELECT r.unit, r.slot FROM reports r JOIN temp.cand c ON r.unit = c.unit "
@@ -585,7 +566,7 @@ class UnitState:
             for u in sorted(candidates):
                 n, cands = candidates[u]
                 seen_slots: set = set()  # by priority, one candidate per slot
-                cands = [c for c in sorted(cands, key=_order)
+                cands = [c for c in sorted(cands, key=lambda c: c[:2])
                          if not (c[1] in seen_slots or seen_slots.add(c[1]))]
                 recorded = in_window.get(u, set())
                 loss = float(spent.get(u, 0.0))
@@ -627,10 +608,6 @@ class UnitState:
             cur.executemany("INSERT INTO reports (unit, window, slot, memo, digest, epsilon, "
                             "run, recorded) VALUES (?, ?, ?, ?, ?, ?, ?, ?)", new_rows)
         return out
-
-
-def _order(c: Candidate) -> tuple:
-    return c[0], c[1]
 
 
 def _candidates(cur: sqlite3.Cursor, units: Iterable[str]) -> None:

@@ -31,7 +31,6 @@ if os.environ.get("LDP_BEAM_NO_NATIVE"):  # the numpy rounds, for comparison (be
 
 
 _EMPTY = U64(_MASK64)  # a slot's row reference while it holds no row (and its priority)
-_MAX64 = _EMPTY
 _REF_BITS = 48  # a packed row reference: stream index << 48 | record number
 _REF_MASK = U64((1 << _REF_BITS) - 1)
 _MAX_STREAMS = (1 << (64 - _REF_BITS)) - 1  # indices 0..65534: a packed reference is never _EMPTY
@@ -364,6 +363,13 @@ _LIBC: Any = None
 _MIN_SHARD_BITS = 4  # 16 shards: the top 4 bits of the unit hash
 
 
+def _by_shard(u: np.ndarray) -> tuple[np.ndarray, list[int]]:
+    """Rows ordered by the shard of their unit hash, and where each shard's rows end."""
+    shard = (u >> U64(64 - _MIN_SHARD_BITS)).astype(np.uint8)
+    order = np.argsort(shard, kind="stable")  # a radix sort for 8-bit keys
+    return order, np.cumsum(np.bincount(shard, minlength=1 << _MIN_SHARD_BITS)).tolist()
+
+
 class _MinSketch:
     """:class:`_MinTable` split in 16 shards by the top 4 bits of the unit hash. Rows wait in
     their shard's queue (at most 32,768, 24 bytes each: at most 12 MB in all) and go into the
@@ -404,29 +410,23 @@ class _MinSketch:
     def __getstate__(self):
         self.freeze()
         u, p, ref, s, units = self.frozen
-        if not self.wide and isinstance(ref, _Ids):  # sorted references, as their gaps
-            if self.key is not None:
-                p = None  # recomputed from the key if ever needed
-        elif not self.wide:  # references past 2^63 (over 32,767 streams): gaps here
-            gaps = np.diff(ref, prepend=U64(0))
-            top = int(gaps.max()) if gaps.size else 0
-            ref = gaps.astype(np.uint16 if top < 1 << 16 else np.uint32 if top < 1 << 32
-                              else U64)
+        if not self.wide:  # sorted references, as their gaps (an _Ids below 2^63)
+            if not isinstance(ref, _Ids):  # references past 2^63 (over 32,767 streams)
+                gaps = np.diff(ref, prepend=U64(0))
+                top = int(gaps.max()) if gaps.size else 0
+                ref = gaps.astype(np.uint16 if top < 1 << 16 else np.uint32 if top < 1 << 32
+                                  else U64)
             if self.key is not None:
                 p = None  # recomputed from the key if ever needed
         return self.streams, self.wide, units, u, p, ref, s
 
     def __setstate__(self, state):
+        self.__init__()
         self.streams, self.wide, units, u, p, ref, s = state
         if not self.wide and not isinstance(ref, _Ids):
             ref = np.cumsum(ref, dtype=U64)
         self.frozen = (u, p, ref, s, units)
         self.index = {x: i for i, x in enumerate(self.streams)}
-        self.tables = [None] * (1 << _MIN_SHARD_BITS)
-        self.pending = [[] for _ in range(1 << _MIN_SHARD_BITS)]
-        self.queued = [0] * (1 << _MIN_SHARD_BITS)
-        self.key = None
-        self.inflight = deque()
 
     def _settle(self, keep: int = 0) -> None:
         """Wait for the C inserts queued in the background until at most ``keep`` are left
@@ -500,9 +500,7 @@ class _MinSketch:
         ref, sw = self._refs(s, rid)
         if _NATIVE is not None:
             return self._add_native(u, prio, ref, sw)
-        shard = (u >> U64(64 - _MIN_SHARD_BITS)).astype(np.uint8)
-        order = np.argsort(shard, kind="stable")  # a radix sort for 8-bit keys
-        ends = np.cumsum(np.bincount(shard, minlength=1 << _MIN_SHARD_BITS)).tolist()
+        order, ends = _by_shard(u)
         cols = (u[order], prio[order], ref[order]) + (() if sw is None else (sw[order],))
         grew, a = False, 0
         for k, b in enumerate(ends):
@@ -640,9 +638,7 @@ class _MinSketch:
                 if hi > lo:
                     p[lo:hi] = aes_prf(self.key, ref[lo:hi] & _REF_MASK, U64(name))
         self.frozen = None
-        shard = (u >> U64(64 - _MIN_SHARD_BITS)).astype(np.uint8)
-        order = np.argsort(shard, kind="stable")
-        ends = np.cumsum(np.bincount(shard, minlength=1 << _MIN_SHARD_BITS)).tolist()
+        order, ends = _by_shard(u)
         a = 0
         for k, b in enumerate(ends):
             if b > a:

@@ -844,9 +844,8 @@ def plan(mechanism: Any, n: int | None = None, *, groups: Any = None, assume: An
     rep = _Replicates(sim, simulated, replicates, central, seed, n) if simulated else None
     ranges = {name: _range_of(name, base.statistics[name], mech) for name in direct + simulated}
 
-    # LDP: the estimator's stderr on the pool (at least LDP_POOL reports) and the power law it
-    # follows from the pool to 4x the pool (exact copies: the same proportions), which carries
-    # it to smaller sizes (means and frequencies: -1/2, sums: +1/2; measured, not assumed)
+    # LDP: the estimator's stderr on the pool and the power law it follows from the pool to 4x
+    # the pool (exact copies: the same proportions), carrying it to smaller sizes (module doc, 3.)
     law: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     if not central:
         big = sim.release(4 * sim.pool)
@@ -862,7 +861,7 @@ def plan(mechanism: Any, n: int | None = None, *, groups: Any = None, assume: An
 
     def se_cells(name: str, m: int) -> np.ndarray | None:
         if name in simulated:
-            return rep.stderr(name, m) if rep is not None else None
+            return rep.estimate(name, m)[0] if rep is not None else None
         if name in law and m < sim.pool:
             se0, alpha = law[name]
             return se0 * (m / sim.pool) ** alpha
@@ -1070,9 +1069,6 @@ class _Replicates:
         self._sd[m] = self._sds(vals)
         return self._sd[m]
 
-    def stderr(self, name: str, m: int) -> np.ndarray | None:
-        return self.estimate(name, m)[0]
-
     def estimate(self, name: str, m: int) -> tuple[np.ndarray | None, np.ndarray | None]:
         """(SD per cell at size m, the relative standard error of that SD per cell)."""
         if self.central:
@@ -1237,31 +1233,27 @@ def count_input(path: str, unit: str | None = None, by: str | None = None) -> di
         out["n"] = int(data.count_rows())
         out["what"] = "rows"
         return out
-    if unit:
-        out["what"] = f"distinct privacy units ({unit})"
-    else:
-        out["what"] = "rows"
+    out["what"] = f"distinct privacy units ({unit})" if unit else "rows"
     seen: Any = None  # distinct (by, unit) pairs or units so far
     counts: dict[str, int] = {}
     n_rows = 0
+
+    def add_counts(t: Any) -> None:  # the rows (or distinct units) of each key of ``by``
+        agg = t.group_by([by]).aggregate([([], "count_all")])
+        for k, c in zip(agg.column(by).to_pylist(), agg.column("count_all").to_pylist()):
+            key = "" if k is None else str(k)
+            counts[key] = counts.get(key, 0) + int(c)
+
     for batch in data.to_batches(columns=cols):
         t = pa.Table.from_batches([batch])
         n_rows += t.num_rows
         if unit:
-            t = t.filter(pc.is_valid(t.column(unit)))
-            if by:
-                t = t.group_by([by, unit]).aggregate([])
-            else:
-                t = t.group_by([unit]).aggregate([])
-            t = t.select(cols)
+            t = t.filter(pc.is_valid(t.column(unit))).group_by(cols).aggregate([]).select(cols)
             seen = t if seen is None else pa.concat_tables([seen, t.cast(seen.schema)])
             if seen.num_rows > 4 * t.num_rows + 1_000_000:
                 seen = seen.group_by(cols).aggregate([]).select(cols)
         else:
-            agg = t.group_by([by]).aggregate([([], "count_all")])
-            for k, c in zip(agg.column(by).to_pylist(), agg.column("count_all").to_pylist()):
-                key = "" if k is None else str(k)
-                counts[key] = counts.get(key, 0) + int(c)
+            add_counts(t)
     if unit:
         if seen is None:
             out["n"] = 0
@@ -1269,11 +1261,7 @@ def count_input(path: str, unit: str | None = None, by: str | None = None) -> di
             seen = seen.group_by(cols).aggregate([]).select(cols)
             if by:
                 out["n"] = int(pc.count_distinct(seen.column(unit)).as_py())
-                agg = seen.group_by([by]).aggregate([([], "count_all")])
-                for k, c in zip(agg.column(by).to_pylist(),
-                                agg.column("count_all").to_pylist()):
-                    key = "" if k is None else str(k)
-                    counts[key] = counts.get(key, 0) + int(c)
+                add_counts(seen)
             else:
                 out["n"] = int(seen.num_rows)
         out["rows"] = n_rows

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import Any, Callable
 
-from .core import Configured, Estimator, Mechanism, type_hints
+from .core import Configured, Estimator, Mechanism
 from .errors import ParameterError, UnknownPluginError
 from .privacy import NONE
 
@@ -128,15 +128,14 @@ class Registry:
         their guarantee's ``describe()`` says "no finite guarantee" in every output.
         """
         cls = self.get(name).mechanism
-        hints = type_hints(cls)
+        hints = typing.get_type_hints(cls)
         fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
         kwargs = {}
         for key, raw in params.items():
             if key not in fields:
                 raise ParameterError(key, raw, f"a parameter of {name}: {sorted(fields)}")
             kwargs[key] = convert(raw, hints[key], key) if isinstance(raw, str) else raw
-        missing = [f for f, fd in fields.items() if fd.default is dataclasses.MISSING
-                   and fd.default_factory is dataclasses.MISSING and f not in kwargs]
+        missing = [f for f, fd in fields.items() if _required(fd) and f not in kwargs]
         if missing:
             raise ParameterError(missing[0], None, f"a value: {name} requires "
                                  f"{', '.join(missing)} (no default)", _required_hint(missing))
@@ -151,12 +150,8 @@ class Registry:
         """Values for the required parameters of ``name`` that build it, for showing its
         guarantee (``ldp-beam list``): ``lower=0``/``upper=1`` for bounds, 1.0 otherwise."""
         cls = self.get(name).mechanism
-        out: dict[str, Any] = {}
-        for f in dataclasses.fields(cls):
-            if f.init and f.default is dataclasses.MISSING \
-                    and f.default_factory is dataclasses.MISSING:
-                out[f.name] = _EXAMPLE_VALUES.get(f.name, 1.0)
-        return out
+        return {f.name: _EXAMPLE_VALUES.get(f.name, 1.0) for f in dataclasses.fields(cls)
+                if f.init and _required(f)}
 
     def estimator_for(self, mechanism: Mechanism, **options: Any) -> Estimator:
         """The registered estimator for ``mechanism``; string option values (from a command
@@ -183,15 +178,13 @@ class Registry:
         out = []
         for name in self.names():
             p = self.get(name)
-            hints = type_hints(p.mechanism)
+            hints = typing.get_type_hints(p.mechanism)
             params = []
             notes = getattr(p.mechanism, "DEFAULT_NOTES", {})
             for f in dataclasses.fields(p.mechanism):
                 default = None if f.default is dataclasses.MISSING else f.default
                 row = {"name": f.name, "type": _type_name(hints[f.name]),
-                       "required": f.default is dataclasses.MISSING
-                       and f.default_factory is dataclasses.MISSING,
-                       "default": default}
+                       "required": _required(f), "default": default}
                 if f.name in notes:  # a default resolved from other parameters when built
                     row["default_note"] = notes[f.name]
                 params.append(row)
@@ -212,6 +205,11 @@ _REQUIRED_HINTS = {
 }
 _REQUIRED_HINTS["upper"] = _REQUIRED_HINTS["lower"]
 _EXAMPLE_VALUES = {"lower": 0.0, "upper": 1.0}
+
+
+def _required(f: dataclasses.Field) -> bool:
+    """Whether a dataclass field has no default."""
+    return f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
 
 
 def _required_hint(missing: list[str]) -> str:

@@ -35,10 +35,9 @@ from typing import Union
 import numpy as np
 from randomgen import AESCounter
 
-from .prf import derive_key
+from .prf import _MASK64, derive_key
 
 _STREAM_SHIFT = 64
-_MASK64 = (1 << 64) - 1
 
 
 def _key_from_seed(seed: int | str | bytes, purpose: str = "aes-key") -> int:
@@ -127,11 +126,6 @@ class RandomSource:
     def seeded(self) -> bool:
         """Drawn from a caller's seed: reproducible and therefore not private."""
         return self.seed is not None
-
-    @property
-    def deterministic(self) -> bool:
-        """Record ``(stream, offset)`` always gets the same draws (a seed or a run key)."""
-        return self._key is not None
 
     def uniforms(self, n: int, draws: int, *, stream: int | None = None,
                  offset: int | None = None) -> np.ndarray:
