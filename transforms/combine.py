@@ -166,20 +166,8 @@ class FoldingCombineFn(EstimatorCombineFn):
         return super().extract_output(acc.acc)
 
 
-class Accumulate(beam.CombineFn):
+class Accumulate(EstimatorCombineFn):
     """Like EstimatorCombineFn but outputs the raw accumulator (for checkpoints and tests)."""
-
-    def __init__(self, estimator: Estimator) -> None:
-        self.inner = EstimatorCombineFn(estimator)
-
-    def create_accumulator(self):
-        return self.inner.create_accumulator()
-
-    def add_input(self, acc, element):
-        return self.inner.add_input(acc, element)
-
-    def merge_accumulators(self, accs):
-        return self.inner.merge_accumulators(accs)
 
     def extract_output(self, acc):
         return acc

@@ -45,7 +45,7 @@ from ldp_beam.core import Mechanism, cap_reason
 from ldp_beam.rng import RunKey, stream_id
 
 from .batches import (KeyedBatch, column_names, get_column, is_batch, report_schema,
-                      reports_batch, row_dict)
+                      reports_batch, row_dict, take)
 from .rows import (ReportsAsRows, as_arrow, as_record, is_dataframe, kept_types,
                    report_row_type)
 from .runners import separates_tagged_outputs
@@ -230,9 +230,6 @@ class PerturbFn(DeadLetteringFn):
     def setup(self) -> None:
         self.source = self.run_key.source()
 
-    def _row(self, table: Any, i: int) -> dict:
-        return row_dict(table, i, self._shown)
-
     # -- batch path
     def _uniforms(self, n: int, stream: int, offset: int, rows: np.ndarray | None) -> np.ndarray:
         """The draws of records ``offset .. offset + n - 1`` of ``stream`` (or of the record
@@ -283,13 +280,12 @@ class PerturbFn(DeadLetteringFn):
         if n_bad:
             msgs = reasons.as_dict()
             for i in np.flatnonzero(bad).tolist():
-                yield dead_letter(msgs[i], self._row(table, i), source,
+                yield dead_letter(msgs[i], row_dict(table, i, self._shown), source,
                                   _row_number(offset, rows, i))
             ok = np.flatnonzero(~bad)
             cols = {k: v[ok] for k, v in cols.items()}
             u = u[ok]
-            kept = table.take(pa.array(ok)) if isinstance(table, (pa.RecordBatch, pa.Table)) \
-                else {k: np.asarray(v)[ok] for k, v in table.items()}
+            kept = take(table, ok)
         else:
             kept = table
         self.n_invalid.inc(n_bad)
@@ -610,11 +606,6 @@ def dead_letter_outputs(pcoll: Any, label: str, fn: Any, main_name: str) -> Outp
     return Outputs(main_name, res[main_name], res[DEAD_LETTER])
 
 
-def perturb_outputs(pcoll: Any, fn: PerturbFn) -> Outputs:
-    """``pcoll | ParDo(fn)`` as reports and dead letters (:func:`dead_letter_outputs`)."""
-    return dead_letter_outputs(pcoll, "Perturb", fn, REPORTS)
-
-
 OUTPUTS = ("batches", "rows")
 
 
@@ -648,7 +639,7 @@ class Perturb(beam.PTransform):
             fn = self.fn
             row_type = report_row_type(fn.mechanism, kept_types(
                 fn.keep, pcoll.element_type, fn.passthrough_schema))
-        out = perturb_outputs(pcoll, self.fn)
+        out = dead_letter_outputs(pcoll, "Perturb", self.fn, REPORTS)
         if row_type is None:
             return out
         names = [n for n, _ in row_type._fields]

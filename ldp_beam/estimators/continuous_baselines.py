@@ -22,17 +22,9 @@ import numpy as np
 from ..core import Reasons, Statistic, coerce_numeric
 from ..errors import EmptyAccumulatorError, ParameterError
 from ..limits import check_cap, product
+from ..mechanisms.continuous_baselines import _special
 from .density import (BinnedDensity, BinnedEstimator, DensityGrid, density_statistics,
                       kde_on_grid, normalize_density)
-
-
-def _special():
-    """scipy.special, imported on first use (most runs never need it)."""
-    # lazy: scipy.special costs 0.17 s at import (measured, after this module's imports); only
-    # the noise KDE's outside-mass needs it: the square-wave (EMS) estimate never does
-    from scipy import special
-
-    return special
 
 
 def _check_int(value: Any, name: str, lo: int, hi: int | None = None) -> int:
@@ -52,11 +44,6 @@ def _check_positive(value: Any, name: str, allow_none: bool = False) -> float | 
         raise ParameterError(name, value, "a finite number > 0" + (" or None" if allow_none
                                                                     else ""))
     return float(value)
-
-
-def _phi(x: np.ndarray) -> np.ndarray:
-    """Standard normal CDF."""
-    return _special().ndtr(x)
 
 
 # --------------------------------------------------------------------------- noise + KDE
@@ -151,7 +138,8 @@ class NoiseKDEEstimator(BinnedEstimator):
         outside = int(round(counts[:j].sum() + counts[j + inner:].sum())) + beyond
         # KDE mass outside [lower, upper] (normalization discards it): binned part + beyond
         c = b.centres
-        mass_out = float(np.dot(counts, _phi((g.lower - c) / h) + _phi((c - g.upper) / h)))
+        phi = _special().ndtr  # the standard normal CDF
+        mass_out = float(np.dot(counts, phi((g.lower - c) / h) + phi((c - g.upper) / h)))
         mass_out = (mass_out + beyond) / n
         # largest kernel value a report beyond the grid can put on [lower, upper]
         bound = beyond * math.exp(-0.5 * (self.reach / h) ** 2) / (n * h * math.sqrt(2 * math.pi))

@@ -167,8 +167,8 @@ class JointEstimator(LinearFrequencyEstimator):
         out.update(self.derived(f, acc, out["joint"].clipped))
         return out
 
-    def derived(self, f: np.ndarray, acc: np.ndarray, consistent: np.ndarray,
-                prefix: str = "") -> dict[str, Statistic]:
+    def derived(self, f: np.ndarray, acc: np.ndarray,
+                consistent: np.ndarray) -> dict[str, Statistic]:
         """Marginals (with standard errors) and conditionals of a joint estimate."""
         se_x, se_y = self.marginal_stderr(acc, f, 0), self.marginal_stderr(acc, f, 1)
         mx, my = f.sum(axis=1), f.sum(axis=0)
@@ -180,14 +180,13 @@ class JointEstimator(LinearFrequencyEstimator):
                      "frequency 0; no standard error (a ratio of estimates)")
         note = ("value: sum of the unbiased joint (unbiased); clipped: from the consistent joint")
         return {
-            prefix + "marginal_x": Statistic(mx, se_x, cx, note, domain=(0, 1)),
-            prefix + "marginal_y": Statistic(my, se_y, cy, note, domain=(0, 1)),
-            prefix + "y_given_x": Statistic(y_given_x, None, None,
-                                            "rows: x labels, columns: P(y | x); " + cond_note),
-            prefix + "x_given_y": Statistic(x_given_y, None, None,
-                                            "rows: x labels, columns: P(x | y); " + cond_note),
+            "marginal_x": Statistic(mx, se_x, cx, note, domain=(0, 1)),
+            "marginal_y": Statistic(my, se_y, cy, note, domain=(0, 1)),
+            "y_given_x": Statistic(y_given_x, None, None,
+                                   "rows: x labels, columns: P(y | x); " + cond_note),
+            "x_given_y": Statistic(x_given_y, None, None,
+                                   "rows: x labels, columns: P(x | y); " + cond_note),
         }
-
 
     # -- marginal standard errors in O(|X||Y|)
     def marginal_stderr(self, acc: np.ndarray, f: np.ndarray, axis: int) -> np.ndarray:
@@ -276,7 +275,6 @@ class JointEstimator(LinearFrequencyEstimator):
                                    rtol=1e-10, atol=1e-12):
                     return None
         return plan
-
 
     def _line_adjoint(self, axis: int, i: int) -> np.ndarray:
         """A^T (indicator of line i along ``axis``), with lines as rows."""

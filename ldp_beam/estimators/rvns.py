@@ -40,7 +40,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from ..core import Reasons, Statistic, coerce_numeric
+from ..core import Reasons, Statistic, check_choice, coerce_numeric
 from ..errors import EmptyAccumulatorError, ParameterError
 from ..limits import check_cap, product
 from ..mechanisms.rvns import RVNS, rvns_density
@@ -374,8 +374,7 @@ class RVNSEstimator(BinnedEstimator):
         super().__init__(mechanism)
         if not isinstance(mechanism, RVNS):
             raise ParameterError("mechanism", mechanism, "an RVNS mechanism")
-        if method not in METHODS:
-            raise ParameterError("method", method, f"one of {METHODS}")
+        check_choice(method, "method", METHODS)
         self.method = method
         self.grid = DensityGrid(mechanism.lower, mechanism.upper,
                                 _number("m", m, 2, lo_open=False, integer=True))
@@ -388,8 +387,8 @@ class RVNSEstimator(BinnedEstimator):
             if val is not None:
                 raise ParameterError(name, val, f"None: it is not used by method={method!r}")
         self.bandwidth = None if bandwidth is None else _number("bandwidth", bandwidth, 0)
-        if boundary is not None and boundary not in BOUNDARIES:
-            raise ParameterError("boundary", boundary, f"one of {BOUNDARIES}")
+        if boundary is not None:
+            check_choice(boundary, "boundary", BOUNDARIES)
         self.boundary = boundary or "reflect"
         self.smoothing = None if smoothing is None else _number("smoothing", smoothing, 0,
                                                                 lo_open=False)
@@ -543,10 +542,13 @@ class RVNSEstimator(BinnedEstimator):
         if rec.method == "em":
             note = (f"EMS on {len(self._report_grouping()[0]) - 1} report bins, smoothing sd "
                     f"{rec.smoothing:.4g}, SQUAREM")
+            smoothing = Statistic(rec.smoothing, note="EMS smoothing sd (data units)")
         else:
             note = (f"Algorithm 2: KDE (h={rec.bandwidth:.4g}, boundary={self.boundary}) + SLSQP "
                     f"on Eq. 9-11 (reg_smooth={rec.details['reg_smooth']:.3g}, "
                     f"reg_l1={self.reg_l1:g}, reg_l2={self.reg_l2:g})")
+            smoothing = Statistic(rec.details["reg_smooth"],
+                                  note="reg_smooth: weight of the smoothness term")
         stats = density_statistics(rec.grid, rec.density, note=note)
         stats["method"] = Statistic(rec.method, note=note)
         stats["iterations"] = Statistic(rec.iterations, note="EMS steps" if rec.method == "em"
@@ -556,9 +558,5 @@ class RVNSEstimator(BinnedEstimator):
         stats["bandwidth"] = Statistic(rec.bandwidth, note="KDE bandwidth of the reports" if
                                        rec.method == "paper" else "not used: EM fits the "
                                        "binned reports directly, no KDE")
-        if rec.method == "em":
-            stats["smoothing"] = Statistic(rec.smoothing, note="EMS smoothing sd (data units)")
-        else:
-            stats["smoothing"] = Statistic(rec.details["reg_smooth"],
-                                           note="reg_smooth: weight of the smoothness term")
+        stats["smoothing"] = smoothing
         return stats

@@ -45,8 +45,25 @@ def bisample_output_probabilities(x: np.ndarray, p: float) -> np.ndarray:
     return 0.5 * np.stack([1 - q_neg, q_neg, 1 - q_pos, q_pos], axis=1)
 
 
+class _BiSampleBits:
+    """What BiSample and BiSample-MD share: the two-bit report and its estimates' reach."""
+
+    family: ClassVar[str] = "bisample"
+    report_fields: ClassVar[tuple] = BITS
+
+    @property
+    def normalized_reach(self) -> float:
+        """The unclipped estimate (f_pos - f_neg)/(2p - 1) reaches 1/(2p - 1) = coth(eps/2);
+        BiSample-MD's ratio estimate of the answering users' mean exceeds it only when their
+        estimated share is near 0, whatever the bounds."""
+        return debias_reach(self.epsilon)
+
+    def output_probabilities(self, x: np.ndarray) -> np.ndarray:
+        return bisample_output_probabilities(x, self.p)
+
+
 @dataclass(frozen=True)
-class BiSample(ForcedAnswerMechanism):
+class BiSample(_BiSampleBits, ForcedAnswerMechanism):
     """BiSample (Algorithm 2): epsilon-LDP mean estimation by bidirectional sampling.
 
     Everyone must answer; users who would not (missing source value with ``allow_missing``, or
@@ -54,17 +71,10 @@ class BiSample(ForcedAnswerMechanism):
     """
 
     NAME: ClassVar[str] = "bisample"
-    family: ClassVar[str] = "bisample"
-    report_fields: ClassVar[tuple] = BITS
 
     @property
     def draws(self) -> int:
         return 3  # direction, Bernoulli, fake value
-
-    @property
-    def normalized_reach(self) -> float:
-        """The unclipped estimate (f_pos - f_neg)/(2p - 1) reaches 1/(2p - 1) = coth(eps/2)."""
-        return debias_reach(self.epsilon)
 
     @property
     def guarantee(self) -> PrivacyGuarantee:
@@ -73,12 +83,9 @@ class BiSample(ForcedAnswerMechanism):
     def randomize(self, cols: dict[str, np.ndarray], u: np.ndarray) -> Reports:
         return _bisample(self.answers(cols, u), None, self.p, u)
 
-    def output_probabilities(self, x: np.ndarray) -> np.ndarray:
-        return bisample_output_probabilities(x, self.p)
-
 
 @dataclass(frozen=True)
-class BiSampleMD(NumericMechanism):
+class BiSampleMD(_BiSampleBits, NumericMechanism):
     """BiSample-MD (Algorithms 3-4): users who do not answer send a report of the null value.
 
     The output space is the same two bits; the guarantee is epsilon-LDP over [L, U] and the null
@@ -87,19 +94,11 @@ class BiSampleMD(NumericMechanism):
     """
 
     NAME: ClassVar[str] = "bisample-md"
-    family: ClassVar[str] = "bisample"
-    report_fields: ClassVar[tuple] = BITS
     allow_missing: bool = True
 
     @property
     def draws(self) -> int:
         return 2
-
-    @property
-    def normalized_reach(self) -> float:
-        """As BiSample's: 1/(2p - 1) = coth(eps/2) (the ratio estimate of the answering users'
-        mean can exceed it only when their estimated share is near 0, whatever the bounds)."""
-        return debias_reach(self.epsilon)
 
     @property
     def guarantee(self) -> PrivacyGuarantee:
@@ -110,6 +109,3 @@ class BiSampleMD(NumericMechanism):
         miss = self.missing(cols)
         x = np.where(miss, 0.0, self.normalize(cols["value"]))
         return _bisample(x, miss, self.p, u)
-
-    def output_probabilities(self, x: np.ndarray) -> np.ndarray:
-        return bisample_output_probabilities(x, self.p)

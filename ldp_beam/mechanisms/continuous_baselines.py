@@ -40,7 +40,8 @@ from ..privacy import FLOAT_OUTPUT_NOTE, LDP, PrivacyGuarantee
 def _special():
     """scipy.special, imported on first use (most runs never need it)."""
     # lazy: scipy.special costs 0.16 s at import (measured, after this module's imports); only
-    # generalized-gaussian noise needs it: laplace-dp and square-wave (build, perturb) never do
+    # generalized-gaussian noise and the noise KDE's outside-mass need it: laplace-dp and
+    # square-wave (build, perturb, the EMS estimate) never do
     from scipy import special
 
     return special
@@ -142,8 +143,7 @@ def _loss_threshold(eps: float, sensitivity: float, sigma: float, p: float) -> f
         if D <= eps:
             return None
         return sigma * (D - eps) / 2.0  # the loss D - 2t on [0, D], constant +-D outside
-    t = _loss_root(eps, D, p)
-    return sigma * t
+    return sigma * _loss_root(eps, D, p)
 
 
 def gg_delta(epsilon: float, sensitivity: float, sigma: float, p: float) -> float:
@@ -277,6 +277,10 @@ class _BoundedValue(Mechanism):
         reasons.flag(~np.isnan(v) & ~((v >= self.lower) & (v <= self.upper)),
                      lambda i: f"value: {v[i].item()!r} outside [{self.lower:g}, {self.upper:g}]")
 
+    def randomize(self, cols: dict[str, np.ndarray], u: np.ndarray) -> Reports:
+        """x + GG(0, scale, p) noise (the square wave has its own)."""
+        return {"y": cols["value"] + gg_noise_from_uniform(u[:, 0], self.scale, self._p)}
+
 
 @dataclass(frozen=True)
 class LaplaceNoise(_BoundedValue):
@@ -307,9 +311,6 @@ class LaplaceNoise(_BoundedValue):
                   "density ratio of two inputs is at most exp(|x - x'|/scale) <= e^eps; tight "
                   "for x, x' at the ends of [lower, upper]." + FLOAT_OUTPUT_NOTE,
             params={"scale": self.scale})
-
-    def randomize(self, cols: dict[str, np.ndarray], u: np.ndarray) -> Reports:
-        return {"y": cols["value"] + gg_noise_from_uniform(u[:, 0], self.scale, 1.0)}
 
     def density(self, y: np.ndarray, x: np.ndarray) -> np.ndarray:
         """p(y | x) (broadcasts)."""
@@ -426,9 +427,6 @@ class GeneralizedGaussianNoise(_BoundedValue):
                                         "exact_delta": exact, "pdp_delta": pdp,
                                         "calibration": self.calibration if self.sigma is None
                                         else "sigma given"})
-
-    def randomize(self, cols: dict[str, np.ndarray], u: np.ndarray) -> Reports:
-        return {"y": cols["value"] + gg_noise_from_uniform(u[:, 0], self.scale, float(self.p))}
 
     def density(self, y: np.ndarray, x: np.ndarray) -> np.ndarray:
         """p(y | x) (broadcasts)."""

@@ -104,6 +104,10 @@ class JointMechanism(Mechanism):
         """Boolean masks over the x and y codes: which labels are sensitive."""
         return np.ones(self.nx, dtype=bool), np.ones(self.ny, dtype=bool)
 
+    @property
+    def draws(self) -> int:
+        return 2  # TDRR: 4
+
     def validate(self, cols: dict[str, np.ndarray], reasons: Reasons) -> None:
         pass  # membership in the declared domains is checked by Mechanism.check
 
@@ -116,8 +120,6 @@ class JointMechanism(Mechanism):
     def check_matrix(self) -> None:
         check_matrix_size(self.nx * self.ny, "x_domain x y_domain")
 
-    def _report(self, ox: np.ndarray, oy: np.ndarray) -> Reports:
-        return {"x": ox.astype(np.uint16), "y": oy.astype(np.uint16)}
 
 
 @dataclass(frozen=True)
@@ -210,10 +212,6 @@ class CPRR(SensitiveJoint):
         return {"a": a, "b": b, "t": t, "d": float(self.sensitive_cells().size)}
 
     @property
-    def draws(self) -> int:
-        return 2
-
-    @property
     def guarantee(self) -> PrivacyGuarantee:
         d = int(self.sensitive_cells().size)
         return PrivacyGuarantee(
@@ -243,10 +241,6 @@ class JDGRR(JointMechanism):
     def probabilities(self) -> dict[str, float]:
         a, b, _ = urr_probabilities(self.epsilon, self.nx * self.ny)
         return {"a": a, "b": b}
-
-    @property
-    def draws(self) -> int:
-        return 2
 
     @property
     def guarantee(self) -> PrivacyGuarantee:
@@ -284,7 +278,7 @@ class TDRR(SensitiveJoint):
         e2 = self.epsilon / 2
         ox = urr_sample(cols["x"], urr_tables(self.nx, xs, e2), xs, u[:, 0], u[:, 1])
         oy = urr_sample(cols["y"], urr_tables(self.ny, ys, e2), ys, u[:, 2], u[:, 3])
-        return self._report(ox, oy)
+        return {"x": ox.astype(np.uint16), "y": oy.astype(np.uint16)}
 
     def transition_matrix(self) -> np.ndarray:
         self.check_matrix()
@@ -336,10 +330,6 @@ class JuRR(SensitiveJoint):
         m, n = (e * e - e) / (d * f), (e - 1) / (d * f)
         return {"a": a, "b": b, "p": p, "q": q, "m": m, "n": n,
                 "t": 1 - sx * sy * b - sx * q - sy * n}
-
-    @property
-    def draws(self) -> int:
-        return 2
 
     @property
     def guarantee(self) -> PrivacyGuarantee:
@@ -414,19 +404,16 @@ class JuRR(SensitiveJoint):
         for i in range(nx):
             for j in range(ny):
                 col = q4[:, :, i, j]
+                col[ssb] = pr["b"]
                 if xs[i] and ys[j]:
-                    col[ssb] = pr["b"]
                     col[i, j] = pr["a"]
                 elif xs[i]:  # y non-sensitive
-                    col[ssb] = pr["b"]
                     col[xs, j] = pr["q"]
                     col[i, j] = pr["p"]
                 elif ys[j]:
-                    col[ssb] = pr["b"]
                     col[i, ys] = pr["n"]
                     col[i, j] = pr["m"]
                 else:
-                    col[ssb] = pr["b"]
                     col[xs, j] = pr["q"]
                     col[i, ys] = pr["n"]
                     col[i, j] = pr["t"]

@@ -21,7 +21,7 @@ from typing import ClassVar, NamedTuple
 
 import numpy as np
 
-from ..core import Mechanism, Reasons, Reports, Role, check_interval
+from ..core import Mechanism, Reasons, Reports, Role, check_choice, check_interval
 from ..errors import ParameterError
 from ..limits import check_cap
 from ..privacy import NEIGHBOURHOOD_LDP, PrivacyGuarantee
@@ -286,8 +286,7 @@ def _check_analysis(a: float, b: float, d: float, delta: float, k: int, centers:
         raise ParameterError("delta", delta, f"a neighbourhood size in (0, b - a = {b - a:g}]")
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
         raise ParameterError("k", k, "an integer >= 1")
-    if centers not in _CENTERS:
-        raise ParameterError("centers", centers, f"one of {_CENTERS}")
+    check_choice(centers, "centers", _CENTERS)
 
 
 def rvns_neighbourhood_epsilon(a: float, b: float, d: float, delta: float, k: int = 1, *,
@@ -437,7 +436,7 @@ def _guarantee_terms(a: float, b: float, d: float, k: int, delta: float) -> tupl
                  f"{eps:.4g} for delta = {delta:g} > d = {d:g}; checked numerically. The paper's "
                  f"k ln(4d/delta) = {claim:.4g} {_verdict(eps, claim)}.")
     # "neighbourhood_delta", never "delta": the guarantee's own delta is its (epsilon, delta)-DP
-    # failure probability (0 here); two fields named delta meant different things (issue 26)
+    # failure probability (0 here)
     params = {"neighbourhood_delta": delta, "neighbourhood": "each report within delta (box), "
               "clipped to [lower, upper]", "finite_if": "delta > d",
               "epsilon_per_report": None if math.isinf(eps) else eps / k,
