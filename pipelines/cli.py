@@ -1303,9 +1303,9 @@ def _main(argv: list[str] | None = None) -> int:
                 return 0
             run_demo(a.out, epsilon=a.epsilon, seed=a.seed, beam_args=rest, sections=a.section)
             return 0
-        if a.command in ("collect", "estimate", "stream"):  # the commands Beam arguments reach
-            return {"collect": cmd_collect, "estimate": cmd_estimate,
-                    "stream": cmd_stream}[a.command](a, rest)
+        beam_commands = {"collect": cmd_collect, "estimate": cmd_estimate, "stream": cmd_stream}
+        if a.command in beam_commands:  # the commands Beam arguments reach
+            return beam_commands[a.command](a, rest)
         commands = {"list": cmd_list, "reproduce": cmd_reproduce, "ledger": cmd_ledger,
                     "bench": cmd_bench, "audit": cmd_audit}
         if a.command in commands:

@@ -29,7 +29,7 @@ from ldp_beam.transforms.read import read_steps
 from ldp_beam.transforms.runners import DEFAULT_DASK_WORKERS
 from ldp_beam.transforms.tally import LIVE as _LIVE, UNREADABLE_PREFIX, CountLive
 
-from .lifecycle import _in_chain
+from .lifecycle import in_chain
 from .outputs import RunFailed
 
 DASK_RUNNER = "apache_beam.runners.dask.dask_runner.DaskRunner"
@@ -261,7 +261,7 @@ def _our_error(exc: BaseException) -> BaseException | None:
     """The ldp-beam error (a size cap's LimitError, a ParameterError) a runner's RuntimeError
     wraps, if any: the command line then reports it as a configuration error (exit 2) rather
     than a failed run with the runner's traceback."""
-    ours = _in_chain(exc, LdpBeamError)
+    ours = in_chain(exc, LdpBeamError)
     return None if ours is exc else ours
 
 

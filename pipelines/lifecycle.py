@@ -101,10 +101,12 @@ def deferred_signals() -> Iterator[None]:
 
 def interruption(exc: BaseException | None) -> Interrupted | None:
     """The :class:`Interrupted` an exception is or wraps (Beam wraps what a bundle raised)."""
-    return _in_chain(exc, Interrupted)
+    return in_chain(exc, Interrupted)
 
 
-def _in_chain(exc: BaseException | None, kind: type) -> Any:
+def in_chain(exc: BaseException | None, kind: type) -> Any:
+    """The first exception of type ``kind`` in ``exc``'s cause/context chain (``exc`` itself
+    included), or None."""
     seen: set[int] = set()
     while exc is not None and id(exc) not in seen:
         if isinstance(exc, kind):
@@ -124,7 +126,7 @@ class QuietBeamErrors(logging.Filter):
         if exc is None:
             text = record.getMessage()
             return not text.startswith(("SystemExit", "Interrupted", "KeyboardInterrupt"))
-        return _in_chain(exc, (Interrupted, LdpBeamError, KeyboardInterrupt)) is None
+        return in_chain(exc, (Interrupted, LdpBeamError, KeyboardInterrupt)) is None
 
 
 def quiet_beam_errors() -> None:

@@ -278,7 +278,7 @@ def main() -> int:
     emulator is missing, else print where they are and exit 0."""
     why = missing()
     if why:
-        print(f"Pub/Sub emulator check failed: {why}; the Pub/Sub tests (tests/test_pubsub.py) "
+        print(f"Pub/Sub emulator check failed: {why}; the Pub/Sub tests (tests/transforms/test_pubsub.py) "
               f"need it ({INSTALL_HINT})", file=sys.stderr)
         return 1
     print(f"Pub/Sub emulator: {find_launcher()} (java: {find_java()})")

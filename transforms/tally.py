@@ -15,9 +15,8 @@ import apache_beam as beam
 from ldp_beam.jsonio import json_line
 
 from .batches import num_rows
+from .io import UNREADABLE as UNREADABLE_PREFIX  # the reason of a reader's unreadable part
 from .write import fs_open
-
-UNREADABLE_PREFIX = "unreadable input"
 
 
 def _reader_part(d: dict) -> dict:

@@ -106,7 +106,7 @@ class JointMechanism(Mechanism):
 
     @property
     def draws(self) -> int:
-        return 2  # TDRR: 4
+        return 2  # one uniform per attribute (TDRR overrides it)
 
     def validate(self, cols: dict[str, np.ndarray], reasons: Reasons) -> None:
         pass  # membership in the declared domains is checked by Mechanism.check
