@@ -38,7 +38,7 @@ from ldp_beam.core import Configured
 from ldp_beam.ledger import Ledger
 from ldp_beam.privacy import ledger_cost
 from ldp_beam.rng import RunKey
-from ldp_beam.transforms import ReadTable, WriteJsonLines
+from ldp_beam.transforms import ReadTable
 from ldp_beam.transforms.units import BoundContributions
 
 from ldp_beam.transforms.tally import Tally
@@ -202,8 +202,8 @@ class Run:
                     unit_dead: Any = None) -> list:
         """The pipeline's dead letters (the reader's and the rows rejected) and its tally."""
         invalid = invalid_rows(invalid, unit_dead)
-        return [(rd.dead_letter, invalid) | "WriteDeadLetters" >> WriteJsonLines(self.dead_letter),
-                tally_inputs(rd, accepted, invalid, dropped) | "Tally" >> Tally(self.tally_path)]
+        return [tally_inputs(rd, accepted, invalid, dropped)
+                | "Tally" >> Tally(self.tally_path, dead_letter=self.dead_letter)]
 
     def execute(self, build: Callable[[Any], list],
                 reported: Callable[[], int] | None = None) -> tuple[list, dict]:

@@ -16,7 +16,7 @@ from ldp_beam.jsonio import json_line
 
 from .batches import num_rows
 from .io import UNREADABLE as UNREADABLE_PREFIX  # the reason of a reader's unreadable part
-from .write import fs_open
+from .write import WritePartFn, fs_open, join_text_parts
 
 
 def _reader_part(d: dict) -> dict:
@@ -29,11 +29,16 @@ def _reader_part(d: dict) -> dict:
     return {"malformed": 1 if rows is None else rows, "dead_letter_lines": 1}
 
 
+#: the tally's field carrying the dead-letter part files to join (never written in the tally)
+PARTS = "dead_letter_parts"
+
+
 def _sum_counts(items: Iterable[dict]) -> dict:
-    out: dict[str, int] = {}
+    """Counts added up; the lists of part names (:data:`PARTS`) joined."""
+    out: dict[str, Any] = {}
     for d in items:
         for k, v in d.items():
-            out[k] = out.get(k, 0) + int(v)
+            out[k] = out.get(k, []) + v if k == PARTS else out.get(k, 0) + int(v)
     return out
 
 
@@ -50,8 +55,8 @@ def _count_invalid(_dead_letter: Any) -> dict:
 
 
 class _CountFn(beam.CombineFn):
-    """One branch of a :class:`Tally`: ``count(element)`` ({name: n}) summed over the branch's
-    elements where they are produced, into one small dict."""
+    """A per-record branch of a :class:`Tally`: ``count(element)`` ({name: n}) summed over the
+    branch's elements where they are produced, into one small dict."""
 
     def __init__(self, count: Callable[[Any], dict]) -> None:
         self.count = count
@@ -89,35 +94,72 @@ class WriteOneLine:
         return self.path
 
 
+class _DeadLetterPartFn(WritePartFn):
+    """The dead letters of a bundle written as JSON lines into a part file of their own; the
+    part's name goes on to the tally (``{PARTS: [name]}``), which joins the parts."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(path, line=json_line)
+
+    def process(self, element: Any):
+        for name in super().process(element):
+            yield {PARTS: [name]}
+
+
+class _Finish(WriteOneLine):
+    """The tally's last step: the dead-letter parts joined into ``dead_letter`` (if given),
+    then the counts written as the tally's one line."""
+
+    def __init__(self, path: str, dead_letter: str | None) -> None:
+        super().__init__(path)
+        self.dead_letter = dead_letter
+
+    def __call__(self, obj: Any) -> str:
+        counts = {k: v for k, v in obj.items() if k != PARTS}
+        if self.dead_letter is not None:
+            join_text_parts(obj.get(PARTS, []), self.dead_letter)
+        return super().__call__(counts)
+
+
 class Tally(beam.PTransform):
     """Counts of a run taken from the data itself, the same on every runner and under retries
     (Beam commits each bundle's outputs once; attempted metrics would count a retried bundle
     twice): ``read`` rows arrived in batches, ``malformed`` and ``unreadable_*`` rows were
     dead-lettered by the reader, ``accepted`` rows passed validation and ``invalid`` ones were
-    dead-lettered by it. Written as one JSON line to ``path``; see :func:`reconcile`."""
+    dead-lettered by it. Written as one JSON line to ``path``; see :func:`reconcile`.
 
-    def __init__(self, path: str) -> None:
+    ``dead_letter``: also write the reader's and validation's dead letters (the second and
+    fourth inputs) as one JSON-lines file there (created even when empty), as
+    :class:`~ldp_beam.transforms.WriteJsonLines` would, but with its part names gathered by the
+    tally's own combine instead of one of their own (one shuffle less per run)."""
+
+    def __init__(self, path: str, dead_letter: str | None = None) -> None:
         super().__init__()
-        self.path = path
+        self.path, self.dead_letter = path, dead_letter
 
     def expand(self, parts):
         batches, reader_dead, accepted, invalid, *bounded = parts
-        counts = [(batches, _count_read), (reader_dead, _reader_part),
-                  (accepted, _count_accepted), (invalid, _count_invalid)]
+        # Only small dicts are flattened: Beam's DirectRunner materializes a multi-input
+        # Flatten in memory (it never fuses one). A batch branch gives one count per batch (a
+        # batch is thousands of rows); a per-record branch (the dead letters) is first summed
+        # where it is produced, without a default (a branch without elements gives no sum). One
+        # CombineGlobally then adds everything and keeps its default, so the run always writes
+        # one line ({} for an empty input). (No counts are emitted from finish_bundle: Beam's
+        # Dask runner drops what a DoFn emits there.)
+        sums = [batches | "TallyRead" >> beam.Map(_count_read),
+                accepted | "TallyAccepted" >> beam.Map(_count_accepted),
+                *(pc | f"TallySum{i}" >> beam.CombineGlobally(_CountFn(fn)).without_defaults()
+                  for i, (pc, fn) in enumerate(((reader_dead, _reader_part),
+                                               (invalid, _count_invalid))))]
         if bounded:  # rows a privacy unit's contribution bound left out: {"bounded_out": n}
-            counts.append((bounded[0], dict))
-        # each branch is summed where it is produced, and only the sums are flattened: Beam's
-        # DirectRunner materializes a multi-input Flatten in memory (it never fuses one), so
-        # flattening per-record counts would hold one dict per dead letter. A branch without
-        # elements gives no sum (without_defaults: 4 Beam steps instead of 8; an empty dict
-        # would add nothing); the last sum keeps its default, so the run always writes one
-        # line ({} for an empty input).
-        sums = [pc | f"TallySum{i}" >> beam.CombineGlobally(_CountFn(fn)).without_defaults()
-                for i, (pc, fn) in enumerate(counts)]
+            sums.append(bounded[0])  # per batch
+        if self.dead_letter is not None:  # one part name per bundle: few elements to flatten
+            sums += [pc | f"WriteDeadLetters{i}" >> beam.ParDo(_DeadLetterPartFn(self.dead_letter))
+                     for i, pc in enumerate((reader_dead, invalid))]
         return (tuple(sums)
                 | "TallyAll" >> beam.Flatten()
                 | "TallySum" >> beam.CombineGlobally(_sum_counts)
-                | "TallyWrite" >> beam.Map(WriteOneLine(self.path)))
+                | "TallyWrite" >> beam.Map(_Finish(self.path, self.dead_letter)))
 
 
 #: rows counted so far by the live counting branch of the runs in this process, by run
@@ -136,4 +178,4 @@ class CountLive(beam.DoFn):
             LIVE[self.run_id] = LIVE.get(self.run_id, 0) + num_rows(element)
         return ()
 
-__all__ = ["Tally", "WriteOneLine", "CountLive", "LIVE", "UNREADABLE_PREFIX"]
+__all__ = ["Tally", "WriteOneLine", "CountLive", "LIVE", "UNREADABLE_PREFIX", "PARTS"]

@@ -43,7 +43,7 @@ class WriteParquetFile(beam.PTransform):
         self.path, self.schema = path, schema
 
     def expand(self, pcoll):
-        return (pcoll | "WriteParts" >> beam.ParDo(_WritePartFn(self.path, self.schema))
+        return (pcoll | "WriteParts" >> beam.ParDo(WritePartFn(self.path, self.schema))
                 | "AllParts" >> beam.combiners.ToList()
                 | "JoinParts" >> beam.Map(join_parquet_parts, self.path, self.schema))
 
@@ -63,12 +63,14 @@ def fs_open(path: str, mode: str = "r"):
     return fn(path, compression_type=CompressionTypes.UNCOMPRESSED)
 
 
-class _WritePartFn(beam.DoFn):
+class WritePartFn(beam.DoFn):
     """Writes each bundle's elements into a part file of its own (Parquet record batches when
-    ``schema`` is given, else text lines), emitting the part's name when it opens it."""
+    ``schema`` is given, else text lines: ``line(element)``, or the element itself), emitting
+    the part's name when it opens it."""
 
-    def __init__(self, path: str, schema: pa.Schema | None = None) -> None:
-        self.path, self.schema = path, schema
+    def __init__(self, path: str, schema: pa.Schema | None = None,
+                 line: Callable[[Any], str] | None = None) -> None:
+        self.path, self.schema, self.line = path, schema, line
 
     def start_bundle(self):
         self.fh = self.writer = None
@@ -85,7 +87,8 @@ class _WritePartFn(beam.DoFn):
         if self.fh is None:
             yield self._open()
         if self.schema is None:
-            self.fh.write(element.encode("utf-8") + b"\n")
+            text = element if self.line is None else self.line(element)
+            self.fh.write(text.encode("utf-8") + b"\n")
         else:
             table = element if isinstance(element, pa.Table) else pa.Table.from_batches([element])
             if not table.schema.equals(self.schema, check_metadata=False):
@@ -183,8 +186,8 @@ class WriteJsonLines(beam.PTransform):
     def expand(self, pcolls):
         if not isinstance(pcolls, (tuple, list)):
             pcolls = (pcolls,)
-        names = [pc | f"Json{i or ''}" >> beam.Map(to_json_line)
-                 | f"WriteParts{i or ''}" >> beam.ParDo(_WritePartFn(self.path))
+        names = [pc | f"WriteParts{i or ''}" >> beam.ParDo(WritePartFn(self.path,
+                                                                         line=to_json_line))
                  for i, pc in enumerate(pcolls)]
         names = names[0] if len(names) == 1 else tuple(names) | "PartNames" >> beam.Flatten()
         return (names | "AllParts" >> beam.combiners.ToList()
