@@ -504,12 +504,15 @@ class _Bench:
                 "ref_epsilon": REF_EPSILON, "rows": n, "beam_args": RUNNERS[runner],
                 "ref_read": "row_groups" if runner in ROW_GROUP_REFERENCE else "beam"}
 
-    def cli(self, args: list[str], ledger: str | None = None) -> tuple[float, float]:
+    def cli(self, args: list[str], ledger: str | None = None,
+            speedups: bool = False) -> tuple[float, float]:
         """``ldp-beam ARGS`` as a subprocess: (wall seconds with start-up, its peak RSS).
         ``ledger``: a ledger file of its own (a repeated central release would otherwise be
-        re-published from the run's ledger, not computed)."""
+        re-published from the run's ledger, not computed). ``speedups``: with the Beam speedups
+        opt-in (``LDP_BEAM_SPEEDUPS=1``; off otherwise, whatever the shell says)."""
         rss_file = os.path.join(self.tmp, "cli-rss.txt")
-        env = dict(self.env, LDP_BEAM_BENCH_RSS=rss_file)
+        env = dict(self.env, LDP_BEAM_BENCH_RSS=rss_file,
+                   LDP_BEAM_SPEEDUPS="1" if speedups else "0")
         if ledger is not None:
             env["LDP_BEAM_LEDGER"] = ledger
         t = time.perf_counter()
@@ -918,22 +921,29 @@ def _cli(b: _Bench, sizes, mechs, big: bool) -> list[dict]:
             src = b.file(file, n)
             ref = b.reference(file, n)
             rel = os.path.join(b.tmp, f"{m}-{n}.release.json")
-            b.note(f"cli: ldp-beam estimate -m {m}, a central release from raw rows ({n:,} rows)")
-            runs = []
-            for k in range(b.rounds):
-                runs.append(b.cli(["estimate", "-i", src, "-m", m, *_pargs(params),
-                                   *_roles(cols), "-o", rel],
-                                  os.path.join(b.tmp, f"ledger-{m}-{n}-{k}.db")))
-                if k + 1 < b.rounds:
+            b.note(f"cli: ldp-beam estimate -m {m}, a central release from raw rows ({n:,} rows), "
+                   "without and with the Beam speedups opt-in")
+            runs: dict[bool, list] = {False: [], True: []}
+            for k in range(b.rounds):  # interleaved, so drift hits both alike
+                for speed in (False, True):
+                    runs[speed].append(b.cli(
+                        ["estimate", "-i", src, "-m", m, *_pargs(params), *_roles(cols),
+                         "-o", rel], os.path.join(b.tmp, f"ledger-{m}-{n}-{k}-{speed}.db"),
+                        speedups=speed))
                     _remove_outputs(rel)
-            secs, r_rss = min(x[0] for x in runs), max(x[1] for x in runs)
-            rss.setdefault(("release", m), {})[n] = r_rss
-            seconds[("release", m, n)] = secs
-            out.append(b.record(
-                "cli", "pipeline", m, params.get("epsilon"), "release", n, secs, r_rss, ref,
-                "DirectRunner", target,
-                "`ldp-beam estimate -m RELEASE` from raw rows as a subprocess, start-up counted" +
-                ("" if target else "; the issue's target is at 10^7 rows"), command="release"))
+            for speed in (False, True):
+                secs, r_rss = min(x[0] for x in runs[speed]), max(x[1] for x in runs[speed])
+                if not speed:
+                    rss.setdefault(("release", m), {})[n] = r_rss
+                    seconds[("release", m, n)] = secs
+                out.append(b.record(
+                    "cli", "pipeline", m, params.get("epsilon"),
+                    "release+speedups" if speed else "release", n, secs, r_rss, ref,
+                    "DirectRunner", target,
+                    "`ldp-beam estimate -m RELEASE` from raw rows as a subprocess, start-up "
+                    "counted" + ("; with LDP_BEAM_SPEEDUPS=1 (the opt-in)" if speed else "")
+                    + ("" if target else "; the issue's target is at 10^7 rows"),
+                    command="release", speedups=speed))
             _remove_outputs(rel)
     if big and (mechs is None or "bisample-md" in mechs):
         n = 30_000_000

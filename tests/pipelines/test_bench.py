@@ -61,6 +61,18 @@ def test_pipeline_bench_records_are_ratios_to_the_reference():
                 if r["path"] != "element" and not r.get("by_hand")}) == 1
 
 
+def test_a_central_release_is_measured_without_and_with_the_speedups_opt_in():
+    """The CLI's release from raw rows, tiny input: one record as shipped and one with
+    LDP_BEAM_SPEEDUPS=1, against the same reference (no timing asserted)."""
+    recs = pipeline_bench.run(only=["cli", "dphr"], sizes=(5_000,))
+    assert {(r["path"], r["mode"], r["speedups"]) for r in recs} == {
+        ("cli", "release", False), ("cli", "release+speedups", True)}
+    assert len({r["reference_seconds"] for r in recs}) == 1
+    for r in recs:
+        assert r["method"] == "dphr" and r["command"] == "release" and r["seconds"] > 0
+        assert ("LDP_BEAM_SPEEDUPS=1" in r["note"]) is r["speedups"]
+
+
 def test_only_selects_sections_and_mechanisms():
     assert pipeline_bench._selection(None)[0] == set(pipeline_bench.SECTIONS)
     assert pipeline_bench._selection(["bounding"]) == ({"bounding"}, None)
