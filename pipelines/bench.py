@@ -944,7 +944,6 @@ def _cli(b: _Bench, sizes, mechs, big: bool) -> list[dict]:
                     "counted" + ("; with LDP_BEAM_SPEEDUPS=1 (the opt-in)" if speed else "")
                     + ("" if target else "; the issue's target is at 10^7 rows"),
                     command="release", speedups=speed))
-            _remove_outputs(rel)
     if big and (mechs is None or "bisample-md" in mechs):
         n = 30_000_000
         params, cols, file, extra = CASES["bisample-md"]

@@ -107,18 +107,16 @@ class _DeadLetterPartFn(WritePartFn):
 
 
 class _Finish(WriteOneLine):
-    """The tally's last step: the dead-letter parts joined into ``dead_letter`` (if given),
-    then the counts written as the tally's one line."""
+    """The tally's last step: the dead-letter parts joined into ``dead_letter``, then the counts
+    written as the tally's one line."""
 
-    def __init__(self, path: str, dead_letter: str | None) -> None:
+    def __init__(self, path: str, dead_letter: str) -> None:
         super().__init__(path)
         self.dead_letter = dead_letter
 
     def __call__(self, obj: Any) -> str:
-        counts = {k: v for k, v in obj.items() if k != PARTS}
-        if self.dead_letter is not None:
-            join_text_parts(obj.get(PARTS, []), self.dead_letter)
-        return super().__call__(counts)
+        join_text_parts(obj.get(PARTS, []), self.dead_letter)
+        return super().__call__({k: v for k, v in obj.items() if k != PARTS})
 
 
 class Tally(beam.PTransform):
@@ -128,12 +126,12 @@ class Tally(beam.PTransform):
     dead-lettered by the reader, ``accepted`` rows passed validation and ``invalid`` ones were
     dead-lettered by it. Written as one JSON line to ``path``; see :func:`reconcile`.
 
-    ``dead_letter``: also write the reader's and validation's dead letters (the second and
-    fourth inputs) as one JSON-lines file there (created even when empty), as
-    :class:`~ldp_beam.transforms.WriteJsonLines` would, but with its part names gathered by the
-    tally's own combine instead of one of their own (one shuffle less per run)."""
+    The reader's and validation's dead letters (the second and fourth inputs) are written as one
+    JSON-lines file at ``dead_letter`` (created even when empty), as
+    :class:`~ldp_beam.transforms.WriteJsonLines` would, but with their part names gathered by
+    the tally's own combine instead of one of their own (one shuffle less per run)."""
 
-    def __init__(self, path: str, dead_letter: str | None = None) -> None:
+    def __init__(self, path: str, dead_letter: str) -> None:
         super().__init__()
         self.path, self.dead_letter = path, dead_letter
 
@@ -141,22 +139,22 @@ class Tally(beam.PTransform):
         batches, reader_dead, accepted, invalid, *bounded = parts
         # Only small dicts are flattened: Beam's DirectRunner materializes a multi-input
         # Flatten in memory (it never fuses one). A batch branch gives one count per batch
-        # (~24 bytes held each: 5x10^4 batches of 20 rows, `collect --batch-rows 20`, peaked
-        # 2.4 MB higher, measured, while a batch costs ~0.5 ms to process); a per-record branch (the dead letters) is first summed
-        # where it is produced, without a default (a branch without elements gives no sum). One
-        # CombineGlobally then adds everything and keeps its default, so the run always writes
-        # one line ({} for an empty input). (No counts are emitted from finish_bundle: Beam's
-        # Dask runner drops what a DoFn emits there.)
+        # (~24 bytes held each: `collect --batch-rows 20`, 5x10^4 batches, peaked 2.4 MB
+        # higher, measured, while a batch costs ~0.5 ms to process); a per-record branch (the
+        # dead letters) is first summed where it is produced, without a default (a branch
+        # without elements gives no sum), and written to part files whose names (one per
+        # bundle) go into the sum. One CombineGlobally then adds everything and keeps its
+        # default, so the run always writes one line ({} for an empty input). (No counts are
+        # emitted from finish_bundle: Beam's Dask runner drops what a DoFn emits there.)
         sums = [batches | "TallyRead" >> beam.Map(_count_read),
                 accepted | "TallyAccepted" >> beam.Map(_count_accepted),
                 *(pc | f"TallySum{i}" >> beam.CombineGlobally(_CountFn(fn)).without_defaults()
                   for i, (pc, fn) in enumerate(((reader_dead, _reader_part),
                                                (invalid, _count_invalid))))]
+        sums += [pc | f"WriteDeadLetters{i}" >> beam.ParDo(_DeadLetterPartFn(self.dead_letter))
+                 for i, pc in enumerate((reader_dead, invalid))]
         if bounded:  # rows a privacy unit's contribution bound left out: {"bounded_out": n}
             sums.append(bounded[0])  # per batch
-        if self.dead_letter is not None:  # one part name per bundle: few elements to flatten
-            sums += [pc | f"WriteDeadLetters{i}" >> beam.ParDo(_DeadLetterPartFn(self.dead_letter))
-                     for i, pc in enumerate((reader_dead, invalid))]
         return (tuple(sums)
                 | "TallyAll" >> beam.Flatten()
                 | "TallySum" >> beam.CombineGlobally(_sum_counts)

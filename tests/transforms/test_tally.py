@@ -19,7 +19,7 @@ MULTI = ["--runner=DirectRunner", "--direct_num_workers=2",
          "--direct_running_mode=multi_processing"]
 
 
-def _run(tmp_path, batches, reader_dead, invalid, bounded=None, args=(), dead_letter=True):
+def _run(tmp_path, batches, reader_dead, invalid, bounded=None, args=()):
     tally, dl = tmp_path / "tally.jsonl", tmp_path / "dead.jsonl"
     with beam.Pipeline(argv=list(args) or ["--runner=DirectRunner"]) as p:
         def create(label, items):
@@ -29,10 +29,10 @@ def _run(tmp_path, batches, reader_dead, invalid, bounded=None, args=(), dead_le
                  create("Invalid", invalid))
         if bounded is not None:
             parts += (create("Bounded", bounded),)
-        _ = parts | Tally(str(tally), dead_letter=str(dl) if dead_letter else None)
+        _ = parts | Tally(str(tally), dead_letter=str(dl))
     lines = tally.read_text().splitlines()
     assert len(lines) == 1
-    dead = [json.loads(x) for x in dl.read_text().splitlines()] if dead_letter else None
+    dead = [json.loads(x) for x in dl.read_text().splitlines()]
     return json.loads(lines[0]), dead
 
 
@@ -67,13 +67,6 @@ def test_counts_and_dead_letters_are_exact(tmp_path, runner, request):
 def test_an_empty_run_writes_one_empty_line_and_an_empty_dead_letter_file(tmp_path):
     counts, dead = _run(tmp_path, [], [], [])
     assert counts == {} and dead == []
-
-
-def test_without_a_dead_letter_path_only_the_tally_is_written(tmp_path):
-    counts, _ = _run(tmp_path, [pa.table({"x": [1, 2]})], [], [{"reason": "bad"}],
-                     dead_letter=False)
-    assert counts == {"read": 2, "accepted": 2, "invalid": 1, "dead_letter_lines": 1}
-    assert not (tmp_path / "dead.jsonl").exists()
 
 
 def test_sums_add_counts_and_join_part_names():
