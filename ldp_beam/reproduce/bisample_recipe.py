@@ -51,8 +51,8 @@ from ..registry import build_mechanism
 from . import datasets as ds
 from .metrics import (absolute_error, bisample_variance, chi2_interval,
                       harmony_worst_case_variance, pm_variance, squared_error)
-from .recipe import (below_by_se, cell_rng as _rng, claim_list, curve, finish_recipe, paper_run,
-                     pyplot, recipe_main, save_figure, start_recipe)
+from .recipe import (below_by_se, cell_rng as _rng, claim_list, curve, finish_recipe, mean_se,
+                     paper_run, pyplot, recipe_main, save_figure, start_recipe)
 
 FAMILY = "bisample"
 
@@ -150,8 +150,7 @@ def _cell_records(experiment: str, dataset: str, method: str, epsilon: float, re
 
     def ae_se(truth: float, est: np.ndarray) -> float:
         e = np.abs(est - truth)
-        e = e[~np.isnan(e)]
-        return float(e.std(ddof=1) / math.sqrt(e.size)) if e.size > 1 else float("nan")
+        return mean_se(e[~np.isnan(e)])
 
     common = dict(true_mean=true_mean, true_mr=true_mr, reps=T, **params)
     series = []  # (what is estimated, its truth, the estimates, whether NaN ones are left out)

@@ -88,8 +88,8 @@ from ..central.histogram import HistogramRelease, IdentityLaplace
 from ..central.histogram_baselines import AHP, StructureFirst
 from ..pipelines.records import make_record, select
 from .metrics import range_query_mse
-from .recipe import (below_by_se, claim_list, finish_recipe, paper_run, pyplot, recipe_main,
-                     save_figure, start_recipe)
+from .recipe import (below_by_se, claim_list, finish_recipe, mean_se, paper_run, pyplot,
+                     recipe_main, save_figure, start_recipe)
 
 FAMILY = "dphr"
 EPS_GRID = (1.0, math.log(2.0), 0.1, 0.01)
@@ -337,14 +337,6 @@ def simulate(method: Method, epsilon: float, data: Dataset, lengths: Sequence[in
     return res, mech
 
 
-def _se(x: np.ndarray) -> Any:
-    """The standard error of the mean over the releases (axis 0); NaN below two releases."""
-    x = np.asarray(x, dtype=float)
-    if x.shape[0] < 2:
-        return np.full(x.shape[1:], np.nan) if x.ndim > 1 else float("nan")
-    return x.std(axis=0, ddof=1) / math.sqrt(x.shape[0])
-
-
 # --------------------------------------------------------------------------- experiments
 def _datasets_records(datasets: Sequence[Dataset], common: Mapping) -> list[dict]:
     out = []
@@ -382,7 +374,7 @@ def _cell_records(cfg: Config, data: Dataset, epsilon: float, seed: int, common:
     for m in methods(cfg):
         res, mech = simulate(m, epsilon, data, cfg.lengths, cfg.reps, seed)
         g = _guarantee(mech)
-        mse, se = res.mse.mean(0), _se(res.mse)
+        mse, se = res.mse.mean(0), mean_se(res.mse)
         bias, noise = res.bias.mean(0), res.noise.mean(0)
         for j, L in enumerate(cfg.lengths):
             extra: dict[str, Any] = {}
@@ -392,11 +384,11 @@ def _cell_records(cfg: Config, data: Dataset, epsilon: float, seed: int, common:
             out.append(make_record(
                 "fig3", data.name, m.name, epsilon, "MSE", mse[j], se=se[j], length=int(L),
                 min=res.mse[:, j].min(), max=res.mse[:, j].max(),
-                bias_MSE=bias[j], noise_MSE=noise[j], bias_se=_se(res.bias[:, j]),
+                bias_MSE=bias[j], noise_MSE=noise[j], bias_se=mean_se(res.bias[:, j]),
                 groups=float(res.groups.mean()), guarantee=g, in_paper=m.in_paper,
                 **extra, **ctx))
         out.append(make_record("runtime", data.name, m.name, epsilon, "seconds",
-                               res.seconds.mean(), se=_se(res.seconds), min=res.seconds.min(),
+                               res.seconds.mean(), se=mean_se(res.seconds), min=res.seconds.min(),
                                groups=float(res.groups.mean()), guarantee=g, **ctx))
     return out
 

@@ -116,6 +116,16 @@ def cell_rng(seed: int, *label: Any) -> np.random.Generator:
     return np.random.Generator(np.random.PCG64(np.random.SeedSequence(seed, spawn_key=key)))
 
 
+def mean_se(x: Any) -> Any:
+    """The standard error of the mean over axis 0 (repetitions): a float for 1-D input, an
+    array per column otherwise; NaN below two repetitions."""
+    x = np.asarray(x, dtype=float)
+    if x.shape[0] < 2:
+        return np.full(x.shape[1:], np.nan) if x.ndim > 1 else float("nan")
+    se = x.std(axis=0, ddof=1) / math.sqrt(x.shape[0])
+    return float(se) if x.ndim == 1 else se
+
+
 def below_by_se(a: Mapping, b: Mapping, z: float = 2.0) -> bool:
     """Record a's ``value`` is below b's by more than z combined standard errors (``se``)."""
     se = math.hypot(a.get("se") or 0.0, b.get("se") or 0.0)

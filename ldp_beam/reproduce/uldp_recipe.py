@@ -99,7 +99,7 @@ from ..mechanisms.joint import jurr_min_epsilon, jurr_valid
 from ..pipelines.records import make_record, select
 from ..registry import build_mechanism
 from .recipe import (below_by_se, cell_rng as _rng, claim_list, curve, data_file, finish_recipe,
-                     paper_run, pyplot, recipe_main, save_figure, start_recipe)
+                     mean_se, paper_run, pyplot, recipe_main, save_figure, start_recipe)
 
 FAMILY = "uldp"
 EPS_GRID = (0.5, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0)
@@ -457,10 +457,6 @@ def simulate(mech: str, epsilon: float, data: JointData, sx: int, sy: int, reps:
     return out
 
 
-def _se(x: np.ndarray) -> float:
-    return float(x.std(ddof=1) / math.sqrt(x.size)) if x.size > 1 else float("nan")
-
-
 def _ctx(data: JointData, sx: int, sy: int) -> dict:
     """Keys of every per-cell record (X_S / Y_S: the first sx / sy labels of the dataset
     record's ``x_sensitivity`` / ``y_sensitivity``)."""
@@ -499,11 +495,11 @@ def _ed_records(experiment: str, data: JointData, sx: int, sy: int, epsilon: flo
             ed2 = r.ed ** 2
             out += [
                 make_record(experiment, data.name, method, epsilon, "ED", r.ed.mean(),
-                            se=_se(r.ed), paper_value=paper, **th_ed, **th_kw, **ctx),
+                            se=mean_se(r.ed), paper_value=paper, **th_ed, **th_kw, **ctx),
                 make_record(experiment, data.name, method, epsilon, "ED(consistent)",
-                            r.ed_consistent.mean(), se=_se(r.ed_consistent), **ctx),
+                            r.ed_consistent.mean(), se=mean_se(r.ed_consistent), **ctx),
                 make_record(experiment, data.name, method, epsilon, "ED2", ed2.mean(),
-                            se=_se(ed2), **th_kw, **ctx),
+                            se=mean_se(ed2), **th_kw, **ctx),
             ]
     return out
 
@@ -575,7 +571,7 @@ def _fig7(cfg: Config, seed: int, tables, common, prog) -> list[dict]:
                                _rng(seed, "fig7", d.name, mech, eps), warmup=True)
                 secs = next(iter(res.values())).seconds
                 out.append(make_record("fig7", d.name, mech, eps, "seconds", secs.mean(),
-                                       se=_se(secs), min=secs.min(),
+                                       se=mean_se(secs), min=secs.min(),
                                        paper_value=PAPER_SECONDS.get(d.name), **ctx))
     return out
 
