@@ -1,16 +1,18 @@
 """A run's counts, taken from the data itself inside the pipeline (:class:`Tally`), and the
 rows read so far for a progress bar (:class:`CountLive`).
 
-Counts come from the elements, not from Beam's metrics: Beam commits each bundle's outputs
-once, so the counts are the same on every runner and under retries, where attempted metrics
-would count a retried bundle twice. The launcher reads the one line :class:`Tally` writes and
+Counts come from the elements and the dead-letter part files of committed bundles, not from
+Beam's metrics: Beam commits each bundle's outputs once, so the counts are the same on every
+runner and under retries, where attempted metrics would count a retried bundle twice. The launcher reads the one line :class:`Tally` writes and
 reconciles it (:func:`ldp_beam.pipelines.common.reconcile`).
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable
+import json
+from typing import Any, Iterable
 
 import apache_beam as beam
+from apache_beam.io.filesystems import FileSystems
 
 from ldp_beam.jsonio import json_line
 
@@ -50,32 +52,6 @@ def _count_accepted(batch: Any) -> dict:
     return {"accepted": num_rows(batch)}
 
 
-def _count_invalid(_dead_letter: Any) -> dict:
-    return {"invalid": 1, "dead_letter_lines": 1}
-
-
-class _CountFn(beam.CombineFn):
-    """A per-record branch of a :class:`Tally`: ``count(element)`` ({name: n}) summed over the
-    branch's elements where they are produced, into one small dict."""
-
-    def __init__(self, count: Callable[[Any], dict]) -> None:
-        self.count = count
-
-    def create_accumulator(self) -> dict:
-        return {}
-
-    def add_input(self, acc: dict, element: Any) -> dict:
-        for k, v in self.count(element).items():
-            acc[k] = acc.get(k, 0) + int(v)
-        return acc
-
-    def merge_accumulators(self, accs: Iterable[dict]) -> dict:
-        return _sum_counts(accs)
-
-    def extract_output(self, acc: dict) -> dict:
-        return acc
-
-
 class WriteOneLine:
     """``beam.Map(WriteOneLine(path))`` on a PCollection of exactly one element (the output of a
     ``CombineGlobally`` with its default: one per run) writes the JSON-lines file ``path`` holding
@@ -96,27 +72,47 @@ class WriteOneLine:
 
 class _DeadLetterPartFn(WritePartFn):
     """The dead letters of a bundle written as JSON lines into a part file of their own; the
-    part's name goes on to the tally (``{PARTS: [name]}``), which joins the parts."""
+    part goes on to the tally as ``{PARTS: [[branch, name]]}`` (``branch``: ``"reader"`` or
+    ``"invalid"``), which counts its lines and joins the parts."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, branch: str) -> None:
         super().__init__(path, line=json_line)
+        self.branch = branch
 
     def process(self, element: Any):
         for name in super().process(element):
-            yield {PARTS: [name]}
+            yield {PARTS: [[self.branch, name]]}
+
+
+def _count_part(branch: str, name: str) -> dict:
+    """The tally fields of one dead-letter part file: each line of a validation part is one
+    invalid row; a reader's line is read back for what it stands for (:func:`_reader_part`)."""
+    with fs_open(name) as fh:
+        if branch == "reader":
+            return _sum_counts(_reader_part(json.loads(line)) for line in fh if line.strip())
+        n = sum(chunk.count(b"\n") for chunk in iter(lambda: fh.read(1 << 22), b""))
+    return {"invalid": n, "dead_letter_lines": n}
 
 
 class _Finish(WriteOneLine):
-    """The tally's last step: the dead-letter parts joined into ``dead_letter``, then the counts
-    written as the tally's one line."""
+    """The tally's last step: the dead letters counted from their committed parts and the counts
+    written as the tally's one line, then the parts joined into ``dead_letter``. In that order,
+    so a retried step is exact: parts are removed only once the join is complete, after the
+    tally was written; a retry that finds them gone (and the joined file there) has nothing
+    left to do, one that finds them all counts them again."""
 
     def __init__(self, path: str, dead_letter: str) -> None:
         super().__init__(path)
         self.dead_letter = dead_letter
 
     def __call__(self, obj: Any) -> str:
-        join_text_parts(obj.get(PARTS, []), self.dead_letter)
-        return super().__call__({k: v for k, v in obj.items() if k != PARTS})
+        parts = dict((name, branch) for branch, name in obj.get(PARTS, []))
+        if all(FileSystems.exists(name) for name in parts):
+            counts = [{k: v for k, v in obj.items() if k != PARTS}]
+            counts += [_count_part(branch, name) for name, branch in sorted(parts.items())]
+            super().__call__(_sum_counts(counts))
+        join_text_parts(list(parts), self.dead_letter)  # a part missing and no file: it raises
+        return self.path
 
 
 class Tally(beam.PTransform):
@@ -129,7 +125,8 @@ class Tally(beam.PTransform):
     The reader's and validation's dead letters (the second and fourth inputs) are written as one
     JSON-lines file at ``dead_letter`` (created even when empty), as
     :class:`~ldp_beam.transforms.WriteJsonLines` would, but with their part names gathered by
-    the tally's own combine instead of one of their own (one shuffle less per run)."""
+    the tally's own combine instead of one of their own (one shuffle less per run); they are
+    counted from those parts (the parts of committed bundles only) in the last step."""
 
     def __init__(self, path: str, dead_letter: str) -> None:
         super().__init__()
@@ -140,19 +137,17 @@ class Tally(beam.PTransform):
         # Only small dicts are flattened: Beam's DirectRunner materializes a multi-input
         # Flatten in memory (it never fuses one). A batch branch gives one count per batch
         # (~24 bytes held each: `collect --batch-rows 20`, 5x10^4 batches, peaked 2.4 MB
-        # higher, measured, while a batch costs ~0.5 ms to process); a per-record branch (the
-        # dead letters) is first summed where it is produced, without a default (a branch
-        # without elements gives no sum), and written to part files whose names (one per
-        # bundle) go into the sum. One CombineGlobally then adds everything and keeps its
-        # default, so the run always writes one line ({} for an empty input). (No counts are
-        # emitted from finish_bundle: Beam's Dask runner drops what a DoFn emits there.)
+        # higher, measured, while a batch costs ~0.5 ms to process). A per-record branch (the
+        # dead letters) gives only the names of the part files its bundles wrote (one per
+        # bundle), and the last step counts the committed parts' lines: a combine of its own
+        # per branch cost 10 Beam steps a run (~0.1 s of the command line's start-up). One
+        # CombineGlobally adds everything and keeps its default, so the run always writes one
+        # line ({} for an empty input). (No counts are emitted from finish_bundle: Beam's Dask
+        # runner drops what a DoFn emits there.)
         sums = [batches | "TallyRead" >> beam.Map(_count_read),
-                accepted | "TallyAccepted" >> beam.Map(_count_accepted),
-                *(pc | f"TallySum{i}" >> beam.CombineGlobally(_CountFn(fn)).without_defaults()
-                  for i, (pc, fn) in enumerate(((reader_dead, _reader_part),
-                                               (invalid, _count_invalid))))]
-        sums += [pc | f"WriteDeadLetters{i}" >> beam.ParDo(_DeadLetterPartFn(self.dead_letter))
-                 for i, pc in enumerate((reader_dead, invalid))]
+                accepted | "TallyAccepted" >> beam.Map(_count_accepted)]
+        sums += [pc | f"WriteDeadLetters{i}" >> beam.ParDo(_DeadLetterPartFn(self.dead_letter, b))
+                 for i, (pc, b) in enumerate(((reader_dead, "reader"), (invalid, "invalid")))]
         if bounded:  # rows a privacy unit's contribution bound left out: {"bounded_out": n}
             sums.append(bounded[0])  # per batch
         return (tuple(sums)
