@@ -98,8 +98,8 @@ def run_collect(input: str, output: str, mechanism: Mechanism, columns: Mapping[
             out = rows | "Perturb" >> Perturb(
                 mechanism, columns=cols, keep=keep, run_key=run.key,
                 passthrough_schema=passthrough, dead_letter_columns=dead_letter_columns)
-            return [out.reports | "WriteReports" >> WriteParquetFile(staged, schema),
-                    *run.bookkeeping(rd, out.reports, out.dead_letter, dropped, unit_dead)]
+            return run.bookkeeping(out.reports | "WriteReports" >> WriteParquetFile(staged, schema),
+                                   rd, out.reports, out.dead_letter, dropped, unit_dead)
 
         def reported() -> int:
             if not run.outs.exists(staged):  # no valid record at all: a readable, empty table

@@ -267,7 +267,7 @@ def run_estimate(input: str, output: str, mechanism: Mechanism | None = None,
             else:  # one estimate (the combine's default when there is no report)
                 written = (valid.reports | "Estimate" >> beam.CombineGlobally(combine_fn)
                            | "WriteEstimates" >> beam.Map(_WriteResult(parts, widen)))
-            return [written, *run.bookkeeping(rd, valid.reports, valid.dead_letter, None)]
+            return run.bookkeeping(written, rd, valid.reports, valid.dead_letter, None)
 
         rows, rec = run.execute(build)
         guarantee = mark_unverified(run_guarantee(mech.guarantee, seeded=bool(seeded_reports),
@@ -442,8 +442,8 @@ def run_release(input: str, output: str, mech: CentralRelease, columns: Mapping[
             rd, rows, unit_dead, dropped = run.read_rows(p, unit, *plan.read_bounds)
             rec = rows | "Validate" >> Perturb(mech, columns=cols, run_key=run.key,
                                                keep=plan.keep)
-            return [plan.release(rec.reports, est, run.results),
-                    *run.bookkeeping(rd, rec.reports, rec.dead_letter, dropped, unit_dead)]
+            return run.bookkeeping(plan.release(rec.reports, est, run.results), rd, rec.reports,
+                                   rec.dead_letter, dropped, unit_dead)
 
         rows_out, tally = run.execute(build)
         out: dict[str, Any] = {"mechanism": mech.name, "params": mech.params(),

@@ -198,11 +198,13 @@ class Run:
         per unit. See :func:`read_bounded`."""
         return read_bounded(p, self.read, unit, self.key, l0, linf, partition_fn)
 
-    def bookkeeping(self, rd: Any, accepted: Any, invalid: Any, dropped: Any,
+    def bookkeeping(self, written: Any, rd: Any, accepted: Any, invalid: Any, dropped: Any,
                     unit_dead: Any = None) -> list:
-        """The pipeline's dead letters (the reader's and the rows rejected) and its tally."""
+        """The pipeline's dead letters (the reader's and the rows rejected) and its tally, the
+        run's last step: written once ``written`` (the main output's write, one element) is
+        complete, so it is the pipeline's one terminal."""
         invalid = invalid_rows(invalid, unit_dead)
-        return [tally_inputs(rd, accepted, invalid, dropped)
+        return [tally_inputs(written, rd, accepted, invalid, dropped)
                 | "Tally" >> Tally(self.tally_path, dead_letter=self.dead_letter)]
 
     def execute(self, build: Callable[[Any], list],
@@ -301,10 +303,11 @@ def invalid_rows(dead_letter: Any, unit_dead: Any) -> Any:
     return (dead_letter, unit_dead) | "InvalidRows" >> beam.Flatten()
 
 
-def tally_inputs(rd: Any, accepted: Any, invalid: Any, dropped: Any) -> tuple:
-    """What :class:`~ldp_beam.transforms.tally.Tally` counts: the reader's batches and dead letters, the accepted
-    rows, the invalid ones and, with a privacy unit, the rows its bound left out."""
-    parts = (rd.batches, rd.dead_letter, accepted, invalid)
+def tally_inputs(written: Any, rd: Any, accepted: Any, invalid: Any, dropped: Any) -> tuple:
+    """What :class:`~ldp_beam.transforms.tally.Tally` takes: the main output's write (it waits
+    for it), the reader's batches and dead letters, the accepted rows, the invalid ones and,
+    with a privacy unit, the rows its bound left out."""
+    parts = (written, rd.batches, rd.dead_letter, accepted, invalid)
     return parts if dropped is None else parts + (dropped,)
 
 

@@ -44,6 +44,10 @@ def _sum_counts(items: Iterable[dict]) -> dict:
     return out
 
 
+def _nothing(_: Any) -> dict:
+    return {}
+
+
 def _count_read(batch: Any) -> dict:
     return {"read": num_rows(batch)}
 
@@ -118,11 +122,16 @@ class _Finish(WriteOneLine):
 class Tally(beam.PTransform):
     """Counts of a run taken from the data itself, the same on every runner and under retries
     (Beam commits each bundle's outputs once; attempted metrics would count a retried bundle
-    twice): ``read`` rows arrived in batches, ``malformed`` and ``unreadable_*`` rows were
+    twice), applied to ``(written, batches, reader_dead, accepted, invalid[, bounded])``:
+    ``read`` rows arrived in batches, ``malformed`` and ``unreadable_*`` rows were
     dead-lettered by the reader, ``accepted`` rows passed validation and ``invalid`` ones were
     dead-lettered by it. Written as one JSON line to ``path``; see :func:`reconcile`.
+    ``written`` is the main output's write (exactly one element, once it is complete): the
+    final combine reads it, so the tally is written after the main output, as the pipeline's
+    last step, and its element stands in for the combine's default (an empty input gives one
+    line, ``{}``, only once the main output is written).
 
-    The reader's and validation's dead letters (the second and fourth inputs) are written as one
+    The reader's and validation's dead letters (the third and fifth inputs) are written as one
     JSON-lines file at ``dead_letter`` (created even when empty), as
     :class:`~ldp_beam.transforms.WriteJsonLines` would, but with their part names gathered by
     the tally's own combine instead of one of their own (one shuffle less per run); they are
@@ -133,18 +142,21 @@ class Tally(beam.PTransform):
         self.path, self.dead_letter = path, dead_letter
 
     def expand(self, parts):
-        batches, reader_dead, accepted, invalid, *bounded = parts
+        written, batches, reader_dead, accepted, invalid, *bounded = parts
         # Only small dicts are flattened: Beam's DirectRunner materializes a multi-input
         # Flatten in memory (it never fuses one). A batch branch gives one count per batch
         # (~24 bytes held each: `collect --batch-rows 20`, 5x10^4 batches, peaked 2.4 MB
         # higher, measured, while a batch costs ~0.5 ms to process). A per-record branch (the
         # dead letters) gives only the names of the part files its bundles wrote (one per
         # bundle), and the last step counts the committed parts' lines: a combine of its own
-        # per branch cost 10 Beam steps a run (~0.1 s of the command line's start-up). One
-        # CombineGlobally adds everything and keeps its default, so the run always writes one
-        # line ({} for an empty input). (No counts are emitted from finish_bundle: Beam's Dask
-        # runner drops what a DoFn emits there.)
-        sums = [batches | "TallyRead" >> beam.Map(_count_read),
+        # per branch cost 10 Beam steps a run (~0.1 s of the command line's start-up). The main
+        # output's write gives one {} (its one element), so one CombineGlobally without a
+        # default adds everything and the run writes one line ({} for an empty input) after
+        # its main output is complete: a combine's default (DoOnce, InjectDefault: a side
+        # input) cost ~35 ms more, measured. (No counts are emitted from finish_bundle: Beam's
+        # Dask runner drops what a DoFn emits there.)
+        sums = [written | "TallyAfterOutput" >> beam.Map(_nothing),
+                batches | "TallyRead" >> beam.Map(_count_read),
                 accepted | "TallyAccepted" >> beam.Map(_count_accepted)]
         sums += [pc | f"WriteDeadLetters{i}" >> beam.ParDo(_DeadLetterPartFn(self.dead_letter, b))
                  for i, (pc, b) in enumerate(((reader_dead, "reader"), (invalid, "invalid")))]
@@ -152,7 +164,7 @@ class Tally(beam.PTransform):
             sums.append(bounded[0])  # per batch
         return (tuple(sums)
                 | "TallyAll" >> beam.Flatten()
-                | "TallySum" >> beam.CombineGlobally(_sum_counts)
+                | "TallySum" >> beam.CombineGlobally(_sum_counts).without_defaults()
                 | "TallyWrite" >> beam.Map(_Finish(self.path, self.dead_letter)))
 
 
