@@ -49,7 +49,8 @@ keying keeps unit values out of the sketch); the uniformity rests on the row pri
 
 Units are compared as text, numbers by their decimal form: ``42`` in a Parquet integer column,
 ``42.0`` in a float column and ``"42"`` in a CSV file are one unit (a person split across files
-of different types is still one unit), while ``"042"`` and ``"+42"`` are other texts. A value
+of different types is still one unit; so are ``1e10`` in a float column and ``10000000000``,
+and ``-0.0`` and ``0``), while ``"042"`` and ``"+42"`` are other texts. A value
 whose text is an int64 in Python's form is hashed as that integer (no text is built for integer
 columns), any other as its UTF-8 bytes, under two keys. A unit that is null, NaN or the empty
 text is no unit: its rows are dead-lettered. Two different units whose keyed hashes collide
@@ -312,6 +313,18 @@ def _hash_units(text_key: tuple[int, int], int_key: bytes, col: pa.Array) -> np.
             return _int_units(int_key, v.astype(np.int64))
         return _int_units(int_key, pc.cast(col, pa.int64()).fill_null(0).to_numpy(
             zero_copy_only=False))
+    if pa.types.is_floating(t):  # a whole number is that integer (Arrow writes 1e10 as
+        # "1e+10" and -0.0 as "-0", so its text alone would split a person across file types)
+        v = col.to_numpy(zero_copy_only=False)
+        whole = np.isfinite(v) & (np.floor(v) == v) & (np.abs(v) < 2.0 ** 63)
+        if whole.any():
+            out = np.empty(n, U64)
+            out[whole] = _int_units(int_key, v[whole].astype(np.int64))
+            rest = np.flatnonzero(~whole)
+            if rest.size:
+                out[rest] = _hash_units(text_key, int_key,
+                                        pc.cast(col.take(pa.array(rest)), pa.string()))
+            return out
     if not any(f(t) for f in _TEXT_TYPES):
         col = pc.cast(col, pa.string())
     is_int = pc.match_substring_regex(col, _CANONICAL_INT).fill_null(False).to_numpy(

@@ -14,7 +14,6 @@ from urllib.parse import urlsplit
 
 import apache_beam as beam
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
@@ -29,6 +28,7 @@ from ldp_beam.registry import get_registry
 from ldp_beam.rng import RunKey
 from ldp_beam.transforms import (EstimatorCombineFn, Perturb, ReadTable, SplitByKey,
                                  ValidateReports, WriteJsonLines)
+from ldp_beam.transforms.batches import key_text
 from ldp_beam.transforms.combine import (EstimateFailure, PerKeyCombineFn, ReleaseKeys,
                                         per_key_part)
 from ldp_beam.transforms.io import open_input, table_format
@@ -499,18 +499,19 @@ class _Global:
 
 # --------------------------------------------------------------------------- per-key releases
 class _KeyCodes:
-    """A picklable partition function: one int64 code per row from the text of ``column`` (a
-    keyed hash is not needed here: codes only group rows; -1 for a null key)."""
+    """A picklable partition function: one int64 code (>= 0) per row from the key's text
+    (:func:`~ldp_beam.transforms.batches.key_text`, the text :class:`SplitByKey` groups by; a
+    null key is the key ``""``, bounded like any other). A keyed hash is not needed here: codes
+    only group rows."""
 
     def __init__(self, column: str) -> None:
         self.column = column
 
     def __call__(self, table: Any) -> np.ndarray:
-        col = table.column(self.column).to_pandas().astype(object)
-        codes, uniques = pd.factorize(col, use_na_sentinel=True)
-        lut = np.array([int.from_bytes(hashlib.blake2b(str(u).encode(), digest_size=7).digest(),
-                                       "big") for u in uniques] + [-1], dtype=np.int64)
-        return lut[codes]
+        enc = key_text(table, self.column).dictionary_encode()
+        lut = np.array([int.from_bytes(hashlib.blake2b(u.encode(), digest_size=7).digest(), "big")
+                        for u in enc.dictionary.to_pylist()], dtype=np.int64)
+        return lut[enc.indices.to_numpy(zero_copy_only=False)]
 
 
 class _PerKey:

@@ -136,6 +136,32 @@ def get_column(table: Any, name: str) -> np.ndarray:
     return np.asarray(table[name])
 
 
+def key_text(table: Any, name: str) -> pa.Array:
+    """Column ``name`` as the text a grouping key is known by (``--by``), the same whatever the
+    column's type in a file or batch: numbers by their decimal form (an integral float as its
+    integer, so ``1``, ``1.0`` and ``"1"`` are one key, whether or not the batch holds a null,
+    which turns pandas' integers into floats), other values as Arrow writes them, and a null
+    (or a float NaN, which numpy batches cannot tell from a null) as ``""``. Bounding (its partition codes) and the release (its groups) both key on this text,
+    so one key is one partition and one group."""
+    if isinstance(table, (pa.RecordBatch, pa.Table)):
+        col = table.column(name)
+    else:
+        col = pa.array(np.asarray(table[name]), from_pandas=True)
+    if isinstance(col, pa.ChunkedArray):
+        col = col.combine_chunks()
+    text = col if pa.types.is_string(col.type) else pc.cast(col, pa.string())
+    if pa.types.is_floating(col.type):
+        v = col.to_numpy(zero_copy_only=False)  # nulls as NaN
+        whole = np.isfinite(v) & (np.floor(v) == v) & (np.abs(v) < 2.0 ** 63)
+        if whole.any():
+            ints = pc.cast(pa.array(np.where(whole, v, 0).astype(np.int64)), pa.string())
+            text = pc.if_else(pa.array(whole), ints, text)
+        nan = np.isnan(v)
+        if nan.any():
+            text = pc.if_else(pa.array(nan), pa.scalar("", pa.string()), text)
+    return text.fill_null("")
+
+
 def row_dict(table: Any, i: int, columns: list[str] | None = None) -> dict:
     """Row ``i`` (only ``columns`` when given) as a JSON-friendly dict (for dead letters)."""
     if isinstance(table, (pa.RecordBatch, pa.Table)):

@@ -16,7 +16,7 @@ from apache_beam.metrics import Metrics
 from ldp_beam.core import CountEstimator, Estimator, Reasons
 from ldp_beam.errors import EmptyAccumulatorError
 
-from .batches import (EstimateFailure, KeyedBatch, check_report_field, get_column, is_batch,
+from .batches import (EstimateFailure, KeyedBatch, check_report_field, is_batch, key_text,
                       num_rows, report_columns, report_field_columns, row_dict, take)
 from .perturb import (DeadLetteringFn, clipped_record as _clipped, dead_letter,
                       dead_letter_outputs)
@@ -199,16 +199,15 @@ class EstimatePerKey(beam.PTransform):
 
 
 class SplitByKey(beam.DoFn):
-    """A report batch -> ``(key, sub-batch)`` per distinct value of ``column`` (vectorized)."""
+    """A report batch -> ``(key, sub-batch)`` per distinct value of ``column`` (vectorized), the
+    key as its text (:func:`~ldp_beam.transforms.batches.key_text`; a null is ``""``)."""
 
     def __init__(self, column: str) -> None:
         self.column = column
 
     def process(self, element: Any):
         table = element.table if isinstance(element, KeyedBatch) else element
-        keys = get_column(table, self.column)
-        if isinstance(keys, np.ndarray) and keys.dtype == object:
-            keys = np.asarray([str(k) if k is not None else "" for k in keys])
+        keys = key_text(table, self.column).to_numpy(zero_copy_only=False).astype(str)
         uniq, inv = np.unique(keys, return_inverse=True)
         order = np.argsort(inv, kind="stable")
         bounds = np.searchsorted(inv[order], np.arange(len(uniq) + 1))

@@ -691,8 +691,11 @@ class BatchPerWindowFn(beam.DoFn):
         keyed priorities; see :class:`UnitCandidatesFn`), with every unit's count."""
         select = self._unit_keys()[1]
         k = self.unit.max_reports
-        fields = [f for f, _ in self.mechanism.report_fields]
-        rows = list(zip(*[np.asarray(batch[f]).tolist() for f in fields]))
+        # each field as its declared dtype: a record's identity (its priority and slot) must not
+        # depend on the other records of its bundle (an int column is float64 in a bundle that
+        # holds a float, and 3 would be 3.0: a restart that bundles anew charges it again)
+        rows = list(zip(*[np.asarray(batch[f]).astype(dt).tolist()
+                          for f, dt in self.mechanism.report_fields]))
         per: dict[str, list] = {}
         for j, i in enumerate(ok.tolist()):
             _, ts, source, line = group[i]

@@ -249,3 +249,19 @@ def test_read_from_parquet_batched_feeds_the_batch_path(tmp_path):
     (est,) = sink.items()
     assert est.n_reports == 40_000
     assert abs(est["mean"].value - ages.mean()) <= 4 * est["mean"].stderr
+
+
+def test_a_key_is_its_text_whatever_the_column_type_of_its_batch():
+    """SplitByKey's keys (and the per-key bounding's partitions, which use the same text): 1,
+    1.0 and "1" are one key, with or without a null in the batch; a null or NaN is ""."""
+    from ldp_beam.transforms.batches import key_text
+
+    assert key_text(pa.table({"k": pa.array([1, None, 3])}), "k").to_pylist() == ["1", "", "3"]
+    assert key_text(pa.table({"k": [1.0, 1e10, -0.0, 2.5, float("nan")]}), "k").to_pylist() \
+        == ["1", "10000000000", "0", "2.5", ""]
+    assert key_text({"k": np.array([1.0, np.nan])}, "k").to_pylist() == ["1", ""]
+    split = SplitByKey("k").process
+    for table in (pa.table({"k": pa.array([1, 2, 1], pa.int64())}),
+                  pa.table({"k": pa.array([1, None, 1], pa.int64())})):
+        keys = [k for k, _ in split(table)]
+        assert "1" in keys and all(isinstance(k, str) for k in keys)

@@ -150,3 +150,34 @@ def test_a_subset_of_a_stream_keeps_each_records_noise():
         sub, _ = _run(fn, [full_batch.subset(idx)])
         np.testing.assert_array_equal(sub, full[idx])
         assert full_batch.subset(idx).record_ids().tolist() == (100 + idx).tolist()
+
+
+def test_a_stream_records_identity_does_not_depend_on_its_bundle(tmp_path):
+    """A stream record's priority and slot (what its unit is charged under) are the same
+    whatever else its bundle holds: a float field's 1 is 1.0 whether or not another record of
+    the bundle is a float (the column was int64 alone, float64 with 0.5: a restart that bundled
+    anew gave the record another slot and charged its unit again)."""
+    from apache_beam.transforms.window import IntervalWindow
+    from apache_beam.utils.timestamp import Timestamp
+
+    from ldp_beam import build_mechanism, estimator_for
+    from ldp_beam.longitudinal import UnitState
+    from ldp_beam.transforms.windowed import BatchPerWindowFn, PrivacyUnit
+
+    mech = build_mechanism("pm", epsilon=1.0, lower=-1, upper=1)
+    fn = BatchPerWindowFn(mech, estimator_for(mech),
+                          unit=PrivacyUnit("device", UnitState(str(tmp_path / "u.db"), "device")))
+    window = IntervalWindow(0, 10)
+
+    def candidates(records):
+        fn.start_bundle()
+        out = [o for i, r in enumerate(records)
+               for o in fn.process((r, "f.jsonl", i + 1), Timestamp(1), window)]
+        return {u: c for o in out + list(fn.finish_bundle()) for u, (_, c) in
+                o.value.units.items()}
+
+    alone = candidates([{"y": 1, "device": "d1"}])
+    mixed = candidates([{"y": 1, "device": "d1"}, {"y": 0.5, "device": "d2"}])
+    (unit, cands), = alone.items()
+    assert [c[:2] for c in mixed[unit]] == [c[:2] for c in cands]
+    assert cands[0][4] == (1.0,)

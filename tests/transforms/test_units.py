@@ -153,6 +153,15 @@ def test_integer_units_are_one_unit_whatever_their_type():
     others = hash_units(tk, ik, pa.array(["042", "+42", "43", "x"]))
     assert len(set(others.tolist()) | {int(h[0])}) == 5
     assert hash_units(tk, b"j" * 16, pa.array([42]))[0] != h[0]  # keyed
+    # whole floats Arrow writes in exponent form ("1e+10") or signed ("-0") are their integer
+    # too: a person whose ids are float in one file and integer in another is one unit
+    big = [10_000_000_007, 10 ** 15, 0, -(10 ** 12)]
+    as_int = hash_units(tk, ik, pa.array(big, pa.int64()))
+    assert (hash_units(tk, ik, pa.array([float(x) for x in big[:2]] + [-0.0, -1e12]))
+            == as_int).all()
+    assert (hash_units(tk, ik, pa.array([str(x) for x in big])) == as_int).all()
+    # a float that is not whole stays its text, as in a CSV file
+    assert hash_units(tk, ik, pa.array([1.5]))[0] == hash_units(tk, ik, pa.array(["1.5"]))[0]
 
 
 def test_read_table_projection_keeps_rows_and_identities(tmp_path):
