@@ -138,6 +138,12 @@ def _dataset_identity(input: str, options: Any = ()) -> dict:
             "files": len(files), "bytes": total}
 
 
+def by_content(input: str) -> bool:
+    """Whether the input's fingerprint is of its content (files), not of its name (a database
+    table or query: :func:`_database_identity`)."""
+    return input.split("://", 1)[0].lower() not in DATABASE_SCHEMES
+
+
 def _database_identity(input: str) -> dict:
     """A table or query in a database is identified by what it names (the URL without its
     password, and the table or query), not by its content: hashing a warehouse table would cost a

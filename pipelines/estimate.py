@@ -413,8 +413,13 @@ def run_release(input: str, output: str, mech: CentralRelease, columns: Mapping[
             _Global(mech, unit))
     est = estimator_for(mech, seed=run.release_seed, **options)
     guarantee = run_guarantee(plan.guarantee, seeded=run.seeded, unit=unit, bounds=plan.bounds)
+    # what changes the data read or what is published is part of the request (given only
+    # when set, so a default run matches the releases recorded before they were)
+    settings = {k: v for k, v in (("null_values", None if null_values is None
+                                   else list(null_values)),
+                                  ("min_group_size", min_group_size)) if v is not None}
     request = release_request(mech.name, mech.params(), cols, options, unit=unit or "record",
-                              seed=run.key.seed, **plan.request)
+                              seed=run.key.seed, **plan.request, **settings)
     side = side_prefix(output, side_outputs)
     dead_letter, curator_path = side + ".deadletter.jsonl", side + ".curator.json"
     roles = {"release": output, "curator": curator_path, "dead_letter": dead_letter}

@@ -44,7 +44,7 @@ from ldp_beam.transforms.units import BoundContributions
 from ldp_beam.transforms.tally import Tally
 
 from .common import check_readable, check_reconciles, reconcile, run_pipeline
-from .datasets import dataset_identity
+from .datasets import by_content, dataset_identity
 from .lifecycle import ledger_state, publish
 from .outputs import RunFailed, RunOutputs, location
 from .stream_account import StreamAccount, stream_dataset
@@ -128,7 +128,11 @@ class Run:
 
     def prior_release(self, request: Mapping[str, Any]) -> dict | None:
         """The committed release of an identical request on the same data, if the ledger has one
-        (a re-run publishes it again and draws no new noise)."""
+        (a re-run publishes it again and draws no new noise). Never for a database table or
+        query: its identity is its name, not its content (:func:`dataset_identity`), so an
+        identical request on a table that changed since would publish the old release."""
+        if not by_content(self.input):
+            return None
         with Ledger.open(self.ledger_url) as led:
             return led.find_release(self.dataset["fingerprint"], request)
 

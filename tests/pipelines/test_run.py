@@ -53,6 +53,45 @@ def test_rerun_of_an_identical_release_republishes_and_spends_nothing(tmp_path, 
     assert _committed_epsilon(led) == (2, pytest.approx(2.0 if per_key else 1.0))
 
 
+def test_a_release_from_a_database_table_is_computed_again_not_republished(tmp_path):
+    """A table's identity is its name, not its content: an identical request on it may see
+    other rows, so it is never answered with the recorded release."""
+    import duckdb
+
+    db = tmp_path / "w.db"
+    with duckdb.connect(str(db)) as con:
+        con.execute("CREATE TABLE t AS SELECT CAST(i AS VARCHAR) AS uid, "
+                    "['a', 'b', 'c'][1 + i % 3] AS v FROM range(300) r(i)")
+    led = f"sqlite:///{tmp_path / 'ledger.db'}"
+    args = ["estimate", "-i", f"duckdb://{db}?table=t", "-c", "v", *HIST,
+            "--privacy-unit", "uid", "--ledger", led, "--force"]
+    for i in range(2):
+        code, _, se = run_cli(*args, "-o", str(tmp_path / f"h{i}.json"))
+        assert code == 0, se
+        if i == 0:  # the table grows between the two runs
+            with duckdb.connect(str(db)) as con:
+                con.execute("INSERT INTO t SELECT CAST(i AS VARCHAR), 'a' FROM range(300, 900) "
+                            "r(i)")
+    assert "republished_from" not in json.loads((tmp_path / "h1.json.curator.json").read_text())
+    assert _committed_epsilon(led) == (2, pytest.approx(2.0))
+
+
+def test_a_release_read_with_other_null_values_is_another_request(tmp_path):
+    """--null-values changes the rows read (CSV): a re-run with others is not identical."""
+    import pyarrow.csv as pacsv
+
+    _table(tmp_path / "t.parquet")
+    pacsv.write_csv(pq.read_table(tmp_path / "t.parquet"), tmp_path / "t.csv")
+    led = f"sqlite:///{tmp_path / 'ledger.db'}"
+    args = ["estimate", "-i", str(tmp_path / "t.csv"), "-c", "v", *HIST,
+            "--privacy-unit", "uid", "--ledger", led, "--force"]
+    for i, extra in enumerate(((), ("--null-values", "a"))):
+        code, _, se = run_cli(*args, *extra, "-o", str(tmp_path / f"h{i}.json"))
+        assert code == 0, se
+    assert "republished_from" not in json.loads((tmp_path / "h1.json.curator.json").read_text())
+    assert _committed_epsilon(led) == (2, pytest.approx(2.0))
+
+
 def test_central_releases_are_not_mechanisms():
     reg = get_registry()
     for name in reg.names():
