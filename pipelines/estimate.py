@@ -7,7 +7,6 @@ a passthrough column (each is post-processing of the same LDP reports: no extra 
 """
 from __future__ import annotations
 
-import hashlib
 import os
 from typing import Any, Iterable, Mapping
 from urllib.parse import urlsplit
@@ -23,14 +22,15 @@ from ldp_beam.core import CentralRelease, Mechanism
 from ldp_beam.estimators import estimator_for
 from ldp_beam.ledger import release_request
 from ldp_beam.limits import check_groups
+from ldp_beam.prf import keyed_digest
 from ldp_beam.privacy import ContributionBounds, run_guarantee
 from ldp_beam.registry import get_registry
 from ldp_beam.rng import RunKey
 from ldp_beam.transforms import (EstimatorCombineFn, Perturb, ReadTable, SplitByKey,
                                  ValidateReports, WriteJsonLines)
 from ldp_beam.transforms.batches import key_text
-from ldp_beam.transforms.combine import (EstimateFailure, PerKeyCombineFn, ReleaseKeys,
-                                        per_key_part)
+from ldp_beam.transforms.combine import (NOT_IN_KEYS, EstimateFailure, PerKeyCombineFn,
+                                        ReleaseKeys, per_key_part)
 from ldp_beam.transforms.io import open_input, table_format
 from ldp_beam.transforms.sinks import tidy_bytes, tidy_format, tidy_output_table
 from ldp_beam.transforms.sources import parse_settings
@@ -457,6 +457,10 @@ def run_release(input: str, output: str, mech: CentralRelease, columns: Mapping[
         exact = plan.collect(rows_out, out, guarantee)
         write_estimate(out, run.staged("release"), fmt, run.run_id, run.outs)
         curator["records"] = run.records(tally)
+        skipped = getattr(plan, "not_in_keys", None)
+        if skipped:  # rows of keys not listed: read and accepted, never released
+            curator["records"]["released_from"] -= skipped["rows"]
+            curator["records"]["not_in_keys"] = skipped["rows"]
         if exact:
             curator["releases" if by else "release"] = exact
         run.outs.write_json(run.staged("curator"), curator)
@@ -506,15 +510,24 @@ class _Global:
 class _KeyCodes:
     """A picklable partition function: one int64 code (>= 0) per row from the key's text
     (:func:`~ldp_beam.transforms.batches.key_text`, the text :class:`SplitByKey` groups by; a
-    null key is the key ``""``, bounded like any other). A keyed hash is not needed here: codes
-    only group rows."""
+    null key is the key ``""``, bounded like any other), by a hash keyed with the run's secret
+    (63 bits): two keys with one code would be one partition of the bound, and a unit could
+    then reach more than L0 released keys, beyond what the partition selection is calibrated
+    to; unkeyed, whoever chooses key texts could search for such a pair (56 bits: ~2^28
+    tries).
 
-    def __init__(self, column: str) -> None:
-        self.column = column
+    ``public``: the listed keys (``--keys``); a row of another key gets -1, which bounding
+    neither bounds nor counts against a unit's L0 keys (it is never released: see
+    :class:`ReleaseKeys`, which counts such rows), so a unit's L0 slots go to listed keys."""
+
+    def __init__(self, column: str, key: bytes, public: Iterable[str] | None = None) -> None:
+        self.column, self.key = column, key
+        self.public = None if public is None else frozenset(public)
 
     def __call__(self, table: Any) -> np.ndarray:
         enc = key_text(table, self.column).dictionary_encode()
-        lut = np.array([int.from_bytes(hashlib.blake2b(u.encode(), digest_size=7).digest(), "big")
+        lut = np.array([-1 if self.public is not None and u not in self.public else
+                        int.from_bytes(keyed_digest(self.key, u.encode(), 8), "big") >> 1
                         for u in enc.dictionary.to_pylist()], dtype=np.int64)
         return lut[enc.indices.to_numpy(zero_copy_only=False)]
 
@@ -559,7 +572,8 @@ class _PerKey:
         self.selection = selection
         self.guarantee = per_key_guarantee(mech.guarantee, sel_g)
         self.bounds = cb
-        self.read_bounds = (cb.l0, cb.linf, _KeyCodes(by))
+        self.read_bounds = (cb.l0, cb.linf,
+                            _KeyCodes(by, run.key.derive("key-codes"), self.public))
         self.keep = (by, unit)
         self.seed = run.release_seed
         self.rule = rule
@@ -581,7 +595,8 @@ class _PerKey:
 
     def collect(self, rows: list, out: dict, guarantee: dict) -> dict:
         releases, exact = {}, {}
-        for r in sorted(rows, key=lambda r: r["key"]):
+        self.not_in_keys = next((r[NOT_IN_KEYS] for r in rows if NOT_IN_KEYS in r), None)
+        for r in sorted((r for r in rows if NOT_IN_KEYS not in r), key=lambda r: r["key"]):
             key = r.pop("key")
             r.pop("n_reports", None)  # exact counts stay with the curator
             cur = r.pop("curator", None)

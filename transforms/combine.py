@@ -367,6 +367,10 @@ class PerKeyCombineFn(beam.CombineFn):
         return acc[0], len(acc[1])
 
 
+#: the result line of a per-key release with public keys counting the rows of unlisted keys
+NOT_IN_KEYS = "not_in_keys"
+
+
 class ReleaseKeys(beam.DoFn):
     """Select keys (public list, or private partition selection on distinct-unit counts) and
     release each kept key's histogram with noise addressed by the key."""
@@ -384,6 +388,12 @@ class ReleaseKeys(beam.DoFn):
         found = dict(items)
         if self.public is not None:
             chosen = list(self.public)
+            # rows of keys not listed (bounding passed them, uncounted against L0): never
+            # released, counted for the curator's records
+            listed = set(chosen)
+            yield {NOT_IN_KEYS: {"keys": sum(k not in listed for k in found),
+                                 "rows": sum(int(self.estimator.n_reports(a))
+                                             for k, (a, _) in found.items() if k not in listed)}}
         else:
             chosen = [k for k in sorted(found)
                       if self.selector.keep(found[k][1], selection_source(self.seed, k))]

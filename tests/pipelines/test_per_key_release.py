@@ -97,8 +97,8 @@ def test_rows_with_a_null_key_are_bounded_like_any_other_key(tmp_path):
     v = np.random.default_rng(2).choice(list("abc"), uid.size)
     pq.write_table(pa.table({"uid": uid, "v": v, "region": region}), tmp_path / "t.parquet")
     code, _, se = run_cli("estimate", "-i", str(tmp_path / "t.parquet"), "-c", "v", *HIST,
-                          "--privacy-unit", "uid", "--by", "region", "--keys", "north",
-                          "-o", str(tmp_path / "h.json"))
+                          "--privacy-unit", "uid", "--by", "region",
+                          "--partition-selection", "1,1e-6", "-o", str(tmp_path / "h.json"))
     assert code == 0, se
     cur = json.loads((tmp_path / "h.json.curator.json").read_text())["records"]
     assert cur["released_from"] == 1000 and cur["bounded_out"] == 9000 and cur["reconciles"]
@@ -123,3 +123,32 @@ def test_an_integer_key_is_one_key_in_batches_with_and_without_nulls(tmp_path):
     # one row per unit, all kept: 3 buckets of Laplace noise of scale 1 (sd sqrt(6) ~ 2.4 for
     # the total); 20 is over 8 standard deviations
     assert abs(sum(out["estimates"]["1"]["statistics"]["histogram"]["value"]) - ones) < 20
+
+
+def test_rows_of_unlisted_keys_spend_no_key_slot_and_are_counted(tmp_path):
+    """--keys north: a unit's rows in "south" are never released, so they must not take its
+    one key slot (L0 = 1): every unit keeps a north row (about half did when south competed
+    for the slot); the south rows are counted for the curator, not silently dropped."""
+    uid = np.repeat(np.arange(1000), 10).astype(str)
+    region = np.tile(np.array(["north"] * 5 + ["south"] * 5, dtype=object), 1000)
+    v = np.random.default_rng(4).choice(list("abc"), uid.size)
+    pq.write_table(pa.table({"uid": uid, "v": v, "region": region}), tmp_path / "t.parquet")
+    code, _, se = run_cli("estimate", "-i", str(tmp_path / "t.parquet"), "-c", "v", *HIST,
+                          "--privacy-unit", "uid", "--by", "region", "--keys", "north",
+                          "-o", str(tmp_path / "h.json"))
+    assert code == 0, se
+    out = json.loads((tmp_path / "h.json").read_text())
+    # 1000 rows, one per unit; Laplace noise of scale 1 on 3 buckets (sd ~2.4 for the total)
+    assert abs(sum(out["estimates"]["north"]["statistics"]["histogram"]["value"]) - 1000) < 20
+    cur = json.loads((tmp_path / "h.json.curator.json").read_text())["records"]
+    assert cur["released_from"] == 1000 and cur["not_in_keys"] == 5000
+    assert cur["bounded_out"] == 4000 and cur["input"] == 10000 and cur["reconciles"]
+
+
+def test_key_codes_are_keyed_by_the_run():
+    from ldp_beam.pipelines.estimate import _KeyCodes
+
+    t = pa.table({"k": ["a", "b", None]})
+    one, two = _KeyCodes("k", b"1" * 32)(t), _KeyCodes("k", b"2" * 32)(t)
+    assert (one >= 0).all() and (two >= 0).all() and len(set(one) & set(two)) == 0
+    assert _KeyCodes("k", b"1" * 32, public=["a"])(t).tolist()[1:] == [-1, -1]
