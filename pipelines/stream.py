@@ -73,7 +73,11 @@ estimate, a dead letter or the ledger); then, per window (:class:`UnitPaneFn`,
   deterministic under retries, runners and restarts); the others are
   counted as ``bounded_out``. Reports selected for an earlier pane of the window (an early pane,
   a run before a restart) stay selected and count against k, so no window ever estimates more
-  than k reports of a unit, whatever its panes;
+  than k reports of a unit, whatever its panes. (A limit, not a leak: a later pane estimates
+  such a report again only while it is among the unit's k candidates there; one displaced by a
+  later report of smaller priority, or not read by a run after a restart, leaves its unit out
+  of that pane, which then under-counts the unit, with no new charge. The state keeps no report
+  content to restore it from: for a central release that would be raw values at rest.);
 * each estimated report costs its unit epsilon (LDP: the mechanism's; central: the window's
   release epsilon, composed over its releases, and for k > 1 records by group privacy: ceil(k /
   L) x epsilon for a release calibrated to L rows per unit), accumulated across windows and
