@@ -21,9 +21,21 @@ A reader who finds a manifest can therefore trust the files it lists (and can ch
 that fails or is interrupted before step 1 leaves the previous outputs and manifest untouched; one
 interrupted during steps 1-3 leaves no manifest (outputs not committed, never a stale claim).
 The staging folder is removed whatever happens; one left by a process killed with ``kill -9`` is
-removed by the next run that stages in the same folder (its owner process is gone; on an object
-store, a staging folder owned by another host is removed once it is :data:`REMOTE_STALE_SECONDS`
-old, since whether that host's process lives cannot be asked).
+removed by the next run that stages in the same folder (its owner process is gone; a staging
+folder owned by another host, on a shared NFS folder or an object store alike, is removed only
+once it is :data:`REMOTE_STALE_SECONDS` old, since whether that host's process lives cannot be
+asked).
+
+Two runs on the same outputs (both started without ``force``, both passed the check at their
+start): the first to commit wins. Every commit without ``force`` checks again, before it changes
+anything, that no output and no manifest exists at its final place; one created while the run ran
+(another run committed first) refuses the commit with one :class:`OutputError` and nothing of
+either run's is changed. Commits to one local manifest take turns: ``MANIFEST.lock``, created
+exclusively beside it for the commit's duration, names its owner (host, pid, run id); a commit
+finding it held by a live run is refused (nothing committed), one left by a dead process of this
+host or older than :data:`REMOTE_STALE_SECONDS` is taken over. A URL manifest (``s3://``,
+``gs://``) has no lock (Beam's FileSystems cannot create a file exclusively): only the check
+again guards it, so two commits to one URL at the very same moment are not excluded.
 
 Every local path (each output, the manifest, the staging folder) is resolved once, as the file
 system will resolve it (:func:`real_path`: ``os.path.realpath`` of the path as given, so
@@ -596,18 +608,29 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def _abandoned(owner: dict, age: float, remote: bool) -> bool:
-    """Whether a staging folder with this owner record and age (seconds) belongs to nobody."""
+def _abandoned(owner: dict, age: float, remote: bool = False) -> bool:
+    """Whether a staging folder (or a commit lock) with this owner record and age (seconds)
+    belongs to nobody.
+
+    An owner on this host: abandoned when its process is gone. An owner on another host (a
+    shared NFS folder, a Dask cluster, an object store): whether its process lives cannot be
+    asked, so it is abandoned only once it is :data:`REMOTE_STALE_SECONDS` old, local
+    (``remote=False``) and remote folders alike: a live run's folder on a shared disk is never
+    removed under it. No owner record yet: abandoned after a minute (a run that has just created
+    its folder writes its owner next). ``remote`` says where the folder is; the rule is the
+    same for both."""
+    del remote  # same rule for a local and a remote folder (see above)
     if owner.get("host") == socket.gethostname():
         return not _pid_alive(int(owner.get("pid", -1)))
     if not owner:
         return age >= 60.0  # else just created by a run that has not written its owner yet
-    return not remote or age >= REMOTE_STALE_SECONDS
+    return age >= REMOTE_STALE_SECONDS
 
 
 def sweep_stale(folder: str, flags: Sequence[str] = ()) -> list[str]:
     """Remove staging folders in ``folder`` whose owner process on this host is gone (a run
-    killed before it could clean up). Returns what was removed."""
+    killed before it could clean up), or whose owner is on another host and which are
+    :data:`REMOTE_STALE_SECONDS` old (see :func:`_abandoned`). Returns what was removed."""
     if is_url(folder):
         return _sweep_remote(folder, flags)
     removed = []
@@ -645,6 +668,16 @@ def _sweep_remote(folder: str, flags: Sequence[str]) -> list[str]:
         _delete([p for p, _ in objs], flags)
         removed.append(d)
     return removed
+
+
+def _read_lock(path: str) -> dict:
+    """The owner record of a commit lock (``{}`` when it cannot be read or is not written yet)."""
+    try:
+        with open(path, "rb") as fh:
+            held = json.loads(fh.read() or b"{}")
+    except (OSError, ValueError):
+        return {}
+    return held if isinstance(held, dict) else {}
 
 
 def _age(path: str) -> float:
@@ -837,6 +870,12 @@ class RunOutputs:
         """Move every staged output into place, then write ``manifest`` (with the run id and the
         files it covers) last. Returns the manifest as written.
 
+        Without ``force``, an output or manifest that exists at its final place now (created
+        while the run ran: another run on the same outputs committed first) refuses the commit
+        with an :class:`OutputError` before anything is changed. A local manifest's commits take
+        turns through ``MANIFEST.lock`` (see :meth:`_commit_lock`); one held by a live run
+        refuses this commit, nothing changed. A URL manifest has no lock: only the check again.
+
         :attr:`published` lists the roles moved into place so far (``"manifest"`` last, once
         the commit is complete) and :attr:`manifest_removed` whether the previous manifest was
         removed. An ``OSError`` on the way (a full disk, a folder made read-only meanwhile, an
@@ -846,7 +885,8 @@ class RunOutputs:
         self.published, self.manifest_removed = [], False
         step = ["reading the staged outputs in", self.staging]
         try:
-            return self._commit(manifest, step)
+            with self._commit_lock(step):
+                return self._commit(manifest, step)
         except OSError as exc:
             err = OutputError(self._failure(step, exc))
             err.published = list(self.published)
@@ -854,6 +894,64 @@ class RunOutputs:
         finally:
             if not self.committed:
                 self.discard()
+
+    @contextlib.contextmanager
+    def _commit_lock(self, step: list[str]):
+        """Commits to one local manifest, one at a time: ``MANIFEST.lock`` is created exclusively
+        (``O_CREAT | O_EXCL``) beside the manifest, holding its owner ``{host, pid, run_id}``,
+        and removed when the commit ends, whatever happens. Held by a live run: this commit is
+        refused with an :class:`OutputError` and nothing changes. Left by a dead process of this
+        host, by another host's run and :data:`REMOTE_STALE_SECONDS` old, or older than that
+        whoever holds it: taken over.
+
+        A URL manifest (``s3://``, ``gs://``) is not locked: Beam's FileSystems have no atomic
+        exclusive create, so there only the check again in :meth:`_commit` (an output or
+        manifest created while the run ran is refused without ``force``) guards two runs."""
+        if is_url(self.manifest):
+            yield
+            return
+        path = _local(self.manifest) + ".lock"
+        step[:] = ["taking the commit lock", path]
+        self._makedirs(os.path.dirname(path))
+        mine = {"host": socket.gethostname(), "pid": os.getpid(), "run_id": self.run_id}
+        for _ in range(2):
+            try:
+                fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+                break
+            except FileExistsError:
+                held = _read_lock(path)
+                age = _age(path)
+                if not (_abandoned(held, age) or age >= REMOTE_STALE_SECONDS):
+                    host = held.get("host")
+                    where = "" if host in (None, mine["host"]) else f" on host {host}"
+                    raise OutputError(
+                        f"another run ({held.get('run_id', 'not yet named')}{where}"
+                        f") is committing to these outputs (manifest {location(self.manifest)!r}, "
+                        f"its lock {path}): nothing was committed; run again once it has "
+                        "finished (with --force to replace its outputs)") from None
+                logging.getLogger(__name__).warning(
+                    "taking over the commit lock %s left by run %s (its process is gone or "
+                    "the lock is %.0f s old)", path, held.get("run_id", "unknown"), age)
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
+        else:
+            raise OutputError(f"another run took the commit lock {path} at the same moment: "
+                              "nothing was committed; run again once it has finished")
+        try:
+            try:
+                os.write(fd, json.dumps(mine).encode())
+            finally:
+                os.close(fd)
+            yield
+        finally:
+            if _read_lock(path) == mine:  # not one a later run took over meanwhile
+                try:
+                    os.unlink(path)
+                except FileNotFoundError:
+                    pass
+                except OSError as exc:  # the next commit takes it over: this process is gone
+                    logging.getLogger(__name__).warning(
+                        "could not remove the commit lock %s (%s)", path, _reason(exc))
 
     def _failure(self, step: list[str], exc: OSError) -> str:
         what, path = step
@@ -894,6 +992,19 @@ class RunOutputs:
                     raise OutputError(f"output {location(self.outputs[role])!r} was created "
                                       "while the run ran: pass --force (force=True) to replace "
                                       "it; nothing was committed")
+            # nor a file or the manifest: another run on the same outputs committed first
+            # (checked under the commit lock, before the previous manifest is touched)
+            for role, final in [*((r, f) for r, f in self.outputs.items() if r not in tables),
+                                ("manifest", self.manifest)]:
+                step[:] = [f"checking the {role} output" if role != "manifest"
+                           else "checking the manifest", final]
+                if exists(final, self.flags):
+                    what = ("the manifest" if role == "manifest"
+                            else f"the {role.replace('_', ' ')} output")
+                    raise OutputError(f"{what} {location(final)!r} was created while the run "
+                                      "ran (another run on the same outputs committed first): "
+                                      "pass --force (force=True) to replace it; nothing was "
+                                      "committed")
         manifest = {"run_id": self.run_id, **manifest, "files": files}
         step[:] = ["removing the previous manifest", self.manifest]
         if exists(self.manifest, self.flags):  # from here no manifest vouches for a mixture

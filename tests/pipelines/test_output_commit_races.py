@@ -1,0 +1,102 @@
+"""Two runs on the same outputs (a review of the lifecycle, 2026-11-28): both passed the check
+at their start, so the second used to replace the first's committed outputs and manifest
+without --force. Its commit now re-checks, and commits to one manifest take turns (a lock file
+beside it); another host's staging folder is left alone until it is old."""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from ldp_beam.pipelines.outputs import (REMOTE_STALE_SECONDS, OutputError, RunOutputs,
+                                        _abandoned, sweep_stale)
+
+
+def _staged(tmp_path, run_id, body, force=False):
+    outs = RunOutputs({"estimate": str(tmp_path / "e.json")}, str(tmp_path / "e.manifest.json"),
+                      run_id, force=force)
+    outs.__enter__()
+    outs.write(outs.staged("estimate"), body)
+    return outs
+
+
+def test_a_second_run_does_not_replace_the_first_runs_commit_unasked(tmp_path):
+    a, b = _staged(tmp_path, "run-a", b"A\n"), _staged(tmp_path, "run-b", b"B\n")
+    a.commit({"command": "test"})
+    a.__exit__(None, None, None)
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()}
+    with pytest.raises(OutputError, match="was created while the run ran.*--force.*nothing "
+                       "was committed") as err:
+        b.commit({"command": "test"})
+    assert str(tmp_path / "e.json") in str(err.value)
+    b.__exit__(None, None, None)
+    after = {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()}
+    assert after == before and (tmp_path / "e.json").read_bytes() == b"A\n"
+    # asked: replaced
+    c = _staged(tmp_path, "run-c", b"C\n", force=True)
+    c.commit({"command": "test"})
+    c.__exit__(None, None, None)
+    assert (tmp_path / "e.json").read_bytes() == b"C\n"
+    assert json.loads((tmp_path / "e.manifest.json").read_text())["run_id"] == "run-c"
+    assert not (tmp_path / "e.manifest.json.lock").exists()
+
+
+def _lock(tmp_path, pid):
+    (tmp_path / "e.manifest.json.lock").write_text(json.dumps(
+        {"host": socket.gethostname(), "pid": pid, "run_id": "run-other"}))
+
+
+def test_a_commit_held_by_a_live_run_is_refused_and_a_dead_ones_lock_is_taken_over(tmp_path):
+    _lock(tmp_path, os.getpid())  # a live process of this host
+    a = _staged(tmp_path, "run-a", b"A\n", force=True)
+    with pytest.raises(OutputError, match="another run \\(run-other\\) is committing"):
+        a.commit({"command": "test"})
+    a.__exit__(None, None, None)
+    assert not (tmp_path / "e.json").exists() and not (tmp_path / "e.manifest.json").exists()
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    _lock(tmp_path, dead.pid)
+    b = _staged(tmp_path, "run-b", b"B\n", force=True)
+    b.commit({"command": "test"})
+    b.__exit__(None, None, None)
+    assert (tmp_path / "e.json").read_bytes() == b"B\n"
+    assert not (tmp_path / "e.manifest.json.lock").exists()
+
+
+def test_another_hosts_staging_folder_is_abandoned_only_when_old():
+    owner = {"host": "another-host.invalid", "pid": 1}
+    assert not _abandoned(owner, 0.5, remote=False)  # a shared NFS folder: a live run's
+    assert not _abandoned(owner, REMOTE_STALE_SECONDS - 1, remote=False)
+    assert _abandoned(owner, REMOTE_STALE_SECONDS, remote=False)
+    assert not _abandoned(owner, 0.5, remote=True) and _abandoned(owner, REMOTE_STALE_SECONDS,
+                                                                   remote=True)
+
+
+def test_a_sweep_leaves_another_hosts_live_staging_folder_alone(tmp_path):
+    live = tmp_path / ".ldp-beam-staging-run-a"
+    live.mkdir()
+    (live / "OWNER").write_text(json.dumps({"host": "another-host.invalid", "pid": 1,
+                                            "run_id": "run-a"}))
+    (live / "part.parquet").write_bytes(b"A")
+    outs = _staged(tmp_path, "run-b", b"B\n")  # entering sweeps the folder
+    outs.__exit__(None, None, None)
+    assert (live / "part.parquet").read_bytes() == b"A"
+    old = time.time() - REMOTE_STALE_SECONDS - 60
+    os.utime(live, (old, old))
+    assert sweep_stale(str(tmp_path)) == [str(live)] and not live.exists()
+
+
+def test_a_lock_older_than_the_limit_is_taken_over_whoever_holds_it(tmp_path):
+    _lock(tmp_path, os.getpid())
+    old = time.time() - REMOTE_STALE_SECONDS - 60
+    os.utime(tmp_path / "e.manifest.json.lock", (old, old))
+    a = _staged(tmp_path, "run-a", b"A\n")
+    a.commit({"command": "test"})
+    a.__exit__(None, None, None)
+    assert json.loads((tmp_path / "e.manifest.json").read_text())["run_id"] == "run-a"
+    assert not (tmp_path / "e.manifest.json.lock").exists()
