@@ -49,7 +49,7 @@ import numpy as np
 
 from ..core import (Estimate, Estimator, Reasons, Statistic, check_epsilon, check_interval,
                     coerce_numeric, quote_value, value_at)
-from ..errors import EmptyAccumulatorError, ParameterError
+from ..errors import ParameterError
 from ..noise import (discrete_laplace, discrete_laplace_scale, discrete_laplace_variance,
                      realized_epsilon, to_units)
 from ..privacy import (CENTRAL, PrivacyGuarantee, UnitBounded, central_unit_params,
@@ -347,10 +347,10 @@ class AggregationEstimator(Estimator):
         raise NotImplementedError("a central release is made by finalize(), once")
 
     def finalize(self, acc: np.ndarray) -> Estimate:
+        """The one release, from any accumulator, the empty one included (noise alone):
+        refusing an empty one would publish a fixed error where one person's row gives a
+        noisy answer, which no epsilon bounds."""
         acc = np.asarray(acc, dtype=np.int64)
-        if self.n_reports(acc) == 0:
-            raise EmptyAccumulatorError(f"{self.mechanism.name}: no reports (records) were "
-                                        "accumulated; there is nothing to release")
         return self._release(acc, release_source(self.seed, acc))
 
     def finalize_key(self, acc: np.ndarray | None, key: Any) -> Estimate:

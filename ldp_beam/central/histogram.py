@@ -39,6 +39,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import math
+from fractions import Fraction
 from dataclasses import dataclass
 from typing import Any, ClassVar, Mapping
 
@@ -47,7 +48,7 @@ import numpy as np
 from ..core import (CentralRelease, CountEstimator, Estimate, Reasons, Reports, Role, Statistic,
                     check_epsilon, check_interval, check_labels, coerce_numeric,
                     encode_categories)
-from ..errors import EmptyAccumulatorError, ParameterError
+from ..errors import ParameterError
 from ..limits import check_cap
 from ..mechanisms.categorical import count_labels
 from ..noise import (discrete_laplace_scale, discrete_laplace_variance, lattice_laplace,
@@ -86,26 +87,50 @@ def check_counts(counts: Any, name: str = "counts", cap: str = "cells") -> np.nd
     return vals.astype(np.int64)
 
 
+def _below(epsilon: float, part: float, rest: float) -> float:
+    """``rest``, stepped down an ulp at a time until part + rest <= epsilon in exact arithmetic
+    (a rounded difference or product can land above it)."""
+    while Fraction(float(part)) + Fraction(float(rest)) > Fraction(float(epsilon)):
+        rest = math.nextafter(rest, 0.0)
+    return rest
+
+
 def split_budget(epsilon: float, epsilon1: float | None, epsilon2: float | None,
                  default_fraction: float = 0.5) -> tuple[float, float]:
-    """(eps1, eps2) with eps1 + eps2 = epsilon; either part may be given, or both (then they must
-    sum to epsilon)."""
+    """(eps1, eps2), both > 0, with eps1 + eps2 <= epsilon in exact arithmetic (sequential
+    composition never spends more than epsilon) and equal to it up to rounding. Either part may
+    be given (the other is the rest, rounded down), or both (then they must sum to epsilon up
+    to rounding and never above it, exactly: e.g. 0.1 + 0.2 is above 0.3 as doubles; give one
+    part and the rest is computed), or neither (``default_fraction`` of epsilon, then the
+    rest)."""
     check_epsilon(epsilon)
     if epsilon1 is None and epsilon2 is None:
-        return epsilon * default_fraction, epsilon * (1 - default_fraction)
+        first = epsilon * default_fraction
+        return first, _below(epsilon, first, epsilon * (1 - default_fraction))
     if epsilon1 is not None and epsilon2 is not None:
         check_epsilon(epsilon1, "epsilon1")
         check_epsilon(epsilon2, "epsilon2")
-        if not math.isclose(epsilon1 + epsilon2, epsilon, rel_tol=1e-12, abs_tol=1e-15):
+        total = Fraction(float(epsilon1)) + Fraction(float(epsilon2))
+        whole = Fraction(float(epsilon))
+        if not (total <= whole and math.isclose(
+                epsilon1 + epsilon2, epsilon, rel_tol=1e-12, abs_tol=1e-15)):
             raise ParameterError("epsilon1", epsilon1,
-                                 f"epsilon1 + epsilon2 = epsilon = {epsilon!r} (got "
-                                 f"{epsilon1!r} + {epsilon2!r} = {epsilon1 + epsilon2!r})")
+                                 f"epsilon1 + epsilon2 = epsilon = {epsilon!r}, up to rounding "
+                                 f"and never above it in exact arithmetic (got {epsilon1!r} + "
+                                 f"{epsilon2!r} = {float(total)!r}"
+                                 + (", above epsilon)" if total > whole else ")"),
+                                 "give only epsilon1 (or epsilon2): the other part is then "
+                                 "epsilon minus it, rounded down")
         return float(epsilon1), float(epsilon2)
     part, name = (epsilon1, "epsilon1") if epsilon1 is not None else (epsilon2, "epsilon2")
     check_epsilon(part, name)
     if not part < epsilon:
         raise ParameterError(name, part, f"a part of epsilon = {epsilon!r}: in (0, {epsilon!r})")
-    rest = epsilon - part
+    part = float(part)
+    rest = _below(epsilon, part, epsilon - part)
+    if not rest > 0:
+        raise ParameterError(name, part, f"a part of epsilon = {epsilon!r} that leaves a rest "
+                             "> 0: in (0, epsilon)")
     return (part, rest) if name == "epsilon1" else (rest, part)
 
 
@@ -478,11 +503,9 @@ class HistogramReleaseEstimator(CountEstimator):
         raise NotImplementedError("a central release is made by finalize(), once")
 
     def finalize(self, acc: np.ndarray) -> Estimate:
-        n = self.n_reports(acc)
-        if n == 0:
-            raise EmptyAccumulatorError(f"{self.mechanism.name}: no reports (records) were "
-                                        "accumulated: the histogram is empty; there is nothing "
-                                        "to publish")
+        """The one release, from any accumulator, the empty one included (a noisy empty
+        histogram): refusing an empty one would publish a fixed error where one person's row
+        gives a noisy histogram, which no epsilon bounds."""
         return self._release(acc, release_source(self.seed, acc))
 
     def finalize_key(self, acc: np.ndarray | None, key: Any) -> Estimate:

@@ -268,7 +268,10 @@ class OsdpRR(_UserQuery, UnitBounded, CentralRelease):
             notes=f"(P, {eps:g})-one-sided DP at record level (Kotsogiannis et al., ICDE 2020), "
                   "policy P: a record is sensitive iff its level > 0. Sensitive records are "
                   "never released; a non-sensitive record is released truthfully with "
-                  f"probability 1 - e^-eps = {self.keep_probability:.4g}. Replacing a sensitive "
+                  + (f"probability 1 - e^-eps = {self.keep_probability:.4g}" if m == 1 else
+                     f"probability 1 - e^-(eps/m) = 1 - e^-(eps/{m}) = "
+                     f"{self.keep_probability:.4g} (m = L0 x Linf = {m}: the record budget)")
+                  + ". Replacing a sensitive "
                   f"record by any record changes the probability of any output by at most "
                   f"e^eps (the suppression probability e^-eps defeats exclusion attacks). NOT DP "
                   "for non-sensitive records: they are published as they are. Reported as kind "
@@ -458,7 +461,7 @@ class OsdpRREstimator(_ReleasedOnce, Estimator):
         return self._acc(*acc)
 
     def finalize(self, acc: np.ndarray) -> Estimate:
-        self._require_reports(acc)
+        """The one release, from no rows too (noise alone; see :class:`_ReleasedOnce`)."""
         return self._release(acc)
 
     def finalize_key(self, acc: np.ndarray | None, key: Any) -> Estimate:

@@ -986,7 +986,7 @@ class _UserRowsEstimator(_ReleasedOnce, Estimator):
         return _canonical(acc)
 
     def finalize(self, acc: np.ndarray) -> Estimate:
-        self._require_reports(acc)
+        """The one release, from no rows too (noise alone; see :class:`_ReleasedOnce`)."""
         return self._release(acc, UNKEYED)
 
     def finalize_key(self, acc: np.ndarray | None, key: Any) -> Estimate:

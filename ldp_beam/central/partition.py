@@ -314,7 +314,7 @@ class PartitionSelection:
             params={"threshold": T, "scale": str(self.scale), "partitions_per_unit": L0,
                     "contribution_bounds": {"max_partitions_per_unit": L0,
                                             "max_rows_per_partition": None},
-                    "unit_sensitivity": None, "unit": "record" if L0 == 1 else "privacy unit",
+                    "unit_sensitivity": None, "unit": "privacy unit",
                     "partition_delta": self.partition_delta,
                     "single_unit_probability": self.single_unit_probability,
                     "realized_delta": self.realized_delta,

@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterable, Mapping
 import numpy as np
 
 from ..core import Estimate, Reasons, Statistic, check_choice, check_interval, coerce_numeric
-from ..errors import EmptyAccumulatorError, ParameterError
+from ..errors import ParameterError
 from ..limits import check_cap
 from ..noise import discrete_laplace_scale, discrete_laplace_variance
 from ..privacy import check_contribution_bound
@@ -147,18 +147,39 @@ def _check_common(self: Any) -> None:
 #: the largest number of values a release sums (the int64 counts' limit): a sum of values
 #: bounded by Bmax = max(|lower|, |upper|) is at most MAX_TERMS Bmax, of squares MAX_TERMS Bmax^2
 MAX_TERMS = float(1 << 63)
+#: the smallest grid a sum may have: its square (in the noise variance) is still a normal float
+MIN_GRID = 2.0 ** -511
 
 
 def _check_magnitudes(self: Any) -> None:
     """The bounds' scaled computations must stay finite (an overflow would release inf or fail
     mid-run): the sums of up to 2^63 values (S: Bmax each) and of their squares (Q: Bmax^2,
     for the queries that use Q, and OsdpRR's sum, whose stderr does), and OSPDPRR's noise
-    variance (checked with the noise in :func:`_check_bounds`)."""
+    variance (checked with the noise in :func:`_check_bounds`). Nor underflow: each sum's grid
+    Bmax^power / 2^20 (:func:`statistic_lattice`) must be at least :data:`MIN_GRID` = 2^-511, so
+    that the grid and its square (the noise variance in data units is grid^2 x the variance in
+    grid units) are normal floats; a smaller grid rounds to 0 and the release would publish 0
+    sums, a negative variance or a 0 standard error. OsdpRR's sums of squares live on the same
+    scale, so the same floor holds for both. The smallest allowed max(|lower|, |upper|) is
+    2^(20 - 511) = 2^-491 (about 1.6e-148) for the sum, 2^-245.5 (about 1.2e-74) for the
+    squares."""
     bmax = max(abs(float(self.lower)), abs(float(self.upper)))
     uses = self.sums_used
+    unit = 1 << LATTICE_BITS
     for stat, power in (("S", 1), ("Q", 2)):
         if stat not in uses:
             continue
+        what = "values" if power == 1 else "squared values"
+        grid = bmax / unit if power == 1 else bmax * bmax / unit  # as statistic_lattice
+        if not grid >= MIN_GRID:
+            floor = 2.0 ** ((LATTICE_BITS - 511) / power)
+            raise ParameterError(
+                "lower, upper", (self.lower, self.upper),
+                f"bounds with max(|lower|, |upper|) at least 2^{(LATTICE_BITS - 511) / power:g}"
+                f" (about {floor:.3g}) for query={self.query!r}: the grid of its sum of {what}, "
+                f"max(|lower|, |upper|)^{power} / 2^{LATTICE_BITS}, must be at least 2^-511 "
+                "(its square, in the noise variance, must not underflow to 0)",
+                "rescale the values (e.g. to other units) so the bounds are larger")
         limit = (sys.float_info.max / MAX_TERMS) ** (1.0 / power)
         if not bmax <= limit:
             what = "values" if power == 1 else "squared values"
@@ -330,18 +351,15 @@ def _report_values(est: Any, reports: Mapping[str, Any], reasons: Reasons):
 
 
 class _ReleasedOnce:
-    """The per-user central estimators: one release, by ``finalize``, from a non-empty
-    accumulator (no per-statistic estimates)."""
+    """The per-user central estimators: one release, by ``finalize``, from any accumulator, the
+    empty one included (no per-statistic estimates). An empty input is released as noise
+    alone: refusing it would publish a fixed error where one person's row gives a noisy
+    answer, which no epsilon bounds."""
 
     def statistics(self, acc: np.ndarray) -> dict[str, Statistic]:
         raise NotImplementedError("a central release is made by finalize(), once")
 
-    def _require_reports(self, acc: np.ndarray) -> None:
-        if self.n_reports(acc) == 0:
-            raise EmptyAccumulatorError(f"{self.mechanism.name}: no reports (users) were "
-                                        "accumulated; there is nothing to release")
-
 
 __all__ = ["QUERIES", "QUERY_STATISTICS", "STATISTIC_NAMES", "RATIO_QUERIES", "LATTICE_BITS",
-           "MAX_TERMS", "CLIPPED", "CLIPPED_DTYPE", "CLIP_NOTE", "statistic_lattice",
+           "MAX_TERMS", "MIN_GRID", "CLIPPED", "CLIPPED_DTYPE", "CLIP_NOTE", "statistic_lattice",
            "query_answer"]

@@ -17,6 +17,12 @@ mean of squares minus squared mean, of the rows released from), by the delta met
 released values: Var(variance) ~ (Var Q + 4 mu^2 Var S + (a - 2 mu^2)^2 Var N) / n'^2 with
 mu = S / n' and a = Q / n' (each clipped to its range).
 
+Bias: the raw variance is a ratio of noisy sums, consistent but biased at small n, by about
+((a - 3 mu^2) Var N - Var S) / n^2 (second order in the noise; low by Var S / n^2 from the
+squared mean, plus the noisy denominator's term). It is not corrected: adding Var S / n'^2 (free,
+post-processing) would remove only the first term, the second needs the unknown a and mu and is
+of the same order, so the release keeps PipelineDP's formula and states the bias in its note.
+
 Values outside [lower, upper], non-numeric or missing are dead-lettered, never clipped
 (PipelineDP clamps them).
 """
@@ -113,7 +119,9 @@ class CentralVariance(Normalized, CentralRelease, BoundedParameters):
             "variance": Statistic(raw, math.sqrt(var), clipped=clipped, note=(
                 "Q/n' + h^2/2 - (S/n')^2, n' = max(N, 1), from the noisy count N, normalized "
                 "sum S and normalized squares Q (epsilon/3 each); stderr: the noise only, delta "
-                "method at the released values; clipped: into [0, ((upper - lower)/2)^2]; grid "
+                "method at the released values; biased at small n' by about ((a - 3 mu^2) "
+                "Var N - Var S) / n'^2, a = Q/n', mu = S/n' (second order, not corrected); "
+                "clipped: into [0, ((upper - lower)/2)^2]; grid "
                 f"rounding at most {ql.grid / 2 + 2 * h * sl.grid / 2:.3g} (not in the stderr)"),
                 domain=(0.0, ((self.upper - self.lower) / 2) ** 2)),
             "mean": Statistic(mean_raw, mean_se, clipped=mean_clipped, note=(

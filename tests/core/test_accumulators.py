@@ -156,8 +156,14 @@ def test_empty_accumulator(name):
     assert_same_acc(est, est.merge([ref.copy()]), ref, reports)
     # adding no reports changes nothing
     assert_same_acc(est, est.add(ref.copy(), mech.empty_reports()), ref, reports)
-    with pytest.raises(EmptyAccumulatorError, match="no reports"):
-        est.finalize(est.merge([]))
+    if isinstance(mech, CentralRelease):
+        # released as noise alone: a fixed error for no rows, where one person's row gives a
+        # noisy answer, would be a difference no epsilon bounds
+        e = est.finalize(est.merge([]))
+        assert e.n_reports is None and e.statistics and e.guarantee == mech.guarantee
+    else:
+        with pytest.raises(EmptyAccumulatorError, match="no reports"):
+            est.finalize(est.merge([]))
     # small and picklable, whatever the number of reports (binned densities: a few thousand
     # bins; counts need at most 1 MiB) -- except OSPDPRR's, which must hold one row per user
     # (its TOPSIS normalization and sampling thresholds need every user; documented there)

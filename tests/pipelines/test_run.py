@@ -142,3 +142,18 @@ def test_an_interrupt_inside_beams_ipython_check_is_not_lost(monkeypatch):
     with pytest.raises(Interrupted) as caught:
         interactive_utils.is_in_ipython()
     assert caught.value.exit_code == 143
+
+
+def test_a_release_with_no_valid_row_is_noise_alone_not_a_fixed_error(tmp_path):
+    """Every row dead-lettered: the release is a noisy empty histogram, as for any input (a
+    fixed error for no rows, where one person's valid row gives a noisy histogram, would tell
+    the two apart with certainty)."""
+    pq.write_table(pa.table({"v": ["z"] * 50}), tmp_path / "t.parquet")
+    code, _, se = run_cli("estimate", "-i", str(tmp_path / "t.parquet"), "-c", "v", *HIST,
+                          "-o", str(tmp_path / "h.json"))
+    assert code == 0, se
+    out = json.loads((tmp_path / "h.json").read_text())
+    assert "error" not in out["estimate"]
+    assert len(out["estimate"]["statistics"]["histogram"]["value"]) == 3
+    cur = json.loads((tmp_path / "h.json.curator.json").read_text())["records"]
+    assert cur["released_from"] == 0 and cur["dead_lettered"] == 50 and cur["reconciles"]
