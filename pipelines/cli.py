@@ -942,7 +942,9 @@ def _print_release(out: dict, path: str) -> int:
               f"{out['by']!r} ({out['guarantee']['summary']}) to {path}")
         print(f"curator only (do not publish): {rec['input']:,} read = "
               f"{rec['released_from']:,} bucketed + {rec['dead_lettered']:,} dead-lettered + "
-              f"{rec['bounded_out']:,} left out by the per-unit bound")
+              f"{rec['bounded_out']:,} left out by the per-unit bound"
+              + (f" + {rec['not_in_keys']:,} of keys not in --keys (never released)"
+                 if rec.get("not_in_keys") else ""))
         _say_curator_dead_letters(rec)
         return 0 if rec.get("reconciles") else 1
     est, rec = out["estimate"], out["curator"]["records"]
@@ -1338,8 +1340,29 @@ def _main(argv: list[str] | None = None) -> int:
 
 
 def _interrupted(command: str, stop: Any) -> int:
-    print(f"ldp-beam {command}: {stop}: stopped; nothing was committed (the staging folder was "
-          "removed and the run's ledger reservation given back)", file=sys.stderr, flush=True)
+    """Report an interrupt as the run was left: committed before stopping (a signal held by
+    ``lifecycle.publish`` until the outputs and the ledger agreed), left pending by a failed
+    publish, or stopped with nothing committed. The exit code is 128 + the signal (130, 143)
+    in every case: the message, not the code, says whether the run committed."""
+    run = f"run {stop.run_id}" if getattr(stop, "run_id", None) else "the run"
+    entry = getattr(stop, "entry", None)
+    if getattr(stop, "committed", False):
+        manifest = getattr(stop, "manifest", None)
+        where = f" (manifest {manifest})" if manifest else ""
+        ledger = ("its ledger entry is committed" if entry == "committed" else
+                  "its ledger entry stays pending and counts as spent (see the warning above)")
+        print(f"ldp-beam {command}: {stop}: stopped after {run} committed: its outputs are in "
+              f"place{where} and {ledger}; do not re-run it", file=sys.stderr, flush=True)
+    elif entry == "pending":
+        print(f"ldp-beam {command}: {stop}: stopped while {run} was publishing: some outputs "
+              "may be in place and no manifest vouches for them; its ledger entry stays pending "
+              f"and counts as spent until resolved (`ldp-beam ledger --resolve "
+              f"{getattr(stop, 'run_id', None) or 'RUN_ID'} --as committed|aborted`)",
+              file=sys.stderr, flush=True)
+    else:
+        print(f"ldp-beam {command}: {stop}: stopped; nothing was committed (the staging folder "
+              "was removed and the run's ledger reservation given back)", file=sys.stderr,
+              flush=True)
     return stop.exit_code
 
 

@@ -21,8 +21,10 @@ Signals: :func:`install_signal_handlers` makes SIGINT and SIGTERM raise :class:`
 (a ``BaseException``, so no ``except Exception`` swallows it) wherever the main thread is — in a
 Beam bundle too, which wraps it — so every ``with`` block on the way out runs: the staging
 folder is removed and a reserved ledger entry is aborted. During :func:`publish` the signal is
-held until the outputs and the ledger agree (:func:`deferred_signals`). The command line then
-prints one line and exits 130 (SIGINT) or 143 (SIGTERM). :class:`QuietBeamErrors` keeps Beam's
+held until the outputs and the ledger agree (:func:`deferred_signals`), and the
+:class:`Interrupted` then raised says how the run was settled (committed before stopping, left
+pending, or nothing committed). The command line then prints one line saying so and exits 130
+(SIGINT) or 143 (SIGTERM). :class:`QuietBeamErrors` keeps Beam's
 ``ERROR`` log lines (a failed bundle's traceback) off the console when the failure is ours (an
 interrupt, a size cap, a parameter): the one-line message says everything.
 """
@@ -39,6 +41,7 @@ from typing import Any, Iterator, Mapping
 from ldp_beam.errors import LdpBeamError
 from ldp_beam.ledger import LedgerError
 
+from . import outputs as _outputs
 from .ledger_cli import ledger_outputs
 
 
@@ -50,10 +53,24 @@ class Interrupted(KeyboardInterrupt):
     because library code that must not lose an interrupt re-raises exactly that class from its
     bare ``except:`` clauses: Beam's ``is_in_ipython`` re-raises ``KeyboardInterrupt`` and
     ``SystemExit`` and logs and drops anything else, so a SIGTERM landing while it imports
-    IPython (pipeline construction) was lost and the run committed."""
+    IPython (pipeline construction) was lost and the run committed.
 
-    def __init__(self, signum: int) -> None:
+    A signal held by :func:`publish` is raised once the outputs and the ledger agree, and then
+    says how the run was settled, so the command line never reports "nothing was committed" for
+    a run that did: :attr:`committed` (the outputs and their manifest are in place, named by
+    :attr:`manifest`), :attr:`entry` (the ledger entry's state: ``"committed"``, ``"pending"``
+    (counted as spent until ``ldp-beam ledger --resolve``), ``"aborted"``, or None when the
+    run stopped before publishing) and :attr:`run_id`. The exit code stays ``128 + signum``
+    (130, 143) whatever was committed: the process was stopped by the signal, and the message
+    says what is in place."""
+
+    def __init__(self, signum: int, committed: bool = False, manifest: str | None = None,
+                 entry: str | None = None, run_id: str | None = None) -> None:
         self.signum = int(signum)
+        self.committed = bool(committed)
+        self.manifest = manifest
+        self.entry = entry
+        self.run_id = run_id
         super().__init__(f"interrupted by {signal.Signals(self.signum).name}")
 
     @property
@@ -61,7 +78,8 @@ class Interrupted(KeyboardInterrupt):
         return 128 + self.signum  # 130 for SIGINT, 143 for SIGTERM, as a shell reports it
 
     def __reduce__(self):
-        return (type(self), (self.signum,))
+        return (type(self), (self.signum, self.committed, self.manifest, self.entry,
+                             self.run_id))
 
 
 _held = threading.local()
@@ -145,30 +163,131 @@ def publish(entry: Any, outs: Any, manifest: Mapping[str, Any],
             release: Mapping[str, Any] | None = None) -> dict:
     """Prepare the ledger entry, commit the outputs, then commit the entry (see the module
     docstring). Returns the manifest as written. Raises what stopped it, with the entry settled
-    (aborted when nothing was published, pending when something may have been)."""
-    with deferred_signals():
-        entry.prepare(ledger_outputs(outs), None if release is None else dict(release))
-        try:
-            written = outs.commit(dict(manifest))
-        except BaseException as exc:
-            shown = f"{type(exc).__name__}: {exc}"
+    (aborted when provably nothing new became visible, pending when something may have).
+
+    Whether anything became visible is not read from ``outs.published`` alone: a move can put
+    its file in place and still raise (on an object store ``rename`` copies, then deletes the
+    staged object; that delete can fail) before the role is listed. So every final location is
+    looked at before the commit and again after a failure (:func:`_looks`); the entry is
+    aborted only when nothing is listed as published and no output's location changed (the
+    previous manifest's removal publishes nothing), else it stays pending.
+
+    A SIGINT/SIGTERM arriving meanwhile is held and raised as :class:`Interrupted` when the
+    entry is settled, carrying how it was settled (``committed``, ``manifest``, ``entry``): a
+    run whose outputs were committed is reported as committed before stopping (exit code still
+    130/143), never as "nothing was committed"."""
+    settled: dict[str, Any] = {}  # what an interrupt held until the end must report
+    try:
+        with deferred_signals():
+            entry.prepare(ledger_outputs(outs), None if release is None else dict(release))
+            before = _looks(outs)
             try:
-                if getattr(outs, "published", None):
-                    entry.leave_pending(f"publishing failed after some outputs were moved into "
-                                        f"place ({shown}); it may have published")
-                else:
-                    entry.abort(f"publishing failed, nothing was published ({shown})")
-            except LedgerError:
-                pass  # cannot reach the ledger: the entry stays pending and counts as spent
-            raise
-        try:
-            entry.commit()
-        except LedgerError as exc:
-            print(f"ldp-beam: warning: the outputs of run {entry.run_id} are committed, but the "
-                  f"ledger could not record it ({exc}); its entry stays pending and counts as "
-                  f"spent: `ldp-beam ledger --resolve {entry.run_id} --as committed`",
-                  file=sys.stderr, flush=True)
+                written = outs.commit(dict(manifest))
+            except BaseException as exc:
+                shown = f"{type(exc).__name__}: {exc}"
+                settled["entry"] = "pending"  # unless the abort below is recorded
+                try:
+                    if getattr(outs, "published", None) or _changed(outs, before):
+                        entry.leave_pending(f"publishing failed after some outputs may have "
+                                            f"been moved into place ({shown}); it may have "
+                                            f"published: resolve it with `ldp-beam ledger "
+                                            f"--resolve {entry.run_id}`")
+                    else:
+                        entry.abort(f"publishing failed, nothing was published ({shown})")
+                        settled["entry"] = "aborted"
+                except LedgerError:
+                    pass  # cannot reach the ledger: the entry stays pending and counts as spent
+                raise
+            settled.update(committed=True, entry="pending")
+            try:
+                entry.commit()
+                settled["entry"] = "committed"
+            except LedgerError as exc:
+                print(f"ldp-beam: warning: the outputs of run {entry.run_id} are committed, but "
+                      f"the ledger could not record it ({exc}); its entry stays pending and "
+                      f"counts as spent: `ldp-beam ledger --resolve {entry.run_id} --as "
+                      f"committed`", file=sys.stderr, flush=True)
+    except Interrupted as stop:
+        if settled:  # the held signal: say what the run left behind
+            stop.committed = bool(settled.get("committed"))
+            stop.entry = settled.get("entry")
+            stop.run_id = getattr(entry, "run_id", None)
+            if stop.committed:
+                stop.manifest = _manifest_location(outs)
+        raise
     return written
+
+
+_UNKNOWN = object()  # a location whose state cannot be told: never equal to anything
+
+
+def _looks(outs: Any) -> dict | None:
+    """How each final location of ``outs`` (every output, then the manifest) looks now:
+    ``None`` when nothing is there, else something that changes when a file is moved there
+    (locally device, inode, size and mtime; on an object store size and modification time; a
+    DuckDB table: its database file's), or :data:`_UNKNOWN` when it cannot be told (a
+    PostgreSQL table, an error). None when ``outs`` names no locations."""
+    try:
+        paths = [*dict(outs.outputs).values(), outs.manifest]
+    except (AttributeError, TypeError):
+        return None
+    flags = tuple(getattr(outs, "flags", ()) or ())
+    return {p: _look(p, flags) for p in paths}
+
+
+def _look(path: str, flags: tuple) -> Any:
+    o = _outputs
+    try:
+        if o.is_table_url(path):
+            if not path.lower().startswith("duckdb:"):
+                return _UNKNOWN
+            from ldp_beam.transforms.sinks import _duckdb_path  # lazy: Beam (see outputs)
+
+            db = _duckdb_path(path)
+            return tuple(_stat(f) for f in (db, db + ".wal"))
+        if not o.is_url(path):
+            return _stat(o._local(path))
+        if not o.exists(path, flags):
+            return None
+        found = o._fs(path, flags).match([path])[0].metadata_list
+        return tuple(sorted((m.path, m.size_in_bytes, m.last_updated_in_seconds)
+                            for m in found)) or None
+    except Exception:  # noqa: BLE001 - cannot tell: counted as changed (the entry stays pending)
+        return _UNKNOWN
+
+
+def _stat(path: str) -> tuple | None:
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def _changed(outs: Any, before: dict | None) -> bool:
+    """Whether a failed commit may have put anything new in place: an output's location that
+    now holds something other than before (or cannot be told), or a new manifest. The previous
+    manifest removed (nothing there now) publishes nothing. Without a record from before the
+    commit: True (when in doubt the entry stays pending)."""
+    if before is None:
+        return True
+    after = _looks(outs)
+    if after is None:
+        return True
+    for path, was in before.items():
+        now = after.get(path, _UNKNOWN)
+        if now is None:
+            continue  # nothing there (a removed manifest, or an output never moved)
+        if now is _UNKNOWN or was is _UNKNOWN or now != was:
+            return True
+    return False
+
+
+def _manifest_location(outs: Any) -> str | None:
+    try:
+        return _outputs.location(outs.manifest)
+    except Exception:  # noqa: BLE001 - only a message's detail
+        return None
 
 
 def ledger_state(led: Any, dataset: str, url_given: str | None) -> dict:

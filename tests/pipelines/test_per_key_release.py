@@ -133,10 +133,12 @@ def test_rows_of_unlisted_keys_spend_no_key_slot_and_are_counted(tmp_path):
     region = np.tile(np.array(["north"] * 5 + ["south"] * 5, dtype=object), 1000)
     v = np.random.default_rng(4).choice(list("abc"), uid.size)
     pq.write_table(pa.table({"uid": uid, "v": v, "region": region}), tmp_path / "t.parquet")
-    code, _, se = run_cli("estimate", "-i", str(tmp_path / "t.parquet"), "-c", "v", *HIST,
-                          "--privacy-unit", "uid", "--by", "region", "--keys", "north",
-                          "-o", str(tmp_path / "h.json"))
+    code, so, se = run_cli("estimate", "-i", str(tmp_path / "t.parquet"), "-c", "v", *HIST,
+                           "--privacy-unit", "uid", "--by", "region", "--keys", "north",
+                           "-o", str(tmp_path / "h.json"))
     assert code == 0, se
+    assert ("10,000 read = 1,000 bucketed + 0 dead-lettered + 4,000 left out by the per-unit "
+            "bound + 5,000 of keys not in --keys") in so
     out = json.loads((tmp_path / "h.json").read_text())
     # 1000 rows, one per unit; Laplace noise of scale 1 on 3 buckets (sd ~2.4 for the total)
     assert abs(sum(out["estimates"]["north"]["statistics"]["histogram"]["value"]) - 1000) < 20
