@@ -757,8 +757,17 @@ _Z = {0.95: 1.959963984540054}
 
 @dataclass(frozen=True)
 class Statistic:
-    """One released number (or array): the raw unbiased value, its standard error and, where the
-    raw value can leave its valid range, a post-processed ``clipped`` value (privacy-free)."""
+    """One released number (or array): the raw value, its standard error and, where the raw
+    value can leave its valid range, a post-processed ``clipped`` value (privacy-free).
+
+    The raw value is the mechanism's estimator before any post-processing into range. It is
+    unbiased where it is linear in the noise: counts, sums and frequencies (noise of mean 0 added
+    to, or debiased from, the exact statistic). A ratio of noisy quantities (a mean S/N, a
+    variance Q/N - (S/N)^2, a coefficient of variation) is consistent but biased at small n, by
+    O(noise variance / n^2): e.g. ``central-variance`` is low by about Var(noise of S) / n^2 from
+    the squared mean alone, and the noisy denominator adds a term of the same order that depends
+    on the unknown data, so no free correction removes the bias. ``clipped`` is biased wherever
+    the clipping binds."""
 
     value: Any
     stderr: Any = None
@@ -889,9 +898,9 @@ class Estimate:
                        last bucket ``[low, high]``), else its index ``i``; for a matrix
                        ``(x label, y label)`` where ``x_domain``/``y_domain`` give them, else
                        ``(i, j)``
-        ``value``      the raw (unbiased) value as a float (a boolean as 1.0/0.0), or the text
-                       of a text statistic (e.g. ``method``; the column is then of object
-                       dtype)
+        ``value``      the raw value (see :class:`Statistic`) as a float (a boolean as
+                       1.0/0.0), or the text of a text statistic (e.g. ``method``; the column
+                       is then of object dtype)
         ``stderr``     its standard error, NaN where there is none
         ``ci_low``, ``ci_high``  the normal 95% interval value -/+ 1.96 stderr (for a scalar
                        :meth:`Statistic.ci`), NaN without a standard error

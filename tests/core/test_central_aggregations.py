@@ -17,7 +17,7 @@ from ldp_beam.central.aggregation import (GRID_BITS, Lattice, budget_part, get_w
                                           normalize_wide, wide_add)
 from ldp_beam.central.partition import bound_contributions
 from ldp_beam.core import CentralRelease, Estimate
-from ldp_beam.errors import EmptyAccumulatorError, ParameterError
+from ldp_beam.errors import ParameterError
 from ldp_beam.privacy import per_unit
 from ldp_beam.registry import BUILTINS, build_mechanism, get_registry
 
@@ -281,8 +281,8 @@ def test_default_quantile_tree_and_clipped_post_processing(data):
 def test_empty_and_absent_keys(name):
     mech = build(name, **({"branching": 4, "height": 3} if name == "central-quantiles" else {}))
     est = type(mech.estimator())(mech, seed=11)
-    with pytest.raises(EmptyAccumulatorError):
-        est.finalize(est.create())
+    empty = est.finalize(est.create())  # no rows: noise alone, never a fixed error
+    assert isinstance(empty, Estimate) and empty.n_reports is None and empty.statistics
     e = est.finalize_key(None, "absent")  # a public key without rows: a noisy empty release
     assert isinstance(e, Estimate) and e.n_reports is None and e.statistics
     again = type(mech.estimator())(mech, seed=11).finalize_key(None, "absent")

@@ -19,7 +19,7 @@ from ldp_beam import estimator_for
 from ldp_beam.central.dphr import (DPHR, approximate_sort, brute_force_grouping,
                                    optimal_grouping)
 from ldp_beam.central.histogram import IdentityLaplace, group_means_with_noise, split_budget
-from ldp_beam.errors import EmptyAccumulatorError, ParameterError
+from ldp_beam.errors import ParameterError
 from ldp_beam.noise import discrete_laplace_pmf, discrete_laplace_scale
 from ldp_beam.reproduce.metrics import range_query_mse, range_sums
 from ldp_beam.privacy import CENTRAL, NONE
@@ -278,8 +278,8 @@ def test_estimator_releases_once_with_no_exact_count():
     acc2[0] += 1
     assert not np.allclose(est.finalize(acc2)["histogram"].value - e["histogram"].value,
                            np.eye(5)[0] / np.bincount(e["groups"].value)[e["groups"].value[0]])
-    with pytest.raises(EmptyAccumulatorError, match="no reports"):
-        est.finalize(est.create())
+    # no rows: a noisy empty histogram, never a fixed error (which would tell no rows from one)
+    assert est.finalize(est.create())["histogram"].value.shape == e["histogram"].value.shape
 
 
 # --------------------------------------------------------------------------- CLI / Beam
