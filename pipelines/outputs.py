@@ -608,18 +608,16 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def _abandoned(owner: dict, age: float, remote: bool = False) -> bool:
+def _abandoned(owner: dict, age: float) -> bool:
     """Whether a staging folder (or a commit lock) with this owner record and age (seconds)
     belongs to nobody.
 
     An owner on this host: abandoned when its process is gone. An owner on another host (a
     shared NFS folder, a Dask cluster, an object store): whether its process lives cannot be
-    asked, so it is abandoned only once it is :data:`REMOTE_STALE_SECONDS` old, local
-    (``remote=False``) and remote folders alike: a live run's folder on a shared disk is never
-    removed under it. No owner record yet: abandoned after a minute (a run that has just created
-    its folder writes its owner next). ``remote`` says where the folder is; the rule is the
-    same for both."""
-    del remote  # same rule for a local and a remote folder (see above)
+    asked, so it is abandoned only once it is :data:`REMOTE_STALE_SECONDS` old, on a local and
+    a remote folder alike: a live run's folder on a shared disk is never removed under it. No
+    owner record yet: abandoned after a minute (a run that has just created its folder writes
+    its owner next)."""
     if owner.get("host") == socket.gethostname():
         return not _pid_alive(int(owner.get("pid", -1)))
     if not owner:
@@ -640,7 +638,7 @@ def sweep_stale(folder: str, flags: Sequence[str] = ()) -> list[str]:
                 owner = json.load(fh)
         except (OSError, ValueError):
             owner = {}
-        if not _abandoned(owner, _age(d), remote=False):
+        if not _abandoned(owner, _age(d)):
             continue
         shutil.rmtree(d, ignore_errors=True)
         removed.append(d)
@@ -663,7 +661,7 @@ def _sweep_remote(folder: str, flags: Sequence[str]) -> list[str]:
             except (OSError, ValueError):
                 owner = {}
         age = time.time() - max(m for _, m in objs)
-        if not _abandoned(owner, age, remote=True):
+        if not _abandoned(owner, age):
             continue
         _delete([p for p, _ in objs], flags)
         removed.append(d)

@@ -70,11 +70,9 @@ def test_a_commit_held_by_a_live_run_is_refused_and_a_dead_ones_lock_is_taken_ov
 
 def test_another_hosts_staging_folder_is_abandoned_only_when_old():
     owner = {"host": "another-host.invalid", "pid": 1}
-    assert not _abandoned(owner, 0.5, remote=False)  # a shared NFS folder: a live run's
-    assert not _abandoned(owner, REMOTE_STALE_SECONDS - 1, remote=False)
-    assert _abandoned(owner, REMOTE_STALE_SECONDS, remote=False)
-    assert not _abandoned(owner, 0.5, remote=True) and _abandoned(owner, REMOTE_STALE_SECONDS,
-                                                                   remote=True)
+    assert not _abandoned(owner, 0.5)  # a shared NFS folder: a live run's
+    assert not _abandoned(owner, REMOTE_STALE_SECONDS - 1)
+    assert _abandoned(owner, REMOTE_STALE_SECONDS)
 
 
 def test_a_sweep_leaves_another_hosts_live_staging_folder_alone(tmp_path):
