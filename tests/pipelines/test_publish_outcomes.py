@@ -119,12 +119,13 @@ def _copy_then_fail(monkeypatch, copy: bool):
     return calls
 
 
-@pytest.mark.parametrize("previous", [False, True], ids=["new", "replacing"])
-def test_a_move_that_lands_then_raises_leaves_the_entry_pending(tmp_path, monkeypatch,
-                                                                 previous):
+def _failed_publish(tmp_path, monkeypatch, previous, copy):
+    """publish() with the first move failing (after copying its file into place when ``copy``),
+    over a committed run's outputs and manifest when ``previous`` (replaced with --force):
+    (the folder, the RunOutputs, the entry's status, its note)."""
     folder = tmp_path / "out"
     folder.mkdir()
-    if previous:  # a committed run's outputs and manifest, replaced with --force
+    if previous:
         (folder / "r.parquet").write_bytes(b"old-r")
         (folder / "d.jsonl").write_bytes(b"old-d")
         (folder / "r.parquet.manifest.json").write_bytes(b"{}")
@@ -133,33 +134,28 @@ def test_a_move_that_lands_then_raises_leaves_the_entry_pending(tmp_path, monkey
         with outs, _reserve(led) as entry:
             _stage(outs)
             with monkeypatch.context() as m:
-                _copy_then_fail(m, copy=True)
+                _copy_then_fail(m, copy=copy)
                 with pytest.raises(OutputError):
                     lifecycle.publish(entry, outs, {"command": "test"})
-            assert outs.published == []  # what the old code judged by
-        assert _status(led) == "pending"
         note = {e["run_id"]: e for e in led.entries()}["run-1"]["note"]
-        assert "may have published" in note and "--resolve run-1" in note
+        return folder, outs, _status(led), note
+
+
+@pytest.mark.parametrize("previous", [False, True], ids=["new", "replacing"])
+def test_a_move_that_lands_then_raises_leaves_the_entry_pending(tmp_path, monkeypatch,
+                                                                 previous):
+    folder, outs, status, note = _failed_publish(tmp_path, monkeypatch, previous, copy=True)
+    assert outs.published == []  # what the old code judged by
+    assert status == "pending"
+    assert "may have published" in note and "--resolve run-1" in note
     first = "d.jsonl" if list(outs.outputs)[0] == "dead_letter" else "r.parquet"
     assert (folder / first).read_bytes().startswith(b"new-")  # visible, and its spend counted
 
 
 def test_a_move_that_fails_before_landing_still_aborts(tmp_path, monkeypatch):
     """Provably nothing moved (every location as before): the reservation is given back."""
-    folder = tmp_path / "out"
-    folder.mkdir()
-    (folder / "r.parquet").write_bytes(b"old-r")
-    (folder / "d.jsonl").write_bytes(b"old-d")
-    (folder / "r.parquet.manifest.json").write_bytes(b"{}")
-    with Ledger.open("sqlite:///" + str(tmp_path / "l.db")) as led:
-        outs = _outputs(folder, force=True)
-        with outs, _reserve(led) as entry:
-            _stage(outs)
-            with monkeypatch.context() as m:
-                _copy_then_fail(m, copy=False)
-                with pytest.raises(OutputError):
-                    lifecycle.publish(entry, outs, {"command": "test"})
-        assert _status(led) == "aborted"
+    folder, _, status, _ = _failed_publish(tmp_path, monkeypatch, True, copy=False)
+    assert status == "aborted"
     assert (folder / "r.parquet").read_bytes() == b"old-r"
     assert (folder / "d.jsonl").read_bytes() == b"old-d"
 
