@@ -281,6 +281,13 @@ def unit_column(col: Any, column: str) -> tuple[pa.Array, np.ndarray]:
 _CANONICAL_INT = r"^(0|-?[1-9][0-9]{0,18})$"  # an integer as Python and Arrow print it
 
 
+def whole_numbers(v: np.ndarray) -> np.ndarray:
+    """Which floats are whole numbers of the int64 range (NaN and infinities are not): the
+    values a unit id or a grouping key takes as that integer, whatever Arrow writes for them
+    (``1e+10``, ``-0``)."""
+    return np.isfinite(v) & (np.floor(v) == v) & (np.abs(v) < 2.0 ** 63)
+
+
 def _int_units(key: bytes, v: np.ndarray) -> np.ndarray:
     """The keyed hash of integer units: ``AES_key(v || 0)`` (64 bits; see :func:`aes_prf`)."""
     return aes_prf(key, np.ascontiguousarray(v, dtype=np.int64).view(U64), 0)
@@ -316,7 +323,7 @@ def _hash_units(text_key: tuple[int, int], int_key: bytes, col: pa.Array) -> np.
     if pa.types.is_floating(t):  # a whole number is that integer (Arrow writes 1e10 as
         # "1e+10" and -0.0 as "-0", so its text alone would split a person across file types)
         v = col.to_numpy(zero_copy_only=False)
-        whole = np.isfinite(v) & (np.floor(v) == v) & (np.abs(v) < 2.0 ** 63)
+        whole = whole_numbers(v)
         if whole.any():
             out = np.empty(n, U64)
             out[whole] = _int_units(int_key, v[whole].astype(np.int64))
@@ -856,6 +863,6 @@ class KeptRows:
 
 __all__ = ["DEFAULT_MAX_UNITS", "KeptRows", "MISSING_UNIT_REASON", "UNITS_CAP", "UNITS_ENV",
            "UnitLimitError", "aes_prf", "bound_candidates", "check_bound", "fold_candidates",
-           "hash_units", "reduce_candidates",
+           "hash_units", "reduce_candidates", "whole_numbers",
            "row_priorities", "shard_of", "siphash_text", "siphash_words", "unit_column",
            "unit_fingerprint", "units_cap"]

@@ -457,7 +457,7 @@ def run_release(input: str, output: str, mech: CentralRelease, columns: Mapping[
         exact = plan.collect(rows_out, out, guarantee)
         write_estimate(out, run.staged("release"), fmt, run.run_id, run.outs)
         curator["records"] = run.records(tally)
-        skipped = getattr(plan, "not_in_keys", None)
+        skipped = plan.not_in_keys
         if skipped:  # rows of keys not listed: read and accepted, never released
             curator["records"]["released_from"] -= skipped["rows"]
             curator["records"]["not_in_keys"] = skipped["rows"]
@@ -477,6 +477,7 @@ class _Global:
 
     keep: tuple = ()
     request: dict = {}
+    not_in_keys: dict | None = None  # a global release lists no keys
 
     def __init__(self, mech: CentralRelease, unit: str | None) -> None:
         self.guarantee = mech.guarantee
@@ -577,6 +578,7 @@ class _PerKey:
         self.keep = (by, unit)
         self.seed = run.release_seed
         self.rule = rule
+        self.not_in_keys: dict | None = None  # rows of unlisted keys, set by collect()
 
     def release(self, records: Any, est: Any, results: str) -> Any:
         by, unit = self.by, self.unit

@@ -25,6 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ldp_beam import __version__
+from ldp_beam.bounding import whole_numbers
 from ldp_beam.core import Mechanism
 from ldp_beam.errors import InvalidRecordsError
 from ldp_beam.privacy import run_guarantee
@@ -141,8 +142,10 @@ def key_text(table: Any, name: str) -> pa.Array:
     column's type in a file or batch: numbers by their decimal form (an integral float as its
     integer, so ``1``, ``1.0`` and ``"1"`` are one key, whether or not the batch holds a null,
     which turns pandas' integers into floats), other values as Arrow writes them, and a null
-    (or a float NaN, which numpy batches cannot tell from a null) as ``""``. Bounding (its partition codes) and the release (its groups) both key on this text,
-    so one key is one partition and one group."""
+    (or a float NaN, which numpy batches cannot tell from a null) as ``""``. Bounding (its
+    partition codes) and the release (its groups) both key on this text, so one key is one
+    partition and one group; a whole float is its integer by the rule unit ids follow
+    (:func:`~ldp_beam.bounding.whole_numbers`)."""
     if isinstance(table, (pa.RecordBatch, pa.Table)):
         col = table.column(name)
     else:
@@ -152,7 +155,7 @@ def key_text(table: Any, name: str) -> pa.Array:
     text = col if pa.types.is_string(col.type) else pc.cast(col, pa.string())
     if pa.types.is_floating(col.type):
         v = col.to_numpy(zero_copy_only=False)  # nulls as NaN
-        whole = np.isfinite(v) & (np.floor(v) == v) & (np.abs(v) < 2.0 ** 63)
+        whole = whole_numbers(v)
         if whole.any():
             ints = pc.cast(pa.array(np.where(whole, v, 0).astype(np.int64)), pa.string())
             text = pc.if_else(pa.array(whole), ints, text)

@@ -3,8 +3,9 @@ rows read so far for a progress bar (:class:`CountLive`).
 
 Counts come from the elements and the dead-letter part files of committed bundles, not from
 Beam's metrics: Beam commits each bundle's outputs once, so the counts are the same on every
-runner and under retries, where attempted metrics would count a retried bundle twice. The launcher reads the one line :class:`Tally` writes and
-reconciles it (:func:`ldp_beam.pipelines.common.reconcile`).
+runner and under retries, where attempted metrics would count a retried bundle twice. The
+launcher reads the one line :class:`Tally` writes and reconciles it
+(:func:`ldp_beam.pipelines.common.reconcile`).
 """
 from __future__ import annotations
 
