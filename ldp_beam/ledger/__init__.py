@@ -47,7 +47,9 @@ Phases, so that nothing is published unrecorded and a crash is safe
    transaction that holds the dataset's row (``BEGIN IMMEDIATE`` on SQLite, ``SELECT ... FOR
    UPDATE`` on PostgreSQL, so two concurrent runs cannot both fit where only one does), compose
    what the dataset has spent, refuse with :class:`BudgetExceeded` if this run would exceed the
-   budget (or if its ``--budget`` would raise the recorded one), else insert a ``pending`` row.
+   budget (or if its ``--budget`` would raise the recorded one), refuse a central release with
+   :class:`ReleaseInProgress` while an identical one (same request, same data) is still
+   pending, else insert a ``pending`` row.
 2. :meth:`Reservation.prepare`, after the run succeeded and *before* its outputs are moved into
    place: in one transaction, check that the ledger is still the one the run reserved in (for
    SQLite the same file, by device and inode, still a SQLite database, with the same
@@ -120,10 +122,10 @@ from .base import (BUDGET_TOLERANCE, DATASET_NAME_MAX, DEFAULT_TIMEOUT, RAISE_HI
                    SCHEMA_VERSION, STATUSES, LedgerError, LedgerNotFound, LedgerUnavailable)
 from .names import (DATABASE_SCHEMES, canonical_location, check_dataset_name, default_url, redact,
                     release_request, request_key, sqlite_path)
-from .store import Ledger, Reservation, open_ledger
+from .store import Ledger, ReleaseInProgress, Reservation, open_ledger
 
 __all__ = ["BudgetExceeded", "Ledger", "LedgerError", "LedgerNotFound", "LedgerUnavailable",
-           "Reservation", "Spent", "canonical_location", "check_dataset_name",
+           "ReleaseInProgress", "Reservation", "Spent", "canonical_location", "check_dataset_name",
            "compose", "default_url", "open_ledger", "redact",
            "release_request", "request_key", "check_accounting",
            "BUDGET_TOLERANCE", "DATABASE_SCHEMES", "DATASET_NAME_MAX", "DEFAULT_TIMEOUT",

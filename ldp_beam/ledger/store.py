@@ -21,8 +21,38 @@ from .base import (_ADVISORY_KEY, _NOTHING_RUN, BUDGET_TOLERANCE, DEFAULT_TIMEOU
                    SCHEMA_VERSION, STATUSES, LedgerError, LedgerNotFound, LedgerUnavailable,
                    _dumps, _loads, _now, _user)
 from .migrate import _migrate_v1
-from .names import (_name_of, canonical_location, check_dataset_name, default_url, redact,
-                    request_key, sqlite_path)
+from .names import (DATABASE_SCHEMES, _name_of, canonical_location, check_dataset_name,
+                    default_url, redact, request_key, sqlite_path)
+
+#: The first key of the PostgreSQL advisory lock (two-int form) that a central release's
+#: reservation takes on its request (the second key: from the request key), so that identical
+#: releases on datasets of different names are serialised too (see :meth:`Ledger.reserve`).
+_RELEASE_LOCK_CLASS = 0x6C6470  # "ldp"
+
+
+class ReleaseInProgress(LedgerError):
+    """:meth:`Ledger.reserve` of a central release refused because another run reserved the
+    identical request (the same data fingerprint and the same
+    :func:`~ldp_beam.ledger.release_request`) and is still pending: the two would draw twice,
+    and each be charged, for the same answer. Nothing was recorded, spent or drawn. ``run_id``
+    is the other run's id: once it commits, a run of the same request re-publishes its release
+    at no cost (:meth:`Ledger.find_release`); if its process is gone, an operator settles it
+    (``ldp-beam ledger --resolve RUN_ID --as aborted``)."""
+
+    def __init__(self, message: str, run_id: str | None = None) -> None:
+        super().__init__(message)
+        self.run_id = run_id
+
+    def __reduce__(self):  # picklable, as the ledger's other errors
+        return (type(self), (str(self), self.run_id))
+
+
+def _by_content(uri: str) -> bool:
+    """Whether an entry read from ``uri`` has a fingerprint of its content (files), not of its
+    name (a database table or query), as
+    :func:`ldp_beam.pipelines.datasets.by_content` decides: only the former's releases are ever
+    re-published."""
+    return uri.split("://", 1)[0].lower() not in DATABASE_SCHEMES
 
 
 # ----------------------------------------------------------------------------------- ledger
@@ -385,7 +415,19 @@ class Ledger:
         the budget; :class:`LedgerUnavailable` if the ledger cannot be reached or locked in time,
         or is no longer the one this object opened. ``request`` (from
         :func:`~ldp_beam.ledger.release_request`) marks a central release that
-        :meth:`find_release` can find again; ``republished_from`` a 0-epsilon re-publication."""
+        :meth:`find_release` can find again; ``republished_from`` a 0-epsilon re-publication.
+
+        An identical release in progress is refused: with a ``request`` (and no
+        ``republished_from``), if another run reserved the same request on the same data
+        fingerprint (whatever its dataset's name) and is still pending (neither committed nor
+        aborted), this raises :class:`ReleaseInProgress` naming that run, and records nothing.
+        The check is made in the same transaction and under the same lock as the insert (on
+        PostgreSQL also under an advisory lock on the request, for datasets of different names),
+        so of two identical releases started at once exactly one reserves; the other, run
+        again once the first has committed, re-publishes its release at no cost. Aborted and
+        committed entries never block (a committed one is what :meth:`find_release` finds
+        before reserving); re-publications and inputs identified by name, not content (a
+        database table or query, whose releases are drawn anew every time) are not checked."""
         if not isinstance(run_id, str) or not run_id:
             raise ParameterError("run_id", run_id, "a non-empty string (RunKey.run_id)")
         if not isinstance(dataset, Mapping):
@@ -415,6 +457,9 @@ class Ledger:
             if tx.one("SELECT 1 FROM ldp_beam_entries WHERE run_id = ?", (run_id,)):
                 raise LedgerError(f"run {run_id} is already in the ledger {self.url}: a run id "
                                   "is recorded once (RunKey.new() makes a fresh one)")
+            if entry["request_key"] is not None and republished_from is None \
+                    and _by_content(entry["uri"]):
+                self._no_release_in_progress(tx, entry)
             rec = self._budget_row(tx, name)
             b_eps, b_delta, why = self._run_budget(tx, name, rec, budget, budget_delta)
             rows = self._live(tx, name)
@@ -429,6 +474,37 @@ class Ledger:
                        f"({', '.join('?' * len(_ENTRY_COLUMNS))})",
                        [entry[c] for c in _ENTRY_COLUMNS])
         return Reservation(self, run_id, entry, before, (b_eps, b_delta))
+
+    def _no_release_in_progress(self, tx: _Tx, entry: dict) -> None:
+        """Inside :meth:`reserve`'s transaction: raise :class:`ReleaseInProgress` if a run that
+        reserved ``entry``'s request on the same data (any dataset name) is still pending.
+
+        Serialised with every other reservation of the same request: on SQLite by the
+        database's write lock (``BEGIN IMMEDIATE``, all datasets); on PostgreSQL by the
+        dataset's row (same name) and, for names that differ, a transaction-scoped advisory
+        lock on the request key, taken after the dataset's row and held until the insert
+        commits (READ COMMITTED: the next holder's query sees that insert). Each reservation
+        takes one dataset row and then at most this one advisory lock, so no two wait on each
+        other in a cycle."""
+        key, fp = entry["request_key"], entry["fingerprint"]
+        if tx.pg:
+            sub = int.from_bytes(bytes.fromhex(key[:8]), "big", signed=True)
+            tx.execute(f"SELECT pg_advisory_xact_lock({_RELEASE_LOCK_CLASS}, {sub})")
+        row = tx.one("SELECT run_id, command, mechanism, dataset, started, host FROM "
+                     "ldp_beam_entries WHERE request_key = ? AND fingerprint = ? AND status = "
+                     "'pending' AND republished_from IS NULL ORDER BY started, run_id LIMIT 1",
+                     (key, fp))
+        if row is None:
+            return
+        other, command, mechanism, dataset, started, host = row
+        raise ReleaseInProgress(
+            f"an identical release is in progress: run {other} ({command} {mechanism} on "
+            f"dataset {dataset}, started {started[:19].replace('T', ' ')} UTC on {host}) "
+            f"reserved the same request on the same data (fingerprint {fp[:19]}) in {self.url} "
+            f"and is still pending. This run was refused before any noise was drawn: nothing "
+            f"was spent. Wait for run {other} to finish and run again (once it has committed, its "
+            f"release is re-published at no cost); if that run is gone and published nothing, "
+            f"resolve it first: ldp-beam ledger --resolve {other} --as aborted", other)
 
     def _run_budget(self, tx: _Tx, name: str, rec: tuple[float | None, float | None],
                     budget: float | None, budget_delta: float | None
@@ -702,7 +778,10 @@ class Ledger:
         dataset's name, and the same :func:`~ldp_beam.ledger.release_request`), most recent
         first: ``{"run_id", "release", "outputs", "finished"}``; None if there is none. A re-run
         publishes it again instead of drawing new noise (recorded with epsilon 0 and
-        ``republished_from``)."""
+        ``republished_from``). Only committed releases are found: an identical release still
+        pending is not, and :meth:`reserve` refuses a second reservation of it
+        (:class:`ReleaseInProgress`), so two identical releases started at once never both
+        draw."""
         key = request_key(fingerprint, request)
         with self._tx(write=False) as tx:
             row = tx.one("SELECT run_id, release, outputs, finished FROM ldp_beam_entries WHERE "
