@@ -34,16 +34,8 @@ _spec.loader.exec_module(pgs)
 
 
 # ------------------------------------------------------------------------------ fixtures
-# fixtures ledger_url (SQLite and PostgreSQL) and fresh_pg_url: tests/conftest.py
-
-
-@pytest.fixture
-def data(tmp_path):
-    """A CSV dataset and its identity."""
-    p = tmp_path / "data" / "survey.csv"
-    p.parent.mkdir()
-    p.write_text("uid,age\n" + "".join(f"{i},{20 + i % 50}\n" for i in range(200)))
-    return dataset_identity(str(p))
+# fixtures ledger_url (SQLite and PostgreSQL) and fresh_pg_url: tests/conftest.py; data:
+# tests/core/conftest.py
 
 
 # ------------------------------------------------------------------------ the two phases

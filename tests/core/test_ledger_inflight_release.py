@@ -26,15 +26,6 @@ RELEASE = {"mechanism": "dphr", "estimate": {"histogram": [3, 0, 7]},
            "guarantee": {"epsilon": 0.5}}
 
 
-@pytest.fixture
-def data(tmp_path):
-    """A CSV dataset and its identity."""
-    p = tmp_path / "data" / "survey.csv"
-    p.parent.mkdir()
-    p.write_text("uid,age\n" + "".join(f"{i},{20 + i % 50}\n" for i in range(200)))
-    return dataset_identity(str(p))
-
-
 def release(led, run_id, ds, req=REQ, eps=0.5, **kw):
     return reserve(led, run_id, ds, eps, command="release", mechanism="dphr", request=req, **kw)
 
