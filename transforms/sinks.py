@@ -68,10 +68,17 @@ PostgreSQL table ``postgresql://USER@HOST:PORT/DB?table=T`` (an append goes by c
 or is refused when the table lacks a column of the rows: :func:`write_tidy`); :class:`WriteTidy`
 does that from a Beam step, gathering the rows into one writer (a DuckDB file takes one writer
 at a time; a database table is written in one transaction).
+
+A database table replaced with ``keep=NAME`` is not dropped but renamed to ``NAME`` (in its
+schema; :func:`previous_table` gives the usual name) in the transaction that creates the new
+one, so a run's commit can roll the replacement back (:func:`restore_tidy`: the old table, or
+no table where there was none, in one transaction) or, once committed, remove the kept table
+(:func:`drop_tidy`).
 """
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
 import math
 import os
@@ -128,6 +135,10 @@ CELL_COLUMNS = ("i", "j", "label", "x_label", "y_label", "bin_low", "bin_high", 
                 "probability", "value_text", "clipped")
 assert sorted(CORE_COLUMNS + GROUP_COLUMNS + WINDOW_COLUMNS + CELL_COLUMNS) == sorted(TIDY_COLUMNS)
 WRITE_MODES = ("replace", "append")
+#: what :func:`previous_table` appends to a table's name
+PREVIOUS_TABLE_SUFFIX = "__ldp_beam_previous"
+#: the bytes of an identifier PostgreSQL keeps (NAMEDATALEN - 1; longer ones are cut)
+IDENTIFIER_BYTES = 63
 
 
 class TidySchemaError(ValueError):
@@ -545,7 +556,7 @@ def _pg_connect(url: str):
 
 
 def write_tidy(rows: Iterable[Mapping[str, Any]] | pa.Table, url: str,
-               mode: str = "replace") -> int:
+               mode: str = "replace", keep: str | None = None) -> int:
     """Write tidy rows to ``url``; returns the number of rows written.
 
     ``.parquet``/``.csv``: one file (replaced). ``duckdb:///FILE.db?table=T`` and
@@ -556,26 +567,37 @@ def write_tidy(rows: Iterable[Mapping[str, Any]] | pa.Table, url: str,
     :data:`TIDY_SCHEMA` before tables held only their family's columns) the rows go in with
     nulls in the others; a table that lacks a column of the rows' schema (written for another
     family, or grouped or windowed differently) is refused with a one-line
-    :class:`~ldp_beam.transforms.io.SourceError` naming the columns, and left as it was. Errors
-    name the output."""
+    :class:`~ldp_beam.transforms.io.SourceError` naming the columns, and left as it was.
+
+    ``keep`` (a replaced database table only; e.g. :func:`previous_table`): a bare table name
+    (no schema; not the table's own). The table replaced is not dropped but renamed to it, in
+    the table's schema and in the transaction that creates the new one (nothing is renamed when
+    there was no table); a table of that name left by an earlier write is dropped first, in the
+    same transaction. :func:`restore_tidy` puts the kept table back, :func:`drop_tidy` removes
+    it. ``keep`` with ``mode="append"`` or a file output is a
+    :class:`~ldp_beam.errors.ParameterError`. Errors name the output."""
     if mode not in WRITE_MODES:
         raise ParameterError("mode", mode, f"one of {WRITE_MODES}")
+    if keep is not None and mode != "replace":
+        raise ParameterError("keep", keep, 'None with mode="append" (a table is kept only when '
+                             'it is replaced)')
+    kept = None if keep is None else _kept_table(url, keep, "keep")
     table = rows if isinstance(rows, pa.Table) else tidy_table(rows)
     fmt = tidy_format(url)
     if fmt in _FILE_WRITERS:
         with fs_open(url, "w") as fh:
             _FILE_WRITERS[fmt](table, fh)
     elif fmt == "duckdb":
-        _write_duckdb(table, url, mode)
+        _write_duckdb(table, url, mode, kept)
     elif fmt == "postgresql":
-        _write_postgres(table, url, mode)
+        _write_postgres(table, url, mode, kept)
     else:
         raise ParameterError("output", url, "a tidy table output (.parquet, .csv, duckdb://, "
                              "postgresql://); the nested .json form is written by the pipeline")
     return table.num_rows
 
 
-def _write_duckdb(table: pa.Table, url: str, mode: str) -> None:
+def _write_duckdb(table: pa.Table, url: str, mode: str, kept: str | None = None) -> None:
     import duckdb  # lazy: optional dependency (the [duckdb] extra)
 
     name = _table_setting(url)
@@ -591,7 +613,11 @@ def _write_duckdb(table: pa.Table, url: str, mode: str) -> None:
     try:
         con.register("__ldp_tidy", table)
         con.execute("BEGIN TRANSACTION")
-        if mode == "replace":
+        if mode == "replace" and kept is not None:
+            for statement in _keep_statements(name, kept):
+                con.execute(statement)
+            con.execute(f"CREATE TABLE {t} AS SELECT * FROM __ldp_tidy")
+        elif mode == "replace":
             con.execute(f"CREATE OR REPLACE TABLE {t} AS SELECT * FROM __ldp_tidy")
         else:
             parts = name.split(".")
@@ -614,7 +640,7 @@ def _write_duckdb(table: pa.Table, url: str, mode: str) -> None:
         con.close()
 
 
-def _write_postgres(table: pa.Table, url: str, mode: str) -> None:
+def _write_postgres(table: pa.Table, url: str, mode: str, kept: str | None = None) -> None:
     name = _table_setting(url)
     con = _pg_connect(url)
     parts = name.split(".")
@@ -622,7 +648,11 @@ def _write_postgres(table: pa.Table, url: str, mode: str) -> None:
     tname = parts[-1]
     try:
         cur = con.cursor()
-        if mode == "replace":
+        if mode == "replace" and kept is not None:
+            for statement in _keep_statements(name, kept):
+                cur.execute(statement)
+            cur.adbc_ingest(tname, table, mode="create", db_schema_name=schema_name)
+        elif mode == "replace":
             cur.execute(f"DROP TABLE IF EXISTS {quote_ident(name)}")
             cur.adbc_ingest(tname, table, mode="create", db_schema_name=schema_name)
         else:
@@ -651,6 +681,122 @@ def _write_postgres(table: pa.Table, url: str, mode: str) -> None:
             raise
         raise SourceError(f"{redact(url)}: writing table {name} failed: "
                           f"{_pg_error(exc)}") from None
+    finally:
+        con.close()
+
+
+def _clip_identifier(name: str) -> str:
+    """``name`` as PostgreSQL keeps it: cut to :data:`IDENTIFIER_BYTES` bytes of UTF-8, never
+    inside a character."""
+    return name.encode("utf-8")[:IDENTIFIER_BYTES].decode("utf-8", "ignore")
+
+
+def previous_table(url: str) -> str:
+    """The bare name (no schema) under which a replacement keeps the table ``url`` names
+    (``duckdb:///FILE?table=T``, ``postgresql://...?table=T``; ``write_tidy(keep=...)``):
+    ``T__ldp_beam_previous`` for table (or ``SCHEMA.``) ``T``. A name that would be longer than
+    :data:`IDENTIFIER_BYTES` bytes (PostgreSQL cuts longer ones) is ``T`` cut, then ``_`` and 8
+    hex digits of the SHA-256 of ``T``, then the suffix: always the same for the same table,
+    and two long names with the same beginning keep their tables apart."""
+    if tidy_format(url) not in ("duckdb", "postgresql"):
+        raise ParameterError("output", redact(url), "duckdb:///FILE.db?table=T or "
+                             "postgresql://USER@HOST:PORT/DB?table=T")
+    bare = _table_setting(url).split(".")[-1]
+    name = bare + PREVIOUS_TABLE_SUFFIX
+    if len(name.encode("utf-8")) <= IDENTIFIER_BYTES:
+        return name
+    tail = "_" + hashlib.sha256(bare.encode("utf-8")).hexdigest()[:8] + PREVIOUS_TABLE_SUFFIX
+    head = bare.encode("utf-8")[:IDENTIFIER_BYTES - len(tail)].decode("utf-8", "ignore")
+    return head + tail
+
+
+def _kept_table(url: str, keep: Any, param: str) -> str:
+    """The table ``keep`` (a bare name) in the schema of the table ``url`` names: ``SCHEMA.K``
+    or ``K``. Refuses (:class:`~ldp_beam.errors.ParameterError` naming ``param``) a file
+    output, a name with a schema, and the table's own name (compared as the database does:
+    DuckDB ignores case, PostgreSQL keeps :data:`IDENTIFIER_BYTES` bytes)."""
+    fmt = tidy_format(url)
+    if fmt not in ("duckdb", "postgresql"):
+        raise ParameterError(param, keep, "a table name only for a duckdb:// or postgresql:// "
+                             "table output")
+    parts = _table_setting(url).split(".")
+    if not isinstance(keep, str) or not keep or "." in keep:
+        raise ParameterError(param, keep, "a bare table name (no schema: it is the table's)")
+    same = keep.lower() == parts[-1].lower() if fmt == "duckdb" else \
+        _clip_identifier(keep) == _clip_identifier(parts[-1])
+    if same:
+        raise ParameterError(param, keep, f"a name other than the table's own ({parts[-1]}); "
+                             "e.g. previous_table(url)")
+    return ".".join(parts[:-1] + [keep])
+
+
+def _keep_statements(name: str, kept: str) -> list[str]:
+    """SQL (DuckDB and PostgreSQL alike) that drops table ``kept`` if it exists, then renames
+    table ``name`` (if it exists) to ``kept``'s bare name: before a replacement is created."""
+    return [f"DROP TABLE IF EXISTS {quote_ident(kept)}",
+            f"ALTER TABLE IF EXISTS {quote_ident(name)} RENAME TO "
+            f"{quote_ident(kept.split('.')[-1])}"]
+
+
+def restore_tidy(url: str, keep: str) -> None:
+    """Undo ``write_tidy(rows, url, keep=keep)``: in one transaction, drop the table ``url``
+    names if it exists, then rename table ``keep`` (bare; in that table's schema) back to its
+    name if it exists. The database then holds the table as it was before (its rows, columns
+    and types) or, when there was none, no table. A DuckDB file that does not exist is left
+    so. Errors name the output."""
+    kept = _kept_table(url, keep, "keep")
+    name = _table_setting(url)
+    _alter_tables(url, [f"DROP TABLE IF EXISTS {quote_ident(name)}",
+                        f"ALTER TABLE IF EXISTS {quote_ident(kept)} RENAME TO "
+                        f"{quote_ident(name.split('.')[-1])}"],
+                  f"restoring table {name} from {kept}")
+
+
+def drop_tidy(url: str, name: str) -> None:
+    """Drop table ``name`` (bare; in the schema of the table ``url`` names, never that table
+    itself) if it exists, e.g. the table a committed replacement kept (:func:`previous_table`).
+    A DuckDB file that does not exist is left so. Errors name the output."""
+    kept = _kept_table(url, name, "name")
+    _alter_tables(url, [f"DROP TABLE IF EXISTS {quote_ident(kept)}"], f"dropping table {kept}")
+
+
+def _alter_tables(url: str, statements: list[str], what: str) -> None:
+    """Run ``statements`` on the database of ``url`` in one transaction (all or none); errors
+    name the output and ``what`` was being done."""
+    if tidy_format(url) == "duckdb":
+        import duckdb  # lazy: optional dependency (the [duckdb] extra)
+
+        path = _duckdb_path(url)
+        if not os.path.exists(path):
+            return  # no database: no table to drop or rename (and no file is created)
+        try:
+            con = duckdb.connect(path)
+        except Exception as exc:  # noqa: BLE001
+            raise SourceError(f"{redact(url)}: cannot open the DuckDB database for writing: "
+                              f"{_error_text(exc)}") from None
+        try:
+            con.execute("BEGIN TRANSACTION")
+            for statement in statements:
+                con.execute(statement)
+            con.execute("COMMIT")
+        except Exception as exc:  # noqa: BLE001
+            with contextlib.suppress(Exception):
+                con.execute("ROLLBACK")
+            raise SourceError(f"{redact(url)}: {what} failed: {_error_text(exc)}") from None
+        finally:
+            con.close()
+        return
+    con = _pg_connect(url)
+    try:
+        cur = con.cursor()
+        for statement in statements:
+            cur.execute(statement)
+        con.commit()
+        cur.close()
+    except Exception as exc:  # noqa: BLE001
+        with contextlib.suppress(Exception):
+            con.rollback()
+        raise SourceError(f"{redact(url)}: {what} failed: {_pg_error(exc)}") from None
     finally:
         con.close()
 

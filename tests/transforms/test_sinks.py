@@ -20,6 +20,7 @@ from ldp_beam.estimators import estimator_for
 from ldp_beam.privacy import run_guarantee
 from ldp_beam.transforms import (TIDY_SCHEMA, SourceError, WriteTidy, tidy_output, tidy_rows,
                                  tidy_schema, tidy_table, write_tidy)
+from ldp_beam.transforms.sinks import previous_table
 from ldp_beam_test_helpers import emit
 
 _spec = importlib.util.spec_from_file_location(
@@ -262,3 +263,253 @@ def test_postgres_round_trip_in_one_transaction(estimates, pg_url):
     assert tidy_table_exists(f"{pg_url}?table=nothing_here") is False
     with pytest.raises(SourceError, match="cannot be reached"):
         tidy_table_exists(f"postgresql://ldpbeam@127.0.0.1:{port}/x?table=t")
+
+
+# --------------------------------------------------------------------------- kept tables
+_kept_names = iter(range(10 ** 6))
+
+
+class _Db:
+    """A DuckDB file or the module's PostgreSQL database, with a schema ``kept`` besides the
+    default one, read and changed with plain SQL (not through the code under test)."""
+
+    def __init__(self, kind: str, base: str, path: str | None = None) -> None:
+        self.kind, self.base, self.path = kind, base, path
+        self.default = "main" if kind == "duckdb" else "public"  # the schema of a bare name
+        self.sql("CREATE SCHEMA IF NOT EXISTS kept")
+
+    def url(self, table: str) -> str:
+        return f"{self.base}?table={table}"
+
+    def sql(self, query: str, params=()) -> list[tuple]:
+        if self.kind == "duckdb":
+            import duckdb
+
+            con = duckdb.connect(self.path)
+            try:
+                cur = con.execute(query, list(params))
+                return cur.fetchall() if cur.description else []
+            finally:
+                con.close()
+        import psycopg
+
+        with psycopg.connect(self.base) as conn:
+            cur = conn.execute(query, params)
+            return cur.fetchall() if cur.description else []
+
+    def snapshot(self, table: str) -> tuple[list, list]:
+        """``(columns with their types, in order; the rows, NaN as text, in a stable order)``."""
+        from ldp_beam.transforms.sources import quote_ident
+
+        parts = table.split(".")
+        schema = parts[0] if len(parts) == 2 else self.default
+        mark = "?" if self.kind == "duckdb" else "%s"
+        cols = self.sql("SELECT column_name, data_type FROM information_schema.columns WHERE "
+                        f"table_schema = {mark} AND table_name = {mark} "
+                        "ORDER BY ordinal_position", (schema, parts[-1]))
+        rows = [tuple("NaN" if isinstance(v, float) and math.isnan(v) else v for v in r)
+                for r in self.sql(f"SELECT * FROM {quote_ident(table)}")]
+        return cols, sorted(rows, key=repr)
+
+    def exists(self, table: str) -> bool:
+        from ldp_beam.transforms.sinks import tidy_table_exists
+
+        return tidy_table_exists(self.url(table))
+
+
+@pytest.fixture(params=["duckdb", "postgresql"])
+def db(request, tmp_path):
+    if request.param == "duckdb":
+        pytest.importorskip("duckdb")
+        return _Db("duckdb", f"duckdb://{tmp_path}/out.duckdb", str(tmp_path / "out.duckdb"))
+    pytest.importorskip("psycopg")
+    return _Db("postgresql", request.getfixturevalue("pg_url"))
+
+
+def _names(kind: str) -> tuple[str, str]:
+    """A new table name (``plain``, ``kept.`` + name, or a 63-byte one) and its bare name."""
+    n = next(_kept_names)
+    bare = f"t{n}_" + "x" * (63 - len(f"t{n}_")) if kind == "long" else f"estimates_{n}"
+    assert kind != "long" or len(bare.encode()) == 63
+    return ("kept." + bare if kind == "schema" else bare), bare
+
+
+def _old_and_new(estimates) -> tuple[list[dict], list[dict]]:
+    """Rows of two tables that differ in rows, columns and column types."""
+    old = _all_rows(estimates)
+    new = tidy_rows(estimates["grr"], run_id="run-2")
+    assert set(tidy_table(old).schema.names) != set(tidy_table(new).schema.names)
+    return old, new
+
+
+def _kept(estimates, db, kind):
+    """(old rows, new rows, the table's name, its URL, its schema prefix, the kept name)."""
+    old, new = _old_and_new(estimates)
+    table, bare = _names(kind)
+    url = db.url(table)
+    return old, new, table, url, table[:-len(bare)], previous_table(url)
+
+
+@pytest.mark.parametrize("kind", ["plain", "schema", "long"])
+def test_keep_then_restore_gives_back_the_old_table(estimates, db, kind):
+    from ldp_beam.transforms.sinks import restore_tidy
+
+    old, new, table, url, schema, keep = _kept(estimates, db, kind)
+    assert write_tidy(old, url) == len(old)
+    before = db.snapshot(table)
+    assert len(before[1]) == len(old) and [c for c, _ in before[0]] == \
+        tidy_table(old).schema.names
+    assert write_tidy(new, url, keep=keep) == len(new)
+    now = db.snapshot(table)
+    assert len(now[1]) == len(new) and [c for c, _ in now[0]] == tidy_table(new).schema.names
+    assert db.snapshot(schema + keep) == before  # kept in the table's own schema
+    if schema:
+        assert not db.exists(f"{db.default}.{keep}")  # not in the default schema
+    restore_tidy(url, keep)
+    assert db.snapshot(table) == before  # the same rows, columns and column types
+    assert not db.exists(schema + keep)
+    restore_tidy(url, keep)  # again: the table is dropped and nothing is renamed back
+    assert not db.exists(table) and not db.exists(schema + keep)
+
+
+@pytest.mark.parametrize("kind", ["plain", "schema"])
+def test_keep_without_a_previous_table_then_restore_leaves_none(estimates, db, kind):
+    from ldp_beam.transforms.sinks import restore_tidy
+
+    _, new, table, url, schema, keep = _kept(estimates, db, kind)
+    assert not db.exists(table)
+    write_tidy(new, url, keep=keep)
+    assert db.exists(table) and not db.exists(schema + keep)  # nothing renamed
+    assert len(db.snapshot(table)[1]) == len(new)
+    restore_tidy(url, keep)
+    assert not db.exists(table) and not db.exists(schema + keep)
+
+
+@pytest.mark.parametrize("kind", ["plain", "schema"])
+def test_keep_then_drop_leaves_only_the_new_table(estimates, db, kind):
+    from ldp_beam.transforms.sinks import drop_tidy
+
+    old, new, table, url, schema, keep = _kept(estimates, db, kind)
+    write_tidy(old, url)
+    write_tidy(new, url, keep=keep)
+    after = db.snapshot(table)
+    assert db.exists(schema + keep)
+    drop_tidy(url, keep)
+    assert not db.exists(schema + keep) and db.snapshot(table) == after
+    assert len(after[1]) == len(new) and [c for c, _ in after[0]] == tidy_table(new).schema.names
+    drop_tidy(url, keep)  # no kept table: nothing to do
+    assert db.snapshot(table) == after
+
+
+@pytest.mark.parametrize("kind", ["plain", "schema"])
+def test_a_stale_kept_table_is_replaced(estimates, db, kind):
+    from ldp_beam.transforms.sinks import restore_tidy
+    from ldp_beam.transforms.sources import quote_ident
+
+    old, new = _old_and_new(estimates)
+    table, bare = _names(kind)
+    url, schema = db.url(table), table[:-len(bare)]
+    keep = previous_table(url)
+    stale = quote_ident(schema + keep)
+    db.sql(f"CREATE TABLE {stale} AS SELECT 1 AS junk")
+    write_tidy(new, url, keep=keep)  # no table to keep: the stale one is dropped all the same
+    assert not db.exists(schema + keep)
+    db.sql(f"CREATE TABLE {stale} AS SELECT 1 AS junk")
+    write_tidy(old, url)
+    before = db.snapshot(table)
+    write_tidy(new, url, keep=keep)
+    assert db.snapshot(schema + keep) == before  # the stale table's junk is gone
+    restore_tidy(url, keep)
+    assert db.snapshot(table) == before
+
+
+def test_a_failed_write_keeps_the_table_and_the_stale_kept_one(estimates, pg_url):
+    db = _Db("postgresql", pg_url)
+    old, _ = _old_and_new(estimates)
+    table, _ = _names("schema")
+    url = db.url(table)
+    keep = previous_table(url)
+    write_tidy(old, url)
+    before = db.snapshot(table)
+    db.sql(f'CREATE TABLE kept."{keep}" AS SELECT 1 AS junk')
+    bad = tidy_table(old[:2]).set_column(0, "run_id", pa.array(["x\x00y", "z"]))
+    with pytest.raises(SourceError, match=f"table={table}: writing table {table} failed"):
+        write_tidy(bad, url, keep=keep)
+    assert db.snapshot(table) == before  # one transaction: nothing dropped or renamed
+    assert db.snapshot("kept." + keep) == ([("junk", "integer")], [(1,)])
+
+
+def test_keep_is_refused_where_it_cannot_work(estimates, db):
+    from ldp_beam.errors import ParameterError
+    from ldp_beam.transforms.sinks import drop_tidy, restore_tidy
+
+    old, new = _old_and_new(estimates)
+    table, bare = _names("schema")
+    url = db.url(table)
+    write_tidy(old, url)
+    before = db.snapshot(table)
+    with pytest.raises(ParameterError, match="'keep'.*append"):
+        write_tidy(new, url, mode="append", keep="k")
+    with pytest.raises(ParameterError, match="'keep'"):
+        write_tidy(new, url, keep=bare)  # its own name: the new table would be dropped
+    with pytest.raises(ParameterError, match="'keep'"):
+        write_tidy(new, url, keep="kept.other")  # the schema is the table's
+    with pytest.raises(ParameterError, match="'keep'"):
+        write_tidy(new, url, keep="")
+    with pytest.raises(ParameterError, match="'keep'"):
+        restore_tidy(url, bare)
+    with pytest.raises(ParameterError, match="'name'"):
+        drop_tidy(url, bare)
+    if db.kind == "duckdb":  # DuckDB names ignore case
+        with pytest.raises(ParameterError, match="'keep'"):
+            write_tidy(new, url, keep=bare.upper())
+    else:  # PostgreSQL cuts names to 63 bytes
+        with pytest.raises(ParameterError, match="'keep'"):
+            write_tidy(new, db.url("a" * 63), keep="a" * 64)
+    assert db.snapshot(table) == before  # nothing was written
+    assert not db.exists("kept.k") and not db.exists("kept.other")
+
+
+def test_keep_is_refused_for_files(estimates, tmp_path):
+    from ldp_beam.errors import ParameterError
+    path = tmp_path / "e.parquet"
+    with pytest.raises(ParameterError, match="'keep'"):
+        write_tidy(_all_rows(estimates), str(path), keep="previous")
+    assert not path.exists()
+    with pytest.raises(ParameterError, match="output"):
+        previous_table(str(path))
+
+
+def test_previous_table_names():
+    assert previous_table("duckdb:///x.duckdb?table=estimates") == \
+        "estimates__ldp_beam_previous"
+    assert previous_table("postgresql://u@h:5432/d?table=s.estimates") == \
+        "estimates__ldp_beam_previous"  # the bare name: kept in the table's schema
+    fits = "e" * (63 - len("__ldp_beam_previous"))
+    assert previous_table(f"duckdb:///x.duckdb?table={fits}") == fits + "__ldp_beam_previous"
+    long_a, long_b = "a" * 62 + "b", "a" * 62 + "c"
+    pa_, pb = (previous_table(f"postgresql://u@h:5432/d?table=s.{n}") for n in (long_a, long_b))
+    assert len(pa_.encode()) == len(pb.encode()) == 63
+    assert pa_ != pb and pa_.startswith("a" * 30) and pa_.endswith("__ldp_beam_previous")
+    assert pa_ == previous_table(f"duckdb:///y.duckdb?table={long_a}")  # deterministic
+    wide = "é" * 40  # 80 bytes: cut between characters, never inside one
+    pw = previous_table(f"postgresql://u@h:5432/d?table={wide}")
+    assert len(pw.encode()) <= 63 and pw.startswith("é" * 17) and \
+        pw.endswith("__ldp_beam_previous")
+
+
+def test_restore_and_drop_errors_name_the_output(tmp_path):
+    from ldp_beam.transforms.sinks import drop_tidy, restore_tidy
+
+    url = f"duckdb://{tmp_path}/none.duckdb?table=t"
+    restore_tidy(url, "k")  # no database: nothing to restore, and no file made
+    drop_tidy(url, "k")
+    assert not (tmp_path / "none.duckdb").exists()
+    (tmp_path / "junk.duckdb").write_bytes(b"not a database at all" * 100)
+    with pytest.raises(SourceError, match="junk.duckdb"):
+        restore_tidy(f"duckdb://{tmp_path}/junk.duckdb?table=t", "k")
+    port = pgs.free_port()
+    with pytest.raises(SourceError, match=r"\?table=t: .*cannot be reached"):
+        restore_tidy(f"postgresql://ldpbeam@127.0.0.1:{port}/x?table=t", "k")
+    with pytest.raises(SourceError, match="cannot be reached"):
+        drop_tidy(f"postgresql://ldpbeam@127.0.0.1:{port}/x?table=t", "k")
