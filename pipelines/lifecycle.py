@@ -8,9 +8,10 @@ module is that way:
    entry is still pending, its outputs and release are stored) — a ledger deleted, replaced or
    damaged since the reservation stops the run here, with nothing published;
 2. then moves the staged outputs into place with the manifest last
-   (:meth:`RunOutputs.commit <.outputs.RunOutputs.commit>`). If that fails, the entry is settled
-   as it truly is: **aborted** when nothing new became visible, left **pending** (counted as
-   spent, for an operator to resolve) when some output may already be in place;
+   (:meth:`RunOutputs.commit <.outputs.RunOutputs.commit>`). If that fails, the commit has put
+   the previous outputs back, and the entry is settled as it truly is: **aborted** when nothing
+   new was ever visible, left **pending** (counted as spent, for an operator to resolve) when
+   some new output was in place, if only for a moment;
 3. and only then marks the entry **committed**. A ledger lost in the milliseconds between 2 and
    3 leaves the entry pending (it counts as spent) and says so; it never claims a commit.
 
@@ -165,12 +166,12 @@ def publish(entry: Any, outs: Any, manifest: Mapping[str, Any],
     docstring). Returns the manifest as written. Raises what stopped it, with the entry settled
     (aborted when provably nothing new became visible, pending when something may have).
 
-    Whether anything became visible is not read from ``outs.published`` alone: a move can put
-    its file in place and still raise (on an object store ``rename`` copies, then deletes the
-    staged object; that delete can fail) before the role is listed. So every final location is
-    looked at before the commit and again after a failure (:func:`_looks`); the entry is
-    aborted only when nothing is listed as published and no output's location changed (the
-    previous manifest's removal publishes nothing), else it stays pending.
+    Whether anything new became visible is what :meth:`RunOutputs.commit
+    <.outputs.RunOutputs.commit>` says in ``outs.visible``, looked at before it rolled the
+    failed commit back: an output it moved into place, or one whose final location changed
+    once it began to move it (a move can land its file and still raise). The entry is aborted
+    only when that is empty (setting the previous manifest aside publishes nothing), else it
+    stays pending: the new version may have been read, even if only for a moment.
 
     A SIGINT/SIGTERM arriving meanwhile is held and raised as :class:`Interrupted` when the
     entry is settled, carrying how it was settled (``committed``, ``manifest``, ``entry``): a
@@ -180,16 +181,15 @@ def publish(entry: Any, outs: Any, manifest: Mapping[str, Any],
     try:
         with deferred_signals():
             entry.prepare(ledger_outputs(outs), None if release is None else dict(release))
-            before = _looks(outs)
             try:
                 written = outs.commit(dict(manifest))
             except BaseException as exc:
                 shown = f"{type(exc).__name__}: {exc}"
                 settled["entry"] = "pending"  # unless the abort below is recorded
                 try:
-                    if getattr(outs, "published", None) or _changed(outs, before):
+                    if getattr(outs, "visible", True):
                         entry.leave_pending(f"publishing failed after some outputs may have "
-                                            f"been moved into place ({shown}); it may have "
+                                            f"been in place ({shown}); it may have "
                                             f"published: resolve it with `ldp-beam ledger "
                                             f"--resolve {entry.run_id}`")
                     else:
@@ -216,71 +216,6 @@ def publish(entry: Any, outs: Any, manifest: Mapping[str, Any],
                 stop.manifest = _manifest_location(outs)
         raise
     return written
-
-
-_UNKNOWN = object()  # a location whose state cannot be told: never equal to anything
-
-
-def _looks(outs: Any) -> dict | None:
-    """How each final location of ``outs`` (every output, then the manifest) looks now:
-    ``None`` when nothing is there, else something that changes when a file is moved there
-    (locally device, inode, size and mtime; on an object store size and modification time; a
-    DuckDB table: its database file's), or :data:`_UNKNOWN` when it cannot be told (a
-    PostgreSQL table, an error). None when ``outs`` names no locations."""
-    try:
-        paths = [*dict(outs.outputs).values(), outs.manifest]
-    except (AttributeError, TypeError):
-        return None
-    flags = tuple(getattr(outs, "flags", ()) or ())
-    return {p: _look(p, flags) for p in paths}
-
-
-def _look(path: str, flags: tuple) -> Any:
-    o = _outputs
-    try:
-        if o.is_table_url(path):
-            if not path.lower().startswith("duckdb:"):
-                return _UNKNOWN
-            from ldp_beam.transforms.sinks import _duckdb_path  # lazy: Beam (see outputs)
-
-            db = _duckdb_path(path)
-            return tuple(_stat(f) for f in (db, db + ".wal"))
-        if not o.is_url(path):
-            return _stat(o._local(path))
-        if not o.exists(path, flags):
-            return None
-        found = o._fs(path, flags).match([path])[0].metadata_list
-        return tuple(sorted((m.path, m.size_in_bytes, m.last_updated_in_seconds)
-                            for m in found)) or None
-    except Exception:  # noqa: BLE001 - cannot tell: counted as changed (the entry stays pending)
-        return _UNKNOWN
-
-
-def _stat(path: str) -> tuple | None:
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        return None
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
-
-
-def _changed(outs: Any, before: dict | None) -> bool:
-    """Whether a failed commit may have put anything new in place: an output's location that
-    now holds something other than before (or cannot be told), or a new manifest. The previous
-    manifest removed (nothing there now) publishes nothing. Without a record from before the
-    commit: True (when in doubt the entry stays pending)."""
-    if before is None:
-        return True
-    after = _looks(outs)
-    if after is None:
-        return True
-    for path, was in before.items():
-        now = after.get(path, _UNKNOWN)
-        if now is None:
-            continue  # nothing there (a removed manifest, or an output never moved)
-        if now is _UNKNOWN or was is _UNKNOWN or now != was:
-            return True
-    return False
 
 
 def _manifest_location(outs: Any) -> str | None:

@@ -8,19 +8,29 @@ the run's small intermediate results (the tally, the estimate lines) back the sa
 is gathered through the launcher's local disk. Only when the pipeline has finished and its counts
 check out does :meth:`RunOutputs.commit` move them into place:
 
-1. the previous manifest is removed first, so from this point no manifest vouches for a mixture
-   of old and new files;
-2. every database table output (``duckdb:///FILE?table=T``, ``postgresql://...?table=T``) is
-   written from its staged Parquet file, replaced in one transaction; then every staged file
-   replaces its final path (locally ``os.replace``: atomic per file; on an object store Beam's
-   ``FileSystems.rename``, a server-side copy then a delete: each object is replaced whole);
+0. the commit's journal (``_commit.json`` in the staging folder) records every change it will
+   make and where each previous version is kept;
+1. the previous manifest is set aside first (renamed ``MANIFEST.ldp-beam-previous``), so from
+   this point no manifest vouches for a mixture of old and new files;
+2. every staged file replaces its final path (locally ``os.replace``: atomic per file; on an
+   object store Beam's ``FileSystems.rename``, a server-side copy then a delete: each object is
+   replaced whole), its previous version kept first as ``NAME.ldp-beam-previous`` (locally a
+   hard link, on an object store a server-side copy); every database table output
+   (``duckdb:///FILE?table=T``, ``postgresql://...?table=T``) is written from its staged
+   Parquet file in one transaction that renames the previous table ``T__ldp_beam_previous``;
 3. the new manifest, naming the run id and each file it covers with its size and SHA-256 (a table
-   with its row count), is written last.
+   with its row count), is written last; then the kept previous versions are removed.
 
-A reader who finds a manifest can therefore trust the files it lists (and can check them); a run
-that fails or is interrupted before step 1 leaves the previous outputs and manifest untouched; one
-interrupted during steps 1-3 leaves no manifest (outputs not committed, never a stale claim).
-The staging folder is removed whatever happens; one left by a process killed with ``kill -9`` is
+A reader who finds a manifest can therefore trust the files it lists (and can check them). A run
+either commits all of its outputs or leaves the previous ones as they were: one that fails or
+is interrupted before step 1 has changed nothing; a failure during steps 1-3 puts every kept
+previous version back, the manifest last, before the error is raised (an output that was moved
+in was visible for that moment, which the error and :attr:`RunOutputs.published` say); a
+process killed during steps 1-3 leaves no manifest, and the next run that stages in the
+manifest's folder finds the journal in the dead run's staging folder and rolls the commit back
+(or, when its manifest was written, removes the kept versions): :func:`recover_commit`.
+The staging folder is removed whatever happens (but for a rollback that could not finish: its
+journal stays for the next run); one left by a process killed with ``kill -9`` is
 removed by the next run that stages in the same folder (its owner process is gone; a staging
 folder owned by another host, on a shared NFS folder or an object store alike, is removed only
 once it is :data:`REMOTE_STALE_SECONDS` old, since whether that host's process lives cannot be
@@ -61,8 +71,9 @@ budget), each with one :class:`OutputError` naming the option and the path:
 format than the one written (``collect -o out.csv`` would write Parquet under that name).
 
 A file-system error while staging or committing is raised as one :class:`OutputError` saying
-what failed on which path; during the commit, :attr:`RunOutputs.published` says which outputs were
-already moved into place (nothing new visible when it is empty). No temporary file
+what failed on which path and in which state it left the outputs; during the commit,
+:attr:`RunOutputs.published` says which outputs were moved into place (nothing new was visible
+when it is empty). No temporary file
 (``NAME.tmp``, ``NAME.ldp-beam-partial``), staging folder, or folder the run created and left
 empty survives a failure.
 """
@@ -83,6 +94,7 @@ import stat
 import time
 import uuid
 from typing import Any, Iterable, Mapping, Sequence
+from urllib.parse import quote
 
 from ldp_beam.errors import LdpBeamError
 from ldp_beam.jsonio import json_bytes
@@ -240,6 +252,12 @@ def _delete(paths: Sequence[str], flags: Sequence[str]) -> None:
 # --------------------------------------------------------------------------- checks
 _GLOB_CHARS = "*?["
 PARTIAL_SUFFIX = ".ldp-beam-partial"
+#: a previous output (or manifest) kept beside its final place while a commit runs, so that a
+#: commit that fails, or a process killed during one, can be rolled back (see RunOutputs.commit)
+PREVIOUS_SUFFIX = ".ldp-beam-previous"
+#: the commit's journal, in the staging folder: what it changes and where the previous versions
+#: are kept, written before the first change
+JOURNAL = "_commit.json"
 PROBE_PREFIX = ".ldp-beam-probe-"
 # bytes kept free below PC_PATH_MAX for what the run and Beam write inside the staging folder
 # (``_tally.jsonl``, ``beam-temp-NAME-UUID/UUID``, ...)
@@ -638,11 +656,23 @@ def sweep_stale(folder: str, flags: Sequence[str] = ()) -> list[str]:
                 owner = json.load(fh)
         except (OSError, ValueError):
             owner = {}
-        if not _abandoned(owner, _age(d)):
+        if not _abandoned(owner, _age(d)) or not _settled(d, flags):
             continue
         shutil.rmtree(d, ignore_errors=True)
         removed.append(d)
     return removed
+
+
+def _settled(staging: str, flags: Sequence[str]) -> bool:
+    """Whether an abandoned staging folder can go: its run died before committing, or the
+    commit it died in is now settled (:func:`recover_commit`); else it is kept, with a warning,
+    for a later run to try again."""
+    problems = recover_commit(staging, flags)
+    if problems:
+        logging.getLogger(__name__).warning(
+            "the commit of the run that left %s is not settled yet (%s); its staging folder "
+            "and journal are kept for the next run", staging, "; ".join(problems))
+    return not problems
 
 
 def _sweep_remote(folder: str, flags: Sequence[str]) -> list[str]:
@@ -661,7 +691,7 @@ def _sweep_remote(folder: str, flags: Sequence[str]) -> list[str]:
             except (OSError, ValueError):
                 owner = {}
         age = time.time() - max(m for _, m in objs)
-        if not _abandoned(owner, age):
+        if not _abandoned(owner, age) or not _settled(d, flags):
             continue
         _delete([p for p, _ in objs], flags)
         removed.append(d)
@@ -721,7 +751,11 @@ class RunOutputs:
         self.flags = tuple(beam_flags(list(options)))
         self.committed = False
         self.published: list[str] = []  # roles moved into place by commit ("manifest" last)
-        self.manifest_removed = False  # whether commit removed the previous manifest
+        self.manifest_removed = False  # whether commit set the previous manifest aside
+        self.rollback_problems: list[str] = []  # what a failed commit could not put back
+        self.visible: list[str] = []  # roles a failed commit may have shown readers (new)
+        self._started: list[str] = []  # roles the commit began to move or write into place
+        self._before: dict[str, Any] = {}  # how each final location looked before the commit
         self._made: list[str] = []  # local folders this run created (removed if left empty)
         self._staging_made = False
         if is_table_url(manifest):
@@ -737,17 +771,22 @@ class RunOutputs:
         self.staging = _join(self.folder, STAGING_PREFIX + run_id)
         self.remote = is_url(self.staging)
         local = {role: p for role, p in self.outputs.items() if "://" not in p}
-        extra = {role: [p + ".tmp", p + PARTIAL_SUFFIX] for role, p in local.items()}
+        extra = {role: [p + ".tmp", p + PARTIAL_SUFFIX, p + PREVIOUS_SUFFIX]
+                 for role, p in local.items()}
         if not self.remote:
             extra["manifest"] = [self.manifest + ".tmp", self.manifest + PARTIAL_SUFFIX,
-                                 self.staging]
+                                 self.manifest + PREVIOUS_SUFFIX, self.staging]
+        # a dead run's commit in this folder is settled first: its outputs are rolled back
+        # (or its commit finished) before this run looks at what exists
+        sweep_stale(self.folder, self.flags)
         check_outputs({**self.given, "manifest": manifest}, inputs, force, self.flags,
                       labels=self.labels, extra=extra)
         targets = [(role, self.given[role], p, _beside(p)) for role, p in local.items()]
         if not self.remote:
             inside = [f"{os.path.basename(self.staging)}/{os.path.basename(self.staged(r))}.tmp"
                       for r in self.outputs] + [os.path.basename(self.staging) + "/" + n
-                                                for n in (OWNER_FILE, "_manifest.json.tmp")]
+                                                for n in (OWNER_FILE, "_manifest.json.tmp",
+                                                          JOURNAL)]
             targets.append(("manifest", manifest, self.manifest,
                             [*_beside(self.manifest), os.path.basename(self.staging), *inside]))
         preflight(targets, self.labels)
@@ -763,7 +802,6 @@ class RunOutputs:
         owner = json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
                             "run_id": self.run_id}).encode()
         if self.remote:
-            sweep_stale(self.folder, self.flags)
             try:
                 write_bytes(_join(self.staging, OWNER_FILE), owner, self.flags)
             except OSError as exc:  # Beam's BeamIOError is one
@@ -775,7 +813,6 @@ class RunOutputs:
         step = "creating the folder"
         try:
             self._makedirs(self.folder)
-            sweep_stale(self.folder)
             step = "creating the staging folder"
             os.makedirs(self.staging)
             self._staging_made = True
@@ -815,6 +852,8 @@ class RunOutputs:
     def discard(self) -> None:
         """Remove the staging folder and everything in it (and, when the run did not commit,
         the local folders it created that are still empty)."""
+        if self.rollback_problems:  # the journal stays for the next run to finish the rollback
+            return
         if self.remote:
             try:
                 _delete([p for p, _ in _listing(self.staging + "/**", self.flags)], self.flags)
@@ -871,98 +910,59 @@ class RunOutputs:
         Without ``force``, an output or manifest that exists at its final place now (created
         while the run ran: another run on the same outputs committed first) refuses the commit
         with an :class:`OutputError` before anything is changed. A local manifest's commits take
-        turns through ``MANIFEST.lock`` (see :meth:`_commit_lock`); one held by a live run
+        turns through ``MANIFEST.lock`` (see :func:`_commit_lock`); one held by a live run
         refuses this commit, nothing changed. A URL manifest has no lock: only the check again.
 
-        :attr:`published` lists the roles moved into place so far (``"manifest"`` last, once
-        the commit is complete) and :attr:`manifest_removed` whether the previous manifest was
-        removed. An ``OSError`` on the way (a full disk, a folder made read-only meanwhile, an
-        object store refusing a write) is raised as one :class:`OutputError` saying what failed
-        on which path and what was already published (also in its ``published`` attribute);
-        no temporary file, partial copy or staging folder is left behind."""
-        self.published, self.manifest_removed = [], False
+        All or nothing: before the first change, the commit writes its journal (``_commit.json``
+        in the staging folder: each change and where the previous version is kept) and keeps
+        every previous version (an output file as ``NAME.ldp-beam-previous``, locally a hard
+        link; the manifest renamed so; a database table renamed ``T__ldp_beam_previous`` in the
+        transaction that writes the new one). A failure on the way puts every previous version
+        back (:func:`_undo`) before raising; a process killed during the commit is rolled back
+        (or, when its manifest was written, finished) by the next run that stages in the
+        manifest's folder (:func:`recover_commit`). Once the manifest is written the kept
+        versions are removed.
+
+        :attr:`published` lists the roles that were moved into place (``"manifest"`` last, once
+        the commit is complete): an output listed there was visible to readers, for a moment
+        when the commit then failed and was rolled back. :attr:`manifest_removed` says whether
+        the previous manifest was set aside. A failure is raised as one :class:`OutputError`
+        saying what failed on which path and in which state it left the outputs (also in its
+        ``published`` attribute); when the rollback itself fails, :attr:`rollback_problems`
+        names what could not be put back and the staging folder (with the journal) is left for
+        the next run to finish the rollback."""
+        self.published, self.manifest_removed, self.rollback_problems = [], False, []
+        self.visible, self._started, self._before = [], [], {}
         step = ["reading the staged outputs in", self.staging]
         try:
-            with self._commit_lock(step):
+            with _commit_lock(self.manifest, self.run_id, step, self._makedirs):
                 return self._commit(manifest, step)
-        except OSError as exc:
+        except (OSError, LdpBeamError) as exc:
             err = OutputError(self._failure(step, exc))
             err.published = list(self.published)
             raise err from exc
         finally:
-            if not self.committed:
+            if not self.committed and not self.rollback_problems:
                 self.discard()
 
-    @contextlib.contextmanager
-    def _commit_lock(self, step: list[str]):
-        """Commits to one local manifest, one at a time: ``MANIFEST.lock`` is created exclusively
-        (``O_CREAT | O_EXCL``) beside the manifest, holding its owner ``{host, pid, run_id}``,
-        and removed when the commit ends, whatever happens. Held by a live run: this commit is
-        refused with an :class:`OutputError` and nothing changes. Left by a dead process of this
-        host, by another host's run and :data:`REMOTE_STALE_SECONDS` old, or older than that
-        whoever holds it: taken over.
-
-        A URL manifest (``s3://``, ``gs://``) is not locked: Beam's FileSystems have no atomic
-        exclusive create, so there only the check again in :meth:`_commit` (an output or
-        manifest created while the run ran is refused without ``force``) guards two runs."""
-        if is_url(self.manifest):
-            yield
-            return
-        path = _local(self.manifest) + ".lock"
-        step[:] = ["taking the commit lock", path]
-        self._makedirs(os.path.dirname(path))
-        mine = {"host": socket.gethostname(), "pid": os.getpid(), "run_id": self.run_id}
-        for _ in range(2):
-            try:
-                fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-                break
-            except FileExistsError:
-                held = _read_lock(path)
-                age = _age(path)
-                if not (_abandoned(held, age) or age >= REMOTE_STALE_SECONDS):
-                    host = held.get("host")
-                    where = "" if host in (None, mine["host"]) else f" on host {host}"
-                    raise OutputError(
-                        f"another run ({held.get('run_id', 'not yet named')}{where}"
-                        f") is committing to these outputs (manifest {location(self.manifest)!r}, "
-                        f"its lock {path}): nothing was committed; run again once it has "
-                        "finished (with --force to replace its outputs)") from None
-                logging.getLogger(__name__).warning(
-                    "taking over the commit lock %s left by run %s (its process is gone or "
-                    "the lock is %.0f s old)", path, held.get("run_id", "unknown"), age)
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(path)
-        else:
-            raise OutputError(f"another run took the commit lock {path} at the same moment: "
-                              "nothing was committed; run again once it has finished")
-        try:
-            try:
-                os.write(fd, json.dumps(mine).encode())
-            finally:
-                os.close(fd)
-            yield
-        finally:
-            if _read_lock(path) == mine:  # not one a later run took over meanwhile
-                try:
-                    os.unlink(path)
-                except FileNotFoundError:
-                    pass
-                except OSError as exc:  # the next commit takes it over: this process is gone
-                    logging.getLogger(__name__).warning(
-                        "could not remove the commit lock %s (%s)", path, _reason(exc))
-
-    def _failure(self, step: list[str], exc: OSError) -> str:
+    def _failure(self, step: list[str], exc: BaseException) -> str:
         what, path = step
-        if self.published:
-            state = (f"already published: {', '.join(self.published)} (their previous files "
-                     "are replaced); no manifest was written, so none vouches for the outputs "
-                     "until a run commits")
-        elif self.manifest_removed:
-            state = ("nothing new was published and the previous outputs are untouched, but "
-                     "their manifest was removed, so none vouches for them until a run commits")
+        reason = _reason(exc) if isinstance(exc, OSError) else str(exc)
+        if self.rollback_problems:
+            state = (f"rolling back failed ({'; '.join(self.rollback_problems)}); no manifest "
+                     f"vouches for the outputs; the commit's journal is kept in {self.staging} "
+                     "and the next run that stages in this folder finishes the rollback")
+        elif self.visible:
+            state = (f"rolled back: every output and the manifest are as before the commit "
+                     f"(the new {', '.join(self.visible)} were in place for a moment)")
+        elif self.manifest_removed or self._started:
+            state = ("rolled back: nothing new was published; the previous outputs and manifest "
+                     "are as they were")
         else:
             state = "nothing was published; the previous outputs and manifest are untouched"
-        return f"commit failed {what} {path}: {_reason(exc)}; {state}"
+        if isinstance(exc, OutputError) and not self.manifest_removed and not self._started:
+            return str(exc)  # refused by a check, before anything changed: its own words
+        return f"commit failed {what} {path}: {reason}; {state}"
 
     def _commit(self, manifest: dict, step: list[str]) -> dict:
         files = {}
@@ -1004,43 +1004,351 @@ class RunOutputs:
                                       "pass --force (force=True) to replace it; nothing was "
                                       "committed")
         manifest = {"run_id": self.run_id, **manifest, "files": files}
-        step[:] = ["removing the previous manifest", self.manifest]
-        if exists(self.manifest, self.flags):  # from here no manifest vouches for a mixture
-            if is_url(self.manifest):
-                _delete([self.manifest], self.flags)
-            else:
-                os.remove(_local(self.manifest))
-            self.manifest_removed = True
-        for role, table in tables.items():  # each table replaced in one transaction
-            from ldp_beam.transforms.sinks import write_tidy  # lazy: Beam (see location())
+        plan = self._plan(files, step)
+        journal = self.scratch(JOURNAL[1:])
+        step[:] = ["writing the commit's journal", journal]
+        self.write_json(journal, {"run_id": self.run_id, "manifest": self.manifest,
+                                  "changes": [_redacted(c) for c in plan]})
+        try:
+            self._apply(plan, tables, manifest, step)
+        except BaseException:
+            self.visible = self._shown(plan)
+            self.rollback_problems = _undo(plan, self.flags)
+            raise
+        self.committed = True
+        for problem in _drop_kept(plan, self.flags):
+            logging.getLogger(__name__).warning(
+                "run %s is committed, but a previous version kept during its commit could not "
+                "be removed: %s", self.run_id, problem)
+        self.discard()
+        return manifest
 
-            step[:] = [f"writing the {role} table", location(self.outputs[role])]
-            write_tidy(table, self.outputs[role], mode="replace")
-            self.published.append(role)
-        for role, final in self.outputs.items():
-            if role not in tables:
+    def _plan(self, files: Mapping[str, dict], step: list[str]) -> list[dict]:
+        """What the commit changes, the manifest first, each with where its previous version is
+        kept and whether there is one. A kept version left by an earlier commit (one that could
+        not be removed) is removed first, so every kept version a rollback finds is this
+        commit's."""
+        plan = []
+        for role, final in [("manifest", self.manifest), *self.outputs.items()]:
+            self._before[role] = _look(final, self.flags)
+            if is_table_url(final):
+                # lazy: Beam (see location()); a republished release commits without a pipeline
+                from ldp_beam.transforms.sinks import drop_tidy, previous_table, tidy_table_exists
+
+                keep = previous_table(final)
+                step[:] = [f"checking the {role} table", location(final)]
+                drop_tidy(final, keep)
+                plan.append({"role": role, "table": final, "keep": keep,
+                             "previous": tidy_table_exists(final)})
+                continue
+            keep = final + PREVIOUS_SUFFIX
+            step[:] = ["removing an earlier commit's kept version", keep]
+            _remove(keep, self.flags)
+            step[:] = [f"checking the {role} output", final]
+            plan.append({"role": role, "path": final, "keep": keep,
+                         "previous": exists(final, self.flags),
+                         "sha256": files.get(role, {}).get("sha256")})
+        return plan
+
+    def _shown(self, plan: Sequence[dict]) -> list[str]:
+        """The roles a failed commit may have shown readers in a new version, looked at before
+        the rollback: those it moved into place (:attr:`published`), and those it began to move
+        or write whose final location now holds something else than before the commit or
+        cannot be told (a move can land its file and still raise: on an object store a rename
+        copies, then deletes the staged object, and that delete can fail)."""
+        where = {c["role"]: c.get("table") or c["path"] for c in plan}
+        shown = []
+        for role in self._started:
+            if role in self.published:
+                shown.append(role)
+                continue
+            now, was = _look(where[role], self.flags), self._before.get(role, _UNKNOWN)
+            if now is not None and (now is _UNKNOWN or was is _UNKNOWN or now != was):
+                shown.append(role)
+        return shown
+
+    def _apply(self, plan: list[dict], tables: Mapping[str, Any], manifest: dict,
+               step: list[str]) -> None:
+        head, *changes = plan
+        if head["previous"]:  # from here no manifest vouches for a mixture
+            step[:] = ["setting the previous manifest aside", self.manifest]
+            _move(self.manifest, head["keep"], self.flags)
+            self.manifest_removed = True
+        for c in changes:
+            role = c["role"]
+            self._started.append(role)
+            if "table" in c:  # replaced in one transaction, the previous table renamed
+                from ldp_beam.transforms.sinks import write_tidy  # lazy: Beam (see _plan)
+
+                step[:] = [f"writing the {role} table", location(c["table"])]
+                write_tidy(tables[role], c["table"], mode="replace",
+                           keep=c["keep"] if c["previous"] else None)
+            else:
+                final = c["path"]
+                if c["previous"]:
+                    step[:] = [f"keeping the previous {role} output as", c["keep"]]
+                    _keep(final, c["keep"], self.flags)
                 step[:] = [f"moving the {role} output into place at", final]
                 if not is_url(final):
                     self._makedirs(os.path.dirname(final))
                 _move(self.staged(role), final, self.flags)
-                self.published.append(role)
+            self.published.append(role)
         tmp = self.scratch("manifest.json")
         step[:] = ["writing the manifest", self.manifest]
         write_bytes(tmp, json_bytes(manifest), self.flags)
         if not is_url(self.manifest):
             self._makedirs(os.path.dirname(self.manifest))
+        self._started.append("manifest")
         _move(tmp, self.manifest, self.flags)
         self.published.append("manifest")
-        self.committed = True
-        self.discard()
-        return manifest
+
+
+@contextlib.contextmanager
+def _commit_lock(manifest: str, run_id: str, step: list[str], makedirs: Any = None):
+    """Commits to one local manifest, one at a time: ``MANIFEST.lock`` is created exclusively
+    (``O_CREAT | O_EXCL``) beside the manifest, holding its owner ``{host, pid, run_id}``, and
+    removed when the commit ends, whatever happens. Held by a live run: this commit is refused
+    with an :class:`OutputError` and nothing changes. Left by a dead process of this host, by
+    another host's run and :data:`REMOTE_STALE_SECONDS` old, or older than that whoever holds
+    it: taken over. A rollback by :func:`recover_commit` takes the same lock.
+
+    A URL manifest (``s3://``, ``gs://``) is not locked: Beam's FileSystems have no atomic
+    exclusive create, so there only the check again in :meth:`RunOutputs._commit` (an output
+    or manifest created while the run ran is refused without ``force``) guards two runs."""
+    if is_url(manifest):
+        yield
+        return
+    path = _local(manifest) + ".lock"
+    step[:] = ["taking the commit lock", path]
+    (makedirs or (lambda d: os.makedirs(d, exist_ok=True)))(os.path.dirname(path))
+    mine = {"host": socket.gethostname(), "pid": os.getpid(), "run_id": run_id}
+    for _ in range(2):
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            break
+        except FileExistsError:
+            held = _read_lock(path)
+            age = _age(path)
+            if not (_abandoned(held, age) or age >= REMOTE_STALE_SECONDS):
+                host = held.get("host")
+                where = "" if host in (None, mine["host"]) else f" on host {host}"
+                raise OutputError(
+                    f"another run ({held.get('run_id', 'not yet named')}{where}"
+                    f") is committing to these outputs (manifest {location(manifest)!r}, "
+                    f"its lock {path}): nothing was committed; run again once it has "
+                    "finished (with --force to replace its outputs)") from None
+            logging.getLogger(__name__).warning(
+                "taking over the commit lock %s left by run %s (its process is gone or "
+                "the lock is %.0f s old)", path, held.get("run_id", "unknown"), age)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+    else:
+        raise OutputError(f"another run took the commit lock {path} at the same moment: "
+                          "nothing was committed; run again once it has finished")
+    try:
+        try:
+            os.write(fd, json.dumps(mine).encode())
+        finally:
+            os.close(fd)
+        yield
+    finally:
+        if _read_lock(path) == mine:  # not one a later run took over meanwhile
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+            except OSError as exc:  # the next commit takes it over: this process is gone
+                logging.getLogger(__name__).warning(
+                    "could not remove the commit lock %s (%s)", path, _reason(exc))
+
+
+# --------------------------------------------------------------------------- rollback
+_UNKNOWN = object()  # a location whose state cannot be told: never equal to anything
+
+
+def _look(path: str, flags: Sequence[str] = ()) -> Any:
+    """How the final location ``path`` looks now: None when nothing is there, else something
+    that changes when a file is moved there (locally device, inode, size and mtime; on an
+    object store size and modification time; a DuckDB table: its database file's), or
+    :data:`_UNKNOWN` when it cannot be told (a PostgreSQL table, an error)."""
+    try:
+        if is_table_url(path):
+            if not path.lower().startswith("duckdb:"):
+                return _UNKNOWN
+            from ldp_beam.transforms.sinks import _duckdb_path  # lazy: Beam (see _plan)
+
+            db = _duckdb_path(path)
+            return tuple(_stat(f) for f in (db, db + ".wal"))
+        if not is_url(path):
+            return _stat(_local(path))
+        if not exists(path, flags):
+            return None
+        found = _fs(path, flags).match([path])[0].metadata_list
+        return tuple(sorted((m.path, m.size_in_bytes, m.last_updated_in_seconds)
+                            for m in found)) or None
+    except Exception:  # noqa: BLE001 - cannot tell: counted as changed (the entry stays pending)
+        return _UNKNOWN
+
+
+def _stat(path: str) -> tuple | None:
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def _remove(path: str, flags: Sequence[str] = ()) -> None:
+    """Remove the file or object at ``path`` if there is one (raises if it cannot)."""
+    if is_url(path):
+        if exists(path, flags):
+            _delete([path], flags)
+        return
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(_local(path))
+
+
+def _keep(final: str, keep: str, flags: Sequence[str]) -> None:
+    """Keep the file at ``final`` as ``keep`` before it is replaced: locally a hard link (the
+    same bytes, nothing copied; a copy where the file system has no hard links), on an object
+    store a server-side copy."""
+    if is_url(final):
+        _fs(final, flags).copy([final], [keep])
+        return
+    try:
+        os.link(_local(final), _local(keep))
+    except OSError as exc:
+        if exc.errno not in (errno.EPERM, errno.EXDEV, errno.EMLINK, errno.ENOTSUP,
+                             errno.EOPNOTSUPP):
+            raise
+        with _partial(_local(keep)) as tmp:
+            shutil.copy2(_local(final), tmp)
+            os.replace(tmp, _local(keep))
+
+
+def _table_named(url: str, bare: str) -> str:
+    """``url`` naming the table ``bare`` in the same schema (``?table=S.bare``; an unqualified
+    DuckDB name in ``main``, where DuckDB creates and renames it: its existence check of an
+    unqualified name would look in every schema)."""
+    from ldp_beam.transforms.sources import parse_settings  # lazy: Beam (see location())
+
+    base, ours, other = parse_settings(url)
+    schema = ours["table"].split(".")[:-1]
+    if not schema and url.lower().startswith("duckdb:"):
+        schema = ["main"]
+    name = ".".join([*schema, bare])
+    return base + "?" + "&".join(f"{quote(k, safe='')}={quote(v, safe='')}"
+                                 for k, v in [*other, ("table", name)])
+
+
+def _redacted(change: dict) -> dict:
+    """A change as the journal stores it: a database URL without its password."""
+    if "table" not in change:
+        return change
+    from ldp_beam.transforms.sources import redact  # lazy: Beam (see location())
+
+    return {**change, "table": redact(change["table"])}
+
+
+def _undo(plan: Sequence[dict], flags: Sequence[str]) -> list[str]:
+    """Put back what a commit's ``plan`` changed, the manifest last; returns what could not be
+    put back (empty when everything is as before the commit).
+
+    For each change: a previous version that was kept is put back over the final place (locally
+    one rename); a previous version with no kept copy was never replaced (the copy is made
+    first), so it is left alone; where there was no previous version, what the commit put there
+    is removed (a file only when its SHA-256 is the one the commit moved in; a table when it
+    exists). When an output cannot be put back, the previous manifest stays aside (no manifest
+    vouches for a mixture); a later :func:`recover_commit` puts it back with the rest."""
+    problems: list[str] = []
+    for c in reversed(plan):
+        if c["role"] == "manifest" and problems:
+            break  # never a manifest vouching for outputs not put back: left for a retry
+        try:
+            if "table" in c:
+                # lazy: Beam (see _plan)
+                from ldp_beam.transforms.sinks import restore_tidy, tidy_table_exists
+
+                if (tidy_table_exists(_table_named(c["table"], c["keep"])) if c["previous"]
+                        else tidy_table_exists(c["table"])):
+                    restore_tidy(c["table"], c["keep"])
+            elif c["previous"]:
+                if exists(c["keep"], flags):
+                    _move(c["keep"], c["path"], flags)
+                    _remove(c["keep"], flags)  # a rename onto its own hard link leaves it
+            elif exists(c["path"], flags) and (
+                    c.get("sha256") is None
+                    or file_digest(c["path"], flags)["sha256"] == c["sha256"]):
+                _remove(c["path"], flags)
+        except Exception as exc:  # noqa: BLE001 - said, and the journal is kept for a retry
+            where = location(c["table"] if "table" in c else c["path"])
+            problems.append(f"the {c['role'].replace('_', ' ')} {where}: "
+                            f"{_reason(exc) if isinstance(exc, OSError) else exc}")
+    return problems
+
+
+def _drop_kept(plan: Sequence[dict], flags: Sequence[str]) -> list[str]:
+    """Remove the previous versions a committed ``plan`` kept; returns what could not be."""
+    problems = []
+    for c in plan:
+        if not c["previous"]:
+            continue
+        try:
+            if "table" in c:
+                from ldp_beam.transforms.sinks import drop_tidy  # lazy: Beam (see _plan)
+
+                drop_tidy(c["table"], c["keep"])
+            else:
+                _remove(c["keep"], flags)
+        except Exception as exc:  # noqa: BLE001 - a warning: the run is committed
+            problems.append(f"{c['keep']}: {exc}")
+    return problems
+
+
+def recover_commit(staging: str, flags: Sequence[str] = ()) -> list[str] | None:
+    """Settle the commit of a run whose process died during it (``kill -9``, a lost machine),
+    from the journal in its abandoned staging folder. None when the folder holds no journal
+    (the run died before committing: nothing of it is in place). Under the manifest's commit
+    lock: when the journal's manifest is in place and names the run, the commit had finished
+    and only the kept previous versions are removed; otherwise every change is rolled back
+    (:func:`_undo`). Returns what could not be settled (empty: done; the folder can go)."""
+    path = _join(staging, JOURNAL)
+    if not exists(path, flags):
+        return None
+    try:
+        with open_read(path, flags) as fh:
+            journal = json.loads(fh.read())
+        plan, manifest = journal["changes"], journal["manifest"]
+        run = str(journal["run_id"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return [f"its commit journal {path} cannot be read ({exc})"]
+    log = logging.getLogger(__name__)
+    try:
+        with _commit_lock(manifest, "recovery-of-" + run, ["", ""]):
+            try:
+                done = exists(manifest, flags) and read_manifest(manifest, flags).get(
+                    "run_id") == run
+            except (OSError, ValueError):
+                done = False
+            if done:
+                problems = _drop_kept(plan, flags)
+                log.warning("run %s was stopped after its commit had finished (manifest %s): "
+                            "removed the previous versions it kept", run, location(manifest))
+            else:
+                problems = _undo(plan, flags)
+                log.warning("run %s was stopped during its commit: %s", run,
+                            "its outputs are rolled back, the previous outputs and manifest "
+                            "are back" if not problems else "its rollback is incomplete")
+    except OutputError as exc:  # its lock is held by a live run: settled on a later sweep
+        return [str(exc)]
+    return problems
 
 
 def _beside(real: str) -> list[str]:
     """The names the run writes in a local output's folder: its own, then its temporary file
     and the partial copy a move across file systems makes."""
     base = os.path.basename(real)
-    return [base, base + ".tmp", base + PARTIAL_SUFFIX]
+    return [base, base + ".tmp", base + PARTIAL_SUFFIX, base + PREVIOUS_SUFFIX]
 
 
 def _suffix(path: str) -> str:

@@ -321,10 +321,10 @@ def test_no_finite_guarantee_needs_the_opt_in_and_says_so(tmp_path):
     assert est["estimate"]["guarantee"]["summary"].startswith("no finite guarantee")
 
 
-def test_a_commit_that_fails_half_way_leaves_no_manifest_and_the_old_files(tmp_path):
-    """The old manifest goes first; a table write that fails at commit (here: the DuckDB file is
-    not a database) stops the commit before any file is moved, so the previous files stay and no
-    manifest vouches for anything; the staging folder is removed."""
+def test_a_commit_whose_table_cannot_be_written_leaves_the_previous_run(tmp_path):
+    """A table output that cannot be written at commit (a staged table that cannot be read; the
+    DuckDB file's path became a folder) stops the commit; the previous files and manifest are
+    as they were and the staging folder is removed."""
     pytest.importorskip("duckdb")
     from ldp_beam.pipelines.outputs import OutputError, RunOutputs
     from ldp_beam.transforms import SourceError
@@ -352,16 +352,16 @@ def test_a_commit_that_fails_half_way_leaves_no_manifest_and_the_old_files(tmp_p
         with pytest.raises(Exception):
             outs.commit({"command": "test"})
     assert json.loads(man.read_text())["run_id"] == "run-1" and verify(str(man)) == []
-    # the database cannot be written at commit (its path became a folder): the old manifest is
-    # already gone, no file was moved, no new manifest is written
+    # the database cannot be written at commit (its path became a folder)
     outs = RunOutputs({"estimate": url, "dead_letter": str(dead)}, str(man), "run-4", force=True)
     with outs:
         outs.write(outs.staged("dead_letter"), b'{"new": 1}\n')
         outs.write(outs.staged("estimate"), tidy)
         db.mkdir()
-        with pytest.raises(SourceError, match="ok.duckdb"):
+        with pytest.raises(OutputError, match="ok.duckdb"):
             outs.commit({"command": "test"})
-    assert not man.exists() and dead.read_bytes() == b'{"old": 1}\n'
+    assert json.loads(man.read_text())["run_id"] == "run-1" and verify(str(man)) == []
+    assert dead.read_bytes() == b'{"old": 1}\n'
     assert _no_staging(tmp_path)
     with pytest.raises(OutputError, match="not a database table"):
         RunOutputs({"dead_letter": str(dead)}, url, "run-5", force=True)

@@ -7,6 +7,7 @@ partial file."""
 from __future__ import annotations
 
 import errno
+import json
 import os
 import shutil
 import subprocess
@@ -18,8 +19,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from ldp_beam.pipelines import outputs as outputs_mod
-from ldp_beam.pipelines.outputs import (PARTIAL_SUFFIX, STAGING_PREFIX, OutputError, RunOutputs,
-                                        check_output_format, real_path, verify)
+from ldp_beam.pipelines.outputs import (PARTIAL_SUFFIX, PREVIOUS_SUFFIX, STAGING_PREFIX,
+                                        OutputError, RunOutputs, check_output_format,
+                                        real_path, verify)
 
 GRR = ("-m", "grr", "--epsilon", "1", "-p", "domain=a,b,c,d")
 
@@ -61,7 +63,7 @@ def _leftovers(folder) -> list[str]:
     found = []
     for d, dirs, names in os.walk(folder):
         for n in names + dirs:
-            if n.endswith((".tmp", PARTIAL_SUFFIX)) or n.startswith(
+            if n.endswith((".tmp", PARTIAL_SUFFIX, PREVIOUS_SUFFIX)) or n.startswith(
                     (STAGING_PREFIX, outputs_mod.PROBE_PREFIX)):
                 found.append(os.path.join(d, n))
     return found
@@ -390,14 +392,14 @@ def _previous_run(folder):
     return outs
 
 
-def _failing_replace(monkeypatch, fail_on: int, error: int = errno.EIO):
-    """os.replace that fails on its ``fail_on``-th call (1-based) from now on."""
+def _failing_replace(monkeypatch, fails, error: int = errno.EIO):
+    """os.replace that fails, from now on, for every call for which ``fails(src, dst)`` holds."""
     real = os.replace
     calls = []
 
     def replace(src, dst, *a, **k):
         calls.append((str(src), str(dst)))
-        if len(calls) == fail_on:
+        if fails(str(src), str(dst)):
             raise OSError(error, os.strerror(error), str(dst))
         return real(src, dst, *a, **k)
 
@@ -405,25 +407,37 @@ def _failing_replace(monkeypatch, fail_on: int, error: int = errno.EIO):
     return calls
 
 
-def test_a_commit_failing_on_the_second_output_says_what_was_published(tmp_path, monkeypatch):
+def _moving_in(name):
+    """A replace that moves a staged file to the final place ``name``."""
+    return lambda src, dst: STAGING_PREFIX in src and os.path.basename(dst) == name
+
+
+def _old_run_intact(folder):
+    """The previous run's outputs and manifest as it committed them, nothing else left."""
+    assert (folder / "r.parquet").read_bytes() == b"old-r"
+    assert (folder / "d.jsonl").read_bytes() == b"old-d"
+    man = folder / "r.parquet.manifest.json"
+    assert json.loads(man.read_text())["run_id"] == "old" and verify(str(man)) == []
+    assert sorted(os.listdir(folder)) == ["d.jsonl", "r.parquet", "r.parquet.manifest.json"]
+
+
+def test_a_commit_failing_on_the_second_output_rolls_the_first_back(tmp_path, monkeypatch):
     _previous_run(tmp_path)
     outs = _outputs(tmp_path, "new", force=True)
     with outs:
         _stage(outs)
-        _failing_replace(monkeypatch, 2)
+        _failing_replace(monkeypatch, _moving_in("d.jsonl"))
         with pytest.raises(OutputError) as err:
             outs.commit({"command": "test"})
     msg = str(err.value)
     assert "\n" not in msg and msg.startswith(
         f"commit failed moving the dead_letter output into place at {tmp_path / 'd.jsonl'}: "
-        "Input/output error (OSError)")
-    assert "already published: reports" in msg and "no manifest was written" in msg
+        "Input/output error (OSError); rolled back: every output and the manifest are as "
+        "before the commit (the new reports were in place for a moment)")
     assert outs.published == ["reports"] and err.value.published == ["reports"]
+    assert outs.visible == ["reports"] and not outs.rollback_problems
     assert outs.manifest_removed and not outs.committed
-    assert (tmp_path / "r.parquet").read_bytes() == b"new-r"
-    assert (tmp_path / "d.jsonl").read_bytes() == b"old-d"
-    assert not (tmp_path / "r.parquet.manifest.json").exists()
-    assert sorted(os.listdir(tmp_path)) == ["d.jsonl", "r.parquet"] and _leftovers(tmp_path) == []
+    _old_run_intact(tmp_path)
 
 
 def test_a_commit_failing_on_the_first_output_published_nothing(tmp_path, monkeypatch):
@@ -431,31 +445,29 @@ def test_a_commit_failing_on_the_first_output_published_nothing(tmp_path, monkey
     outs = _outputs(tmp_path, "new", tmp_path / "new" / "sub" / "d.jsonl", force=True)
     with outs:
         _stage(outs)
-        _failing_replace(monkeypatch, 1, errno.ENOSPC)
-        with pytest.raises(OutputError, match="nothing new was published") as err:
+        _failing_replace(monkeypatch, _moving_in("r.parquet"), errno.ENOSPC)
+        with pytest.raises(OutputError, match="rolled back: nothing new was published; the "
+                           "previous outputs and manifest are as they were$") as err:
             outs.commit({"command": "test"})
     assert outs.published == [] and err.value.published == [] and outs.manifest_removed
-    assert "No space left on device" in str(err.value)
-    assert (tmp_path / "r.parquet").read_bytes() == b"old-r"
-    assert (tmp_path / "d.jsonl").read_bytes() == b"old-d"
+    assert outs.visible == [] and "No space left on device" in str(err.value)
     assert not (tmp_path / "new").exists()  # the folder the commit would have filled
-    assert _leftovers(tmp_path) == []
+    _old_run_intact(tmp_path)
 
 
-def test_a_commit_that_cannot_remove_the_old_manifest_changes_nothing(tmp_path, monkeypatch):
+def test_a_commit_that_cannot_set_the_old_manifest_aside_changes_nothing(tmp_path,
+                                                                         monkeypatch):
     _previous_run(tmp_path)
     before = _files(tmp_path)
     outs = _outputs(tmp_path, "new", force=True)
     with outs:
         _stage(outs)
-
-        def remove(path, *a, **k):
-            raise PermissionError(errno.EACCES, "Permission denied", str(path))
-
-        monkeypatch.setattr(outputs_mod.os, "remove", remove)
-        with pytest.raises(OutputError, match="^commit failed removing the previous manifest "
-                           ".*nothing was published; the previous outputs and manifest are "
-                           "untouched$"):
+        _failing_replace(monkeypatch, lambda src, dst: dst.endswith(".manifest.json"
+                                                                    + PREVIOUS_SUFFIX),
+                         errno.EACCES)
+        with pytest.raises(OutputError, match="^commit failed setting the previous manifest "
+                           "aside .*nothing was published; the previous outputs and manifest "
+                           "are untouched$"):
             outs.commit({"command": "test"})
     assert outs.published == [] and not outs.manifest_removed
     assert _files(tmp_path) == before and _leftovers(tmp_path) == []
@@ -469,11 +481,9 @@ def test_a_move_across_file_systems_that_fails_leaves_no_partial_copy(tmp_path, 
     with outs:
         _stage(outs)
         real = os.replace
-        calls = []
 
         def replace(src, dst, *a, **k):
-            calls.append(str(src))
-            if len(calls) == 1:  # staged -> final: another device
+            if _moving_in("r.parquet")(str(src), str(dst)):  # staged -> final: another device
                 raise OSError(errno.EXDEV, os.strerror(errno.EXDEV), str(dst))
             if str(src).endswith(PARTIAL_SUFFIX):
                 assert os.path.exists(src)  # the copy was made beside the target...
@@ -483,20 +493,52 @@ def test_a_move_across_file_systems_that_fails_leaves_no_partial_copy(tmp_path, 
         monkeypatch.setattr(outputs_mod.os, "replace", replace)
         with pytest.raises(OutputError, match="nothing new was published"):
             outs.commit({"command": "test"})
-    assert outs.published == []
-    assert (tmp_path / "r.parquet").read_bytes() == b"old-r"  # ...and is gone again
-    assert _leftovers(tmp_path) == []
+    assert outs.published == [] and outs.visible == []
+    _old_run_intact(tmp_path)  # ...and is gone again
 
 
-def test_the_manifest_write_failing_after_the_outputs_says_so(tmp_path, monkeypatch):
+def test_the_manifest_write_failing_after_the_outputs_removes_them_again(tmp_path,
+                                                                        monkeypatch):
     outs = _outputs(tmp_path, "new")
     with outs:
         _stage(outs)
-        _failing_replace(monkeypatch, 3)  # reports, dead letters, then the manifest's .tmp
-        with pytest.raises(OutputError, match="^commit failed writing the manifest") as err:
+        _failing_replace(monkeypatch, lambda src, dst: dst.endswith(".manifest.json"))
+        with pytest.raises(OutputError, match="^commit failed writing the manifest .*rolled "
+                           r"back: .*\(the new reports, dead_letter were in place for a "
+                           r"moment\)$") as err:
             outs.commit({"command": "test"})
     assert err.value.published == ["reports", "dead_letter"] and not outs.manifest_removed
-    assert sorted(os.listdir(tmp_path)) == ["d.jsonl", "r.parquet"] and _leftovers(tmp_path) == []
+    assert os.listdir(tmp_path) == []  # no previous version: the new files are removed
+
+
+def test_a_rollback_that_cannot_finish_is_finished_by_the_next_run(tmp_path, monkeypatch):
+    """The dead letters cannot be moved in, and the reports' previous version cannot be put
+    back: the error says so, no manifest vouches for the mixture, the journal stays, and the
+    next run staging in the folder (once this run's process is gone) finishes the rollback."""
+    _previous_run(tmp_path)
+    outs = _outputs(tmp_path, "new", force=True)
+    with outs:
+        _stage(outs)
+        with monkeypatch.context() as m:
+            _failing_replace(m, lambda src, dst: _moving_in("d.jsonl")(src, dst) or (
+                src.endswith("r.parquet" + PREVIOUS_SUFFIX)))
+            with pytest.raises(OutputError, match="rolling back failed .*the reports "
+                               f".*{tmp_path / 'r.parquet'}.*journal is kept in"):
+                outs.commit({"command": "test"})
+    assert outs.rollback_problems and os.path.isdir(outs.staging)
+    assert (tmp_path / "r.parquet").read_bytes() == b"new-r"
+    assert not (tmp_path / "r.parquet.manifest.json").exists()
+    # the process that owned the staging folder is gone (a dead pid stands in for it)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    owner = os.path.join(outs.staging, outputs_mod.OWNER_FILE)
+    with open(owner) as fh:
+        rec = json.load(fh)
+    with open(owner, "w") as fh:
+        json.dump({**rec, "pid": dead.pid}, fh)
+    with _outputs(tmp_path, "later", force=True):
+        pass
+    _old_run_intact(tmp_path)
 
 
 def test_a_staging_folder_that_cannot_be_made_is_one_line_and_leaves_nothing(tmp_path,
@@ -529,8 +571,8 @@ def test_a_run_that_fails_removes_the_folders_it_made(tmp_path):
 
 
 def test_publish_settles_the_ledger_entry_by_published(tmp_path, monkeypatch):
-    """lifecycle.publish reads ``outs.published``: something moved -> the entry stays pending;
-    nothing moved -> it is aborted."""
+    """lifecycle.publish reads ``outs.visible``: something was moved into place (and rolled
+    back) -> the entry stays pending; nothing was -> it is aborted."""
     from ldp_beam.pipelines import lifecycle
 
     class Entry:
@@ -549,8 +591,8 @@ def test_publish_settles_the_ledger_entry_by_published(tmp_path, monkeypatch):
         def commit(self):
             self.state = ("committed", "")
 
-    for fail_on, state in ((2, "pending"), (1, "aborted")):
-        folder = tmp_path / str(fail_on)
+    for fail_on, state in (("d.jsonl", "pending"), ("r.parquet", "aborted")):
+        folder = tmp_path / fail_on
         folder.mkdir()
         _previous_run(folder)
         outs = _outputs(folder, "new", force=True)
@@ -558,8 +600,9 @@ def test_publish_settles_the_ledger_entry_by_published(tmp_path, monkeypatch):
         with outs:
             _stage(outs)
             with monkeypatch.context() as m:
-                _failing_replace(m, fail_on)
+                _failing_replace(m, _moving_in(fail_on))
                 with pytest.raises(OutputError):
                     lifecycle.publish(entry, outs, {"command": "test"})
         assert entry.state[0] == state, entry.state
+        _old_run_intact(folder)
         assert _leftovers(folder) == []

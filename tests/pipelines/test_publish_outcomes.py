@@ -6,7 +6,8 @@
   says so (it used to print "nothing was committed ... reservation given back");
 * a move that puts its file in place and then raises (an object store's rename: copy, then a
   failed delete of the staged object) leaves the entry pending, not aborted: ``published`` is
-  empty then, but the output's location changed.
+  empty then, but the output's location changed (``visible``, looked at before the commit is
+  rolled back: the new file was there for a moment, and the rollback takes it away again).
 """
 from __future__ import annotations
 
@@ -102,16 +103,19 @@ def test_an_interrupt_before_publishing_still_says_nothing_was_committed(capsys)
 
 
 def _copy_then_fail(monkeypatch, copy: bool):
-    """outputs._move that, on its first call, copies the staged file into place (when ``copy``)
-    and then raises: an object store's rename whose delete of the staged object fails."""
+    """outputs._move that, on its first move of a staged output into place, copies the file
+    there (when ``copy``) and then raises: an object store's rename whose delete of the staged
+    object fails."""
     real = outputs_mod._move
     calls = []
 
     def move(src, dst, flags=()):
-        calls.append(dst)
-        if len(calls) == 1:
-            if copy:
-                shutil.copyfile(src, dst)
+        if not calls and outputs_mod.STAGING_PREFIX in src and not src.endswith(
+                "_manifest.json"):
+            calls.append(dst)
+            if copy:  # landed as a move lands: a new file at dst (never written through it)
+                shutil.copyfile(src, dst + ".landing")
+                os.replace(dst + ".landing", dst)
             raise OSError(errno.EIO, os.strerror(errno.EIO), src)
         return real(src, dst, flags)
 
@@ -146,10 +150,14 @@ def test_a_move_that_lands_then_raises_leaves_the_entry_pending(tmp_path, monkey
                                                                  previous):
     folder, outs, status, note = _failed_publish(tmp_path, monkeypatch, previous, copy=True)
     assert outs.published == []  # what the old code judged by
-    assert status == "pending"
+    first = list(outs.outputs)[0]
+    assert outs.visible == [first] and status == "pending"  # it was seen: its spend counted
     assert "may have published" in note and "--resolve run-1" in note
-    first = "d.jsonl" if list(outs.outputs)[0] == "dead_letter" else "r.parquet"
-    assert (folder / first).read_bytes().startswith(b"new-")  # visible, and its spend counted
+    path = folder / ("d.jsonl" if first == "dead_letter" else "r.parquet")
+    if previous:  # rolled back: the previous version is back
+        assert path.read_bytes().startswith(b"old-")
+    else:
+        assert not path.exists()
 
 
 def test_a_move_that_fails_before_landing_still_aborts(tmp_path, monkeypatch):

@@ -208,3 +208,63 @@ def test_outputs_on_two_file_systems_commit_together(s3, tmp_path):
     assert _keys(client, bucket, "two/") == ["two/r.parquet", "two/r.parquet.manifest.json"]
     with pytest.raises(ValueError, match="--force"):
         RunOutputs({"reports": rep, "dead_letter": dead}, man, "run-2", options=opts)
+
+
+def test_a_failed_commit_in_the_bucket_is_rolled_back(s3, monkeypatch):
+    """The dead letters cannot be moved into place: the reports object moved a moment before is
+    put back (from its server-side copy), and the manifest with it; nothing of the run is left.
+    A dead run's journal in the bucket is settled by the next run the same way."""
+    from ldp_beam.pipelines import outputs as outputs_mod
+    from ldp_beam.pipelines.outputs import OutputError, RunOutputs, verify
+
+    client, bucket, opts = s3
+    rep, dead = f"s3://{bucket}/out/r.parquet", f"s3://{bucket}/out/d.jsonl"
+    man = rep + ".manifest.json"
+
+    def commit(run, fail=None):
+        outs = RunOutputs({"reports": rep, "dead_letter": dead}, man, run, force=True,
+                          options=opts)
+        real = outputs_mod._move
+
+        def move(src, dst, flags=()):
+            if fail and outputs_mod.STAGING_PREFIX in src and dst == fail:
+                raise OSError(5, "Input/output error", dst)
+            return real(src, dst, flags)
+
+        with outs, monkeypatch.context() as m:
+            outs.write(outs.staged("reports"), f"{run}-r".encode())
+            outs.write(outs.staged("dead_letter"), f"{run}-d".encode())
+            m.setattr(outputs_mod, "_move", move)
+            outs.commit({"command": "test"})
+
+    commit("old")
+    before = _snapshot(client, bucket)
+    with pytest.raises(OutputError, match="rolled back: every output and the manifest are as "
+                       r"before the commit \(the new reports were in place for a moment\)"):
+        commit("new", fail=dead)
+    assert _snapshot(client, bucket) == before and verify(man, opts) == []
+    # a run that died during its commit: its journal names the changes; the next run settles it
+    staging = f"out/{outputs_mod.STAGING_PREFIX}gone"
+    client.copy_object(Bucket=bucket, Key="out/r.parquet" + outputs_mod.PREVIOUS_SUFFIX,
+                       CopySource={"Bucket": bucket, "Key": "out/r.parquet"})
+    client.copy_object(Bucket=bucket, Key="out/r.parquet.manifest.json"
+                       + outputs_mod.PREVIOUS_SUFFIX,
+                       CopySource={"Bucket": bucket, "Key": "out/r.parquet.manifest.json"})
+    client.delete_object(Bucket=bucket, Key="out/r.parquet.manifest.json")
+    client.put_object(Bucket=bucket, Key="out/r.parquet", Body=b"gone-r")
+    plan = [{"role": "manifest", "path": man, "keep": man + outputs_mod.PREVIOUS_SUFFIX,
+             "previous": True, "sha256": None},
+            {"role": "reports", "path": rep, "keep": rep + outputs_mod.PREVIOUS_SUFFIX,
+             "previous": True, "sha256": "x"},
+            {"role": "dead_letter", "path": dead, "keep": dead + outputs_mod.PREVIOUS_SUFFIX,
+             "previous": True, "sha256": "y"}]
+    owner = {"pid": 2 ** 22 + 12345, "host": socket.gethostname(), "run_id": "gone"}
+    client.put_object(Bucket=bucket, Key=f"{staging}/{outputs_mod.OWNER_FILE}",
+                      Body=json.dumps(owner).encode())
+    client.put_object(Bucket=bucket, Key=f"{staging}/{outputs_mod.JOURNAL}",
+                      Body=json.dumps({"run_id": "gone", "manifest": man,
+                                       "changes": plan}).encode())
+    with RunOutputs({"reports": rep, "dead_letter": dead}, man, "later", force=True,
+                    options=opts):
+        pass
+    assert _snapshot(client, bucket) == before and verify(man, opts) == []
