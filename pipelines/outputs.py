@@ -643,12 +643,13 @@ def _abandoned(owner: dict, age: float) -> bool:
     return age >= REMOTE_STALE_SECONDS
 
 
-def sweep_stale(folder: str, flags: Sequence[str] = ()) -> list[str]:
+def sweep_stale(folder: str, flags: Sequence[str] = (),
+                urls: Mapping[str, str] | None = None) -> list[str]:
     """Remove staging folders in ``folder`` whose owner process on this host is gone (a run
     killed before it could clean up), or whose owner is on another host and which are
     :data:`REMOTE_STALE_SECONDS` old (see :func:`_abandoned`). Returns what was removed."""
     if is_url(folder):
-        return _sweep_remote(folder, flags)
+        return _sweep_remote(folder, flags, urls)
     removed = []
     for d in glob.glob(os.path.join(folder, STAGING_PREFIX + "*")):
         try:
@@ -656,18 +657,18 @@ def sweep_stale(folder: str, flags: Sequence[str] = ()) -> list[str]:
                 owner = json.load(fh)
         except (OSError, ValueError):
             owner = {}
-        if not _abandoned(owner, _age(d)) or not _settled(d, flags):
+        if not _abandoned(owner, _age(d)) or not _settled(d, flags, urls):
             continue
         shutil.rmtree(d, ignore_errors=True)
         removed.append(d)
     return removed
 
 
-def _settled(staging: str, flags: Sequence[str]) -> bool:
+def _settled(staging: str, flags: Sequence[str], urls: Mapping[str, str] | None) -> bool:
     """Whether an abandoned staging folder can go: its run died before committing, or the
     commit it died in is now settled (:func:`recover_commit`); else it is kept, with a warning,
     for a later run to try again."""
-    problems = recover_commit(staging, flags)
+    problems = recover_commit(staging, flags, urls)
     if problems:
         logging.getLogger(__name__).warning(
             "the commit of the run that left %s is not settled yet (%s); its staging folder "
@@ -675,7 +676,8 @@ def _settled(staging: str, flags: Sequence[str]) -> bool:
     return not problems
 
 
-def _sweep_remote(folder: str, flags: Sequence[str]) -> list[str]:
+def _sweep_remote(folder: str, flags: Sequence[str],
+                  urls: Mapping[str, str] | None = None) -> list[str]:
     base = folder.rstrip("/") + "/"
     groups: dict[str, list[tuple[str, float]]] = {}
     for path, mtime in _listing(base + STAGING_PREFIX + "**", flags):
@@ -691,7 +693,7 @@ def _sweep_remote(folder: str, flags: Sequence[str]) -> list[str]:
             except (OSError, ValueError):
                 owner = {}
         age = time.time() - max(m for _, m in objs)
-        if not _abandoned(owner, age) or not _settled(d, flags):
+        if not _abandoned(owner, age) or not _settled(d, flags, urls):
             continue
         _delete([p for p, _ in objs], flags)
         removed.append(d)
@@ -762,7 +764,8 @@ class RunOutputs:
             raise OutputError(f"the manifest {location(manifest)!r} must be a file path or "
                               "URL, not a database table")
         for p in [manifest, *self.given.values()]:
-            if p.startswith(("s3://", "gs://")):  # reachable, credentials, bucket: before anything runs
+            # reachable, credentials, bucket: before anything runs
+            if p.startswith(("s3://", "gs://")):
                 check_object_store(p, self.flags)
         # every local path as the file system resolves it, used for the checks AND the writes
         self.outputs = {role: real_path(p) for role, p in self.given.items()}
@@ -778,7 +781,8 @@ class RunOutputs:
                                  self.manifest + PREVIOUS_SUFFIX, self.staging]
         # a dead run's commit in this folder is settled first: its outputs are rolled back
         # (or its commit finished) before this run looks at what exists
-        sweep_stale(self.folder, self.flags)
+        sweep_stale(self.folder, self.flags, urls={
+            _without_password(_redact(p)): p for p in self.outputs.values() if is_table_url(p)})
         check_outputs({**self.given, "manifest": manifest}, inputs, force, self.flags,
                       labels=self.labels, extra=extra)
         targets = [(role, self.given[role], p, _beside(p)) for role, p in local.items()]
@@ -1004,16 +1008,25 @@ class RunOutputs:
                                       "pass --force (force=True) to replace it; nothing was "
                                       "committed")
         manifest = {"run_id": self.run_id, **manifest, "files": files}
+        step[:] = ["looking for an unsettled commit in", self.folder]
+        for other in _journals(self.folder, self.flags, self.staging):
+            raise OutputError(
+                f"an earlier run's commit in this folder is not settled (its journal {other}: "
+                "its process died during the commit and its rollback could not finish, or a "
+                "run on another host is committing): nothing was committed; the warning "
+                "logged when this run started says what is missing; run again once it is "
+                "settled")
         plan = self._plan(files, step)
         journal = self.scratch(JOURNAL[1:])
         step[:] = ["writing the commit's journal", journal]
         self.write_json(journal, {"run_id": self.run_id, "manifest": self.manifest,
+                                  "replaces": _manifest_run(self.manifest, self.flags),
                                   "changes": [_redacted(c) for c in plan]})
         try:
             self._apply(plan, tables, manifest, step)
         except BaseException:
             self.visible = self._shown(plan)
-            self.rollback_problems = _undo(plan, self.flags)
+            self.rollback_problems = _undo(plan, self.flags, self.run_id)
             raise
         self.committed = True
         for problem in _drop_kept(plan, self.flags):
@@ -1038,12 +1051,14 @@ class RunOutputs:
                 keep = previous_table(final)
                 step[:] = [f"checking the {role} table", location(final)]
                 drop_tidy(final, keep)
+                own = _table_named(final, _table_name(final).split(".")[-1])
                 plan.append({"role": role, "table": final, "keep": keep,
-                             "previous": tidy_table_exists(final)})
+                             "previous": tidy_table_exists(own)})
                 continue
             keep = final + PREVIOUS_SUFFIX
             step[:] = ["removing an earlier commit's kept version", keep]
             _remove(keep, self.flags)
+            _remove(keep + PARTIAL_SUFFIX, self.flags)
             step[:] = [f"checking the {role} output", final]
             plan.append({"role": role, "path": final, "keep": keep,
                          "previous": exists(final, self.flags),
@@ -1219,11 +1234,18 @@ def _keep(final: str, keep: str, flags: Sequence[str]) -> None:
         os.link(_local(final), _local(keep))
     except OSError as exc:
         if exc.errno not in (errno.EPERM, errno.EXDEV, errno.EMLINK, errno.ENOTSUP,
-                             errno.EOPNOTSUPP):
+                             errno.EOPNOTSUPP, errno.ENOSYS):
             raise
         with _partial(_local(keep)) as tmp:
             shutil.copy2(_local(final), tmp)
             os.replace(tmp, _local(keep))
+
+
+def _table_name(url: str) -> str:
+    """The ``table=`` setting of a database output URL (``T`` or ``SCHEMA.T``)."""
+    from ldp_beam.transforms.sources import parse_settings  # lazy: Beam (see location())
+
+    return parse_settings(url)[1]["table"]
 
 
 def _table_named(url: str, bare: str) -> str:
@@ -1245,21 +1267,43 @@ def _redacted(change: dict) -> dict:
     """A change as the journal stores it: a database URL without its password."""
     if "table" not in change:
         return change
+    return {**change, "table": _without_password(_redact(change["table"]))}
+
+
+def _redact(url: str) -> str:
     from ldp_beam.transforms.sources import redact  # lazy: Beam (see location())
 
-    return {**change, "table": redact(change["table"])}
+    return redact(url)
 
 
-def _undo(plan: Sequence[dict], flags: Sequence[str]) -> list[str]:
-    """Put back what a commit's ``plan`` changed, the manifest last; returns what could not be
-    put back (empty when everything is as before the commit).
+def _without_password(url: str) -> str:
+    """``url`` with a ``password=`` parameter's value replaced by ``***``."""
+    base, sep, query = url.partition("?")
+    return base + sep + "&".join(
+        "password=***" if part.lower().startswith("password=") else part
+        for part in query.split("&")) if sep else url
 
-    For each change: a previous version that was kept is put back over the final place (locally
-    one rename); a previous version with no kept copy was never replaced (the copy is made
-    first), so it is left alone; where there was no previous version, what the commit put there
-    is removed (a file only when its SHA-256 is the one the commit moved in; a table when it
-    exists). When an output cannot be put back, the previous manifest stays aside (no manifest
-    vouches for a mixture); a later :func:`recover_commit` puts it back with the rest."""
+
+def _undo(plan: Sequence[dict], flags: Sequence[str], run_id: str) -> list[str]:
+    """Put back what run ``run_id``'s commit ``plan`` changed; returns what could not be put
+    back (empty when everything is as before the commit).
+
+    First its own new manifest, if it landed, is removed (were that impossible, nothing else is
+    touched: every output was moved in before the manifest, so the commit then stands whole).
+    Then each output: a previous version that was kept is put back over the final place
+    (locally one rename); a previous version with no kept copy was never replaced (the copy is
+    made first), so it is left alone; where there was no previous version, what the commit put
+    there is removed (a file only when its SHA-256 is the one the commit moved in; a table when
+    it exists). The previous manifest comes back last, and only when every output did (never a
+    manifest vouching for a mixture); what is left is for a later :func:`recover_commit`."""
+    manifest = plan[0]["path"]
+    try:
+        if _manifest_run(manifest, flags) == run_id:
+            _remove(manifest, flags)
+    except Exception as exc:  # noqa: BLE001 - the new manifest stands over all new outputs
+        return [f"its new manifest {location(manifest)} could not be removed "
+                f"({_reason(exc) if isinstance(exc, OSError) else exc}), so the commit stands "
+                "whole: every new output is in place under it"]
     problems: list[str] = []
     for c in reversed(plan):
         if c["role"] == "manifest" and problems:
@@ -1269,8 +1313,9 @@ def _undo(plan: Sequence[dict], flags: Sequence[str]) -> list[str]:
                 # lazy: Beam (see _plan)
                 from ldp_beam.transforms.sinks import restore_tidy, tidy_table_exists
 
-                if (tidy_table_exists(_table_named(c["table"], c["keep"])) if c["previous"]
-                        else tidy_table_exists(c["table"])):
+                own = _table_named(c["table"], _table_name(c["table"]).split(".")[-1])
+                if tidy_table_exists(_table_named(c["table"], c["keep"]) if c["previous"]
+                                     else own):
                     restore_tidy(c["table"], c["keep"])
             elif c["previous"]:
                 if exists(c["keep"], flags):
@@ -1285,6 +1330,28 @@ def _undo(plan: Sequence[dict], flags: Sequence[str]) -> list[str]:
             problems.append(f"the {c['role'].replace('_', ' ')} {where}: "
                             f"{_reason(exc) if isinstance(exc, OSError) else exc}")
     return problems
+
+
+def _manifest_run(path: str, flags: Sequence[str]) -> str | None:
+    """The run id the manifest at ``path`` names; None when there is none (raises when it
+    exists but cannot be read: a commit is never judged from a manifest misread)."""
+    if not exists(path, flags):
+        return None
+    run = read_manifest(path, flags).get("run_id")
+    return None if run is None else str(run)
+
+
+def _journals(folder: str, flags: Sequence[str], exclude: str = "") -> list[str]:
+    """The commit journals in the staging folders of ``folder`` but ``exclude``'s: commits not
+    settled yet."""
+    pattern = _join(folder, STAGING_PREFIX + "*/" + JOURNAL)
+    found = (_local_glob(pattern) if not is_url(folder)
+             else [p for p, _ in _listing(pattern, flags)])
+    return sorted(p for p in found if not p.startswith(_join(exclude, "")))
+
+
+def _local_glob(pattern: str) -> list[str]:
+    return glob.glob(_local(pattern))
 
 
 def _drop_kept(plan: Sequence[dict], flags: Sequence[str]) -> list[str]:
@@ -1305,13 +1372,22 @@ def _drop_kept(plan: Sequence[dict], flags: Sequence[str]) -> list[str]:
     return problems
 
 
-def recover_commit(staging: str, flags: Sequence[str] = ()) -> list[str] | None:
+def recover_commit(staging: str, flags: Sequence[str] = (),
+                   urls: Mapping[str, str] | None = None) -> list[str] | None:
     """Settle the commit of a run whose process died during it (``kill -9``, a lost machine),
     from the journal in its abandoned staging folder. None when the folder holds no journal
     (the run died before committing: nothing of it is in place). Under the manifest's commit
-    lock: when the journal's manifest is in place and names the run, the commit had finished
-    and only the kept previous versions are removed; otherwise every change is rolled back
-    (:func:`_undo`). Returns what could not be settled (empty: done; the folder can go)."""
+    lock, by what the manifest's place holds now:
+
+    * a manifest naming the run: its commit had finished; the kept previous versions go;
+    * none, or the one the run replaced: every change is rolled back (:func:`_undo`);
+    * a manifest naming another run: a later commit superseded it; nothing is touched;
+    * a manifest that cannot be read: nothing is touched (a commit is never judged from a
+      misread), and the journal stays for a later try.
+
+    The journal stores database URLs without their password; ``urls`` maps such a URL to the
+    one the current run was given (the same output), with which it is reached. Returns what
+    could not be settled (empty: done; the folder can go)."""
     path = _join(staging, JOURNAL)
     if not exists(path, flags):
         return None
@@ -1319,26 +1395,37 @@ def recover_commit(staging: str, flags: Sequence[str] = ()) -> list[str] | None:
         with open_read(path, flags) as fh:
             journal = json.loads(fh.read())
         plan, manifest = journal["changes"], journal["manifest"]
-        run = str(journal["run_id"])
+        run, replaces = str(journal["run_id"]), journal.get("replaces")
     except (OSError, ValueError, KeyError, TypeError) as exc:
         return [f"its commit journal {path} cannot be read ({exc})"]
+    plan = [{**c, "table": (urls or {}).get(c["table"], c["table"])} if "table" in c else c
+            for c in plan]
     log = logging.getLogger(__name__)
     try:
         with _commit_lock(manifest, "recovery-of-" + run, ["", ""]):
             try:
-                done = exists(manifest, flags) and read_manifest(manifest, flags).get(
-                    "run_id") == run
-            except (OSError, ValueError):
-                done = False
-            if done:
+                now = _manifest_run(manifest, flags)
+            except (OSError, ValueError) as exc:
+                return [f"its manifest {location(manifest)} cannot be read now "
+                        f"({_reason(exc) if isinstance(exc, OSError) else exc})"]
+            if now == run:
                 problems = _drop_kept(plan, flags)
                 log.warning("run %s was stopped after its commit had finished (manifest %s): "
-                            "removed the previous versions it kept", run, location(manifest))
+                            "removed the previous versions it kept; its ledger entry stays "
+                            "pending until `ldp-beam ledger --resolve %s --as committed`", run,
+                            location(manifest), run)
+            elif now is not None and now != replaces:
+                problems = []
+                log.warning("run %s was stopped during its commit, which run %s's commit has "
+                            "since replaced (manifest %s): nothing of it is rolled back", run,
+                            now, location(manifest))
             else:
-                problems = _undo(plan, flags)
-                log.warning("run %s was stopped during its commit: %s", run,
-                            "its outputs are rolled back, the previous outputs and manifest "
-                            "are back" if not problems else "its rollback is incomplete")
+                problems = _undo(plan, flags, run)
+                log.warning("run %s was stopped during its commit: %s; its ledger entry stays "
+                            "pending and counts as spent (its new outputs may have been read "
+                            "while they were in place): `ldp-beam ledger --resolve %s`", run,
+                            "rolled back, the previous outputs and manifest are back"
+                            if not problems else "its rollback is incomplete", run)
     except OutputError as exc:  # its lock is held by a live run: settled on a later sweep
         return [str(exc)]
     return problems

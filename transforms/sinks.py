@@ -649,6 +649,7 @@ def _write_postgres(table: pa.Table, url: str, mode: str, kept: str | None = Non
     try:
         cur = con.cursor()
         if mode == "replace" and kept is not None:
+            _no_dependents(cur, url, name)
             for statement in _keep_statements(name, kept):
                 cur.execute(statement)
             cur.adbc_ingest(tname, table, mode="create", db_schema_name=schema_name)
@@ -728,6 +729,21 @@ def _kept_table(url: str, keep: Any, param: str) -> str:
         raise ParameterError(param, keep, f"a name other than the table's own ({parts[-1]}); "
                              "e.g. previous_table(url)")
     return ".".join(parts[:-1] + [keep])
+
+
+def _no_dependents(cur: Any, url: str, name: str) -> None:
+    """Refuse to keep a PostgreSQL table that views (or other objects) depend on: a rename
+    would carry them to the kept table, so they would go on showing the old rows, and it could
+    never be dropped. A replacement without keeping fails on them as well (``DROP TABLE``)."""
+    literal = quote_ident(name).replace("'", "''")
+    cur.execute("SELECT DISTINCT c.relname FROM pg_depend d JOIN pg_rewrite r ON d.objid = "
+                "r.oid JOIN pg_class c ON r.ev_class = c.oid WHERE d.refobjid = "
+                f"to_regclass('{literal}') AND c.oid <> d.refobjid ORDER BY 1")
+    views = [r[0] for r in cur.fetchall()]
+    if views:
+        raise SourceError(f"{redact(url)}: table {name} cannot be replaced: the view(s) "
+                          f"{', '.join(views)} depend on it; drop them (or write the output "
+                          "to another table and point them there)")
 
 
 def _keep_statements(name: str, kept: str) -> list[str]:

@@ -295,6 +295,9 @@ class _Postgres:
             raise self.unavailable(exc) from None
         try:
             cur = self.conn.cursor()
+            # the checks under a row or advisory lock must see what the previous holder
+            # committed: READ COMMITTED whatever the server's default_transaction_isolation
+            cur.execute("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
             ms = int(self.timeout * 1000)
             cur.execute(f"SET LOCAL lock_timeout = {ms}")
             cur.execute(f"SET LOCAL statement_timeout = {ms * 6}")

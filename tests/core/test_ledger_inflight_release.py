@@ -192,6 +192,23 @@ def test_identical_releases_under_two_dataset_names_at_once_only_one_reserves(le
     """Two names take two dataset locks: on PostgreSQL the request's advisory lock serialises
     them (SQLite's write lock covers the whole file). The first holds its transaction open
     between its check and its insert while the second reserves."""
+    _two_names_race(ledger_url, data)
+
+
+def test_a_server_defaulting_to_repeatable_read_still_serialises_them(fresh_pg_url, data):
+    """Under REPEATABLE READ the second's snapshot, taken before it waits for the lock, would
+    not see the first's insert: the ledger's transactions ask for READ COMMITTED."""
+    psycopg = pytest.importorskip("psycopg")
+    with psycopg.connect(fresh_pg_url, autocommit=True) as con:
+        db = con.execute("SELECT current_database()").fetchone()[0]
+        con.execute(f"ALTER DATABASE {db} SET default_transaction_isolation TO "
+                    "'repeatable read'")
+    with psycopg.connect(fresh_pg_url) as con:
+        assert con.execute("SHOW transaction_isolation").fetchone()[0] == "repeatable read"
+    _two_names_race(fresh_pg_url, data)
+
+
+def _two_names_race(ledger_url, data):
     renamed = dict(data, dataset="survey-copy")
     inside, go_on = threading.Event(), threading.Event()
     out: dict = {}

@@ -46,7 +46,9 @@ _COMMITTER = textwrap.dedent("""
     outs = o.RunOutputs(roles, folder + "/m.json", run, force=True)
     with outs:
         for role in roles:
-            data = open(sys.argv[5], "rb").read() if role == "estimate" else b"new-" + role[0].encode()
+            data = b"new-" + role[0].encode()
+            if role == "estimate":
+                data = open(sys.argv[5], "rb").read()
             outs.write(outs.staged(role), data)
         outs.commit({"command": "test"})
 """)
@@ -62,7 +64,8 @@ def _commit_old(folder, table=None, tidy=None):
     outs = _outputs(folder, "old", table, force=True)
     with outs:
         for role in outs.outputs:
-            outs.write(outs.staged(role), tidy if role == "estimate" else b"old-" + role[0].encode())
+            data = tidy if role == "estimate" else b"old-" + role[0].encode()
+            outs.write(outs.staged(role), data)
         outs.commit({"command": "test"})
 
 
@@ -248,3 +251,216 @@ def test_a_failed_commit_rolls_a_table_back_in_process(tmp_path, monkeypatch, ta
     assert look() == (["est"], [0.25])
     assert json.loads((folder / "m.json").read_text())["run_id"] == "old"
     assert _names(folder) == ["d.jsonl", "m.json"]
+
+
+# ------------------------------------------------------------------ a review's findings
+def _dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def _dead_journal(folder, run, changes, replaces=None):
+    """A staging folder left by run ``run``, whose process is gone, with its commit journal."""
+    staging = folder / (outputs_mod.STAGING_PREFIX + run)
+    staging.mkdir()
+    (staging / outputs_mod.OWNER_FILE).write_text(json.dumps(
+        {"pid": _dead_pid(), "host": os.uname().nodename, "run_id": run}))
+    (staging / JOURNAL).write_text(json.dumps({"run_id": run, "manifest": str(folder / "m.json"),
+                                               "replaces": replaces, "changes": changes}))
+    return staging
+
+
+def _file_change(folder, role, name, previous, data=None):
+    import hashlib
+
+    path = str(folder / name)
+    return {"role": role, "path": path, "keep": path + PREVIOUS_SUFFIX, "previous": previous,
+            "sha256": None if data is None else hashlib.sha256(data).hexdigest()}
+
+
+def test_a_journal_a_later_commit_superseded_removes_nothing(tmp_path, caplog):
+    """A first-ever run died right after writing its journal; another run committed since (its
+    manifest names it). The old journal must not roll back that later commit: its dead letters
+    have the same bytes as the dead run's would have had, its manifest is another run's."""
+    folder = tmp_path / "out"
+    folder.mkdir()
+    _commit_old(folder)
+    plan = [_file_change(folder, "manifest", "m.json", False),
+            _file_change(folder, "reports", "r.parquet", False, b"old-r"),
+            _file_change(folder, "dead_letter", "d.jsonl", False, b"old-d")]
+    staging = _dead_journal(folder, "dead", plan)
+    before = {n: (folder / n).read_bytes() for n in _names(folder) if n.endswith(("n", "t", "l"))}
+    with caplog.at_level(logging.WARNING, logger=outputs_mod.__name__):
+        with _outputs(folder, "later", force=True):
+            pass
+    assert "which run old's commit has since replaced" in caplog.text
+    assert not staging.exists()
+    assert {n: (folder / n).read_bytes() for n in before} == before
+    assert json.loads((folder / "m.json").read_text())["run_id"] == "old"
+
+
+def test_a_commit_refuses_while_another_commit_in_the_folder_is_unsettled(tmp_path):
+    """A run that died during its commit after this run had started (so this run's sweep
+    could not settle it): this commit is refused before it changes anything, so it can never
+    remove the dead run's only kept copies."""
+    from ldp_beam.pipelines.outputs import OutputError
+
+    folder = tmp_path / "out"
+    folder.mkdir()
+    _commit_old(folder)
+    outs = _outputs(folder, "new", force=True)
+    with outs:
+        for role in outs.outputs:
+            outs.write(outs.staged(role), b"new")
+        (folder / ("r.parquet" + PREVIOUS_SUFFIX)).write_bytes(b"older-r")
+        _dead_journal(folder, "dead", [
+            _file_change(folder, "manifest", "m.json", False),
+            _file_change(folder, "reports", "r.parquet", True, b"old-r")], replaces="older")
+        with pytest.raises(OutputError, match="an earlier run's commit in this folder is not "
+                           "settled .*nothing was committed"):
+            outs.commit({"command": "test"})
+    assert (folder / ("r.parquet" + PREVIOUS_SUFFIX)).read_bytes() == b"older-r"
+    assert (folder / "r.parquet").read_bytes() == b"old-r"
+
+
+def test_an_unreadable_manifest_keeps_the_journal(tmp_path, caplog):
+    """Whether a dead run's commit finished is read from the manifest: one that cannot be read
+    now is no answer, so nothing is touched and the journal stays."""
+    folder = tmp_path / "out"
+    folder.mkdir()
+    _commit_old(folder)
+    (folder / "m.json").write_text("{not json")
+    staging = _dead_journal(folder, "dead", [
+        _file_change(folder, "manifest", "m.json", True),
+        _file_change(folder, "reports", "r.parquet", False, b"old-r")])
+    with caplog.at_level(logging.WARNING, logger=outputs_mod.__name__):
+        with _outputs(folder, "later", force=True):
+            pass
+    assert staging.exists() and "cannot be read now" in caplog.text
+    assert (folder / "r.parquet").read_bytes() == b"old-r"
+
+
+def test_a_landed_manifest_is_removed_before_anything_is_put_back(tmp_path, monkeypatch):
+    """The new manifest lands and its move then raises (an object store's copy, then a failed
+    delete), and the reports' previous version cannot be put back: the new manifest must not
+    stay over outputs that are now partly old, and the previous one stays aside."""
+    from ldp_beam.pipelines.outputs import OutputError
+
+    folder = tmp_path / "out"
+    folder.mkdir()
+    _commit_old(folder)
+    outs = _outputs(folder, "new", force=True)
+    real = outputs_mod._move
+
+    def move(src, dst, flags=()):
+        if src.endswith("_manifest.json"):
+            real(src, dst, flags)
+            raise OSError(5, "Input/output error", src)
+        if src.endswith("r.parquet" + PREVIOUS_SUFFIX):
+            raise OSError(13, "Permission denied", dst)
+        return real(src, dst, flags)
+
+    with outs:
+        for role in outs.outputs:
+            outs.write(outs.staged(role), b"new-" + role[0].encode())
+        monkeypatch.setattr(outputs_mod, "_move", move)
+        with pytest.raises(OutputError, match="rolling back failed .*no manifest vouches"):
+            outs.commit({"command": "test"})
+    assert not (folder / "m.json").exists()
+    assert (folder / ("m.json" + PREVIOUS_SUFFIX)).exists()
+    monkeypatch.setattr(outputs_mod, "_move", real)
+    owner = os.path.join(outs.staging, outputs_mod.OWNER_FILE)
+    rec = json.loads(open(owner).read())
+    with open(owner, "w") as fh:
+        json.dump({**rec, "pid": _dead_pid()}, fh)
+    with _outputs(folder, "later", force=True):
+        pass
+    assert json.loads((folder / "m.json").read_text())["run_id"] == "old"
+    assert (folder / "r.parquet").read_bytes() == b"old-r"
+    assert _names(folder) == ["d.jsonl", "m.json", "r.parquet"]
+
+
+def test_a_duckdb_table_of_that_name_in_another_schema_is_not_the_previous_one(tmp_path,
+                                                                             monkeypatch):
+    duckdb = pytest.importorskip("duckdb")
+    from ldp_beam.pipelines.outputs import OutputError
+    from ldp_beam.transforms.sinks import tidy_bytes
+
+    folder = tmp_path / "out"
+    folder.mkdir()
+    db = tmp_path / "t.duckdb"
+    con = duckdb.connect(str(db))
+    con.execute("CREATE SCHEMA other; CREATE TABLE other.est AS SELECT 1 AS x")
+    con.close()
+    url = f"duckdb://{db}?table=est"
+    outs = _outputs(folder, "new", url, force=True)
+    real = outputs_mod._move
+
+    def move(src, dst, flags=()):
+        if src.endswith("_manifest.json"):
+            raise OSError(5, "Input/output error", dst)
+        return real(src, dst, flags)
+
+    with outs:
+        outs.write(outs.staged("estimate"),
+                   tidy_bytes([{"statistic": "mean", "value": 0.75}], "parquet"))
+        outs.write(outs.staged("dead_letter"), b"new-d")
+        monkeypatch.setattr(outputs_mod, "_move", move)
+        with pytest.raises(OutputError, match="rolled back: every output"):
+            outs.commit({"command": "test"})
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        assert con.execute("SELECT table_schema, table_name FROM information_schema.tables"
+                           ).fetchall() == [("other", "est")]
+    finally:
+        con.close()
+
+
+def test_a_postgresql_table_with_a_view_on_it_is_refused_and_left_whole(tmp_path,
+                                                                      fresh_pg_url):
+    """A rename would carry the view to the kept table (showing old rows for good): the table
+    write refuses, naming the view, and the commit rolls back."""
+    psycopg = pytest.importorskip("psycopg")
+    pytest.importorskip("adbc_driver_postgresql")
+    from ldp_beam.pipelines.outputs import OutputError
+    from ldp_beam.transforms.sinks import tidy_bytes
+
+    url = fresh_pg_url + ("&" if "?" in fresh_pg_url else "?") + "table=est"
+    folder = tmp_path / "out"
+    folder.mkdir()
+    _commit_old(folder, url, tidy_bytes([{"statistic": "mean", "value": 0.25}], "parquet"))
+    with psycopg.connect(fresh_pg_url, autocommit=True) as con:
+        con.execute("CREATE VIEW dash AS SELECT value FROM est")
+    outs = _outputs(folder, "new", url, force=True)
+    with outs:
+        outs.write(outs.staged("estimate"),
+                   tidy_bytes([{"statistic": "mean", "value": 0.75}], "parquet"))
+        outs.write(outs.staged("dead_letter"), b"new-d")
+        with pytest.raises(OutputError, match="the view.s. dash depend on it"):
+            outs.commit({"command": "test"})
+    with psycopg.connect(fresh_pg_url) as con:
+        assert con.execute("SELECT value FROM dash").fetchall() == [(0.25,)]
+        assert sorted(r[0] for r in con.execute(
+            "SELECT table_name FROM information_schema.tables WHERE table_schema = 'public'"
+        ).fetchall()) == ["dash", "est"]
+    assert json.loads((folder / "m.json").read_text())["run_id"] == "old"
+    assert (folder / "d.jsonl").read_bytes() == b"old-d"
+
+
+def test_the_journal_holds_no_password_and_recovery_uses_the_runs_own_url(tmp_path,
+                                                                         monkeypatch):
+    url = "postgresql://u:s3cret@localhost:5/db?sslmode=disable&password=s3cret&table=t"
+    change = {"role": "estimate", "table": url, "keep": "t__ldp_beam_previous",
+              "previous": True}
+    stored = outputs_mod._redacted(change)["table"]
+    assert "s3cret" not in stored and stored.startswith("postgresql://u:***@")
+    folder = tmp_path / "out"
+    folder.mkdir()
+    staging = _dead_journal(folder, "dead", [_file_change(folder, "manifest", "m.json", False),
+                                             outputs_mod._redacted(change)])
+    seen = []
+    monkeypatch.setattr(outputs_mod, "_undo", lambda plan, flags, run: seen.append(plan) or [])
+    assert outputs_mod.recover_commit(str(staging), urls={stored: url}) == []
+    assert seen[0][1]["table"] == url
+
