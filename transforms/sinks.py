@@ -69,10 +69,11 @@ or is refused when the table lacks a column of the rows: :func:`write_tidy`); :c
 does that from a Beam step, gathering the rows into one writer (a DuckDB file takes one writer
 at a time; a database table is written in one transaction).
 
-A database table replaced with ``keep=NAME`` is not dropped but renamed to ``NAME`` (in its
-schema; :func:`previous_table` gives the usual name) in the transaction that creates the new
-one, so a run's commit can roll the replacement back (:func:`restore_tidy`: the old table, or
-no table where there was none, in one transaction) or, once committed, remove the kept table
+A database table replaced with ``keep=NAME`` is not dropped but kept as ``NAME`` (in its
+schema; :func:`previous_table` gives the usual name: PostgreSQL renames it, DuckDB copies it,
+since it cannot rename a table with an index) in the transaction that creates the new one, so
+a run's commit can roll the replacement back (:func:`restore_tidy`: the old table, or no table
+where there was none, in one transaction) or, once committed, remove the kept table
 (:func:`drop_tidy`).
 """
 from __future__ import annotations
@@ -570,11 +571,11 @@ def write_tidy(rows: Iterable[Mapping[str, Any]] | pa.Table, url: str,
     :class:`~ldp_beam.transforms.io.SourceError` naming the columns, and left as it was.
 
     ``keep`` (a replaced database table only; e.g. :func:`previous_table`): a bare table name
-    (no schema; not the table's own). The table replaced is not dropped but renamed to it, in
-    the table's schema and in the transaction that creates the new one (nothing is renamed when
-    there was no table); a table of that name left by an earlier write is dropped first, in the
-    same transaction. :func:`restore_tidy` puts the kept table back, :func:`drop_tidy` removes
-    it. ``keep`` with ``mode="append"`` or a file output is a
+    (no schema; not the table's own). The table replaced is not dropped but kept under it
+    (renamed; in DuckDB copied), in the table's schema and in the transaction that creates the
+    new one (nothing is kept when there was no table); a table of that name left by an earlier
+    write is dropped first, in the same transaction. :func:`restore_tidy` puts the kept table
+    back, :func:`drop_tidy` removes it. ``keep`` with ``mode="append"`` or a file output is a
     :class:`~ldp_beam.errors.ParameterError`. Errors name the output."""
     if mode not in WRITE_MODES:
         raise ParameterError("mode", mode, f"one of {WRITE_MODES}")
@@ -614,9 +615,14 @@ def _write_duckdb(table: pa.Table, url: str, mode: str, kept: str | None = None)
         con.register("__ldp_tidy", table)
         con.execute("BEGIN TRANSACTION")
         if mode == "replace" and kept is not None:
-            for statement in _keep_statements(name, kept):
-                con.execute(statement)
-            con.execute(f"CREATE TABLE {t} AS SELECT * FROM __ldp_tidy")
+            # kept as a copy, not renamed: DuckDB refuses to rename a table with an index
+            parts = name.split(".")
+            con.execute(f"DROP TABLE IF EXISTS {quote_ident(kept)}")
+            if con.execute("SELECT count(*) FROM information_schema.tables WHERE table_schema "
+                           "= coalesce(?, current_schema()) AND table_name = ?",
+                           [parts[0] if len(parts) == 2 else None, parts[-1]]).fetchone()[0]:
+                con.execute(f"CREATE TABLE {quote_ident(kept)} AS SELECT * FROM {t}")
+            con.execute(f"CREATE OR REPLACE TABLE {t} AS SELECT * FROM __ldp_tidy")
         elif mode == "replace":
             con.execute(f"CREATE OR REPLACE TABLE {t} AS SELECT * FROM __ldp_tidy")
         else:
@@ -747,8 +753,8 @@ def _no_dependents(cur: Any, url: str, name: str) -> None:
 
 
 def _keep_statements(name: str, kept: str) -> list[str]:
-    """SQL (DuckDB and PostgreSQL alike) that drops table ``kept`` if it exists, then renames
-    table ``name`` (if it exists) to ``kept``'s bare name: before a replacement is created."""
+    """PostgreSQL's SQL that drops table ``kept`` if it exists, then renames table ``name`` (if
+    it exists) to ``kept``'s bare name: before a replacement is created."""
     return [f"DROP TABLE IF EXISTS {quote_ident(kept)}",
             f"ALTER TABLE IF EXISTS {quote_ident(name)} RENAME TO "
             f"{quote_ident(kept.split('.')[-1])}"]

@@ -513,3 +513,27 @@ def test_restore_and_drop_errors_name_the_output(tmp_path):
         restore_tidy(f"postgresql://ldpbeam@127.0.0.1:{port}/x?table=t", "k")
     with pytest.raises(SourceError, match="cannot be reached"):
         drop_tidy(f"postgresql://ldpbeam@127.0.0.1:{port}/x?table=t", "k")
+
+
+def test_a_duckdb_table_with_an_index_is_kept_and_restored(tmp_path):
+    """DuckDB refuses to rename a table with an index: the previous table is kept as a copy,
+    and the replacement (which drops the index, as without keep) and its undo both work."""
+    duckdb = pytest.importorskip("duckdb")
+    from ldp_beam.transforms.sinks import drop_tidy, restore_tidy
+
+    url = f"duckdb://{tmp_path}/i.duckdb?table=est"
+    write_tidy([{"statistic": "mean", "value": 0.25}], url)
+    con = duckdb.connect(f"{tmp_path}/i.duckdb")
+    con.execute("CREATE INDEX by_value ON est(value)")
+    con.close()
+    keep = previous_table(url)
+    write_tidy([{"statistic": "mean", "value": 0.75}], url, keep=keep)
+    restore_tidy(url, keep)
+    write_tidy([{"statistic": "mean", "value": 0.5}], url, keep=keep)
+    drop_tidy(url, keep)
+    con = duckdb.connect(f"{tmp_path}/i.duckdb", read_only=True)
+    try:
+        assert con.execute("SELECT value FROM est").fetchall() == [(0.5,)]
+        assert con.execute("SELECT count(*) FROM information_schema.tables").fetchone() == (1,)
+    finally:
+        con.close()
