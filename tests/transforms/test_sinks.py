@@ -312,9 +312,12 @@ class _Db:
         return cols, sorted(rows, key=repr)
 
     def exists(self, table: str) -> bool:
-        from ldp_beam.transforms.sinks import tidy_table_exists
-
-        return tidy_table_exists(self.url(table))
+        """Whether ``table`` (``T``: in the default schema only; or ``S.T``) exists."""
+        schema, _, name = table.rpartition(".")
+        return bool(self.sql("SELECT 1 FROM information_schema.tables WHERE table_schema = "
+                             + ("?" if self.kind == "duckdb" else "%s") + " AND table_name = "
+                             + ("?" if self.kind == "duckdb" else "%s"),
+                             (schema or self.default, name)))
 
 
 @pytest.fixture(params=["duckdb", "postgresql"])
