@@ -188,6 +188,31 @@ def test_a_table_output_is_rolled_back_in_its_database(tmp_path):
     assert (folder / "d.jsonl").read_bytes() == b"old-d"
 
 
+def _manifest_fails(folder, url, monkeypatch) -> RunOutputs:
+    """Commit a new estimate table (0.75) and dead letters to ``url`` and ``folder`` with the
+    manifest's write failing; checks the error says all was rolled back."""
+    from ldp_beam.pipelines.outputs import OutputError
+    from ldp_beam.transforms.sinks import tidy_bytes
+
+    outs = _outputs(folder, "new", url, force=True)
+    real = outputs_mod._move
+
+    def move(src, dst, flags=()):
+        if dst.endswith("m.json") and src.endswith("_manifest.json"):
+            raise OSError(5, "Input/output error", dst)
+        return real(src, dst, flags)
+
+    with outs:
+        outs.write(outs.staged("estimate"),
+                   tidy_bytes([{"statistic": "mean", "value": 0.75}], "parquet"))
+        outs.write(outs.staged("dead_letter"), b"new-d")
+        monkeypatch.setattr(outputs_mod, "_move", move)
+        with pytest.raises(OutputError, match="^commit failed writing the manifest .*rolled "
+                           "back: every output and the manifest are as before the commit"):
+            outs.commit({"command": "test"})
+    return outs
+
+
 @pytest.fixture(params=["duckdb", "postgresql"])
 def table_db(request, tmp_path):
     """(a table output URL, a function returning (tables, the table's values)) on DuckDB, or on
@@ -223,7 +248,6 @@ def table_db(request, tmp_path):
 def test_a_failed_commit_rolls_a_table_back_in_process(tmp_path, monkeypatch, table_db):
     """The manifest cannot be written: the table written a moment before is put back, in
     DuckDB and in a real PostgreSQL alike."""
-    from ldp_beam.pipelines.outputs import OutputError
     from ldp_beam.transforms.sinks import tidy_bytes
 
     url, look = table_db
@@ -231,22 +255,7 @@ def test_a_failed_commit_rolls_a_table_back_in_process(tmp_path, monkeypatch, ta
     folder.mkdir()
     _commit_old(folder, url, tidy_bytes([{"statistic": "mean", "value": 0.25}], "parquet"))
     assert look() == (["est"], [0.25])
-    outs = _outputs(folder, "new", url, force=True)
-    real = outputs_mod._move
-
-    def move(src, dst, flags=()):
-        if dst.endswith("m.json") and src.endswith("_manifest.json"):
-            raise OSError(5, "Input/output error", dst)
-        return real(src, dst, flags)
-
-    with outs:
-        outs.write(outs.staged("estimate"),
-                   tidy_bytes([{"statistic": "mean", "value": 0.75}], "parquet"))
-        outs.write(outs.staged("dead_letter"), b"new-d")
-        monkeypatch.setattr(outputs_mod, "_move", move)
-        with pytest.raises(OutputError, match="^commit failed writing the manifest .*rolled "
-                           "back: every output and the manifest are as before the commit"):
-            outs.commit({"command": "test"})
+    outs = _manifest_fails(folder, url, monkeypatch)
     assert outs.visible == ["estimate", "dead_letter"]
     assert look() == (["est"], [0.25])
     assert json.loads((folder / "m.json").read_text())["run_id"] == "old"
@@ -384,8 +393,6 @@ def test_a_landed_manifest_is_removed_before_anything_is_put_back(tmp_path, monk
 def test_a_duckdb_table_of_that_name_in_another_schema_is_not_the_previous_one(tmp_path,
                                                                              monkeypatch):
     duckdb = pytest.importorskip("duckdb")
-    from ldp_beam.pipelines.outputs import OutputError
-    from ldp_beam.transforms.sinks import tidy_bytes
 
     folder = tmp_path / "out"
     folder.mkdir()
@@ -393,22 +400,7 @@ def test_a_duckdb_table_of_that_name_in_another_schema_is_not_the_previous_one(t
     con = duckdb.connect(str(db))
     con.execute("CREATE SCHEMA other; CREATE TABLE other.est AS SELECT 1 AS x")
     con.close()
-    url = f"duckdb://{db}?table=est"
-    outs = _outputs(folder, "new", url, force=True)
-    real = outputs_mod._move
-
-    def move(src, dst, flags=()):
-        if src.endswith("_manifest.json"):
-            raise OSError(5, "Input/output error", dst)
-        return real(src, dst, flags)
-
-    with outs:
-        outs.write(outs.staged("estimate"),
-                   tidy_bytes([{"statistic": "mean", "value": 0.75}], "parquet"))
-        outs.write(outs.staged("dead_letter"), b"new-d")
-        monkeypatch.setattr(outputs_mod, "_move", move)
-        with pytest.raises(OutputError, match="rolled back: every output"):
-            outs.commit({"command": "test"})
+    _manifest_fails(folder, f"duckdb://{db}?table=est", monkeypatch)
     con = duckdb.connect(str(db), read_only=True)
     try:
         assert con.execute("SELECT table_schema, table_name FROM information_schema.tables"
