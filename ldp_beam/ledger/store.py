@@ -503,8 +503,9 @@ class Ledger:
             f"reserved the same request on the same data (fingerprint {fp[:19]}) in {self.url} "
             f"and is still pending. This run was refused before any noise was drawn: nothing "
             f"was spent. Wait for run {other} to finish and run again (once it has committed, its "
-            f"release is re-published at no cost); if that run is gone and published nothing, "
-            f"resolve it first: ldp-beam ledger --resolve {other} --as aborted", other)
+            f"release is re-published at no cost); if that run is gone and none of its outputs "
+            f"was ever in place, resolve it first: ldp-beam ledger --resolve {other} --as "
+            f"aborted (if one was, even for a moment: --as committed)", other)
 
     def _run_budget(self, tx: _Tx, name: str, rec: tuple[float | None, float | None],
                     budget: float | None, budget_delta: float | None
