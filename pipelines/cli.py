@@ -32,7 +32,7 @@ from ldp_beam.errors import LdpBeamError
 from .ledger_cli import add_ledger_options, add_parser as add_ledger_parser, cmd_ledger, \
     ledger_args, ledger_line
 from .lifecycle import install_signal_handlers, interruption, quiet_beam_errors
-from .outputs import RunFailed, open_read
+from .files import RunFailed, open_read
 
 FAMILIES = ("bisample", "rvns", "uldp", "dphr", "ospdprr")
 PENDING: dict[str, str] = {}  # subcommand or family -> where it is tracked

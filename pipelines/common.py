@@ -30,7 +30,7 @@ from ldp_beam.transforms.runners import DEFAULT_DASK_WORKERS
 from ldp_beam.transforms.tally import LIVE as _LIVE, UNREADABLE_PREFIX, CountLive
 
 from .lifecycle import in_chain
-from .outputs import RunFailed
+from .files import RunFailed
 
 DASK_RUNNER = "apache_beam.runners.dask.dask_runner.DaskRunner"
 RUNNER_ALIASES = {"dask": DASK_RUNNER, "daskrunner": DASK_RUNNER, "direct": "DirectRunner",

@@ -39,7 +39,7 @@ from ldp_beam.transforms import ReadTable, mechanism_metadata
 from ldp_beam.transforms.io import open_input, table_format
 from ldp_beam.jsonio import dumps
 
-from .outputs import _listing, _parent, exists, file_digest, is_url, location, open_read
+from .files import _listing, _parent, exists, file_digest, is_url, location, open_read
 
 #: what every refusal for missing or broken provenance ends with
 UNVERIFIED_HINT = "pass --unverified to estimate them anyway; every output then says so"

@@ -21,6 +21,7 @@ import textwrap
 import pytest
 
 from ldp_beam.pipelines import outputs as outputs_mod
+from ldp_beam.pipelines import rollback as rollback_mod
 from ldp_beam.pipelines.outputs import JOURNAL, PREVIOUS_SUFFIX, RunOutputs, verify
 
 # A committing process that SIGKILLs itself: "during" when it is about to move the dead
@@ -95,7 +96,7 @@ def test_a_process_killed_during_its_commit_is_rolled_back_by_the_next_run(tmp_p
     assert (folder / "d.jsonl").read_bytes() == b"old-d"
     assert not (folder / "m.json").exists()
     assert (folder / ("m.json" + PREVIOUS_SUFFIX)).exists()
-    with caplog.at_level(logging.WARNING, logger=outputs_mod.__name__):
+    with caplog.at_level(logging.WARNING, logger=rollback_mod.__name__):
         with _outputs(folder, "later", force=True):
             pass  # staging in the folder sweeps the dead run's folder, settling its commit
     assert "run new was stopped during its commit" in caplog.text
@@ -142,7 +143,7 @@ def test_the_settling_waits_for_the_lock_of_a_live_commit(tmp_path, caplog):
     try:
         (folder / "m.json.lock").write_text(json.dumps(
             {"host": os.uname().nodename, "pid": live.pid, "run_id": "live"}))
-        with caplog.at_level(logging.WARNING, logger=outputs_mod.__name__):
+        with caplog.at_level(logging.WARNING, logger=rollback_mod.__name__):
             with _outputs(folder, "later", force=True):
                 pass
         assert staging.exists() and "not settled yet" in caplog.text
@@ -300,7 +301,7 @@ def test_a_journal_a_later_commit_superseded_removes_nothing(tmp_path, caplog):
             _file_change(folder, "dead_letter", "d.jsonl", False, b"old-d")]
     staging = _dead_journal(folder, "dead", plan)
     before = {n: (folder / n).read_bytes() for n in _names(folder) if n.endswith(("n", "t", "l"))}
-    with caplog.at_level(logging.WARNING, logger=outputs_mod.__name__):
+    with caplog.at_level(logging.WARNING, logger=rollback_mod.__name__):
         with _outputs(folder, "later", force=True):
             pass
     assert "which run old's commit has since replaced" in caplog.text
@@ -343,7 +344,7 @@ def test_an_unreadable_manifest_keeps_the_journal(tmp_path, caplog):
     staging = _dead_journal(folder, "dead", [
         _file_change(folder, "manifest", "m.json", True),
         _file_change(folder, "reports", "r.parquet", False, b"old-r")])
-    with caplog.at_level(logging.WARNING, logger=outputs_mod.__name__):
+    with caplog.at_level(logging.WARNING, logger=rollback_mod.__name__):
         with _outputs(folder, "later", force=True):
             pass
     assert staging.exists() and "cannot be read now" in caplog.text
@@ -373,12 +374,14 @@ def test_a_landed_manifest_is_removed_before_anything_is_put_back(tmp_path, monk
     with outs:
         for role in outs.outputs:
             outs.write(outs.staged(role), b"new-" + role[0].encode())
-        monkeypatch.setattr(outputs_mod, "_move", move)
+        monkeypatch.setattr(outputs_mod, "_move", move)  # the commit's moves
+        monkeypatch.setattr(rollback_mod, "_move", move)  # and the rollback's
         with pytest.raises(OutputError, match="rolling back failed .*no manifest vouches"):
             outs.commit({"command": "test"})
     assert not (folder / "m.json").exists()
     assert (folder / ("m.json" + PREVIOUS_SUFFIX)).exists()
     monkeypatch.setattr(outputs_mod, "_move", real)
+    monkeypatch.setattr(rollback_mod, "_move", real)
     owner = os.path.join(outs.staging, outputs_mod.OWNER_FILE)
     rec = json.loads(open(owner).read())
     with open(owner, "w") as fh:
@@ -452,7 +455,7 @@ def test_the_journal_holds_no_password_and_recovery_uses_the_runs_own_url(tmp_pa
     staging = _dead_journal(folder, "dead", [_file_change(folder, "manifest", "m.json", False),
                                              outputs_mod._redacted(change)])
     seen = []
-    monkeypatch.setattr(outputs_mod, "_undo", lambda plan, flags, run: seen.append(plan) or [])
-    assert outputs_mod.recover_commit(str(staging), urls={stored: url}) == []
+    monkeypatch.setattr(rollback_mod, "_undo", lambda plan, flags, run: seen.append(plan) or [])
+    assert rollback_mod.recover_commit(str(staging), urls={stored: url}) == []
     assert seen[0][1]["table"] == url
 

@@ -13,8 +13,8 @@ import time
 
 import pytest
 
-from ldp_beam.pipelines.outputs import (REMOTE_STALE_SECONDS, OutputError, RunOutputs,
-                                        _abandoned, sweep_stale)
+from ldp_beam.pipelines.outputs import OutputError, RunOutputs
+from ldp_beam.pipelines.rollback import REMOTE_STALE_SECONDS, _abandoned, sweep_stale
 
 
 def _staged(tmp_path, run_id, body, force=False):

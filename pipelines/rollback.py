@@ -1,0 +1,452 @@
+"""A commit's safety net: the commit lock, the journal, and undoing a commit.
+
+:meth:`RunOutputs.commit <.outputs.RunOutputs.commit>` takes turns with other commits to the
+same manifest (:func:`_commit_lock`), records its changes in a journal before the first one and
+keeps every previous version (:data:`PREVIOUS_SUFFIX`; tables through ``write_tidy(keep=)``).
+This module puts them back when the commit fails (:func:`_undo`), removes them when it succeeds
+(:func:`_drop_kept`), and settles the commit of a run whose process died in it, from its journal
+in its abandoned staging folder, when the next run sweeps the folder (:func:`sweep_stale`,
+:func:`recover_commit`). See :mod:`.outputs` for the whole protocol.
+"""
+from __future__ import annotations
+
+import contextlib
+import errno
+import glob
+import json
+import logging
+import os
+import shutil
+import socket
+import time
+from typing import Any, Mapping, Sequence
+from urllib.parse import quote
+
+from .files import (OutputError, _delete, _fs, _join, _listing, _local, _move, _partial, _reason,
+                    exists, file_digest, is_table_url, is_url, location, open_read,
+                    read_manifest)
+
+STAGING_PREFIX = ".ldp-beam-staging-"
+OWNER_FILE = "OWNER"
+REMOTE_STALE_SECONDS = 24 * 3600
+#: a previous output (or manifest) kept beside its final place while a commit runs, so that a
+#: commit that fails, or a process killed during one, can be rolled back (see RunOutputs.commit)
+PREVIOUS_SUFFIX = ".ldp-beam-previous"
+#: the commit's journal, in the staging folder: what it changes and where the previous versions
+#: are kept, written before the first change
+JOURNAL = "_commit.json"
+
+
+# --------------------------------------------------------------------------- stale staging
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _abandoned(owner: dict, age: float) -> bool:
+    """Whether a staging folder (or a commit lock) with this owner record and age (seconds)
+    belongs to nobody.
+
+    An owner on this host: abandoned when its process is gone. An owner on another host (a
+    shared NFS folder, a Dask cluster, an object store): whether its process lives cannot be
+    asked, so it is abandoned only once it is :data:`REMOTE_STALE_SECONDS` old, on a local and
+    a remote folder alike: a live run's folder on a shared disk is never removed under it. No
+    owner record yet: abandoned after a minute (a run that has just created its folder writes
+    its owner next)."""
+    if owner.get("host") == socket.gethostname():
+        return not _pid_alive(int(owner.get("pid", -1)))
+    if not owner:
+        return age >= 60.0  # else just created by a run that has not written its owner yet
+    return age >= REMOTE_STALE_SECONDS
+
+
+def sweep_stale(folder: str, flags: Sequence[str] = (),
+                urls: Mapping[str, str] | None = None) -> list[str]:
+    """Remove staging folders in ``folder`` whose owner process on this host is gone (a run
+    killed before it could clean up), or whose owner is on another host and which are
+    :data:`REMOTE_STALE_SECONDS` old (see :func:`_abandoned`). Returns what was removed."""
+    if is_url(folder):
+        return _sweep_remote(folder, flags, urls)
+    removed = []
+    for d in glob.glob(os.path.join(folder, STAGING_PREFIX + "*")):
+        try:
+            with open(os.path.join(d, OWNER_FILE)) as fh:
+                owner = json.load(fh)
+        except (OSError, ValueError):
+            owner = {}
+        if not _abandoned(owner, _age(d)) or not _settled(d, flags, urls):
+            continue
+        shutil.rmtree(d, ignore_errors=True)
+        removed.append(d)
+    return removed
+
+
+def _settled(staging: str, flags: Sequence[str], urls: Mapping[str, str] | None) -> bool:
+    """Whether an abandoned staging folder can go: its run died before committing, or the
+    commit it died in is now settled (:func:`recover_commit`); else it is kept, with a warning,
+    for a later run to try again."""
+    problems = recover_commit(staging, flags, urls)
+    if problems:
+        logging.getLogger(__name__).warning(
+            "the commit of the run that left %s is not settled yet (%s); its staging folder "
+            "and journal are kept for the next run", staging, "; ".join(problems))
+    return not problems
+
+
+def _sweep_remote(folder: str, flags: Sequence[str],
+                  urls: Mapping[str, str] | None = None) -> list[str]:
+    base = folder.rstrip("/") + "/"
+    groups: dict[str, list[tuple[str, float]]] = {}
+    for path, mtime in _listing(base + STAGING_PREFIX + "**", flags):
+        name = path[len(base):].split("/", 1)[0]
+        groups.setdefault(base + name, []).append((path, mtime))
+    removed = []
+    for d, objs in sorted(groups.items()):
+        owner: dict = {}
+        if any(p == d + "/" + OWNER_FILE for p, _ in objs):
+            try:
+                with open_read(d + "/" + OWNER_FILE, flags) as fh:
+                    owner = json.loads(fh.read())
+            except (OSError, ValueError):
+                owner = {}
+        age = time.time() - max(m for _, m in objs)
+        if not _abandoned(owner, age) or not _settled(d, flags, urls):
+            continue
+        _delete([p for p, _ in objs], flags)
+        removed.append(d)
+    return removed
+
+
+def _read_lock(path: str) -> dict:
+    """The owner record of a commit lock (``{}`` when it cannot be read or is not written yet)."""
+    try:
+        with open(path, "rb") as fh:
+            held = json.loads(fh.read() or b"{}")
+    except (OSError, ValueError):
+        return {}
+    return held if isinstance(held, dict) else {}
+
+
+def _age(path: str) -> float:
+    try:
+        return time.time() - os.stat(path).st_mtime
+    except OSError:
+        return 0.0
+
+
+@contextlib.contextmanager
+def _commit_lock(manifest: str, run_id: str, step: list[str], makedirs: Any = None):
+    """Commits to one local manifest, one at a time: ``MANIFEST.lock`` is created exclusively
+    (``O_CREAT | O_EXCL``) beside the manifest, holding its owner ``{host, pid, run_id}``, and
+    removed when the commit ends, whatever happens. Held by a live run: this commit is refused
+    with an :class:`OutputError` and nothing changes. Left by a dead process of this host, by
+    another host's run and :data:`REMOTE_STALE_SECONDS` old, or older than that whoever holds
+    it: taken over. A rollback by :func:`recover_commit` takes the same lock.
+
+    A URL manifest (``s3://``, ``gs://``) is not locked: Beam's FileSystems have no atomic
+    exclusive create, so there only the check again in :meth:`RunOutputs._commit` (an output
+    or manifest created while the run ran is refused without ``force``) guards two runs."""
+    if is_url(manifest):
+        yield
+        return
+    path = _local(manifest) + ".lock"
+    step[:] = ["taking the commit lock", path]
+    (makedirs or (lambda d: os.makedirs(d, exist_ok=True)))(os.path.dirname(path))
+    mine = {"host": socket.gethostname(), "pid": os.getpid(), "run_id": run_id}
+    for _ in range(2):
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            break
+        except FileExistsError:
+            held = _read_lock(path)
+            age = _age(path)
+            if not (_abandoned(held, age) or age >= REMOTE_STALE_SECONDS):
+                host = held.get("host")
+                where = "" if host in (None, mine["host"]) else f" on host {host}"
+                raise OutputError(
+                    f"another run ({held.get('run_id', 'not yet named')}{where}"
+                    f") is committing to these outputs (manifest {location(manifest)!r}, "
+                    f"its lock {path}): nothing was committed; run again once it has "
+                    "finished (with --force to replace its outputs)") from None
+            logging.getLogger(__name__).warning(
+                "taking over the commit lock %s left by run %s (its process is gone or "
+                "the lock is %.0f s old)", path, held.get("run_id", "unknown"), age)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+    else:
+        raise OutputError(f"another run took the commit lock {path} at the same moment: "
+                          "nothing was committed; run again once it has finished")
+    try:
+        try:
+            os.write(fd, json.dumps(mine).encode())
+        finally:
+            os.close(fd)
+        yield
+    finally:
+        if _read_lock(path) == mine:  # not one a later run took over meanwhile
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+            except OSError as exc:  # the next commit takes it over: this process is gone
+                logging.getLogger(__name__).warning(
+                    "could not remove the commit lock %s (%s)", path, _reason(exc))
+
+
+# --------------------------------------------------------------------------- rollback
+_UNKNOWN = object()  # a location whose state cannot be told: never equal to anything
+
+
+def _look(path: str, flags: Sequence[str] = ()) -> Any:
+    """How the final location ``path`` looks now: None when nothing is there, else something
+    that changes when a file is moved there (locally device, inode, size and mtime; on an
+    object store size and modification time; a DuckDB table: its database file's), or
+    :data:`_UNKNOWN` when it cannot be told (a PostgreSQL table, an error)."""
+    try:
+        if is_table_url(path):
+            if not path.lower().startswith("duckdb:"):
+                return _UNKNOWN
+            from ldp_beam.transforms.sinks import _duckdb_path  # lazy: Beam (see _plan)
+
+            db = _duckdb_path(path)
+            return tuple(_stat(f) for f in (db, db + ".wal"))
+        if not is_url(path):
+            return _stat(_local(path))
+        if not exists(path, flags):
+            return None
+        found = _fs(path, flags).match([path])[0].metadata_list
+        return tuple(sorted((m.path, m.size_in_bytes, m.last_updated_in_seconds)
+                            for m in found)) or None
+    except Exception:  # noqa: BLE001 - cannot tell: counted as changed (the entry stays pending)
+        return _UNKNOWN
+
+
+def _stat(path: str) -> tuple | None:
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def _remove(path: str, flags: Sequence[str] = ()) -> None:
+    """Remove the file or object at ``path`` if there is one (raises if it cannot)."""
+    if is_url(path):
+        if exists(path, flags):
+            _delete([path], flags)
+        return
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(_local(path))
+
+
+def _keep(final: str, keep: str, flags: Sequence[str]) -> None:
+    """Keep the file at ``final`` as ``keep`` before it is replaced: locally a hard link (the
+    same bytes, nothing copied; a copy where the file system has no hard links), on an object
+    store a server-side copy."""
+    if is_url(final):
+        _fs(final, flags).copy([final], [keep])
+        return
+    try:
+        os.link(_local(final), _local(keep))
+    except OSError as exc:
+        if exc.errno not in (errno.EPERM, errno.EXDEV, errno.EMLINK, errno.ENOTSUP,
+                             errno.EOPNOTSUPP, errno.ENOSYS):
+            raise
+        with _partial(_local(keep)) as tmp:
+            shutil.copy2(_local(final), tmp)
+            os.replace(tmp, _local(keep))
+
+
+def _table_name(url: str) -> str:
+    """The ``table=`` setting of a database output URL (``T`` or ``SCHEMA.T``)."""
+    from ldp_beam.transforms.sources import parse_settings  # lazy: Beam (see location())
+
+    return parse_settings(url)[1]["table"]
+
+
+def _table_named(url: str, bare: str) -> str:
+    """``url`` naming the table ``bare`` in the same schema (``?table=S.bare``; an unqualified
+    DuckDB name in ``main``, where DuckDB creates and renames it: its existence check of an
+    unqualified name would look in every schema)."""
+    from ldp_beam.transforms.sources import parse_settings  # lazy: Beam (see location())
+
+    base, ours, other = parse_settings(url)
+    schema = ours["table"].split(".")[:-1]
+    if not schema and url.lower().startswith("duckdb:"):
+        schema = ["main"]
+    name = ".".join([*schema, bare])
+    return base + "?" + "&".join(f"{quote(k, safe='')}={quote(v, safe='')}"
+                                 for k, v in [*other, ("table", name)])
+
+
+def _redacted(change: dict) -> dict:
+    """A change as the journal stores it: a database URL without its password."""
+    if "table" not in change:
+        return change
+    return {**change, "table": _without_password(_redact(change["table"]))}
+
+
+def _redact(url: str) -> str:
+    from ldp_beam.transforms.sources import redact  # lazy: Beam (see location())
+
+    return redact(url)
+
+
+def _without_password(url: str) -> str:
+    """``url`` with a ``password=`` parameter's value replaced by ``***``."""
+    base, sep, query = url.partition("?")
+    return base + sep + "&".join(
+        "password=***" if part.lower().startswith("password=") else part
+        for part in query.split("&")) if sep else url
+
+
+def _undo(plan: Sequence[dict], flags: Sequence[str], run_id: str) -> list[str]:
+    """Put back what run ``run_id``'s commit ``plan`` changed; returns what could not be put
+    back (empty when everything is as before the commit).
+
+    First its own new manifest, if it landed, is removed (were that impossible, nothing else is
+    touched: every output was moved in before the manifest, so the commit then stands whole).
+    Then each output: a previous version that was kept is put back over the final place
+    (locally one rename); a previous version with no kept copy was never replaced (the copy is
+    made first), so it is left alone; where there was no previous version, what the commit put
+    there is removed (a file only when its SHA-256 is the one the commit moved in; a table when
+    it exists). The previous manifest comes back last, and only when every output did (never a
+    manifest vouching for a mixture); what is left is for a later :func:`recover_commit`."""
+    manifest = plan[0]["path"]
+    try:
+        if _manifest_run(manifest, flags) == run_id:
+            _remove(manifest, flags)
+    except Exception as exc:  # noqa: BLE001 - the new manifest stands over all new outputs
+        return [f"its new manifest {location(manifest)} could not be removed "
+                f"({_reason(exc) if isinstance(exc, OSError) else exc}), so the commit stands "
+                "whole: every new output is in place under it"]
+    problems: list[str] = []
+    for c in reversed(plan):
+        if c["role"] == "manifest" and problems:
+            break  # never a manifest vouching for outputs not put back: left for a retry
+        try:
+            if "table" in c:
+                # lazy: Beam (see _plan)
+                from ldp_beam.transforms.sinks import restore_tidy, tidy_table_exists
+
+                own = _table_named(c["table"], _table_name(c["table"]).split(".")[-1])
+                if tidy_table_exists(_table_named(c["table"], c["keep"]) if c["previous"]
+                                     else own):
+                    restore_tidy(c["table"], c["keep"])
+            elif c["previous"]:
+                if exists(c["keep"], flags):
+                    _move(c["keep"], c["path"], flags)
+                    _remove(c["keep"], flags)  # a rename onto its own hard link leaves it
+            elif exists(c["path"], flags) and (
+                    c.get("sha256") is None
+                    or file_digest(c["path"], flags)["sha256"] == c["sha256"]):
+                _remove(c["path"], flags)
+        except Exception as exc:  # noqa: BLE001 - said, and the journal is kept for a retry
+            where = location(c["table"] if "table" in c else c["path"])
+            problems.append(f"the {c['role'].replace('_', ' ')} {where}: "
+                            f"{_reason(exc) if isinstance(exc, OSError) else exc}")
+    return problems
+
+
+def _manifest_run(path: str, flags: Sequence[str]) -> str | None:
+    """The run id the manifest at ``path`` names; None when there is none (raises when it
+    exists but cannot be read: a commit is never judged from a manifest misread)."""
+    if not exists(path, flags):
+        return None
+    run = read_manifest(path, flags).get("run_id")
+    return None if run is None else str(run)
+
+
+def _journals(folder: str, flags: Sequence[str], exclude: str = "") -> list[str]:
+    """The commit journals in the staging folders of ``folder`` but ``exclude``'s: commits not
+    settled yet."""
+    pattern = _join(folder, STAGING_PREFIX + "*/" + JOURNAL)
+    found = (_local_glob(pattern) if not is_url(folder)
+             else [p for p, _ in _listing(pattern, flags)])
+    return sorted(p for p in found if not p.startswith(_join(exclude, "")))
+
+
+def _local_glob(pattern: str) -> list[str]:
+    return glob.glob(_local(pattern))
+
+
+def _drop_kept(plan: Sequence[dict], flags: Sequence[str]) -> list[str]:
+    """Remove the previous versions a committed ``plan`` kept; returns what could not be."""
+    problems = []
+    for c in plan:
+        if not c["previous"]:
+            continue
+        try:
+            if "table" in c:
+                from ldp_beam.transforms.sinks import drop_tidy  # lazy: Beam (see _plan)
+
+                drop_tidy(c["table"], c["keep"])
+            else:
+                _remove(c["keep"], flags)
+        except Exception as exc:  # noqa: BLE001 - a warning: the run is committed
+            problems.append(f"{c['keep']}: {exc}")
+    return problems
+
+
+def recover_commit(staging: str, flags: Sequence[str] = (),
+                   urls: Mapping[str, str] | None = None) -> list[str] | None:
+    """Settle the commit of a run whose process died during it (``kill -9``, a lost machine),
+    from the journal in its abandoned staging folder. None when the folder holds no journal
+    (the run died before committing: nothing of it is in place). Under the manifest's commit
+    lock, by what the manifest's place holds now:
+
+    * a manifest naming the run: its commit had finished; the kept previous versions go;
+    * none, or the one the run replaced: every change is rolled back (:func:`_undo`);
+    * a manifest naming another run: a later commit superseded it; nothing is touched;
+    * a manifest that cannot be read: nothing is touched (a commit is never judged from a
+      misread), and the journal stays for a later try.
+
+    The journal stores database URLs without their password; ``urls`` maps such a URL to the
+    one the current run was given (the same output), with which it is reached. Returns what
+    could not be settled (empty: done; the folder can go)."""
+    path = _join(staging, JOURNAL)
+    if not exists(path, flags):
+        return None
+    try:
+        with open_read(path, flags) as fh:
+            journal = json.loads(fh.read())
+        plan, manifest = journal["changes"], journal["manifest"]
+        run, replaces = str(journal["run_id"]), journal.get("replaces")
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return [f"its commit journal {path} cannot be read ({exc})"]
+    plan = [{**c, "table": (urls or {}).get(c["table"], c["table"])} if "table" in c else c
+            for c in plan]
+    log = logging.getLogger(__name__)
+    try:
+        with _commit_lock(manifest, "recovery-of-" + run, ["", ""]):
+            try:
+                now = _manifest_run(manifest, flags)
+            except (OSError, ValueError) as exc:
+                return [f"its manifest {location(manifest)} cannot be read now "
+                        f"({_reason(exc) if isinstance(exc, OSError) else exc})"]
+            if now == run:
+                problems = _drop_kept(plan, flags)
+                log.warning("run %s was stopped after its commit had finished (manifest %s): "
+                            "removed the previous versions it kept; its ledger entry stays "
+                            "pending until `ldp-beam ledger --resolve %s --as committed`", run,
+                            location(manifest), run)
+            elif now is not None and now != replaces:
+                problems = []
+                log.warning("run %s was stopped during its commit, which run %s's commit has "
+                            "since replaced (manifest %s): nothing of it is rolled back", run,
+                            now, location(manifest))
+            else:
+                problems = _undo(plan, flags, run)
+                log.warning("run %s was stopped during its commit: %s; its ledger entry stays "
+                            "pending and counts as spent (its new outputs may have been read "
+                            "while they were in place): `ldp-beam ledger --resolve %s`", run,
+                            "rolled back, the previous outputs and manifest are back"
+                            if not problems else "its rollback is incomplete", run)
+    except OutputError as exc:  # its lock is held by a live run: settled on a later sweep
+        return [str(exc)]
+    return problems
