@@ -22,7 +22,7 @@ from urllib.parse import urlsplit
 import pyarrow.fs as pafs
 
 from ldp_beam.errors import ParameterError
-from ldp_beam.ledger import DATABASE_SCHEMES, canonical_location, check_dataset_name
+from ldp_beam.ledger import by_content, canonical_location, check_dataset_name
 from ldp_beam.ledger.names import _GLOB_CHARS, _table_url
 
 def dataset_identity(input: str, options: Any = (), name: str | None = None) -> dict:
@@ -121,7 +121,7 @@ def _local_signature(input: str) -> list | None:
 
 
 def _dataset_identity(input: str, options: Any = ()) -> dict:
-    if input.split("://", 1)[0].lower() in DATABASE_SCHEMES:
+    if not by_content(input):
         return _database_identity(input)
     if "://" in input:
         files = _remote_files(input, options)
@@ -136,12 +136,6 @@ def _dataset_identity(input: str, options: Any = ()) -> dict:
     where = canonical_location(input)
     return {"dataset": where, "uri": where, "fingerprint": "sha256:" + h.hexdigest(),
             "files": len(files), "bytes": total}
-
-
-def by_content(input: str) -> bool:
-    """Whether the input's fingerprint is of its content (files), not of its name (a database
-    table or query: :func:`_database_identity`)."""
-    return input.split("://", 1)[0].lower() not in DATABASE_SCHEMES
 
 
 def _database_identity(input: str) -> dict:

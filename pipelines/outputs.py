@@ -95,15 +95,15 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from ldp_beam.errors import LdpBeamError
 from ldp_beam.jsonio import json_bytes
+from ldp_beam.ledger import redact
 
 from .files import (PARTIAL_SUFFIX, OutputError, RunFailed, _delete, _join, _listing, _local,
                     _move, _parent, _reason, _unlink_quiet, count_lines, exists, file_digest,
                     is_table_url, is_url, location, open_read, read_json_lines, real_path,
                     verify, write_bytes)
 from .rollback import (_UNKNOWN, JOURNAL, OWNER_FILE, PREVIOUS_SUFFIX, STAGING_PREFIX,
-                       _commit_lock, _drop_kept, _journals, _keep, _look, _manifest_run, _redact,
-                       _redacted, _remove, _table_name, _table_named, _undo, _without_password,
-                       sweep_stale)
+                       _commit_lock, _drop_kept, _journals, _keep, _look, _manifest_run,
+                       _redacted, _remove, _undo, sweep_stale)
 
 #: what callers of this module use from the two below it (the run's outputs are its interface)
 __all__ = ["JOURNAL", "OWNER_FILE", "PARTIAL_SUFFIX", "PREVIOUS_SUFFIX", "PROBE_PREFIX",
@@ -519,7 +519,7 @@ class RunOutputs:
         # a dead run's commit in this folder is settled first: its outputs are rolled back
         # (or its commit finished) before this run looks at what exists
         sweep_stale(self.folder, self.flags, urls={
-            _without_password(_redact(p)): p for p in self.outputs.values() if is_table_url(p)})
+            redact(p): p for p in self.outputs.values() if is_table_url(p)})
         check_outputs({**self.given, "manifest": manifest}, inputs, force, self.flags,
                       labels=self.labels, extra=extra)
         targets = [(role, self.given[role], p, _beside(p)) for role, p in local.items()]
@@ -789,9 +789,8 @@ class RunOutputs:
                 keep = previous_table(final)
                 step[:] = [f"checking the {role} table", location(final)]
                 drop_tidy(final, keep)
-                own = _table_named(final, _table_name(final).split(".")[-1])
                 plan.append({"role": role, "table": final, "keep": keep,
-                             "previous": tidy_table_exists(own)})
+                             "previous": tidy_table_exists(final)})
                 continue
             keep = final + PREVIOUS_SUFFIX
             step[:] = ["removing an earlier commit's kept version", keep]

@@ -20,7 +20,8 @@ import shutil
 import socket
 import time
 from typing import Any, Mapping, Sequence
-from urllib.parse import quote
+
+from ldp_beam.ledger import redact
 
 from .files import (OutputError, _delete, _fs, _join, _listing, _local, _move, _partial, _reason,
                     exists, file_digest, is_table_url, is_url, location, open_read,
@@ -262,47 +263,10 @@ def _keep(final: str, keep: str, flags: Sequence[str]) -> None:
             os.replace(tmp, _local(keep))
 
 
-def _table_name(url: str) -> str:
-    """The ``table=`` setting of a database output URL (``T`` or ``SCHEMA.T``)."""
-    from ldp_beam.transforms.sources import parse_settings  # lazy: Beam (see location())
-
-    return parse_settings(url)[1]["table"]
-
-
-def _table_named(url: str, bare: str) -> str:
-    """``url`` naming the table ``bare`` in the same schema (``?table=S.bare``; an unqualified
-    DuckDB name in ``main``, where DuckDB creates and renames it: its existence check of an
-    unqualified name would look in every schema)."""
-    from ldp_beam.transforms.sources import parse_settings  # lazy: Beam (see location())
-
-    base, ours, other = parse_settings(url)
-    schema = ours["table"].split(".")[:-1]
-    if not schema and url.lower().startswith("duckdb:"):
-        schema = ["main"]
-    name = ".".join([*schema, bare])
-    return base + "?" + "&".join(f"{quote(k, safe='')}={quote(v, safe='')}"
-                                 for k, v in [*other, ("table", name)])
-
-
 def _redacted(change: dict) -> dict:
-    """A change as the journal stores it: a database URL without its password."""
-    if "table" not in change:
-        return change
-    return {**change, "table": _without_password(_redact(change["table"]))}
-
-
-def _redact(url: str) -> str:
-    from ldp_beam.transforms.sources import redact  # lazy: Beam (see location())
-
-    return redact(url)
-
-
-def _without_password(url: str) -> str:
-    """``url`` with a ``password=`` parameter's value replaced by ``***``."""
-    base, sep, query = url.partition("?")
-    return base + sep + "&".join(
-        "password=***" if part.lower().startswith("password=") else part
-        for part in query.split("&")) if sep else url
+    """A change as the journal stores it: a database URL without its password (in the user
+    part or a ``password=`` parameter)."""
+    return {**change, "table": redact(change["table"])} if "table" in change else change
 
 
 def _undo(plan: Sequence[dict], flags: Sequence[str], run_id: str) -> list[str]:
@@ -334,9 +298,7 @@ def _undo(plan: Sequence[dict], flags: Sequence[str], run_id: str) -> list[str]:
                 # lazy: Beam (see _plan)
                 from ldp_beam.transforms.sinks import restore_tidy, tidy_table_exists
 
-                own = _table_named(c["table"], _table_name(c["table"]).split(".")[-1])
-                if tidy_table_exists(_table_named(c["table"], c["keep"]) if c["previous"]
-                                     else own):
+                if tidy_table_exists(c["table"], c["keep"] if c["previous"] else None):
                     restore_tidy(c["table"], c["keep"])
             elif c["previous"]:
                 if exists(c["keep"], flags):

@@ -35,7 +35,7 @@ import apache_beam as beam
 import pyarrow as pa
 
 from ldp_beam.core import Configured
-from ldp_beam.ledger import Ledger
+from ldp_beam.ledger import Ledger, by_content
 from ldp_beam.privacy import ledger_cost
 from ldp_beam.rng import RunKey
 from ldp_beam.transforms import ReadTable
@@ -44,7 +44,7 @@ from ldp_beam.transforms.units import BoundContributions
 from ldp_beam.transforms.tally import Tally
 
 from .common import check_readable, check_reconciles, reconcile, run_pipeline
-from .datasets import by_content, dataset_identity
+from .datasets import dataset_identity
 from .lifecycle import ledger_state, publish
 from .outputs import RunFailed, RunOutputs, location
 from .stream_account import StreamAccount, stream_dataset

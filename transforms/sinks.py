@@ -487,12 +487,15 @@ def tidy_bytes(rows: Iterable[Mapping[str, Any]] | pa.Table, fmt: str) -> bytes:
     return buf.getvalue()
 
 
-def tidy_table_exists(url: str) -> bool:
+def tidy_table_exists(url: str, kept: str | None = None) -> bool:
     """Whether the table a ``duckdb:///FILE?table=T`` or ``postgresql://...?table=T`` output
-    names exists already (a DuckDB file that does not exist holds no table). Errors name the
-    output (an unreachable server, a file that is not a DuckDB database)."""
+    names exists already (a DuckDB file that does not exist holds no table), or, with ``kept``,
+    the table of that bare name in its schema (:func:`previous_table`). A name without a schema
+    is looked for where it would be written: DuckDB's current schema, PostgreSQL's search
+    path. Errors name the output (an unreachable server, a file that is not a DuckDB
+    database)."""
     fmt = tidy_format(url)
-    name = _table_setting(url)
+    name = _table_setting(url) if kept is None else _kept_table(url, kept, "kept")
     parts = name.split(".")
     if fmt == "duckdb":
         import duckdb  # lazy: optional dependency (the [duckdb] extra)
@@ -506,13 +509,9 @@ def tidy_table_exists(url: str) -> bool:
             raise SourceError(f"{redact(url)}: cannot open the DuckDB database: "
                               f"{_error_text(exc)}") from None
         try:
-            if len(parts) == 2:
-                q = ("SELECT count(*) FROM information_schema.tables WHERE table_schema = ? "
-                     "AND table_name = ?")
-                n = con.execute(q, parts).fetchone()[0]
-            else:
-                q = "SELECT count(*) FROM information_schema.tables WHERE table_name = ?"
-                n = con.execute(q, parts[-1:]).fetchone()[0]
+            q = ("SELECT count(*) FROM information_schema.tables WHERE table_schema = "
+                 "coalesce(?, current_schema()) AND table_name = ?")
+            n = con.execute(q, [parts[0] if len(parts) == 2 else None, parts[-1]]).fetchone()[0]
         finally:
             con.close()
         return n > 0

@@ -120,12 +120,13 @@ from __future__ import annotations
 from .accounting import BudgetExceeded, Spent, check_accounting, compose
 from .base import (BUDGET_TOLERANCE, DATASET_NAME_MAX, DEFAULT_TIMEOUT, RAISE_HINT,
                    SCHEMA_VERSION, STATUSES, LedgerError, LedgerNotFound, LedgerUnavailable)
-from .names import (DATABASE_SCHEMES, canonical_location, check_dataset_name, default_url, redact,
+from .names import (DATABASE_SCHEMES, by_content, canonical_location, check_dataset_name, default_url, redact,
                     release_request, request_key, sqlite_path)
 from .store import Ledger, ReleaseInProgress, Reservation, open_ledger
 
 __all__ = ["BudgetExceeded", "Ledger", "LedgerError", "LedgerNotFound", "LedgerUnavailable",
-           "ReleaseInProgress", "Reservation", "Spent", "canonical_location", "check_dataset_name",
+           "ReleaseInProgress", "Reservation", "Spent", "by_content", "canonical_location",
+           "check_dataset_name",
            "compose", "default_url", "open_ledger", "redact",
            "release_request", "request_key", "check_accounting",
            "BUDGET_TOLERANCE", "DATABASE_SCHEMES", "DATASET_NAME_MAX", "DEFAULT_TIMEOUT",

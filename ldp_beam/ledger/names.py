@@ -139,6 +139,13 @@ def canonical_location(input: str) -> str:
 DATABASE_SCHEMES = ("duckdb", "postgresql", "postgres", "iceberg")
 
 
+def by_content(input: str) -> bool:
+    """Whether an input's fingerprint is of its content (files), not of its name (a database
+    table or query, identified by what it names: hashing a warehouse table would cost a full
+    scan). Only the releases of the former are ever re-published."""
+    return input.split("://", 1)[0].lower() not in DATABASE_SCHEMES
+
+
 def _table_url(input: str) -> str:
     """A database table's canonical URL: the password hidden, query parameters sorted."""
     parts = urlsplit(redact(input))

@@ -21,7 +21,7 @@ from .base import (_ADVISORY_KEY, _NOTHING_RUN, BUDGET_TOLERANCE, DEFAULT_TIMEOU
                    SCHEMA_VERSION, STATUSES, LedgerError, LedgerNotFound, LedgerUnavailable,
                    _dumps, _loads, _now, _user)
 from .migrate import _migrate_v1
-from .names import (DATABASE_SCHEMES, _name_of, canonical_location, check_dataset_name,
+from .names import (_name_of, by_content, canonical_location, check_dataset_name,
                     default_url, redact, request_key, sqlite_path)
 
 #: The first key of the PostgreSQL advisory lock (two-int form) that a central release's
@@ -45,14 +45,6 @@ class ReleaseInProgress(LedgerError):
 
     def __reduce__(self):  # picklable, as the ledger's other errors
         return (type(self), (str(self), self.run_id))
-
-
-def _by_content(uri: str) -> bool:
-    """Whether an entry read from ``uri`` has a fingerprint of its content (files), not of its
-    name (a database table or query), as
-    :func:`ldp_beam.pipelines.datasets.by_content` decides: only the former's releases are ever
-    re-published."""
-    return uri.split("://", 1)[0].lower() not in DATABASE_SCHEMES
 
 
 # ----------------------------------------------------------------------------------- ledger
@@ -458,7 +450,7 @@ class Ledger:
                 raise LedgerError(f"run {run_id} is already in the ledger {self.url}: a run id "
                                   "is recorded once (RunKey.new() makes a fresh one)")
             if entry["request_key"] is not None and republished_from is None \
-                    and _by_content(entry["uri"]):
+                    and by_content(entry["uri"]):
                 self._no_release_in_progress(tx, entry)
             rec = self._budget_row(tx, name)
             b_eps, b_delta, why = self._run_budget(tx, name, rec, budget, budget_delta)
