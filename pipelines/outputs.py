@@ -42,11 +42,11 @@ Two runs on the same outputs (both started without ``force``, both passed the ch
 start): the first to commit wins. Every commit without ``force`` checks again, before it changes
 anything, that no output and no manifest exists at its final place; one created while the run ran
 (another run committed first) refuses the commit with one :class:`OutputError` and nothing of
-either run's is changed. Commits to one local manifest take turns: ``MANIFEST.lock``, created
-exclusively beside it for the commit's duration, names its owner (host, pid, run id); a commit
-finding it held by a live run is refused (nothing committed), one left by a dead process of this
-host or older than :data:`REMOTE_STALE_SECONDS` is taken over. A URL manifest (``s3://``,
-``gs://``) has no lock (Beam's FileSystems cannot create a file exclusively): only the check
+either run's is changed. Commits to one local manifest take turns: a commit holds an exclusive
+``flock`` on ``MANIFEST.lock`` beside it for its duration (the file names its owner: host, pid,
+run id); a commit finding it held is refused (nothing committed). The kernel drops the lock of a
+process that dies, so a lock file left by a killed run is simply taken: no pid or age is trusted.
+A URL manifest (``s3://``, ``gs://``) has no lock (Beam's FileSystems have none): only the check
 again guards it, so two commits to one URL at the very same moment are not excluded.
 
 Every local path (each output, the manifest, the staging folder) is resolved once, as the file
@@ -651,8 +651,8 @@ class RunOutputs:
         Without ``force``, an output or manifest that exists at its final place now (created
         while the run ran: another run on the same outputs committed first) refuses the commit
         with an :class:`OutputError` before anything is changed. A local manifest's commits take
-        turns through ``MANIFEST.lock`` (see :func:`.rollback._commit_lock`); one held by a live
-        run refuses this commit, nothing changed. A URL manifest has no lock: only the check
+        turns through a ``flock`` on ``MANIFEST.lock`` (see :func:`.rollback._commit_lock`); one
+        held by another run refuses this commit, nothing changed. A URL manifest has no lock: only the check
         again.
 
         All or nothing: before the first change, the commit writes its journal (``_commit.json``

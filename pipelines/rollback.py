@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import glob
 import json
 import logging
@@ -142,61 +143,75 @@ def _age(path: str) -> float:
 
 @contextlib.contextmanager
 def _commit_lock(manifest: str, run_id: str, step: list[str], makedirs: Any = None):
-    """Commits to one local manifest, one at a time: ``MANIFEST.lock`` is created exclusively
-    (``O_CREAT | O_EXCL``) beside the manifest, holding its owner ``{host, pid, run_id}``, and
-    removed when the commit ends, whatever happens. Held by a live run: this commit is refused
-    with an :class:`OutputError` and nothing changes. Left by a dead process of this host, by
-    another host's run and :data:`REMOTE_STALE_SECONDS` old, or older than that whoever holds
-    it: taken over. A rollback by :func:`recover_commit` takes the same lock.
+    """Commits to one local manifest, one at a time: the commit holds an exclusive ``flock`` on
+    ``MANIFEST.lock`` beside the manifest for its whole duration, writes its owner
+    ``{host, pid, run_id}`` into it (for the messages only) and removes it, still holding the
+    lock, when the commit ends, whatever happens. Held: this commit is refused with an
+    :class:`OutputError` naming the holder, and nothing changes. The kernel releases the lock
+    when its holder dies (on NFS, the server once the client's lease expires), so a lock file
+    left by a killed run is simply taken: no process id or age is trusted, and two runs cannot
+    both take over one lock. A lock file removed by its holder between another run's open and
+    its lock is opened again. A rollback by :func:`recover_commit` takes the same lock.
 
-    A URL manifest (``s3://``, ``gs://``) is not locked: Beam's FileSystems have no atomic
-    exclusive create, so there only the check again in :meth:`RunOutputs._commit` (an output
-    or manifest created while the run ran is refused without ``force``) guards two runs."""
+    Not locked, with a warning: a URL manifest (``s3://``, ``gs://``; Beam's FileSystems have
+    no locks) and a file system that refuses ``flock``. There only the check again in
+    :meth:`RunOutputs._commit <.outputs.RunOutputs._commit>` (an output or manifest created
+    while the run ran is refused without ``force``) guards two runs."""
     if is_url(manifest):
         yield
         return
     path = _local(manifest) + ".lock"
     step[:] = ["taking the commit lock", path]
     (makedirs or (lambda d: os.makedirs(d, exist_ok=True)))(os.path.dirname(path))
-    mine = {"host": socket.gethostname(), "pid": os.getpid(), "run_id": run_id}
-    for _ in range(2):
+    for _ in range(100):  # each pass but the last saw the file removed by the run it waited on
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            break
-        except FileExistsError:
-            held = _read_lock(path)
-            age = _age(path)
-            if not (_abandoned(held, age) or age >= REMOTE_STALE_SECONDS):
-                host = held.get("host")
-                where = "" if host in (None, mine["host"]) else f" on host {host}"
-                raise OutputError(
-                    f"another run ({held.get('run_id', 'not yet named')}{where}"
-                    f") is committing to these outputs (manifest {location(manifest)!r}, "
-                    f"its lock {path}): nothing was committed; run again once it has "
-                    "finished (with --force to replace its outputs)") from None
-            logging.getLogger(__name__).warning(
-                "taking over the commit lock %s left by run %s (its process is gone or "
-                "the lock is %.0f s old)", path, held.get("run_id", "unknown"), age)
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
-    else:
-        raise OutputError(f"another run took the commit lock {path} at the same moment: "
-                          "nothing was committed; run again once it has finished")
-    try:
-        try:
-            os.write(fd, json.dumps(mine).encode())
-        finally:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
             os.close(fd)
+            held = _read_lock(path)
+            host = held.get("host")
+            where = "" if host in (None, socket.gethostname()) else f" on host {host}"
+            raise OutputError(
+                f"another run ({held.get('run_id', 'not yet named')}{where}) is committing "
+                f"to these outputs (manifest {location(manifest)!r}, its lock {path}): nothing "
+                "was committed; run again once it has finished (with --force to replace its "
+                "outputs)") from None
+        except OSError as exc:  # ENOLCK, EOPNOTSUPP...: a file system without locks
+            os.close(fd)
+            logging.getLogger(__name__).warning(
+                "the commit to %s is not locked (%s): two runs committing to it at the same "
+                "moment are not excluded", location(manifest), _reason(exc))
+            yield
+            return
+        try:
+            same = os.fstat(fd).st_ino == os.stat(path).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)  # locked a file its holder had removed: open the new one
+    else:
+        raise OutputError(f"could not take the commit lock {path}: it was removed and created "
+                          "again 100 times while this run tried; nothing was committed")
+    try:
+        left = _read_lock(path)
+        if left:
+            logging.getLogger(__name__).warning(
+                "taking the commit lock %s left by run %s (its process is gone)", path,
+                left.get("run_id", "unknown"))
+        os.ftruncate(fd, 0)
+        os.write(fd, json.dumps({"host": socket.gethostname(), "pid": os.getpid(),
+                                 "run_id": run_id}).encode())
         yield
     finally:
-        if _read_lock(path) == mine:  # not one a later run took over meanwhile
-            try:
-                os.unlink(path)
-            except FileNotFoundError:
-                pass
-            except OSError as exc:  # the next commit takes it over: this process is gone
-                logging.getLogger(__name__).warning(
-                    "could not remove the commit lock %s (%s)", path, _reason(exc))
+        try:
+            os.unlink(path)  # before the unlock: a run waiting on this file opens a new one
+        except OSError as exc:
+            logging.getLogger(__name__).warning(
+                "could not remove the commit lock %s (%s); the next commit takes it", path,
+                _reason(exc))
+        os.close(fd)
 
 
 # --------------------------------------------------------------------------- rollback

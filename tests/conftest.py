@@ -1,7 +1,10 @@
+import contextlib
 import json
 import logging
 import os
+import subprocess
 import sys
+import textwrap
 
 import numpy as np
 import pyarrow as pa
@@ -571,6 +574,25 @@ def load_test_plugin(monkeypatch, module_name: str):
     mod.register(fresh)
     monkeypatch.setattr(reg_mod, "get_registry", lambda: fresh)
     return mod, fresh
+
+
+@contextlib.contextmanager
+def held_lock(path, record):
+    """A real process holding the commit lock ``path`` (``flock``) with ``record`` in it."""
+    code = textwrap.dedent(f"""
+        import fcntl, os, sys, time
+        fd = os.open({str(path)!r}, os.O_RDWR | os.O_CREAT, 0o644)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        os.write(fd, {json.dumps(record).encode()!r})
+        print("held", flush=True)
+        time.sleep(120)""")
+    holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
+    try:
+        assert holder.stdout.readline() == b"held\n"
+        yield holder
+    finally:
+        holder.kill()
+        holder.wait()
 
 
 sys.modules.setdefault("ldp_beam_test_helpers", sys.modules[__name__])

@@ -23,6 +23,7 @@ import pytest
 from ldp_beam.pipelines import outputs as outputs_mod
 from ldp_beam.pipelines import rollback as rollback_mod
 from ldp_beam.pipelines.outputs import JOURNAL, PREVIOUS_SUFFIX, RunOutputs, verify
+from ldp_beam_test_helpers import held_lock
 
 # A committing process that SIGKILLs itself: "during" when it is about to move the dead
 # letters into place (the first output already moved, the previous manifest set aside),
@@ -139,18 +140,12 @@ def test_the_settling_waits_for_the_lock_of_a_live_commit(tmp_path, caplog):
     folder.mkdir()
     _commit_old(folder)
     staging = _killed(folder, "during")
-    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    try:
-        (folder / "m.json.lock").write_text(json.dumps(
-            {"host": os.uname().nodename, "pid": live.pid, "run_id": "live"}))
+    with held_lock(folder / "m.json.lock", {"host": os.uname().nodename, "run_id": "live"}):
         with caplog.at_level(logging.WARNING, logger=rollback_mod.__name__):
             with _outputs(folder, "later", force=True):
                 pass
         assert staging.exists() and "not settled yet" in caplog.text
         assert (folder / "r.parquet").read_bytes() == b"new-r"
-    finally:
-        live.kill()
-        live.wait()
     with _outputs(folder, "later2", force=True):
         pass
     assert not staging.exists() and (folder / "r.parquet").read_bytes() == b"old-r"

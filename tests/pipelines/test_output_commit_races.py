@@ -14,6 +14,7 @@ import time
 import pytest
 
 from ldp_beam.pipelines.outputs import OutputError, RunOutputs
+from ldp_beam_test_helpers import held_lock
 from ldp_beam.pipelines.rollback import REMOTE_STALE_SECONDS, _abandoned, sweep_stale
 
 
@@ -47,15 +48,17 @@ def test_a_second_run_does_not_replace_the_first_runs_commit_unasked(tmp_path):
 
 
 def _lock(tmp_path, pid):
+    """A lock file left behind, naming ``pid``, that no process holds."""
     (tmp_path / "e.manifest.json.lock").write_text(json.dumps(
         {"host": socket.gethostname(), "pid": pid, "run_id": "run-other"}))
 
 
 def test_a_commit_held_by_a_live_run_is_refused_and_a_dead_ones_lock_is_taken_over(tmp_path):
-    _lock(tmp_path, os.getpid())  # a live process of this host
+    lock = tmp_path / "e.manifest.json.lock"
     a = _staged(tmp_path, "run-a", b"A\n", force=True)
-    with pytest.raises(OutputError, match="another run \\(run-other\\) is committing"):
-        a.commit({"command": "test"})
+    with held_lock(lock, {"host": socket.gethostname(), "pid": 1, "run_id": "run-other"}):
+        with pytest.raises(OutputError, match="another run \\(run-other\\) is committing"):
+            a.commit({"command": "test"})
     a.__exit__(None, None, None)
     assert not (tmp_path / "e.json").exists() and not (tmp_path / "e.manifest.json").exists()
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
@@ -89,12 +92,27 @@ def test_a_sweep_leaves_another_hosts_live_staging_folder_alone(tmp_path):
     assert sweep_stale(str(tmp_path)) == [str(live)] and not live.exists()
 
 
-def test_a_lock_older_than_the_limit_is_taken_over_whoever_holds_it(tmp_path):
-    _lock(tmp_path, os.getpid())
-    old = time.time() - REMOTE_STALE_SECONDS - 60
-    os.utime(tmp_path / "e.manifest.json.lock", (old, old))
+def test_the_lock_is_the_kernels_not_the_record_in_the_file(tmp_path):
+    """Whether a commit lock is held is asked of the kernel (``flock``), not read from the
+    owner record in the file: a file naming a live process (a reused pid) that no process
+    holds is taken, and a file naming a dead one that a live run holds (the moment after that
+    run took it over, before it wrote its own record) is not: two runs taking over one stale
+    lock used to both commit."""
+    lock = tmp_path / "e.manifest.json.lock"
+    _lock(tmp_path, os.getpid())  # names a live process, held by none
     a = _staged(tmp_path, "run-a", b"A\n")
     a.commit({"command": "test"})
     a.__exit__(None, None, None)
     assert json.loads((tmp_path / "e.manifest.json").read_text())["run_id"] == "run-a"
-    assert not (tmp_path / "e.manifest.json.lock").exists()
+    assert not lock.exists()
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    b = _staged(tmp_path, "run-b", b"B\n", force=True)
+    with held_lock(lock, {"host": socket.gethostname(), "pid": dead.pid, "run_id": "run-x"}):
+        old = time.time() - REMOTE_STALE_SECONDS - 60
+        os.utime(lock, (old, old))  # neither age
+        with pytest.raises(OutputError, match="another run \\(run-x\\) is committing"):
+            b.commit({"command": "test"})
+    b.__exit__(None, None, None)
+    assert (tmp_path / "e.json").read_bytes() == b"A\n"
+    assert json.loads((tmp_path / "e.manifest.json").read_text())["run_id"] == "run-a"
