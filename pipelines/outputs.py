@@ -33,7 +33,8 @@ manifest's folder finds the journal in the dead run's staging folder and rolls t
 the lock, the journal and the undo in :mod:`.rollback`.
 The staging folder is removed whatever happens (but for a rollback that could not finish: its
 journal stays for the next run); one left by a process killed with ``kill -9`` is
-removed by the next run that stages in the same folder (its owner process is gone; a staging
+removed by the next run that stages in the same folder (its owner process is gone: no process
+holds the ``flock`` a run keeps on its folder's owner file for its life; a staging
 folder owned by another host, on a shared NFS folder or an object store alike, is removed only
 once it is :data:`REMOTE_STALE_SECONDS` old, since whether that host's process lives cannot be
 asked).
@@ -81,6 +82,7 @@ empty survives a failure.
 """
 from __future__ import annotations
 
+import fcntl
 import fnmatch
 import glob
 import io
@@ -497,6 +499,7 @@ class RunOutputs:
         self._before: dict[str, Any] = {}  # how each final location looked before the commit
         self._made: list[str] = []  # local folders this run created (removed if left empty)
         self._staging_made = False
+        self._owner_fd: int | None = None  # the staging folder's owner file, locked (flock)
         if is_table_url(manifest):
             raise OutputError(f"the manifest {location(manifest)!r} must be a file path or "
                               "URL, not a database table")
@@ -540,9 +543,9 @@ class RunOutputs:
                     f"the files in it (PC_PATH_MAX {path_max}); choose a shorter path")
 
     def __enter__(self) -> "RunOutputs":
-        owner = json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
-                            "run_id": self.run_id}).encode()
+        owner = {"pid": os.getpid(), "host": socket.gethostname(), "run_id": self.run_id}
         if self.remote:
+            owner = json.dumps(owner).encode()
             try:
                 write_bytes(_join(self.staging, OWNER_FILE), owner, self.flags)
             except OSError as exc:  # Beam's BeamIOError is one
@@ -557,8 +560,16 @@ class RunOutputs:
             step = "creating the staging folder"
             os.makedirs(self.staging)
             self._staging_made = True
-            with open(os.path.join(self.staging, OWNER_FILE), "wb") as fh:
-                fh.write(owner)
+            # held for the run's life: a sweep by another run tells a live owner from a dead
+            # one by this lock, not by a process id that may have been reused
+            self._owner_fd = os.open(os.path.join(self.staging, OWNER_FILE),
+                                     os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            try:
+                fcntl.flock(self._owner_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                owner["flock"] = True
+            except OSError:  # a file system without locks: the process id is judged
+                pass
+            os.write(self._owner_fd, json.dumps(owner).encode())
         except OSError as exc:
             path = exc.filename or self.staging
             self._cleanup()
@@ -582,6 +593,7 @@ class RunOutputs:
         if self._staging_made:
             shutil.rmtree(self.staging, ignore_errors=True)
             self._staging_made = False
+        self._release_owner()
         if not self.committed:
             for d in sorted(self._made, key=len, reverse=True):
                 try:
@@ -590,10 +602,16 @@ class RunOutputs:
                     pass  # not empty (something was published there), or already gone
             self._made = []
 
+    def _release_owner(self) -> None:
+        if self._owner_fd is not None:
+            os.close(self._owner_fd)  # drops the staging folder's lock
+            self._owner_fd = None
+
     def discard(self) -> None:
         """Remove the staging folder and everything in it (and, when the run did not commit,
         the local folders it created that are still empty)."""
         if self.rollback_problems:  # the journal stays for the next run to finish the rollback
+            self._release_owner()
             return
         if self.remote:
             try:

@@ -67,10 +67,28 @@ def _abandoned(owner: dict, age: float) -> bool:
     return age >= REMOTE_STALE_SECONDS
 
 
+def _held(path: str) -> bool:
+    """Whether a live process holds a ``flock`` on ``path`` (a run's staging folder's owner
+    file, locked for the run's life; the kernel drops the lock when the run dies)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return False
+    except OSError as exc:
+        return exc.errno in (errno.EAGAIN, errno.EACCES)  # else no locks here: not held
+    finally:
+        os.close(fd)
+
+
 def sweep_stale(folder: str, flags: Sequence[str] = (),
                 urls: Mapping[str, str] | None = None) -> list[str]:
     """Remove staging folders in ``folder`` whose owner process on this host is gone (a run
-    killed before it could clean up), or whose owner is on another host and which are
+    killed before it could clean up: no process holds the ``flock`` the run keeps on its owner
+    file, whatever process id the file names; a folder of an earlier version, without that lock:
+    its pid is gone), or whose owner is on another host and which are
     :data:`REMOTE_STALE_SECONDS` old (see :func:`_abandoned`). Returns what was removed."""
     if is_url(folder):
         return _sweep_remote(folder, flags, urls)
@@ -81,7 +99,11 @@ def sweep_stale(folder: str, flags: Sequence[str] = (),
                 owner = json.load(fh)
         except (OSError, ValueError):
             owner = {}
-        if not _abandoned(owner, _age(d)) or not _settled(d, flags, urls):
+        if owner.get("flock") and owner.get("host") == socket.gethostname():
+            gone = not _held(os.path.join(d, OWNER_FILE))  # a reused pid does not matter
+        else:
+            gone = _abandoned(owner, _age(d))
+        if not gone or not _settled(d, flags, urls):
             continue
         shutil.rmtree(d, ignore_errors=True)
         removed.append(d)

@@ -116,3 +116,24 @@ def test_the_lock_is_the_kernels_not_the_record_in_the_file(tmp_path):
     b.__exit__(None, None, None)
     assert (tmp_path / "e.json").read_bytes() == b"A\n"
     assert json.loads((tmp_path / "e.manifest.json").read_text())["run_id"] == "run-a"
+
+
+def test_a_staging_folder_lives_as_long_as_its_runs_lock_not_its_pid(tmp_path):
+    """A sweep tells a live run's staging folder from a dead one's by the flock the run holds
+    on its owner file: a folder naming a live process (a reused pid) that nobody holds is
+    removed; one naming a dead pid that a live run holds is kept; this run's own folder holds
+    its lock until the run ends."""
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    host = socket.gethostname()
+    reused = tmp_path / ".ldp-beam-staging-run-reused"
+    reused.mkdir()
+    (reused / "OWNER").write_text(json.dumps({"host": host, "pid": os.getpid(), "flock": True}))
+    held = tmp_path / ".ldp-beam-staging-run-held"
+    held.mkdir()
+    with held_lock(held / "OWNER", {"host": host, "pid": dead.pid, "flock": True}):
+        outs = _staged(tmp_path, "run-a", b"A\n")
+        assert not reused.exists() and held.exists()
+        assert sweep_stale(str(tmp_path)) == [] and (tmp_path / ".ldp-beam-staging-run-a").exists()
+        outs.__exit__(None, None, None)
+    assert sweep_stale(str(tmp_path)) == [str(held)]
