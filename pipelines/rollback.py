@@ -243,7 +243,7 @@ _UNKNOWN = object()  # a location whose state cannot be told: never equal to any
 def _look(path: str, flags: Sequence[str] = ()) -> Any:
     """How the final location ``path`` looks now: None when nothing is there, else something
     that changes when a file is moved there (locally device, inode, size and mtime; on an
-    object store size and modification time; a DuckDB table: its database file's), or
+    object store size, modification time and checksum; a DuckDB table: its database file's), or
     :data:`_UNKNOWN` when it cannot be told (a PostgreSQL table, an error)."""
     try:
         if is_table_url(path):
@@ -257,9 +257,12 @@ def _look(path: str, flags: Sequence[str] = ()) -> Any:
             return _stat(_local(path))
         if not exists(path, flags):
             return None
-        found = _fs(path, flags).match([path])[0].metadata_list
-        return tuple(sorted((m.path, m.size_in_bytes, m.last_updated_in_seconds)
-                            for m in found)) or None
+        fs = _fs(path, flags)
+        # the checksum (S3's ETag, GCS's CRC32C) too: modification times there are whole
+        # seconds, so a new object of the same size landed in the same second looks the same
+        return tuple(sorted((m.path, m.size_in_bytes, m.last_updated_in_seconds,
+                             fs.checksum(m.path))
+                            for m in fs.match([path])[0].metadata_list)) or None
     except Exception:  # noqa: BLE001 - cannot tell: counted as changed (the entry stays pending)
         return _UNKNOWN
 

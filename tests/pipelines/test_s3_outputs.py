@@ -9,6 +9,7 @@ import io
 import json
 import os
 import socket
+import time
 
 import numpy as np
 import pyarrow as pa
@@ -268,3 +269,44 @@ def test_a_failed_commit_in_the_bucket_is_rolled_back(s3, monkeypatch):
                     options=opts):
         pass
     assert _snapshot(client, bucket) == before and verify(man, opts) == []
+
+
+def test_an_object_that_landed_then_raised_counts_as_visible_in_the_same_second(s3, monkeypatch):
+    """A move into the bucket that lands and then raises (its source not deleted, say) leaves
+    an object of the same size as the one it replaced: landed within the same second, S3's
+    whole-second modification time alone would call the place unchanged, and the run's entry
+    would be aborted (its budget given back) though readers saw the new object. The object's
+    checksum tells them apart. Tried until the landing fell in the old object's second."""
+    from ldp_beam.pipelines import outputs as outputs_mod
+    from ldp_beam.pipelines.outputs import OutputError, RunOutputs
+
+    client, bucket, opts = s3
+    rep = f"s3://{bucket}/out/r.parquet"
+    real, seconds = outputs_mod._move, []
+
+    def move(src, dst, flags=()):
+        real(src, dst, flags)
+        if dst == rep:
+            seconds.append(client.head_object(Bucket=bucket, Key="out/r.parquet")
+                           ["LastModified"])
+            raise OSError(5, "Input/output error", dst)
+
+    for _ in range(5):
+        outs = RunOutputs({"reports": rep}, rep + ".manifest.json", "run-1", force=True,
+                          options=opts)
+        with outs:
+            outs.write(outs.staged("reports"), b"new-r")
+            time.sleep(1 - time.time() % 1)  # the start of a second
+            client.put_object(Bucket=bucket, Key="out/r.parquet", Body=b"old-r")
+            seconds[:] = [client.head_object(Bucket=bucket, Key="out/r.parquet")
+                          ["LastModified"]]
+            monkeypatch.setattr(outputs_mod, "_move", move)
+            with pytest.raises(OutputError):
+                outs.commit({"command": "test"})
+            monkeypatch.setattr(outputs_mod, "_move", real)
+        assert outs.published == [] and outs.visible == ["reports"]
+        assert _get(client, bucket, "out/r.parquet") == b"old-r"  # rolled back
+        if seconds[0] == seconds[1]:
+            break
+    else:
+        pytest.fail(f"no landing fell in the old object's second in 5 tries: {seconds}")
