@@ -799,7 +799,6 @@ class RunOutputs:
         commit's."""
         plan = []
         for role, final in [("manifest", self.manifest), *self.outputs.items()]:
-            self._before[role] = _look(final, self.flags)
             if is_table_url(final):
                 # lazy: Beam (see location()); a republished release commits without a pipeline
                 from ldp_beam.transforms.sinks import drop_tidy, previous_table, tidy_table_exists
@@ -807,9 +806,11 @@ class RunOutputs:
                 keep = previous_table(final)
                 step[:] = [f"checking the {role} table", location(final)]
                 drop_tidy(final, keep)
+                self._before[role] = _look(final, self.flags)  # once an old kept one is gone
                 plan.append({"role": role, "table": final, "keep": keep,
                              "previous": tidy_table_exists(final)})
                 continue
+            self._before[role] = _look(final, self.flags)
             keep = final + PREVIOUS_SUFFIX
             step[:] = ["removing an earlier commit's kept version", keep]
             _remove(keep, self.flags)

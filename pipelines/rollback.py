@@ -243,16 +243,20 @@ _UNKNOWN = object()  # a location whose state cannot be told: never equal to any
 def _look(path: str, flags: Sequence[str] = ()) -> Any:
     """How the final location ``path`` looks now: None when nothing is there, else something
     that changes when a file is moved there (locally device, inode, size and mtime; on an
-    object store size, modification time and checksum; a DuckDB table: its database file's), or
-    :data:`_UNKNOWN` when it cannot be told (a PostgreSQL table, an error)."""
+    object store size, modification time and checksum; a DuckDB table: its database file's; a
+    PostgreSQL table: whether it and its kept previous version exist), or :data:`_UNKNOWN` when
+    it cannot be told (an error: an unreachable server, say)."""
     try:
         if is_table_url(path):
-            if not path.lower().startswith("duckdb:"):
-                return _UNKNOWN
-            from ldp_beam.transforms.sinks import _duckdb_path  # lazy: Beam (see _plan)
+            # lazy: Beam (see _plan)
+            from ldp_beam.transforms.sinks import _duckdb_path, previous_table, tidy_table_exists
 
-            db = _duckdb_path(path)
-            return tuple(_stat(f) for f in (db, db + ".wal"))
+            if path.lower().startswith("duckdb:"):
+                db = _duckdb_path(path)
+                return tuple(_stat(f) for f in (db, db + ".wal"))
+            # PostgreSQL replaces a table in one transaction that also renames the previous one
+            # to its kept name: whether it committed shows in which of the two exist
+            return (tidy_table_exists(path), tidy_table_exists(path, kept=previous_table(path)))
         if not is_url(path):
             return _stat(_local(path))
         if not exists(path, flags):

@@ -258,6 +258,41 @@ def test_a_failed_commit_rolls_a_table_back_in_process(tmp_path, monkeypatch, ta
     assert _names(folder) == ["d.jsonl", "m.json"]
 
 
+@pytest.mark.parametrize("lands", [False, True], ids=["fails-before", "lands-then-raises"])
+def test_whether_a_failed_table_write_was_visible_is_known(tmp_path, monkeypatch, table_db,
+                                                          lands):
+    """A table write that fails before its transaction commits showed readers nothing (the
+    run's entry can be aborted, its budget given back); one that committed and then raised did
+    (the entry stays pending). Told apart in DuckDB (its file) and PostgreSQL (which of the
+    table and its kept version exist) alike; a PostgreSQL table used to count as visible
+    whenever its write had begun."""
+    from ldp_beam.pipelines.outputs import OutputError
+    from ldp_beam.transforms import sinks
+    from ldp_beam.transforms.sinks import tidy_bytes
+
+    url, look = table_db
+    folder = tmp_path / "out"
+    folder.mkdir()
+    _commit_old(folder, url, tidy_bytes([{"statistic": "mean", "value": 0.25}], "parquet"))
+    real = sinks.write_tidy
+
+    def write_tidy(*args, **kw):
+        if lands:
+            real(*args, **kw)
+        raise OSError(5, "Input/output error")
+
+    outs = _outputs(folder, "new", url, force=True)
+    with outs:
+        outs.write(outs.staged("estimate"),
+                   tidy_bytes([{"statistic": "mean", "value": 0.75}], "parquet"))
+        outs.write(outs.staged("dead_letter"), b"new-d")
+        monkeypatch.setattr(sinks, "write_tidy", write_tidy)
+        with pytest.raises(OutputError, match="rolled back"):
+            outs.commit({"command": "test"})
+    assert outs.visible == (["estimate"] if lands else [])
+    assert look() == (["est"], [0.25])
+
+
 # ------------------------------------------------------------------ a review's findings
 def _dead_pid() -> int:
     proc = subprocess.Popen([sys.executable, "-c", "pass"])
