@@ -1,11 +1,10 @@
 """The device side of live telemetry: perturb on the device, publish reports to Pub/Sub.
 
-A :class:`Reporter` holds one LDP mechanism (built from a registered name and parameters, a
-reports schema's metadata as ``collect`` writes it, or an instance) and turns a device's true
-values into reports *on the device*: only the mechanism's report fields (and, if asked, a memo
-slot id and the device id as a privacy unit) are published, never the values themselves. A
-central-DP family is refused: its "reports" are the raw values bucketed, which must not leave a
-trusted curator.
+A :class:`Reporter` holds one LDP mechanism (built from a registered name and parameters, a reports
+schema's metadata as ``collect`` writes it, or an instance) and turns a device's true values into
+reports *on the device*: only the mechanism's report fields (and, if asked, a memo slot id and the
+device id as a privacy unit) are published, never the values themselves. A central-DP family is
+refused: its "reports" are the raw values bucketed, which must not leave a trusted curator.
 
 **Wire format.** A Pub/Sub message's data is UTF-8 JSON lines, one report per line::
 
@@ -27,13 +26,12 @@ source can window without a flattening step.
 ``event_micros`` and Beam's ``timestamp_attribute`` both accept.
 
 **Report ids.** Report number ``seq`` of device ``D`` has id ``sha256("D:seq")`` in hex (with
-``id_key``: the keyed 256-bit BLAKE2b of :func:`ldp_beam.prf.keyed_digest` under a sub-key of
-it, so that whoever knows a device id cannot recognise its reports by enumerating sequence
-numbers). The id never depends on the value. Sequence numbers
-come from :class:`SequenceStore`: with ``seq_store`` (a directory on the device) they are
-reserved durably in blocks before use, so a restarted device never reuses one (it skips the
-unused rest of a block); without it they start at a random 63-bit number each process (unique
-with overwhelming probability, but nothing survives a restart).
+``id_key``: the keyed 256-bit BLAKE2b of :func:`ldp_beam.prf.keyed_digest` under a sub-key of it, so
+that whoever knows a device id cannot recognise its reports by enumerating sequence numbers). The id
+never depends on the value. Sequence numbers come from :class:`SequenceStore`: with ``seq_store`` (a
+directory on the device) they are reserved durably in blocks before use, so a restarted device never
+reuses one (it skips the unused rest of a block); without it they start at a random 63-bit number
+each process (unique with overwhelming probability, but nothing survives a restart).
 
 **Retries reuse ids and reports.** Each publish batch (``batch_size`` reports) is perturbed
 once, encoded once, and — with ``seq_store`` — written to ``seq_store/outbox/`` (fsynced)
@@ -53,6 +51,7 @@ This module imports neither Apache Beam nor, until it publishes, the Google Clou
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -196,12 +195,8 @@ class SequenceStore:
             raise ParameterError("block", block, "an integer >= 1")
         self.path, self.block = path, block
         self._lock = threading.Lock()
-        if path is None:
-            self._next = secrets.randbits(63)
-            self._reserved = None
-        else:
-            self._next = self._read()
-            self._reserved = self._next
+        self._next = secrets.randbits(63) if path is None else self._read()
+        self._reserved = None if path is None else self._next
 
     def _read(self) -> int:
         try:
@@ -313,8 +308,9 @@ class Reporter:
     made on first use; honours ``PUBSUB_EMULATOR_HOST``), anything with its
     ``publish_batch(topic, [(data, attributes)], timeout)``, or anything with Pub/Sub's
     ``PublisherClient.publish(topic, data, **attributes) -> future``. ``batch_size``: reports
-    per publish batch (perturbed, stored and retried together). ``reports_per_message``: reports per Pub/Sub message (1: attributes per
-    report). ``memoize``: None, True (secret kept in ``seq_store``) or the device secret (bytes).
+    per publish batch (perturbed, stored and retried together). ``reports_per_message``:
+    reports per Pub/Sub message (1: attributes per report). ``memoize``: None, True (secret
+    kept in ``seq_store``) or the device secret (bytes).
     ``seq_store``: the device's state directory (``seq``: the sequence counter; ``outbox/``:
     batches not yet accepted by the broker; ``secret``: the memoization secret). ``timeout``: the
     longest a batch's publish is waited for. Thread-safe (one lock)."""
@@ -366,9 +362,8 @@ class Reporter:
             os.makedirs(os.path.join(self.state_dir, "outbox"), exist_ok=True)
         self.seq = SequenceStore(None if self.state_dir is None
                                  else os.path.join(self.state_dir, "seq"))
-        self._memo = None
-        if memoize is not None and memoize is not False:
-            self._memo = Memoized(mech, self._secret(memoize))
+        self._memo = None if memoize is None or memoize is False else \
+            Memoized(mech, self._secret(memoize))
         self._source = RandomSource()  # OS entropy: a device never seeds its noise
 
     def __repr__(self) -> str:
@@ -474,10 +469,8 @@ class Reporter:
             try:
                 self.flush()
             finally:
-                if self._own_publisher and self._publisher is not None:
-                    stop = getattr(self._publisher, "stop", None)
-                    if callable(stop):
-                        stop()
+                if self._own_publisher and self._publisher is not None:  # a BatchPublisher
+                    self._publisher.stop()
                     self._publisher = None
 
     def __enter__(self) -> "Reporter":
@@ -612,10 +605,8 @@ class Reporter:
                                f"({type(exc).__name__}: {exc}); the batch is kept and sent "
                                "again, with the same report ids, by the next flush") from exc
         if self.state_dir is not None:
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 os.unlink(self._outbox(batch.name + ".json"))
-            except FileNotFoundError:
-                pass
         else:
             self._unsent = [b for b in self._unsent if b is not batch]
         self.published += batch.n_reports

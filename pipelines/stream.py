@@ -1,14 +1,12 @@
 """``ldp-beam stream``: windowed streaming estimation of telemetry.
 
-Records with event times (from a spool directory, :mod:`ldp_beam.transforms.spool`, or Pub/Sub)
-are windowed into fixed event-time windows, validated and estimated per window, on one column
-batch per window and bundle (:class:`BatchPerWindowFn`), so they are folded a batch at a time:
-raw records of a central-DP family are checked and bucketed by the mechanism (``check`` and
-``randomize``, as ``Perturb`` does, adding no noise: the release does, once per firing); LDP
-reports are checked by the estimator's ``check_reports`` (what :class:`ValidateReports`
-applies). Each firing of a window (a *pane*) is one line of ``OUT/estimates.jsonl`` with the
-window's bounds (ISO and epoch seconds), the pane's index and timing, the estimate (statistics,
-``n_reports`` for LDP) and the guarantee.
+Records with event times (from a spool directory, :mod:`ldp_beam.transforms.spool`, or Pub/Sub) are
+windowed into fixed event-time windows, then validated and folded a column batch per window and
+bundle at a time (:class:`BatchPerWindowFn`, which says how: a central-DP family's raw records are
+checked and bucketed with no noise, which the release adds, once per firing). Each firing of a
+window (a *pane*) is one line of ``OUT/estimates.jsonl`` with the window's bounds (ISO and epoch
+seconds), the pane's index and timing, the estimate (statistics, ``n_reports`` for LDP) and the
+guarantee.
 
 **Triggers.** A window fires when the watermark passes its end (the on-time pane); with
 ``allowed_lateness`` > 0, every late record within the lateness fires it again (a late pane,
@@ -34,29 +32,28 @@ operator and the clock, not the data:
 
 * it starts at the window containing ``start`` (``--start``) when declared. Otherwise a live run
   continues the range recorded by the live run before it in the same output folder
-  (``OUT/curator/release_range.json``; so a window left open by a stop or a ``kill -9`` is
-  released by the restart, from the records it re-reads), and the first live run
-  starts at the window containing the run's start (wall clock less the watermark lag): records
-  of a backlog older than that are withheld (declare ``--start`` to release their windows); a
-  ``--once`` run starts at the window of the earliest record read, which then reveals that
-  window has a record (so declare ``--start``);
-* it ends with the last window starting before ``end`` (``--end``) when declared, else, live,
-  before the wall clock at the run's last poll (its stop): a window after it, fed by event times
-  ahead of the clock, is withheld; a ``--once`` run without ``--end`` ends with the window of
-  the latest record read (the same caveat as for its start);
-* a restarted live run does not mark windows already closed at the settled watermark of the
-  previous run (they were that run's to release); a range has at most ``MAX_RANGE_WINDOWS``
-  windows.
+  (``OUT/curator/release_range.json``; so a window left open by a stop or a ``kill -9`` is released
+  by the restart, from the records it re-reads), and the first live run starts at the window
+  containing the run's start (wall clock less the watermark lag): records of a backlog older than
+  that are withheld (declare ``--start`` to release their windows); a ``--once`` run starts at the
+  window of the earliest record read, which then reveals that window has a record (so declare
+  ``--start``);
+* it ends with the last window starting before ``end`` (``--end``) when declared, else, live, before
+  the wall clock at the run's last poll (its stop): a window after it, fed by event times ahead of
+  the clock, is withheld; a ``--once`` run without ``--end`` ends with the window of the latest
+  record read (the same caveat as for its start);
+* a restarted live run does not mark windows already closed at the settled watermark of the previous
+  run (they were that run's to release); a range has at most ``MAX_RANGE_WINDOWS`` windows.
 
-The source marks every window of the range (a ``MARK`` item at its start, sent once the wall
-clock reaches it, so before the watermark does; :class:`WindowMark`), so each fires whether or
-not it has records, and :class:`PaneFn` releases only marked windows. What the range does not hide: with late or early
-firings (``--allowed-lateness``, ``--early``) the *number* of releases of a window (at most N)
-depends on when its records arrive — a late pane exists only because a late record did. Each
-release states the composition over N regardless; a stream whose release pattern must reveal
-nothing uses neither, and releases each window of its range exactly once. The Pub/Sub source
-cannot mark a range here, so central-DP streams read a spool; a family whose estimator has no
-release of an empty window (OSPDPRR's) is refused.
+The source marks every window of the range (a ``MARK`` item at its start, sent once the wall clock
+reaches it, so before the watermark does; :class:`WindowMark`), so each fires whether or not it has
+records, and :class:`PaneFn` releases only marked windows. What the range does not hide: with late
+or early firings (``--allowed-lateness``, ``--early``) the *number* of releases of a window (at most
+N) depends on when its records arrive — a late pane exists only because a late record did. Each
+release states the composition over N regardless; a stream whose release pattern must reveal nothing
+uses neither, and releases each window of its range exactly once. The Pub/Sub source cannot mark a
+range here, so central-DP streams read a spool; a family whose estimator has no release of an empty
+window (OSPDPRR's) is refused.
 
 **Privacy units.** Without one, every output's guarantee says it holds *per record only*: a
 person who sends several reports spends epsilon once per report, and a device reporting every
@@ -66,27 +63,26 @@ in the stream's per-unit state, ``OUT/units.sqlite``, on the trusted side: no ra
 estimate, a dead letter or the ledger); then, per window (:class:`UnitPaneFn`,
 :meth:`ldp_beam.longitudinal.UnitState.admit`):
 
-* at most ``max_reports_per_unit`` (k) of a unit's reports — raw records for a central-DP
-  release — are estimated, those of smallest keyed priority (a keyed hash of the record's
-  identity — file, line, event time, unit, memo slot and report — under the state's key:
-  uniform among the unit's reports of the window when they are all there when it fires,
-  deterministic under retries, runners and restarts); the others are
-  counted as ``bounded_out``. Reports selected for an earlier pane of the window (an early pane,
-  a run before a restart) stay selected and count against k, so no window ever estimates more
-  than k reports of a unit, whatever its panes. (A limit, not a leak: a later pane estimates
-  such a report again only while it is among the unit's k candidates there; one displaced by a
-  later report of smaller priority, or not read by a run after a restart, leaves its unit out
-  of that pane, which then under-counts the unit, with no new charge. The state keeps no report
-  content to restore it from: for a central release that would be raw values at rest.);
-* each estimated report costs its unit epsilon (LDP: the mechanism's; central: the window's
-  release epsilon, composed over its releases, and for k > 1 records by group privacy: ceil(k /
-  L) x epsilon for a release calibrated to L rows per unit), accumulated across windows and
-  restarts; with ``memoize`` (the report field naming a memoized report's slot, ``memo_id`` by
-  default; :meth:`ldp_beam.longitudinal.Memoized.memo_ids`) a report that repeats its unit's
-  memo slot with the same report costs nothing — an honest bound only if the producer memoizes
-  (see :mod:`ldp_beam.longitudinal`);
-* with ``unit_budget`` B, a report that would take its unit's cumulative loss past B is counted
-  as ``over_budget`` and dropped, never estimated.
+* at most ``max_reports_per_unit`` (k) of a unit's reports — raw records for a central-DP release —
+  are estimated, those of smallest keyed priority (a keyed hash of the record's identity — file,
+  line, event time, unit, memo slot and report — under the state's key: uniform among the unit's
+  reports of the window when they are all there when it fires, deterministic under retries, runners
+  and restarts); the others are counted as ``bounded_out``. Reports selected for an earlier pane of
+  the window (an early pane, a run before a restart) stay selected and count against k, so no window
+  ever estimates more than k reports of a unit, whatever its panes. (A limit, not a leak: a later
+  pane estimates such a report again only while it is among the unit's k candidates there; one
+  displaced by a later report of smaller priority, or not read by a run after a restart, leaves its
+  unit out of that pane, which then under-counts the unit, with no new charge. The state keeps no
+  report content to restore it from: for a central release that would be raw values at rest.);
+* each estimated report costs its unit epsilon (LDP: the mechanism's; central: the window's release
+  epsilon, composed over its releases, and for k > 1 records by group privacy: ceil(k / L) x epsilon
+  for a release calibrated to L rows per unit), accumulated across windows and restarts; with
+  ``memoize`` (the report field naming a memoized report's slot, ``memo_id`` by default;
+  :meth:`ldp_beam.longitudinal.Memoized.memo_ids`) a report that repeats its unit's memo slot with
+  the same report costs nothing — an honest bound only if the producer memoizes (see
+  :mod:`ldp_beam.longitudinal`);
+* with ``unit_budget`` B, a report that would take its unit's cumulative loss past B is counted as
+  ``over_budget`` and dropped, never estimated.
 
 Every guarantee then says "per privacy unit FIELD (at most k reports per window; cumulative loss
 capped at B)". LDP estimates state their estimand (each unit counts at most k reports of the
@@ -100,15 +96,15 @@ record) has taken in this output folder; the dataset's budget caps every unit; a
 settled exactly by the next (:mod:`.stream_account`).
 
 **Accounting.** Nothing is dropped silently: every record is in a window's panes, dead-lettered
-(``OUT/curator/deadletter.jsonl``, with the stage, the reason and, from a spool, the file and line), or
-counted. ``OUT/curator/ledger.jsonl`` is the curator's bookkeeping (one line per file read and per
-pane, with exact record counts — never for publication: everything under ``OUT/curator/`` is
-trusted-side, and says so in its ``CURATOR-ONLY.txt``), and the end-of-run
-summary reconciles: lines read = records + dead-lettered at the source + skipped as settled
-before a restart; records = records in the windows' last panes + invalid records (+ records
-Beam's windowing dropped as later than the allowed lateness, which the spool source prevents by
-dead-lettering them itself; with Pub/Sub they can only be counted, as this difference); with a
-privacy unit, the records of every window's last pane = estimated + bounded out + over budget.
+(``OUT/curator/deadletter.jsonl``, with the stage, the reason and, from a spool, the file and line),
+or counted. ``OUT/curator/ledger.jsonl`` is the curator's bookkeeping (one line per file read and
+per pane, with exact record counts — never for publication: everything under ``OUT/curator/`` is
+trusted-side, and says so in its ``CURATOR-ONLY.txt``), and the end-of-run summary reconciles: lines
+read = records + dead-lettered at the source + skipped as settled before a restart; records =
+records in the windows' last panes + invalid records (+ records Beam's windowing dropped as later
+than the allowed lateness, which the spool source prevents by dead-lettering them itself; with
+Pub/Sub they can only be counted, as this difference); with a privacy unit, the records of every
+window's last pane = estimated + bounded out + over budget.
 """
 from __future__ import annotations
 
@@ -248,15 +244,14 @@ def run_stream(output_dir: str, mechanism: Mechanism, *, spool: str | None = Non
     ``start``, ``end`` (epoch seconds or ISO 8601 text): the release range of a central-DP
     stream (see "Release range" in the module docstring).
 
-    ``privacy_unit``: the record field naming each record's privacy unit (see "Privacy units"
-    in the module docstring); then ``max_reports_per_unit`` (k, default 1) reports of a unit
-    are estimated per window, ``unit_budget`` caps each unit's cumulative epsilon (None: not
-    capped), ``memoize`` names the report field of a memoized report's slot (True:
-    ``memo_id``; None: every report is charged) and the per-unit state is
-    ``OUT/units.sqlite`` (the trusted side's: it holds the key of the unit hashes). ``seed``:
-    the state's key from a seed, for reproducible selection in tests: NOT private (the unit
-    hashes of a guessable id space can be inverted by whoever knows the seed); it needs a
-    fresh output folder.
+    ``privacy_unit``: the record field naming each record's privacy unit (see "Privacy units" in the
+    module docstring); then ``max_reports_per_unit`` (k, default 1) reports of a unit are estimated
+    per window, ``unit_budget`` caps each unit's cumulative epsilon (None: not capped), ``memoize``
+    names the report field of a memoized report's slot (True: ``memo_id``; None: every report is
+    charged) and the per-unit state is ``OUT/units.sqlite`` (the trusted side's: it holds the key of
+    the unit hashes). ``seed``: the state's key from a seed, for reproducible selection in tests:
+    NOT private (the unit hashes of a guessable id space can be inverted by whoever knows the seed);
+    it needs a fresh output folder.
 
     ``ledger``, ``dataset``, ``budget``, ``budget_delta``: the team's budget ledger, where the
     run records what it spends (see :mod:`.stream_account`), the stream's name there (default:
@@ -584,27 +579,23 @@ def _resend(rows: list[dict], results: Iterable[str], topic: str | None) -> int:
     """Deliver published rows to the results sinks again (each keeps its first copy); returns
     how many a sink did not have (a topic cannot tell: it counts them all)."""
     sinks = open_results(results, topic)
-    added = 0
     try:
-        for row in rows:
-            added += max(int(s.write(row)) for s in sinks)
+        return sum(max(int(s.write(row)) for s in sinks) for row in rows)
     finally:
         for s in sinks:
             s.close()
-    return added
 
 
 def until_stopped(stop: threading.Event, duration: float | None, log: Any,
                   drain: float) -> Any:
-    """How :func:`~.common.run_pipeline` waits for an unbounded pipeline (Beam's Pub/Sub
-    source): until ``duration`` seconds, ``stop`` (SIGINT/SIGTERM) or its failure; then
-    ``drain`` seconds more (a window, the allowed lateness, the watermark lag and a margin) so
-    that the windows open at the stop fire as the source's wall-clock watermark passes them;
-    then it cancels the pipeline. The DirectRunner implements no
-    ``wait_until_finish(duration=)``: this is that, with the drain. What the source pulled
-    during the drain into windows still open at the cancel is lost with them (its acks are
-    sent): at most once, which the summary counts (records read less those in windows) and the
-    module docstring states."""
+    """How :func:`~.common.run_pipeline` waits for an unbounded pipeline (Beam's Pub/Sub source):
+    until ``duration`` seconds, ``stop`` (SIGINT/SIGTERM) or its failure; then ``drain`` seconds
+    more (a window, the allowed lateness, the watermark lag and a margin) so that the windows open
+    at the stop fire as the source's wall-clock watermark passes them; then it cancels the pipeline.
+    The DirectRunner implements no ``wait_until_finish(duration=)``: this is that, with the drain.
+    What the source pulled during the drain into windows still open at the cancel is lost with them
+    (its acks are sent): at most once, which the summary counts (records read less those in windows)
+    and the module docstring states."""
     def wait(result: Any) -> None:
         failure: list[BaseException] = []
         done = threading.Event()

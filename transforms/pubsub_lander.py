@@ -19,24 +19,22 @@ batch). Attribute and field names are options (``report_id_attribute``,
 
 **One batch, in order** (:meth:`Lander.land_once`):
 
-1. pull at most ``max_messages``: one pull (bounded by ``pull_timeout``), then, while messages
-   keep coming, more pulls (each bounded by ``gather_timeout``) for at most ``gather_seconds``
-   and ``max_batch_bytes`` of data (the emulator hands out at most 100 messages a pull; one
-   file and one commit per ~1000 messages is what makes landing cost little over a plain
-   pull);
-2. sort each message into *poison* (data over ``max_message_bytes``, not UTF-8, a line that is
-   not a JSON object, no report id or event time, an invalid one), *duplicate* (its report id
-   was landed before, or earlier in this batch) and *new*;
+1. pull at most ``max_messages``: one pull (bounded by ``pull_timeout``), then, while messages keep
+   coming, more pulls (each bounded by ``gather_timeout``) for at most ``gather_seconds`` and
+   ``max_batch_bytes`` of data (the emulator hands out at most 100 messages a pull; one file and one
+   commit per ~1000 messages is what makes landing cost little over a plain pull);
+2. sort each message into *poison* (data over ``max_message_bytes``, not UTF-8, a line that is not a
+   JSON object, no report id or event time, an invalid one), *duplicate* (its report id was landed
+   before, or earlier in this batch) and *new*;
 3. write the new lines to ``D/.landing-NAME`` (a dot-name the spool ignores), fsync it;
 4. commit, in one SQLite transaction of the *landed record* (``D/.lander/landed.sqlite``, WAL,
-   ``synchronous=FULL``), every new report id with a digest of its line and the batch as
-   *pending* with its file name;
-5. rename ``D/.landing-NAME`` to ``D/NAME.jsonl`` and fsync ``D``: from here the spool may read
-   it;
+   ``synchronous=FULL``), every new report id with a digest of its line and the batch as *pending*
+   with its file name;
+5. rename ``D/.landing-NAME`` to ``D/NAME.jsonl`` and fsync ``D``: from here the spool may read it;
 6. append the batch's dead letters to ``D/.lander/deadletter.jsonl`` (fsynced);
 7. acknowledge every message of the batch (new, duplicate and poison alike), in RPCs bounded by
-   ``ack_timeout``. The batch's *pending* mark is cleared in the next batch's transaction (or
-   at :meth:`Lander.close`).
+   ``ack_timeout``. The batch's *pending* mark is cleared in the next batch's transaction (or at
+   :meth:`Lander.close`).
 
 **Delivery guarantee.** Pub/Sub delivers at least once: a message not acknowledged within its
 ack deadline (a crash, a lost ack, a slow lander) is delivered again, and a device whose publish
@@ -60,27 +58,26 @@ and not written again. So every report a device published is written to the spoo
   start-up; its messages were not acknowledged. Within one batch, the order "file fsynced,
   record committed, file renamed, folder fsynced, ack" is what makes both halves hold.
 
-**Limits.** Exactly-once *in effect* rests on the landed record: it must live as long as a
-report can come back. Pub/Sub redelivers only within the subscription's retention (7 days by
-default) but a device may re-publish from its outbox after any outage; the record keeps every
-id (about 100 bytes per report) unless ``retention_seconds`` prunes batches landed longer ago,
-after which a re-publish of such a report is landed again. Losing or restoring an older copy of
-``landed.sqlite`` loses the dedup of what it forgot (messages redelivered or re-published after
-that are landed twice); deleting spool files that the record names (e.g. emptying ``.done/``)
-does not re-land anything, but then a crash between steps 4 and 5 cannot be told apart from a
-lost temporary file (see above). One lander per spool directory (``D/.lander/lock``); two
-landers on one subscription but different spool folders each dedup only their own landings
-(Pub/Sub gives each message to one of them at a time, but a redelivery may reach the other). A
-report id reused by a device for a different report is not landed: it is dead-lettered as a
-conflict (its line's digest differs from the recorded one). Ordering is not preserved (the spool
-windows by event time). Acks that fail after landing are counted (``ack_failures``): those
-messages come back and are dropped as duplicates. Durability is the local disk's: fsync and
-``synchronous=FULL`` survive a crash or a power cut on a file system that honours fsync, not the
-loss of the disk that holds both the spool and the record. The chain is only as good as its
-ends: a device without a ``seq_store`` (no outbox) loses, never duplicates, the batch in hand
-when it crashes; past the spool, the stream's own guarantee applies (each record estimated
-effectively once per window across its restarts, a window open at a crash possibly leaving an
-earlier, superseded pane: :mod:`ldp_beam.transforms.spool`).
+**Limits.** Exactly-once *in effect* rests on the landed record: it must live as long as a report
+can come back. Pub/Sub redelivers only within the subscription's retention (7 days by default) but a
+device may re-publish from its outbox after any outage; the record keeps every id (about 100 bytes
+per report) unless ``retention_seconds`` prunes batches landed longer ago, after which a re-publish
+of such a report is landed again. Losing or restoring an older copy of ``landed.sqlite`` loses the
+dedup of what it forgot (messages redelivered or re-published after that are landed twice); deleting
+spool files that the record names (e.g. emptying ``.done/``) does not re-land anything, but then a
+crash between steps 4 and 5 cannot be told apart from a lost temporary file (see above). One lander
+per spool directory (``D/.lander/lock``); two landers on one subscription but different spool
+folders each dedup only their own landings (Pub/Sub gives each message to one of them at a time, but
+a redelivery may reach the other). A report id reused by a device for a different report is not
+landed: it is dead-lettered as a conflict (its line's digest differs from the recorded one).
+Ordering is not preserved (the spool windows by event time). Acks that fail after landing are
+counted (``ack_failures``): those messages come back and are dropped as duplicates. Durability is
+the local disk's: fsync and ``synchronous=FULL`` survive a crash or a power cut on a file system
+that honours fsync, not the loss of the disk that holds both the spool and the record. The chain is
+only as good as its ends: a device without a ``seq_store`` (no outbox) loses, never duplicates, the
+batch in hand when it crashes; past the spool, the stream's own guarantee applies (each record
+estimated effectively once per window across its restarts, a window open at a crash possibly leaving
+an earlier, superseded pane: :mod:`ldp_beam.transforms.spool`).
 
 **Crash points for tests.** The environment variable ``LDP_BEAM_LANDER_CRASH`` set to
 ``before-commit``, ``after-commit`` or ``after-rename`` makes the lander kill itself with
@@ -88,12 +85,11 @@ SIGKILL at that point of the first batch that reaches it (between steps 3 and 4,
 7): tests use it to prove the argument above with a real ``kill -9``.
 
 Poison messages are written to the dead-letter file with their reason, message id, attributes
-(values cut at 200 characters), size and first 1,000 bytes, and acknowledged: never retried
-forever. A dead letter is written (fsynced) before its message's ack, so dead letters are at
-least once: a crash between the two writes it again when the message comes back. Every RPC has
-a timeout; transient RPC errors (unavailable, deadline exceeded, ...) are
-retried with backoff for at most ``error_budget`` seconds in a row, then raise
-:class:`LanderError`.
+(values cut at 200 characters), size and first 1,000 bytes, and acknowledged: never retried forever.
+A dead letter is written (fsynced) before its message's ack, so dead letters are at least once: a
+crash between the two writes it again when the message comes back. Every RPC has a timeout;
+transient RPC errors (unavailable, deadline exceeded, ...) are retried with backoff for at most
+``error_budget`` seconds in a row, then raise :class:`LanderError`.
 
 Run it from the command line with ``python -m ldp_beam.transforms.pubsub_lander --subscription
 projects/P/subscriptions/S --spool D [--duration SECONDS]`` (SIGINT/SIGTERM stop it after the
@@ -118,7 +114,7 @@ from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from typing import Any, Callable
 
-from ldp_beam.client import iso_micros
+from ldp_beam.client import _fsync_dir, iso_micros
 from ldp_beam.jsonio import dumps, encoder
 from ldp_beam.transforms.spool import MAX_LINE_BYTES, SUFFIX, event_micros
 
@@ -164,14 +160,6 @@ class LandStats:
     ack_failures: int = 0
     recovered: int = 0  # pending batches repaired at start-up
     seconds: float = 0.0  # time spent in land_once
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _cut(text: str, n: int = 200) -> str:
@@ -293,10 +281,8 @@ class Lander:
             fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
             os.close(self._lock_fd)
             self._lock_fd = None
-        if self._own_subscriber and self._subscriber is not None:
-            close = getattr(self._subscriber, "close", None)
-            if callable(close):
-                close()
+        if self._own_subscriber and self._subscriber is not None:  # a SubscriberClient
+            self._subscriber.close()
             self._subscriber = None
 
     def __enter__(self) -> "Lander":
@@ -545,9 +531,7 @@ class Lander:
             return 0
         dead: list[dict] = []
         new: list[tuple[str, bytes, bytes]] = []  # (id, line, digest)
-        parsed = []
-        for rm in received:
-            parsed.extend(self._parse(rm.message, dead))
+        parsed = [p for rm in received for p in self._parse(rm.message, dead)]
         known = self._known(list({rid for rid, _ in parsed}))
         seen: dict[str, bytes] = {}  # id -> digest of the line landed in this batch
         for rid, line in parsed:

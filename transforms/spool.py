@@ -22,42 +22,39 @@ source keeps its bookkeeping next to the files::
                    had all of its panes written by the sink
     D/.lock        held (flock) by the one process reading D
 
-**Reading a file.** Only a regular file is read: it is opened with ``O_NOFOLLOW`` and checked
-with ``fstat`` on what was opened (:func:`open_regular`), so a symbolic link is never followed
-and nothing can be swapped in between a check and the open. Lines are read by
-:func:`read_lines`, which never holds more than ``MAX_LINE_BYTES`` + 2 bytes of a line: a longer
-line is skipped to its end unread and dead-lettered (its size, file, line number and first 1,000
-bytes), and reading resumes at the next line. Each record carries its file and line number
-through the pipeline, so a record dead-lettered later (by the estimator's or mechanism's
-validation) names them too.
+**Reading a file.** Only a regular file is read: it is opened with ``O_NOFOLLOW`` and checked with
+``fstat`` on what was opened (:func:`open_regular`), so a symbolic link is never followed and
+nothing can be swapped in between a check and the open. Lines are read by :func:`read_lines`, which
+never holds more than ``MAX_LINE_BYTES`` + 2 bytes of a line: a longer line is skipped to its end
+unread and dead-lettered (its size, file, line number and first 1,000 bytes), and reading resumes at
+the next line. Each record carries its file and line number through the pipeline, so a record
+dead-lettered later (by the estimator's or mechanism's validation) names them too.
 
 **Complete files only.** A new entry is claimed only when nothing says it is still being
 written, checked just before the rename that claims it (:meth:`SpoolDirectory.claim`):
 
-* no process has it open for writing: Linux refuses a read lease (``F_SETLEASE``) on a file
-  that any process (of any user, in any container on this kernel) has open for writing, so the
-  reader asks for one and drops it at once (:func:`open_for_writing`, a few system calls; the
-  lease-break signal is set to SIGURG, ignored by default, so the microseconds the lease is held
-  cannot end the process);
-* no writer holds a ``flock`` on it (:func:`flocked`): a writer that locks its file while it
-  writes is waited for even where leases are unavailable (on NFS, flock is a lock the server
-  knows);
-* and it is *settled*: quiet for ``settle`` seconds (a keyword of :class:`SpoolDirectory`,
-  default ``SETTLE_SECONDS`` = 1 s: its modification time is that old, or its size and modification
-  time did not change between two looks that far apart), or else no process has it open for
-  writing and it ends with a newline. So a file renamed in, or one whose writer has closed it
-  after a whole line, is claimed at first sight, with no added latency; a file being written in
-  place waits until its writer closes it (and, if it ends mid-line, ``settle`` seconds more).
+* no process has it open for writing: Linux refuses a read lease (``F_SETLEASE``) on a file that any
+  process (of any user, in any container on this kernel) has open for writing, so the reader asks
+  for one and drops it at once (:func:`open_for_writing`, a few system calls; the lease-break signal
+  is set to SIGURG, ignored by default, so the microseconds the lease is held cannot end the
+  process);
+* no writer holds a ``flock`` on it (:func:`flocked`): a writer that locks its file while it writes
+  is waited for even where leases are unavailable (on NFS, flock is a lock the server knows);
+* and it is *settled*: quiet for ``settle`` seconds (a keyword of :class:`SpoolDirectory`, default
+  ``SETTLE_SECONDS`` = 1 s: its modification time is that old, or its size and modification time did
+  not change between two looks that far apart), or else no process has it open for writing and it
+  ends with a newline. So a file renamed in, or one whose writer has closed it after a whole line,
+  is claimed at first sight, with no added latency; a file being written in place waits until its
+  writer closes it (and, if it ends mid-line, ``settle`` seconds more).
 
 An entry that is not settled stays in ``D`` for a later poll (the live source logs it once, and
 judges it late or on time against the watermark of the poll that claims it, as any new file). A
-bounded read (``--once``, :class:`ReadSpoolOnce`) waits up to ``settle_wait`` seconds (default
-2 x ``settle``) for such entries; those still not settled then, or at a live run's stop, are left
-in ``D`` for the next run, each with a ledger entry ``{"kind": "unread", "file", "reason"}``
-that the sink logs. A writer that closes its file between appends of whole lines (``echo
-... >> D/x.jsonl``) may have it claimed between two appends: the next append creates a new
-``x.jsonl``, claimed on its own later (as ``x~1.jsonl``), so every line is still read once
-and whole.
+bounded read (``--once``, :class:`ReadSpoolOnce`) waits up to ``settle_wait`` seconds (default 2 x
+``settle``) for such entries; those still not settled then, or at a live run's stop, are left in
+``D`` for the next run, each with a ledger entry ``{"kind": "unread", "file", "reason"}`` that the
+sink logs. A writer that closes its file between appends of whole lines (``echo ... >> D/x.jsonl``)
+may have it claimed between two appends: the next append creates a new ``x.jsonl``, claimed on its
+own later (as ``x~1.jsonl``), so every line is still read once and whole.
 
 Why a lease and not a look at ``/proc/*/fd`` for open writers: that costs a readlink for every
 open file of every process at every look, sees only the processes this user may inspect, and
@@ -99,21 +96,20 @@ elapsed, the stop event set, SIGINT/SIGTERM in the CLI) takes effect after the f
 the stream ends, the runner fires every open window, the claimed files move to ``.done/`` after
 the pipeline has finished, and the entries not yet claimed stay in ``D`` for the next run.
 
-**Restarts and guarantees.** A file in ``.done/`` is never read again. A file still in
-``.claimed/`` at start-up is a crash's leftover: it is re-read from its first line, before any
-watermark, and its records whose window had closed before the settled watermark are skipped and
-counted in the ledger (each was either in a window written before the crash, or too late when
-first read); the others re-form their windows, which were still open and so never had a final
-pane — every file that fed them is still claimed, so the re-estimate is complete. Records are
-therefore read at least once and estimated *effectively once per window* across a crash: a
-window open at the crash may have an earlier, incomplete pane in ``estimates.jsonl`` from the
-crashed run (rows carry the run id; the later row supersedes it). Dead letters and ledger lines
-of a re-read file are at-least-once (they may repeat). The DirectRunner keeps window state in
-memory; what makes the above hold is that no file leaves ``.claimed/`` before its windows are
-written, and that a file is claimed only when it is about to be read. A window still open at a
-clean stop fires then, over what it has; records for it that a later run reads form that run's
-own estimate of the window (rows differ in ``run``), and records for windows closed before the
-stop are too late in the next run.
+**Restarts and guarantees.** A file in ``.done/`` is never read again. A file still in ``.claimed/``
+at start-up is a crash's leftover: it is re-read from its first line, before any watermark, and its
+records whose window had closed before the settled watermark are skipped and counted in the ledger
+(each was either in a window written before the crash, or too late when first read); the others
+re-form their windows, which were still open and so never had a final pane — every file that fed
+them is still claimed, so the re-estimate is complete. Records are therefore read at least once and
+estimated *effectively once per window* across a crash: a window open at the crash may have an
+earlier, incomplete pane in ``estimates.jsonl`` from the crashed run (rows carry the run id; the
+later row supersedes it). Dead letters and ledger lines of a re-read file are at-least-once (they
+may repeat). The DirectRunner keeps window state in memory; what makes the above hold is that no
+file leaves ``.claimed/`` before its windows are written, and that a file is claimed only when it is
+about to be read. A window still open at a clean stop fires then, over what it has; records for it
+that a later run reads form that run's own estimate of the window (rows differ in ``run``), and
+records for windows closed before the stop are too late in the next run.
 
 **Privacy units.** With a privacy-unit field (``unit_field``, ``ldp-beam stream
 --privacy-unit``), the reader replaces each record's unit id by a keyed hash as it parses the
@@ -140,6 +136,7 @@ there once on any runner.
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import json
@@ -291,10 +288,8 @@ def read_lines(fh: Any, limit: int = MAX_LINE_BYTES, number: int = 0,
         if chunk.endswith(b"\n") or len(chunk) < limit + 2:  # a whole line (the last may lack \n)
             ended = chunk.endswith(b"\n")
             raw = chunk.rstrip(b"\r\n") if ended else chunk
-            if len(raw) > limit:  # limit + 1 bytes and its \n
-                yield Line(number, raw[:1000], len(raw), True, start, ended)
-            else:
-                yield Line(number, raw, len(raw), False, start, ended)
+            too_long = len(raw) > limit  # limit + 1 bytes and its \n
+            yield Line(number, raw[:1000] if too_long else raw, len(raw), too_long, start, ended)
             continue
         head, size, tail = chunk[:1000], len(chunk), chunk[-2:]
         del chunk
@@ -369,10 +364,8 @@ def open_for_writing(fd: int) -> bool | None:
         fcntl.fcntl(fd, _F_SETLEASE, fcntl.F_RDLCK)
     except OSError as exc:
         return True if exc.errno in (errno.EAGAIN, errno.EWOULDBLOCK) else None
-    try:
+    with contextlib.suppress(OSError):
         fcntl.fcntl(fd, _F_SETLEASE, fcntl.F_UNLCK)
-    except OSError:
-        pass
     return False
 
 
@@ -403,15 +396,13 @@ class WindowClock:
     allowed_lateness: float = 0.0
 
     def __post_init__(self) -> None:
-        if not (isinstance(self.window_seconds, (int, float)) and
-                math.isfinite(self.window_seconds) and self.window_seconds > 0):
-            raise ValueError(f"window = {self.window_seconds!r}: expected seconds > 0")
-        if not (isinstance(self.allowed_lateness, (int, float)) and
-                math.isfinite(self.allowed_lateness) and self.allowed_lateness >= 0):
-            raise ValueError(f"allowed lateness = {self.allowed_lateness!r}: expected seconds "
-                             ">= 0")
-        if Duration.of(self.window_seconds).micros <= 0:
-            raise ValueError(f"window = {self.window_seconds!r}: shorter than a microsecond")
+        w, a = self.window_seconds, self.allowed_lateness
+        if not (isinstance(w, (int, float)) and math.isfinite(w) and w > 0):
+            raise ValueError(f"window = {w!r}: expected seconds > 0")
+        if not (isinstance(a, (int, float)) and math.isfinite(a) and a >= 0):
+            raise ValueError(f"allowed lateness = {a!r}: expected seconds >= 0")
+        if Duration.of(w).micros <= 0:
+            raise ValueError(f"window = {w!r}: shorter than a microsecond")
 
     @cached_property
     def size_us(self) -> int:
@@ -601,10 +592,9 @@ class SpoolDirectory:
             os.close(fd)
 
     def claim(self, name: str) -> FileState | None:
-        """Claim one new entry by an atomic rename into ``.claimed/`` (a symbolic link is moved
-        as the link itself), if it is settled (:meth:`why_unsettled`); None if not (then
-        ``waiting[name]`` says why) or if another process took or removed it since the
-        listing."""
+        """Claim one new entry by an atomic rename into ``.claimed/`` (a symbolic link is moved as
+        the link itself), if it is settled (:meth:`why_unsettled`); None if not (then
+        ``waiting[name]`` says why) or if another process took or removed it since the listing."""
         why = self.why_unsettled(name)
         if why is not None:
             self.waiting[name] = why
@@ -646,13 +636,11 @@ class SpoolDirectory:
 
     def finish_existing(self, states: list) -> int:
         """Move every one of ``states`` still in ``.claimed/`` to ``.done/``; returns how many."""
-        n = 0
-        for state in states:  # not one set aside in .failed/
-            if os.path.dirname(state.path) == self._sub(CLAIMED) and \
-                    os.path.lexists(state.path):
-                self.finish(state)
-                n += 1
-        return n
+        left = [s for s in states  # not one set aside in .failed/
+                if os.path.dirname(s.path) == self._sub(CLAIMED) and os.path.lexists(s.path)]
+        for state in left:
+            self.finish(state)
+        return len(left)
 
     def fail(self, state: FileState) -> str:
         """Move a claimed entry to ``.failed/``; returns where it is now."""
@@ -667,10 +655,9 @@ class SpoolDirectory:
     def read(self, state: FileState, watermark_us: int | None, settled_us: int | None
              ) -> Iterator[tuple]:
         """The items of one claimed file: ``(RECORD, record, event µs, line, bytes)`` and
-        ``(DEAD, dead letter)`` per line, then ``(LEDGER, entry)``. ``watermark_us``: the
-        watermark in force (records whose window closed before it are too late); ``settled_us``:
-        for a re-read leftover, records whose window closed before it are skipped (counted in
-        the ledger).
+        ``(DEAD, dead letter)`` per line, then ``(LEDGER, entry)``. ``watermark_us``: the watermark
+        in force (records whose window closed before it are too late); ``settled_us``: for a re-read
+        leftover, records whose window closed before it are skipped (counted in the ledger).
 
         Only a regular file is read; anything else is moved to ``.failed/`` unread, with a dead
         letter and a ledger entry saying what it is (see "Reading a file" in the module
@@ -693,52 +680,41 @@ class SpoolDirectory:
         with fh:
             try:
                 for line, still_open in self._lines(fh):
-                    if line.too_long:
-                        tally.lines += 1
-                        tally.dead_lettered += 1
-                        yield DEAD, _dead(
-                            f"line of {line.size:,} bytes is longer than the limit of "
-                            f"{MAX_LINE_BYTES:,}: not parsed" + (
-                                "" if self.unit_field else " (record: its first 1,000 bytes)"),
-                            self._unparsed(line.raw), state.name, line.number)
-                        continue
-                    raw = line.raw
-                    if not raw.strip():
+                    if not line.too_long and not line.raw.strip():
                         continue  # a blank line is not a record
                     tally.lines += 1
-                    if not line.ended:  # the file's last line, and no writer will end it
-                        tally.dead_lettered += 1
-                        yield DEAD, _dead(
-                            TRUNCATED + (f"; the file was still being written after "
-                                         f"{WRITER_WAIT_SECONDS:g} s" if still_open else ""),
-                            self._unparsed(raw), state.name, line.number)
-                        continue
-                    try:
-                        record, t_us = parse_line(raw, self.timestamp_field)
-                    except ValueError as exc:
-                        tally.dead_lettered += 1
-                        yield DEAD, _dead(str(exc), self._unparsed(raw), state.name,
-                                          line.number)
-                        continue
-                    if self.unit_field is not None:
-                        why = pseudonymize(record, self.unit_field, self._hasher)
-                        if why is not None:
-                            tally.dead_lettered += 1
-                            yield DEAD, _dead(why, record, state.name, line.number)
+                    record, why = None, None
+                    if line.too_long:
+                        why = (f"line of {line.size:,} bytes is longer than the limit of "
+                               f"{MAX_LINE_BYTES:,}: not parsed" + (
+                                   "" if self.unit_field else " (record: its first 1,000 bytes)"))
+                    elif not line.ended:  # the file's last line, and no writer will end it
+                        why = TRUNCATED + (f"; the file was still being written after "
+                                           f"{WRITER_WAIT_SECONDS:g} s" if still_open else "")
+                    else:
+                        try:
+                            record, t_us = parse_line(line.raw, self.timestamp_field)
+                        except ValueError as exc:
+                            why = str(exc)
+                        else:
+                            why = None if self.unit_field is None else \
+                                pseudonymize(record, self.unit_field, self._hasher)
+                    if why is None:
+                        close = self.clock.close(t_us)
+                        if state.recovered and settled_us is not None and close < settled_us:
+                            tally.skipped += 1
                             continue
-                    close = self.clock.close(t_us)
-                    if state.recovered and settled_us is not None and close < settled_us:
-                        tally.skipped += 1
-                        continue
-                    if self.clock.too_late(t_us, watermark_us):
+                        if self.clock.too_late(t_us, watermark_us):
+                            tally.too_late += 1
+                            start, end = self.clock.window(t_us)
+                            why = (f"too late: event time {iso(t_us)} is in window "
+                                   f"[{iso(start)}, {iso(end)}), closed at {iso(close)} (its end "
+                                   f"plus the allowed lateness); the watermark was "
+                                   f"{iso(watermark_us)}")
+                    if why is not None:
                         tally.dead_lettered += 1
-                        tally.too_late += 1
-                        start, end = self.clock.window(t_us)
-                        yield DEAD, _dead(
-                            f"too late: event time {iso(t_us)} is in window [{iso(start)}, "
-                            f"{iso(end)}), closed at {iso(close)} (its end plus the allowed "
-                            f"lateness); the watermark was {iso(watermark_us)}",
-                            record, state.name, line.number)
+                        yield DEAD, _dead(why, self._unparsed(line.raw) if record is None
+                                          else record, state.name, line.number)
                         continue
                     tally.records += 1
                     state.max_close_us = close if state.max_close_us is None \
@@ -798,13 +774,10 @@ class SpoolDirectory:
         return WITHHELD if self.unit_field is not None else _shown(raw)
 
     def _ledger(self, state: FileState, tally: ReadTally) -> dict:
-        out = {"kind": "file", "file": state.name, "recovered": state.recovered,
-               "lines": tally.lines, "records": tally.records,
-               "dead_lettered": tally.dead_lettered, "too_late": tally.too_late,
-               "skipped_settled": tally.skipped}
-        if tally.error:
-            out["error"] = tally.error
-        return out
+        return {"kind": "file", "file": state.name, "recovered": state.recovered,
+                "lines": tally.lines, "records": tally.records,
+                "dead_lettered": tally.dead_lettered, "too_late": tally.too_late,
+                "skipped_settled": tally.skipped, **({"error": tally.error} if tally.error else {})}
 
 
 def grouped(items: Iterator[tuple], source: str, window_us: int) -> Iterator[tuple]:
@@ -818,9 +791,7 @@ def grouped(items: Iterator[tuple], source: str, window_us: int) -> Iterator[tup
         if item[0] == RECORD:
             _, record, t_us, number, nbytes = item
             w = t_us - t_us % window_us
-            g = groups.get(w)
-            if g is None:
-                g = groups[w] = [t_us, [], 0, 0]
+            g = groups.setdefault(w, [t_us, [], 0, 0])
             g[0] = min(g[0], t_us)
             g[1].append((record, number))
             g[2] += nbytes
@@ -891,12 +862,9 @@ class SpoolSource(beam.PTransform):
     marked (a ``(MARK, window start)`` item) once the wall clock reaches its start, up to the
     run's last poll or ``mark_until_us`` (None: no marks).
 
-    **Chunks** (see "Protocol" in the module docstring): a file still being written is left
-    for a later poll and logged once (those still so at the stop are in ``unsettled`` and get
-    an ``unread`` ledger entry); the source waits at most ``ACK_SECONDS`` for the chunk two back
-    to be acknowledged, so at most about two chunks are ever in flight: a stop (``duration``,
-    ``stop``) takes effect after the file being read, with little queued behind it.
-    """
+    At the stop, ``unsettled`` maps each new file left still being written to why (each gets an
+    ``unread`` ledger entry). At most about two chunks are ever in flight ("Protocol" in the module
+    docstring), so a stop takes effect after the file being read, with little queued behind it."""
 
     def __init__(self, spool: SpoolDirectory, poll_seconds: float = 1.0,
                  duration: float | None = None, watermark_lag: float = 0.0,
@@ -919,7 +887,6 @@ class SpoolSource(beam.PTransform):
         self.say = say or (lambda msg: None)
         self.coder = coders.FastPrimitivesCoder()
         self.claimed: list[FileState] = []  # the files read and not yet settled
-        self.read_files = 0  # every file this run read
         self.error: BaseException | None = None
         self.last_watermark_us: int | None = None
         self.mark_from_us = None if mark_from_us is None else spool.clock.window(mark_from_us)[0]
@@ -987,9 +954,7 @@ class SpoolSource(beam.PTransform):
         for it can be on time, before its first firing."""
         if self.mark_from_us is None:
             return []
-        new_us = now_us
-        if self.mark_until_us is not None:
-            new_us = min(new_us, self.mark_until_us)
+        new_us = now_us if self.mark_until_us is None else min(now_us, self.mark_until_us)
         size = self.spool.clock.size_us
         first = self.mark_from_us if self.marked is None else self.marked[1]
         starts = [s for s in range(first, new_us, size)
@@ -1008,7 +973,6 @@ class SpoolSource(beam.PTransform):
         pending: deque = deque()  # leftovers (FileState) and new names of the current listing
         first = True
         sent: list[int] = []  # the acknowledgment points sent (watermarks)
-
         batch: list = []
         size = 0
 
@@ -1048,7 +1012,6 @@ class SpoolSource(beam.PTransform):
                         continue
                     files.append(state)
                     self.claimed.append(state)
-                    self.read_files += 1
                     for value, t_us, n_read in grouped(
                             self.spool.read(state, watermark, settled0), state.name, clock_us):
                         n_items += n_read
@@ -1063,10 +1026,8 @@ class SpoolSource(beam.PTransform):
                 # behind the settled watermark of an earlier run.
                 floor = max((x for x in (watermark, self.last_watermark_us) if x is not None),
                             default=MIN_WATERMARK_US)
-                if pending and not stopping:
-                    new = floor + 1
-                else:
-                    new = max(int(time.time() * 1_000_000) - self.lag_us, floor + 1)
+                new = floor + 1 if pending and not stopping else \
+                    max(int(time.time() * 1_000_000) - self.lag_us, floor + 1)
                 for s in self._marks(watermark, max(new, int(time.time() * 1_000_000))):
                     yield from add((MARK, s), s)
                 yield from add((HEARTBEAT, new), new)
@@ -1110,20 +1071,18 @@ class SpoolSource(beam.PTransform):
     def settle(self) -> list[FileState]:
         """Move to ``.done/`` the claimed files the settled watermark has passed."""
         settled = self.spool.settled()
-        moved = []
         if settled is None:
-            return moved
-        keep = []
+            return []
+        moved, keep = [], []
         for state in self.claimed:
             if not os.path.lexists(state.path) or not state.path.startswith(
                     self.spool._sub(CLAIMED)):
                 continue  # set aside (.failed/) or gone
-            if state.read_at_us is not None and settled >= state.read_at_us and (
-                    state.max_close_us is None or state.max_close_us < settled):
+            done = state.read_at_us is not None and settled >= state.read_at_us and (
+                state.max_close_us is None or state.max_close_us < settled)
+            if done:
                 self.spool.finish(state)
-                moved.append(state)
-            else:
-                keep.append(state)
+            (moved if done else keep).append(state)
         self.claimed = keep
         return moved
 
@@ -1185,12 +1144,10 @@ class ReadClaimedFn(beam.DoFn):
 class ReadSpoolOnce(beam.PTransform):
     """The bounded spool source: claim what is in the directory now (and any leftovers), read it
     once. The caller moves the claimed files to ``.done/`` with :meth:`finish_all` after the
-    pipeline has succeeded; if it fails they stay claimed and are re-read at the next start.
-
-    A new file still being written (see "Complete files only" in the module docstring) is waited
-    for, up to the spool's ``settle_wait`` seconds; one still not settled then is left in the
-    directory for the next run: ``unsettled`` maps its name to the reason, and the source emits
-    a ledger entry ``{"kind": "unread", "file", "reason"}`` for it (logged by the sink)."""
+    pipeline has succeeded; if it fails they stay claimed and are re-read at the next start. New
+    files still being written are waited for up to the spool's ``settle_wait`` seconds, then left
+    for the next run ("Complete files only" in the module docstring): ``unsettled`` maps each to
+    the reason, and each gets a ledger entry ``{"kind": "unread", "file", "reason"}``."""
 
     def __init__(self, spool: SpoolDirectory) -> None:
         super().__init__()

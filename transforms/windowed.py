@@ -10,6 +10,7 @@ which configures these transforms; nothing here reads options or starts a pipeli
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import sys
@@ -44,14 +45,12 @@ from ldp_beam.jsonio import json_line as to_json_line
 from ldp_beam.transforms.stream_results import open_results
 from ldp_beam.transforms.spool import (DEAD, HEARTBEAT, LEDGER, MARK, RECORD, RECORDS, WindowClock,
                                        file_line, iso, parse_line, pseudonymize, record_settled,
-                                       WITHHELD)
+                                       WITHHELD, _dead, _shown)
 
 
 PANE = "pane"
-# What a stream publishes is OUT/estimates.jsonl (and its --results sinks); everything under
-# OUT/curator/ is the collector's own bookkeeping, with exact per-window record counts (for a
-# central-DP family, the very counts its releases hide) and dead-lettered records: never publish
-# it. CURATOR_NOTE says so inside the folder.
+# OUT/curator/ is the collector's own bookkeeping, never to publish: CURATOR_NOTE, written inside
+# it, says why and what may be published instead.
 CURATOR = "curator"
 ESTIMATES = "estimates.jsonl"
 DEAD_LETTERS, LEDGER_FILE, SUMMARY, RANGE_FILE = (
@@ -78,12 +77,11 @@ MEMO_FIELD = "memo_id"  # the report field of a memoized report's slot, by defau
 
 @dataclass(frozen=True)
 class PrivacyUnit:
-    """A stream's privacy unit ("Privacy units" in :mod:`ldp_beam.pipelines.stream`):
-    ``field``, the record field with the unit's id; ``state``, its durable per-unit state; at
-    most ``max_reports`` of a unit's reports (records, for a central release) estimated per
-    window; its cumulative loss capped at ``budget`` (None: tracked, not capped);
-    ``memo_field``: LDP, the report field naming a memoized report's slot (None: every report
-    is charged)."""
+    """A stream's privacy unit ("Privacy units" in :mod:`ldp_beam.pipelines.stream`): ``field``, the
+    record field with the unit's id; ``state``, its durable per-unit state; at most ``max_reports``
+    of a unit's reports (records, for a central release) estimated per window; its cumulative loss
+    capped at ``budget`` (None: tracked, not capped); ``memo_field``: LDP, the report field naming a
+    memoized report's slot (None: every report is charged)."""
 
     field: str
     state: UnitState | None
@@ -101,11 +99,10 @@ class PrivacyUnit:
         if b is not None and (isinstance(b, bool) or not isinstance(b, (int, float))
                               or not math.isfinite(b) or b <= 0):
             raise StreamConfigError(f"--unit-budget {b!r}: expected a finite epsilon > 0")
-        if self.memo_field is not None and (not isinstance(self.memo_field, str) or
-                                            not self.memo_field or
-                                            self.memo_field == self.field):
-            raise StreamConfigError(f"--memo-field {self.memo_field!r}: expected a report field "
-                                    "other than the privacy unit's")
+        m = self.memo_field
+        if m is not None and (not isinstance(m, str) or not m or m == self.field):
+            raise StreamConfigError(f"--memo-field {m!r}: expected a report field other than "
+                                    "the privacy unit's")
 
 
 def check_unit(mechanism: Mechanism, unit: PrivacyUnit,
@@ -309,10 +306,9 @@ def result_dict(est: Any, central: bool) -> dict:
 
 
 class PaneFn(beam.DoFn):
-    """``(estimate, count, marked)`` of one firing -> a pane element: the published row (or,
-    for a central release outside the range or past the window's budget, the reason it is
-    withheld) and the count. ``guarantee``: the stream's (:func:`stream_guarantee`), in every
-    row."""
+    """``(estimate, count, marked)`` of one firing -> a pane element: the published row (or, for a
+    central release outside the range or past the window's budget, the reason it is withheld) and
+    the count. ``guarantee``: the stream's (:func:`stream_guarantee`), in every row."""
 
     def __init__(self, central: bool, releases: int, guarantee: dict,
                  prior_releases: Mapping[int, int] | None = None) -> None:
@@ -346,18 +342,17 @@ class PaneFn(beam.DoFn):
             if not marked:
                 out["refused"] = (
                     f"release withheld: window {span} is outside the run's release range (not "
-                    "marked as part of it when it fired; see release_range in curator/summary.json): a "
-                    "central-DP stream releases exactly the windows of its range, so that "
-                    "whether a window is released reveals nothing about its records (their "
-                    "count is in the ledger)")
-                yield out
-                return
+                    "marked as part of it when it fired; see release_range in "
+                    "curator/summary.json): a central-DP stream releases exactly the windows of "
+                    "its range, so that whether a window is released reveals nothing about its "
+                    "records (their count is in the ledger)")
             release = self.prior.get(start, 0) + index + 1
-            if release > self.releases:
+            if marked and release > self.releases:
                 out["refused"] = (
                     f"release refused: firing {index + 1} of window {span} "
                     f"would be release {release} of a budget of {self.releases} "
                     "(--releases-per-window)")
+            if out["refused"]:
                 yield out
                 return
         est, units = self._estimate(element, start)
@@ -447,10 +442,8 @@ def _report_column(values: list) -> np.ndarray:
     """A column from record fields: int64 when every value is an int, float64 when every value
     is a number (booleans are not), otherwise object (parsed, or flagged, by the validation)."""
     if values and all(isinstance(v, int) and not isinstance(v, bool) for v in values):
-        try:
+        with contextlib.suppress(OverflowError):
             return np.asarray(values, dtype=np.int64)
-        except OverflowError:
-            pass
     if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
         return np.asarray(values, dtype=np.float64)
     return np.asarray(values, dtype=object)
@@ -655,34 +648,23 @@ class BatchPerWindowFn(beam.DoFn):
     def _pseudonymize(self, records: list) -> tuple[list, list, list]:
         """Each record's unit hash (None when it has no valid id: ``bad`` says why) and a copy
         of the record showing the hash in place of the id."""
-        hasher = self._unit_keys()[0]
-        field = self.unit.field
-        units, bad, shown = [], [], []
-        for r in records:
-            rec = dict(r)
-            why = pseudonymize(rec, field, hasher)
-            units.append(None if why else rec[field])
-            bad.append(why)
-            shown.append(rec)
-        return units, bad, shown
+        hasher, field = self._unit_keys()[0], self.unit.field
+        shown = [dict(r) for r in records]
+        bad = [pseudonymize(rec, field, hasher) for rec in shown]
+        return [None if why else rec[field] for rec, why in zip(shown, bad)], bad, shown
 
     def _memos(self, records: list) -> tuple[list, list]:
         """Each report's memo slot (a keyed hash of its memo id; None when it has none) and why
         a memo id is unusable (None when it is fine)."""
         key, field = self._unit_keys()[2], self.unit.memo_field
         memos, bad = [], []
-        for r in records:
-            m = r.get(field)
-            if m is None:
-                memos.append(None)
-                bad.append(None)
-            elif isinstance(m, bool) or not isinstance(m, (str, int)) or m == "":
-                memos.append(None)
-                bad.append(f"memo field {field!r} is a {type(m).__name__}: expected the "
-                           "memoized slot's id (a string or an integer) or no field")
-            else:
-                memos.append(keyed_digest(key, str(m).encode()).hex())
-                bad.append(None)
+        for m in (r.get(field) for r in records):
+            unusable = m is not None and (isinstance(m, bool) or not isinstance(m, (str, int))
+                                          or m == "")
+            memos.append(None if m is None or unusable else
+                         keyed_digest(key, str(m).encode()).hex())
+            bad.append(f"memo field {field!r} is a {type(m).__name__}: expected the memoized "
+                       "slot's id (a string or an integer) or no field" if unusable else None)
         return memos, bad
 
     def _candidates(self, batch: Mapping[str, np.ndarray], ok: np.ndarray, group: list,
@@ -706,9 +688,7 @@ class BatchPerWindowFn(beam.DoFn):
                                           f"{memo}\n{rows[j]!r}")
             digest = None if memo is None else hashlib.blake2b(
                 repr(rows[j]).encode(), digest_size=16).hexdigest()
-            entry = per.get(units[i])
-            if entry is None:
-                entry = per[units[i]] = [0, []]
+            entry = per.setdefault(units[i], [0, []])
             entry[0] += 1
             entry[1].append((prio, slot, memo, digest, rows[j]))
         bound_candidates(per, per, k)
@@ -750,19 +730,15 @@ class WindowedEstimate(beam.PTransform):
                  unit_hashed: bool = False) -> None:
         super().__init__()
         self.clock = WindowClock(window_seconds, allowed_lateness)
-        if early_seconds is not None:
-            ok = (isinstance(early_seconds, (int, float)) and not isinstance(early_seconds, bool)
-                  and math.isfinite(early_seconds) and early_seconds >= 1
-                  and float(early_seconds).is_integer())
-            if not ok:
-                raise StreamConfigError(
-                    f"--early {early_seconds!r}: expected a whole number of seconds >= 1 (Beam's "
-                    "processing-time trigger delay is carried in whole seconds)")
-        if releases_per_window is not None and (isinstance(releases_per_window, bool) or
-                                                not isinstance(releases_per_window, int) or
-                                                releases_per_window < 1):
-            raise StreamConfigError(f"--releases-per-window {releases_per_window!r}: expected "
-                                    "an integer >= 1")
+        e = early_seconds
+        if e is not None and not (isinstance(e, (int, float)) and not isinstance(e, bool)
+                                  and math.isfinite(e) and e >= 1 and float(e).is_integer()):
+            raise StreamConfigError(
+                f"--early {e!r}: expected a whole number of seconds >= 1 (Beam's "
+                "processing-time trigger delay is carried in whole seconds)")
+        rpw = releases_per_window
+        if rpw is not None and (isinstance(rpw, bool) or not isinstance(rpw, int) or rpw < 1):
+            raise StreamConfigError(f"--releases-per-window {rpw!r}: expected an integer >= 1")
         self.mechanism = mechanism
         self.central = isinstance(mechanism, CentralRelease)
         self.window_seconds, self.allowed_lateness = window_seconds, allowed_lateness
@@ -938,11 +914,8 @@ class StreamSink(beam.DoFn):
             p = payload
             span = window_fields(p["window_start_us"], p["window_end_us"])
             ledger = {"kind": "pane", **run, **span, "pane": p["index"], "timing": p["timing"],
-                      "count": p["count"], "released": p["row"] is not None}
-            if "in_range" in p:
-                ledger["in_range"] = p["in_range"]
-            if "units" in p:
-                ledger["units"] = p["units"]
+                      "count": p["count"], "released": p["row"] is not None,
+                      **{k: p[k] for k in ("in_range", "units") if k in p}}
             prev = self.published.setdefault(p["window_start_us"], {})
             n = None if p["row"] is None else p["row"].get("n_reports")
             if p["row"] is not None and n is not None and prev.get(p["index"]) == n:
@@ -1037,15 +1010,13 @@ class ParseMessagesFn(beam.DoFn):
             try:
                 record, t_us = parse_line(raw, self.timestamp_field)
             except ValueError as exc:
-                shown = WITHHELD if self.unit_field else raw[:1000].decode("utf-8", "replace")
-                yield DEAD, {"reason": str(exc), "record": shown, "source": self.source,
-                             "row": i}
+                shown = WITHHELD if self.unit_field else _shown(raw)
+                yield DEAD, _dead(str(exc), shown, self.source, i)
                 continue
             if self.unit_field is not None:
                 why = pseudonymize(record, self.unit_field, self._hasher)
                 if why is not None:
-                    yield DEAD, {"reason": why, "record": record, "source": self.source,
-                                 "row": i}
+                    yield DEAD, _dead(why, record, self.source, i)
                     continue
             self.n_records.inc()
             self._tally[1] += 1
@@ -1108,35 +1079,19 @@ def _records(item):
     return [WindowMark(item[1])] if kind == MARK else []
 
 
-def _others(item):
-    return [] if item[0] in (RECORD, RECORDS, MARK) else [item]
-
-
-def _tag_invalid(d):
-    return DEAD, {**d, "stage": "validate"}
-
-
-def _tag_pane(p):
-    return PANE, p
-
-
-def _keyed(x):
-    return 0, x
-
-
 def estimate_stream(items: Any, estimate: WindowedEstimate, sink: StreamSink) -> Any:
     """Items (records at their event times, with their file and line, window marks at their
     window's start, dead letters, ledger entries, heartbeats) -> windowed estimates -> the sink.
     Returns the sink's (empty) output."""
     records = items | "Records" >> beam.FlatMap(_records)
-    others = items | "Bookkeeping" >> beam.FlatMap(_others)
+    others = items | "Bookkeeping" >> beam.Filter(lambda i: i[0] not in (RECORD, RECORDS, MARK))
     out = records | "Estimate" >> estimate
-    panes = (out.panes | "TagPanes" >> beam.Map(_tag_pane)
+    panes = (out.panes | "TagPanes" >> beam.Map(lambda p: (PANE, p))
              | "Unwindow" >> beam.WindowInto(GlobalWindows()))
-    invalid = out.dead_letter | "TagInvalid" >> beam.Map(_tag_invalid)
+    invalid = (out.dead_letter
+               | "TagInvalid" >> beam.Map(lambda d: (DEAD, {**d, "stage": "validate"})))
     return ((others, invalid, panes) | "ToSink" >> beam.Flatten()
-            | "OneWriter" >> beam.Map(_keyed) | "Write" >> beam.ParDo(sink))
-
+            | "OneWriter" >> beam.Map(lambda x: (0, x)) | "Write" >> beam.ParDo(sink))
 
 
 class MarkRange(beam.PTransform):
@@ -1174,9 +1129,7 @@ class _Span(beam.CombineFn):
 
     def merge_accumulators(self, accs):
         spans = [a for a in accs if a[0] is not None]
-        if not spans:
-            return None, None
-        return min(a[0] for a in spans), max(a[1] for a in spans)
+        return (min(a[0] for a in spans), max(a[1] for a in spans)) if spans else (None, None)
 
     def extract_output(self, acc):
         return acc
@@ -1201,5 +1154,3 @@ def _marks_of(bounds, clock: WindowClock):
             "declare a narrower one (--start, --end) or a longer --window")
     return [TimestampedValue((MARK, s), Timestamp(micros=s)) for s in mark_windows(clock, start,
                                                                                    end)]
-
-
