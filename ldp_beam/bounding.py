@@ -69,26 +69,17 @@ Two passes over the rows, vectorized per batch (no per-row Python except dead le
    so parts merge in any order). With ``source=`` and no ``partition_fn`` this read decodes only
    the unit column (``ReadTable.with_columns``).
 
-   * One row per unit (``Linf = 1``, no ``partition_fn``: an LDP collection's default) uses a
-     hash table (:mod:`ldp_beam.minsketch`): 16 shards by unit hash, each an open-addressing
-     table (linear probing, 2/5 to 3/5 full: it grows by half) whose slots hold a unit hash, its best
-     priority so far and that row's reference (stream index and record number packed in one
-     word): no sort, O(1) per row. A batch goes into all the shards in one call of a C loop
-     (``ldp_beam/_minsketch.c``, an optional extension built with the package: one pass over
-     the rows, each row's slot prefetched 16 rows ahead, ~20-40 ns a row) on a background
-     thread, queued behind at most 3 earlier batches, so the inserts overlap the reading and
-     hashing of the next batches (every other step on the sketch waits for the queue); a
-     table that fills grows there too, its units moved slot to slot by the same extension,
-     into zeroed memory the kernel hands over untouched. Where the extension was not
-     compiled, vectorized numpy rounds do the same inserts, queued per shard so each table
-     stays in cache (~80 ns a row; ``LDP_BEAM_NO_NATIVE=1`` forces them): the same tables
-     either way, as the per-unit minimum does not depend on the order rows come in. 24 bytes a
-     slot, 1.67-2.5 slots a unit: 40-60 MB per million units (~400-600 MB at the 10^7 cap).
-     Before Beam encodes it (the combine's ``compact``) the sketch becomes its held entries
-     sorted by reference (a radix sort in the extension), table by table (the slots are freed
-     as they are read), the references held as their gaps (:class:`_Ids`): ~10 bytes a unit
-     in memory and encoded (the priorities are recomputed from the run key, one AES block a
-     unit, only if a decoded sketch takes more rows).
+   * One row per unit (``Linf = 1``, no ``partition_fn``: an LDP collection's default) uses
+     the hash tables of :mod:`ldp_beam.minsketch` (its classes give the details): 16 shards by
+     unit hash of open-addressing tables holding, per unit, its best priority so far and that
+     row's reference: no sort, O(1) per row. The C loop (``ldp_beam/_minsketch.c``, an
+     optional extension: each row's slot prefetched 16 rows ahead, ~20-40 ns a row) runs on a
+     background thread behind at most 3 earlier batches, overlapping the reading and hashing
+     of the next ones; without it, vectorized numpy rounds (~80 ns a row;
+     ``LDP_BEAM_NO_NATIVE=1`` forces them) build the same tables. 24 bytes a slot, 1.67-2.5
+     slots a unit: 40-60 MB per million units (~400-600 MB at the 10^7 cap). Before Beam
+     encodes it (the combine's ``compact``) the sketch becomes its held entries sorted by
+     reference, the references held as their gaps (:class:`_Ids`): ~10 bytes a unit.
    * Otherwise each batch's candidates are first reduced within the batch and the sketch is
      split in 64 shards by unit hash, each reduced (sorted) on its own when its unreduced
      entries outgrow twice its reduced ones (amortized O(n log n)); it holds O(units x L0 +
@@ -103,7 +94,7 @@ Two passes over the rows, vectorized per batch (no per-row Python except dead le
    its record numbers decoded on its own; consecutive record numbers: by subtraction, else
    ``searchsorted``).
 
-   Memory grows with the units, not the rows. Measured (DirectRunner, one process, peak RSS
+   Measured (DirectRunner, one process, peak RSS
    from the process's own high-water mark, two full benches of 2026-11-26): 10^6 rows of 10^5
    units 274-276 MB; 10^7 rows of the same 10^5 units (100 rows a unit) 267-268 MB (-2% to
    -3%); 10^7 rows of 10^6 units 331 MB (+20-21%; the unbounded pipeline: 258 MB). Stage by
@@ -371,20 +362,15 @@ class _Rows:
         self.n = n = table.num_rows
         self.ids = batch.record_ids()
         self.absent = spec.unit_column not in table.schema.names
-        self.bad_type = None
-        self.col = None
-        self.parts = None
+        self.bad_type = self.col = self.parts = None
+        self.missing, self.cand = np.ones(n, bool), np.zeros(n, bool)  # no unit: no row
         if self.absent:
-            self.missing = np.ones(n, bool)
-            self.cand = np.zeros(n, bool)
             return
         try:
             self.col, self.missing = unit_column(table.column(spec.unit_column),
                                                  spec.unit_column)
         except TypeError as e:
             self.bad_type = str(e)
-            self.missing = np.ones(n, bool)
-            self.cand = np.zeros(n, bool)
             return
         self.cand = ~self.missing
         if spec.partition_fn is not None:

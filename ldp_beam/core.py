@@ -34,9 +34,13 @@ Reports = dict[str, np.ndarray]
 
 
 # --------------------------------------------------------------------------- parameter checks
+def _finite_number(v: Any) -> bool:
+    return not isinstance(v, bool) and isinstance(v, (int, float, np.floating, np.integer)) \
+        and math.isfinite(v)
+
+
 def check_epsilon(eps: float, name: str = "epsilon") -> float:
-    if isinstance(eps, bool) or not isinstance(eps, (int, float, np.floating, np.integer)) \
-            or not math.isfinite(eps) or eps <= 0:
+    if not _finite_number(eps) or eps <= 0:
         raise ParameterError(name, eps, "a finite number > 0")
     return float(eps)
 
@@ -60,8 +64,7 @@ def check_interval(lower: float, upper: float, lname: str = "lower", uname: str 
     is, for the message. Raises :class:`ParameterError` naming the parameter and the valid
     range."""
     for n, v in ((lname, lower), (uname, upper)):
-        if isinstance(v, bool) or not isinstance(v, (int, float, np.floating, np.integer)) \
-                or not math.isfinite(v):
+        if not _finite_number(v):
             raise ParameterError(n, v, "a finite number")
     if not lower < upper:
         raise ParameterError(lname, lower, f"a number < {uname} = {upper!r}")
@@ -157,33 +160,33 @@ def category_text(value: Any) -> str | None:
 def check_labels(labels: Any, name: str, min_size: int = 1) -> tuple[str, ...]:
     """Validate a declared category domain: a non-empty sequence of distinct labels (a
     comma-separated string is split). Returns the canonical labels (see :func:`category_text`)."""
-    if isinstance(labels, str):
-        labels = [x.strip() for x in labels.split(",") if x.strip()]
-    try:
-        items = list(labels)
-    except TypeError:
-        raise ParameterError(name, labels, "a sequence of category labels") from None
+    items = _label_items(labels, name)
+    labels = items if isinstance(labels, str) else labels  # (the value the errors show)
     out = tuple(category_text(v) for v in items)
     if any(v is None or v == "" for v in out):
         raise ParameterError(name, labels, "labels that are not null or empty")
     if len(out) < min_size:
         raise ParameterError(name, labels, f"at least {min_size} label(s)")
-    dup = [] if len(set(out)) == len(out) else \
-        sorted(v for v, c in collections.Counter(out).items() if c > 1)
-    if dup:
+    if len(set(out)) != len(out):
+        dup = sorted(v for v, c in collections.Counter(out).items() if c > 1)
         raise ParameterError(name, labels, f"distinct labels (repeated: {dup})")
     return out
+
+
+def _label_items(labels: Any, name: str) -> list:
+    if isinstance(labels, str):
+        return [x.strip() for x in labels.split(",") if x.strip()]
+    try:
+        return list(labels)
+    except TypeError:
+        raise ParameterError(name, labels, "a sequence of category labels") from None
 
 
 def check_subset(subset: Any, name: str, domain: tuple[str, ...], domain_name: str,
                  min_size: int = 1) -> tuple[str, ...]:
     """Validate a subset of a declared domain (e.g. the sensitive categories)."""
-    if isinstance(subset, str):
-        subset = [x.strip() for x in subset.split(",") if x.strip()]
-    try:
-        items = list(subset)
-    except TypeError:
-        raise ParameterError(name, subset, "a sequence of category labels") from None
+    items = _label_items(subset, name)
+    subset = items if isinstance(subset, str) else subset
     out = check_labels(items, name, min_size=0) if items else ()
     if len(out) < min_size:
         raise ParameterError(name, subset, f"at least {min_size} label(s) of {domain_name}")
@@ -369,9 +372,7 @@ def _encode_arrow(col: Any, labels: tuple[str, ...]) -> tuple[np.ndarray, np.nda
         return codes, np.zeros(n, dtype=bool), codes < 0
     if pa.types.is_floating(t):
         return _encode_floats(col.to_numpy(zero_copy_only=False), labels)
-    out = col.to_numpy(zero_copy_only=False)
-    return encode_categories_reference(out if out.dtype == object else out.astype(object),
-                                       labels)
+    return encode_categories_reference(_arrow_numpy(col), labels)  # (as Python objects)
 
 
 @functools.lru_cache(maxsize=64)
@@ -390,10 +391,9 @@ def _arrow_numpy(col: Any) -> np.ndarray:
 
     if isinstance(col, pa.ChunkedArray):
         col = col.combine_chunks()
-    if pa.types.is_integer(col.type) or pa.types.is_floating(col.type):
-        out = col.to_numpy(zero_copy_only=False)
-        return out.astype(np.float64, copy=False) if col.null_count else out
     out = col.to_numpy(zero_copy_only=False)
+    if pa.types.is_integer(col.type) or pa.types.is_floating(col.type):
+        return out.astype(np.float64, copy=False) if col.null_count else out
     return out if out.dtype == object else out.astype(object)
 
 
@@ -483,8 +483,7 @@ class Reasons:
 
     def array(self) -> np.ndarray:
         out = np.full(self.n, None, dtype=object)
-        for i, m in self._msg.items():
-            out[i] = m
+        out[list(self._msg)] = list(self._msg.values())
         return out
 
 
@@ -686,17 +685,16 @@ class Mechanism(Configured):
         check_choice(on_invalid, "on_invalid", ("raise", "return"))
         cols, reasons = self.check(data, roles)
         bad = reasons.bad
-        if on_invalid == "raise":
-            if bad.any():
-                raise InvalidRecordsError(reasons.as_dict(), reasons.n)
-            return self.perturb_valid(cols, rng, stream=stream, offset=offset)
+        if on_invalid == "raise" and bad.any():
+            raise InvalidRecordsError(reasons.as_dict(), reasons.n)
         if not bad.any():
-            return self.perturb_valid(cols, rng, stream=stream, offset=offset), {}
+            out = self.perturb_valid(cols, rng, stream=stream, offset=offset)
+            return out if on_invalid == "raise" else (out, {})
+        if bad.all():
+            return self.empty_reports(), reasons.as_dict()
         ok = ~bad
         valid = {k: (v[ok] if isinstance(v, np.ndarray) else v.filter(ok)) for k, v in
                  cols.items()}
-        if not ok.any():
-            return self.empty_reports(), reasons.as_dict()
         return self.perturb_valid(valid, rng, stream=stream, offset=offset), reasons.as_dict()
 
     def perturb_valid(self, cols: dict[str, np.ndarray], rng: RngLike = None, *,
@@ -972,9 +970,8 @@ class Estimate:
                 v = num(at(arr, idx))
                 se = math.nan if se_arr is None else float(se_arr[idx])
                 ok = isinstance(v, float) and math.isfinite(v) and math.isfinite(se)
-                c = math.nan
-                if cl_arr is not None and cl_arr.shape == arr.shape:
-                    c = num(at(cl_arr, idx))
+                c = num(at(cl_arr, idx)) if cl_arr is not None and cl_arr.shape == arr.shape \
+                    else math.nan
                 rows.append({"statistic": name, "cell": cell, "value": v, "stderr": se,
                              "ci_low": v - z * se if ok else math.nan,
                              "ci_high": v + z * se if ok else math.nan, "clipped": c})

@@ -8,56 +8,21 @@ numbers rest on. It reads no private value, draws no noise on private data and s
 the only inputs are sizes (:func:`count_input` counts them from a table, reading only the
 privacy-unit and group columns) and the mechanism's parameters.
 
-How the standard errors are obtained, generically (no formula per family; plugins included):
-
-1. **Synthetic data.** ``n0 = min(max(n, largest group), 10**6)`` synthetic records (LDP: at
-   least :data:`LDP_POOL`) are drawn from an *assumed* distribution (default: uniform over each
-   role's declared domain: the labels of a category role, ``[lower, upper]`` of a value;
-   ``assume`` to change it, see :func:`parse_assumption`), checked and turned into the
-   mechanism's rows (``mech.rows`` with simulation uniforms: an LDP mechanism's reports, a
-   central release's encoded true values) and folded by the family's own estimator
-   (``get_registry().estimator_for``).
-2. **Accumulator at any size m.** For ``m <= n0``: the first ``m`` synthetic records (a prefix
-   of an i.i.d. sample is one). For ``m > n0``: ``q`` copies of the ``n0`` accumulator plus the
-   first ``r`` records (``m = q n0 + r``), summed with the estimator's own ``merge`` by doubling
-   (exact: merge is a sum; the accumulator then holds m records in the proportions of the
-   sample). Nothing is scaled by a formula: the accumulator *is* one of m records.
-3. **The estimator's own standard errors**: ``finalize``'s ``stderr``. Central releases: at the
-   real size m (the noise's: fixed for counts and histograms, about 1/m for means, as the
-   release computes it), their noise drawn on the synthetic accumulator from the simulation's
-   seed. LDP: on the pool (a plug-in variance from a handful of reports is itself noisy, even
-   zero), carried to a size m below it by the power law the estimator shows from the pool to 4x
-   the pool (measured on its finalize, not assumed: -1/2 for frequencies and means, +1/2 for
-   sums), at m beyond it read at m.
-4. **Statistics without a standard error** (e.g. RVNS's and the density baselines' mean and
-   quantiles, PrivKVM's mean, the joint conditionals): the empirical standard deviation over
-   ``replicates`` simulated releases. LDP: fresh synthetic records and reports each time, at
-   the sizes n x 4^k next to the size asked for (up to :data:`REPLICATE_MAX`), interpolated in
-   log-log between them and extrapolated beyond with the measured slope (clamped between flat
-   and 1/sqrt(n)). Not 1/sqrt(n) by assumption: RVNS's tail quantiles, measured, fall clearly
-   slower (the tests compare the planned errors with realised ones). Central: fresh release
-   noise on the accumulator at m. Each such standard error carries its own relative precision
-   (``StatPlan.precision``). The release publishes no CI for them: they are shown for
-   orientation and judged only against an explicit ``target``.
-
-What the standard errors mean: for LDP, the error of the estimate against the population the
-people are drawn from (the estimators' variances include the sampling of the people); for
-central releases, the noise only (the rows are fixed). Neither includes an estimator's bias.
-LDP frequency errors depend on the assumed distribution weakly (through the report
-frequencies), central noise not at all (grouping histograms, DPHR/AHP/StructureFirst, excepted:
-their grouping follows the data).
-
-**When is an answer useful?** When its confidence interval is narrower than the range the
-statistic estimates in: CI half-width <= half the range's width, the rule ``estimate --by``
-applies to suppress a group (:meth:`ldp_beam.core.Estimate.uninformative`). The range is the
-statistic's declared ``domain`` where the estimator declares one; otherwise it is inferred from
-the statistic's kind (a probability: [0, 1]; a value in data units: [lower, upper]; a count:
-[0, m]; a sum: [m lower, m upper]) and the output says so. ``target`` replaces the rule by an
-absolute half-width. The smallest useful group is searched over m (doubling, then bisection to
-1%), re-running the estimator at each m.
-
-The simulation's seed (synthetic data only) is drawn afresh unless given, and recorded in the
-plan, so that a plan can be repeated exactly.
+How (docs/plan.md gives the details, the rule and what the numbers mean): synthetic records of
+an assumed distribution (:func:`parse_assumption`) are turned into the mechanism's rows and
+folded by the family's own estimator (no formula per family: plugins included); ``n0 =
+min(max(n, largest group), SIM_MAX)`` records (LDP: at least :data:`LDP_POOL`), and an
+accumulator of m > n0 records is copies of the n0 one summed by ``merge`` (by doubling) plus a
+prefix. The standard errors are ``finalize``'s (LDP: read on the pool and carried below it by
+the power law the estimator shows from the pool to 4x the pool, read at m beyond it) or, for
+statistics without one, the SD over ``replicates`` simulated releases (:class:`_Replicates`),
+each with its relative precision (``StatPlan.precision``). An answer is useful when its CI
+half-width is at most half the width of the range the statistic estimates in (the rule of
+``estimate --by``, :meth:`ldp_beam.core.Estimate.uninformative`; a range inferred from the
+statistic's kind where it declares none) or within an explicit ``target``; the smallest useful
+group is searched by doubling, then bisection to 1%, re-running the estimator at each m. The
+simulation's seed is drawn afresh unless given, and recorded in the plan so that it can be
+repeated exactly.
 
 Pure numpy (and pyarrow, lazily, for :func:`count_input`): no Beam, no ledger (the command adds
 the ledger's state: ``Plan.with_budget``).
@@ -204,20 +169,21 @@ def _numeric_range(mech: Configured, role: Any, first: bool) -> tuple[float, flo
         and lo < hi
     m = _RANGE.search(role.help or "")
     if m:
-        ends = []
-        for tok in m.groups():
-            if tok in ("lower", "upper"):
-                ends.append(None if not bounds else float(lo if tok == "lower" else hi))
-            else:
-                try:
-                    ends.append(float(tok))
-                except ValueError:
-                    ends.append(None)
+        ends = [_end(tok, lo, hi, bounds) for tok in m.groups()]
         if None not in ends and ends[0] < ends[1]:
             return ends[0], ends[1], ""
     if bounds and first:
         return float(lo), float(hi), ""
     return 0.0, 1.0, " (no declared range; --assume to change it)"
+
+
+def _end(tok: str, lo: Any, hi: Any, bounds: bool) -> float | None:
+    if tok in ("lower", "upper"):
+        return None if not bounds else float(lo if tok == "lower" else hi)
+    try:
+        return float(tok)
+    except ValueError:
+        return None
 
 
 def parse_assumption(mech: Configured, assume: Any = None) -> tuple[RoleAssumption, ...]:
@@ -268,16 +234,14 @@ def _spec_items(spec: Any, name: str) -> dict[str, Any]:
     if not isinstance(spec, str):
         raise ParameterError("assume", spec, f"text or a mapping for role {name!r}")
     items: dict[str, Any] = {}
-    for part in spec.split(","):
-        part = part.strip()
-        if not part:
-            continue
-        if "=" not in part:
-            items[part] = None
-            continue
-        k, v = part.split("=", 1)
-        items[k.strip()] = v.strip()
+    for part in filter(None, (x.strip() for x in spec.split(","))):
+        k, eq, v = part.partition("=")
+        items[k.strip()] = v.strip() if eq else None
     return items
+
+
+def _uniform(spec: Any) -> bool:
+    return spec is None or (isinstance(spec, str) and spec.strip().lower() in ("", "uniform"))
 
 
 def _number(v: Any, what: str) -> float:
@@ -292,7 +256,7 @@ def _number(v: Any, what: str) -> float:
 
 def _label_assumption(role: str, labels: tuple[str, ...], spec: Any) -> RoleAssumption:
     k = len(labels)
-    if spec is None or (isinstance(spec, str) and spec.strip().lower() in ("", "uniform")):
+    if _uniform(spec):
         return RoleAssumption(role, "labels", labels, tuple([1.0 / k] * k))
     items = _spec_items(spec, role)
     given: dict[str, float] = {}
@@ -324,7 +288,7 @@ def _label_assumption(role: str, labels: tuple[str, ...], spec: Any) -> RoleAssu
 def _numeric_assumption(role: str, lo: float, hi: float, src: str, spec: Any
                         ) -> RoleAssumption:
     base = RoleAssumption(role, "uniform", lower=lo, upper=hi, source=src)
-    if spec is None or (isinstance(spec, str) and spec.strip().lower() in ("", "uniform")):
+    if _uniform(spec):
         return base
     items = _spec_items(spec, role)
     keys = set(items)
@@ -459,10 +423,8 @@ class Plan:
         if self.groups is not None:
             out["groups"] = {"summary": self.groups_summary,
                              "shown": [g.to_dict() for g in self.groups]}
-        if self.counted is not None:
-            out["counted"] = self.counted
-        if self.budget is not None:
-            out["budget"] = self.budget
+        out.update((k, v) for k, v in (("counted", self.counted), ("budget", self.budget))
+                   if v is not None)
         return out
 
     def summary(self) -> str:
@@ -489,12 +451,12 @@ class Plan:
             rows.append((s.name, str(s.cells), _fmt(s.stderr) + mark, _fmt(s.half_width) + mark,
                          _fmt(s.limit) if s.limit is not None else "-",
                          s.range_text or "no rule",
-                         _fmt_n(s.min_useful, s.min_note) if s.range_text else "-"))
+                         (s.min_note or "never" if s.min_useful is None else f"{s.min_useful:,}")
+                         if s.range_text else "-"))
         lines.append("")
         lines += ["  " + line for line in _table(rows)]
         lines.append("")
-        srcs = sorted({s.source for s in self.statistics.values()})
-        for src in srcs:
+        for src in sorted({s.source for s in self.statistics.values()}):
             names = [s.name for s in self.statistics.values() if s.source == src]
             lines.append(f"  stderr of {', '.join(names)}: {src}")
         lines.append("  cells > 1: the largest stderr over the cells"
@@ -564,12 +526,6 @@ def _fmt(x: float | None) -> str:
     if math.isinf(x):
         return "inf"
     return f"{x:.4g}"
-
-
-def _fmt_n(n: int | None, note: str) -> str:
-    if n is None:
-        return note or "never"
-    return f"{n:,}"
 
 
 def _finite(x: Any) -> Any:
@@ -845,7 +801,7 @@ def plan(mechanism: Any, n: int | None = None, *, groups: Any = None, assume: An
     ranges = {name: _range_of(name, base.statistics[name], mech) for name in direct + simulated}
 
     # LDP: the estimator's stderr on the pool and the power law it follows from the pool to 4x
-    # the pool (exact copies: the same proportions), carrying it to smaller sizes (module doc, 3.)
+    # the pool (exact copies: the same proportions), carrying it to smaller sizes
     law: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     if not central:
         big = sim.release(4 * sim.pool)
@@ -913,11 +869,8 @@ def plan(mechanism: Any, n: int | None = None, *, groups: Any = None, assume: An
                         lim, useful, mn, note,
                         None if se is None or se.size == 1 else [float(x) for x in se], prec)
 
-    stats: dict[str, StatPlan] = {}
-    for name in direct + simulated:
-        sp = stat_at(name, n, True)
-        if sp is not None:
-            stats[name] = sp
+    stats = {name: sp for name in direct + simulated
+             if (sp := stat_at(name, n, True)) is not None}
     mins = [s.min_useful for s in stats.values() if s.range_text]
     min_useful = None if not mins or any(x is None for x in mins) else max(mins)
 
@@ -926,11 +879,8 @@ def plan(mechanism: Any, n: int | None = None, *, groups: Any = None, assume: An
         shown = _shown(keyed)
         gplans = []
         for key, size in shown:
-            gstats = {}
-            for name in stats:
-                sp = stat_at(name, size, False) if size > 0 else None
-                if sp is not None:
-                    gstats[name] = sp
+            gstats = {name: sp for name in stats
+                      if size > 0 and (sp := stat_at(name, size, False)) is not None}
             flags = [s.useful for s in gstats.values() if s.range_text]
             useful = (all(flags) if flags else None) if size > 0 else False
             gplans.append(GroupPlan(key, size, gstats, useful))
@@ -978,15 +928,12 @@ def plan(mechanism: Any, n: int | None = None, *, groups: Any = None, assume: An
 
 class _Replicates:
     """Standard errors of statistics the estimator gives none for: the standard deviation over
-    ``count`` simulated releases.
-
-    LDP: fresh synthetic records and reports for every release, at the sizes of a grid (the
-    plan's n times powers of 4, within [2, :data:`REPLICATE_MAX`]): for a size m, the two grid
-    sizes around it are simulated (once) and the SD interpolated between them in log-log;
-    beyond the largest grid size it is extrapolated with the slope of the top segment, clamped
-    between flat and 1/sqrt(n) (an estimator's error never falls faster than the parametric
-    rate; not every one falls that fast: RVNS's tail quantiles measurably do not). Central:
-    fresh release noise on the accumulator at m (computed per m)."""
+    ``count`` simulated releases. LDP: fresh synthetic records and reports each time, at the
+    sizes of a grid (the plan's n times powers of 4 within [2, :data:`REPLICATE_MAX`], each
+    simulated once), log-log interpolated between the two around m, extrapolated beyond with
+    the top segment's slope clamped between flat and 1/sqrt(n) (an estimator's error never
+    falls faster than the parametric rate; RVNS's tail quantiles measurably fall slower).
+    Central: fresh release noise on the accumulator at m (computed per m)."""
 
     def __init__(self, sim: Simulation, names: list[str], count: int, central: bool,
                  seed: int, n: int) -> None:
@@ -1038,12 +985,8 @@ class _Replicates:
     def _values(self, e: Estimate | None) -> dict[str, np.ndarray]:
         if e is None:
             return {}
-        out = {}
-        for name in self.names:
-            v = _numeric_value(e.statistics.get(name))
-            if v is not None:
-                out[name] = v
-        return out
+        return {name: v for name in self.names
+                if (v := _numeric_value(e.statistics.get(name))) is not None}
 
     def _simulate(self, m: int) -> dict[str, np.ndarray]:
         if m in self._sd:

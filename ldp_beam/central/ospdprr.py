@@ -84,32 +84,28 @@ shared 2-core machine): 299 MB / 4.9 s at 10^6 rows and 312 MB / 6.1 s at 10^7 (
 load 2.3; a row accumulator took 375 MB and 1340 MB). What remains of the memory is Beam's and
 the batches in flight, not users.
 
-**sound-public, paper: O(users), bounded and never copied quadratically.** Here the estimator
-keeps every user's row (the target values and the k weights): the normalization, the ideal
-points and A/B of stages 1-2 need all users, and the sample is drawn at release time. These two
-modes are the only ones that hold rows. ``add`` appends a batch's rows into the spare capacity
-of the accumulator's buffer (grown by a factor 1.5 when full), ``merge`` appends all
-accumulators once, so n rows cost O(n) copying in all. The rows held are capped by
-``LDP_BEAM_MAX_USER_CELLS`` (:mod:`ldp_beam.limits`, ``user_cells``: users x row width, 1 GiB of
-rows by default), checked before rows are stored, with a :class:`~ldp_beam.errors.LimitError`
-naming the variable. ``finalize`` sorts the rows into a canonical order first, so the release
-does not depend on how the rows were split or merged, and releases a chunk of users at a time
+**sound-public, paper: O(users), bounded and never copied quadratically.** Only these modes
+hold rows, every user's target values and k weights: the normalization, the ideal points and
+A/B of stages 1-2 need all users, and the sample is drawn at release time. ``add`` and
+``merge`` append rows into the spare capacity of the accumulator's buffer (grown by half when
+full): O(n) copying for n rows. The rows held are capped by ``LDP_BEAM_MAX_USER_CELLS``
+(:mod:`ldp_beam.limits`, ``user_cells``: users x row width, 1 GiB of rows by default), checked
+before rows are stored (a :class:`~ldp_beam.errors.LimitError` names the variable).
+``finalize`` sorts the rows into a canonical order first (the release does not depend on how
+the rows were split or merged) and releases a chunk of users at a time
 (:meth:`OSPDPRR._sample_in_chunks`). One row must be one user in every mode: the pipeline groups
 a user's items into one row before estimating (the user-level sensitivities assume it).
 
 *The plan for the data-reference modes (not implemented).* A bounded sample (a reservoir or
-bottom-k) would change the release: every user is sampled independently with her own pi_u
-(Poisson sampling), so the sample's size is itself random and unbounded. None is needed: the
-release uses only the sampled users' sums N, S, Q, their sum of pi (the ratio estimator) and,
-in paper mode, their smallest score. An exact plan whose memory does not grow with users reads
-the rows three times: (1) one combine of O(k) numbers, the weight columns' sums of squares,
-minima and maxima (the TOPSIS normalization of ``ref="data"``), then the ideal points from
-them (the column minima and maxima of the normalized matrix are the normalized minima and
-maxima); (2) a pass computing each user's M_u from them and combining A = max M, B = min M;
-(3) the sound-self pass above with pi_u from M'_u = (M_u - B)/(A - B), also summing pi and, in
-paper mode, keeping the smallest sampled score. Each pass needs the previous one's few numbers
-as a side input, so on a runner that materializes a PCollection read by several stages the
-input would be read three times rather than kept. Until then the cap above bounds the memory.
+bottom-k) would change the release (every user is Poisson-sampled with her own pi_u, so the
+sample's size is random and unbounded), and none is needed: the release uses only the sampled
+users' N, S, Q, their sum of pi (the ratio estimator) and, in paper mode, their smallest score.
+An exact plan in memory that does not grow with users reads the input three times, each pass
+with the previous one's few numbers as a side input: (1) the weight columns' sums of squares,
+minima and maxima (O(k) numbers: the ``ref="data"`` normalization, then the ideal points, the
+normalized minima and maxima); (2) each user's M_u, combining A = max M, B = min M; (3) the
+sound-self pass with pi_u from M'_u = (M_u - B)/(A - B), also summing pi and, in paper mode,
+keeping the smallest sampled score. Until then the cap above bounds the memory.
 
 **Privacy unit (issue 14; docs/person_level.md).** ``max_partitions_per_unit`` (L0) and
 ``max_rows_per_partition`` (Linf), both 1 by default (one row per user, as above), are the
@@ -219,18 +215,21 @@ def comprehensive_weight(weights: np.ndarray, ref: str = "data", norm: str | Non
         raise ParameterError("weights", f"array of shape {w.shape}", "an (n users, k items) array")
     if ref == "data":
         wb = normalize_weights(w, "vector" if norm is None else norm)
-        best, worst = wb.min(axis=0), wb.max(axis=0)
-    elif ref == "fixed":
-        if norm is not None:
-            raise ParameterError("norm", norm, "None with ref='fixed' (the fixed 0/1 references "
-                                 "apply to the raw weights; spec §2.3)")
-        wb, best, worst = w, np.zeros(w.shape[1]), np.ones(w.shape[1])
-    else:
+        return _closeness(wb, wb.min(axis=0), wb.max(axis=0))
+    if ref != "fixed":
         raise ParameterError("ref", ref, f"one of {REFS}")
+    if norm is not None:
+        raise ParameterError("norm", norm, "None with ref='fixed' (the fixed 0/1 references "
+                             "apply to the raw weights; spec §2.3)")
+    return _closeness(w, np.zeros(w.shape[1]), np.ones(w.shape[1]))
+
+
+def _closeness(wb: np.ndarray, best: np.ndarray, worst: np.ndarray) -> np.ndarray:
+    """``W- / (W+ + W-)`` of each row of ``wb`` (0.5 where both distances are 0)."""
     d_plus = np.sqrt(np.square(wb - best).sum(axis=1))
     d_minus = np.sqrt(np.square(wb - worst).sum(axis=1))
     den = d_plus + d_minus
-    return np.divide(d_minus, den, out=np.full(w.shape[0], 0.5), where=den > 0)
+    return np.divide(d_minus, den, out=np.full(wb.shape[0], 0.5), where=den > 0)
 
 
 def _self_sampling_one_item(w: np.ndarray, t: float) -> np.ndarray:
@@ -249,14 +248,7 @@ def _self_sampling_one_item(w: np.ndarray, t: float) -> np.ndarray:
     if w.size and w.min() >= 0.0 and w.max() <= 1.0:  # False with a NaN
         m = 1.0 - w
         return np.where(m >= t, 1.0, np.expm1(m) / math.expm1(t))
-    d_plus = np.square(w)
-    np.sqrt(d_plus, out=d_plus)
-    d_minus = w - 1.0
-    np.square(d_minus, out=d_minus)
-    np.sqrt(d_minus, out=d_minus)
-    den = d_plus + d_minus
-    m = np.divide(d_minus, den, out=np.full(w.shape[0], 0.5), where=den > 0)
-    return sampling_probabilities(m, t)
+    return sampling_probabilities(_closeness(w[:, None], np.zeros(1), np.ones(1)), t)
 
 
 # --------------------------------------------------------------------------- stage 2
@@ -514,17 +506,15 @@ class OSPDPRR(_UserQuery, UnitBounded, CentralRelease):
 
     def params(self) -> dict:
         p = super().params()
-        if callable(p["sensitivity"]):
-            f = p["sensitivity"]
+        if callable(f := p["sensitivity"]):
             p["sensitivity"] = f"{getattr(f, '__module__', '?')}.{getattr(f, '__qualname__', f)}"
         return p
 
     @property
     def one_pass(self) -> bool:
-        """sound-self: M_u, hence pi_u, is a function of user u's own row, so the row's
-        sampling is drawn where the row is read (one uniform, addressed by the row's identity)
-        and the estimator keeps only the sample's lattice sums (see the module docstring). The
-        data-reference modes need every user's weights for pi_u and keep the rows."""
+        """sound-self: each row's sampling is drawn where it is read and the estimator keeps
+        only the sample's lattice sums; the data-reference modes keep the rows (module
+        docstring)."""
         return self.mode == "sound-self"
 
     @property
@@ -749,10 +739,7 @@ class OSPDPRR(_UserQuery, UnitBounded, CentralRelease):
             sums, low, pi_sum = self._sample_in_chunks(vals, w, gen, lattice)
             curator: dict[str, Any] = {}
         else:
-            if n == 0:
-                m, eps_u, pi = np.zeros(0), np.zeros(0), np.zeros(0)
-            else:
-                m, eps_u, pi = self.sampling(w)
+            m, eps_u, pi = self.sampling(w) if n else (np.zeros(0), np.zeros(0), np.zeros(0))
             keep = gen.random(n) < pi
             sv = vals[keep]
             exact = {"N": float(self.k_target * keep.sum()), "S": float(sv.sum()),
@@ -815,11 +802,7 @@ class OSPDPRR(_UserQuery, UnitBounded, CentralRelease):
             best, worst = np.zeros(k), np.ones(k)
 
         def scores(i: int) -> np.ndarray:
-            wb = scale(np.asarray(w[i:i + step], dtype=np.float64))
-            d_plus = np.sqrt(np.square(wb - best).sum(axis=1))
-            d_minus = np.sqrt(np.square(wb - worst).sum(axis=1))
-            den = d_plus + d_minus
-            return np.divide(d_minus, den, out=np.full(wb.shape[0], 0.5), where=den > 0)
+            return _closeness(scale(np.asarray(w[i:i + step], dtype=np.float64)), best, worst)
 
         rescale = self.mode != "sound-self"
         if rescale and n:
@@ -921,9 +904,8 @@ class OSPDPRR(_UserQuery, UnitBounded, CentralRelease):
 
 class _UserRowsEstimator(_ReleasedOnce, Estimator):
     """The row accumulator of OSPDPRR's data-reference modes: one float64 row per user (the
-    report fields in order), appended with amortized growth (see the module docstring) and
-    capped by ``user_cells``; ``finalize`` sorts the rows and makes the mechanism's one release
-    from them."""
+    report fields in order), appended with amortized growth (:func:`_grow`) and capped by
+    ``user_cells``; ``finalize`` sorts the rows and makes the mechanism's one release."""
 
     #: the accumulator holds one row per user (O(users)); compare accumulators with canonical()
     accumulates_rows: ClassVar[bool] = True
@@ -943,9 +925,7 @@ class _UserRowsEstimator(_ReleasedOnce, Estimator):
         return np.empty((0, self.width), dtype=np.float64)
 
     def add(self, acc: np.ndarray, reports: Mapping[str, np.ndarray]) -> np.ndarray:
-        """``acc`` with the reports' rows appended: written into the spare capacity of ``acc``'s
-        buffer when ``acc`` is its newest view, else into a new buffer 1.5 times as large, so
-        n rows added in batches copy O(n) rows in all (not a copy of every row per batch)."""
+        """``acc`` with the reports' rows appended (:func:`_grow`: O(n) copies for n rows)."""
         cols = [np.asarray(reports[name], dtype=np.float64).reshape(-1) for name, _ in self.fields]
         m = cols[0].size
         if not m:
@@ -956,18 +936,14 @@ class _UserRowsEstimator(_ReleasedOnce, Estimator):
         return out
 
     def merge(self, accs: Iterable[np.ndarray]) -> np.ndarray:
-        """The rows of every accumulator: appended once into the first one's spare capacity or
-        into one new buffer (one copy of each row, never a copy per merged accumulator)."""
+        """The rows of every accumulator, appended once (:func:`_grow`)."""
         accs = [a for a in accs if a.shape[0]]
         if not accs:
             return self.create()
         if len(accs) == 1:
             return accs[0]  # rows are never written in place: sharing them is safe
         out, dest = _grow(accs[0], sum(a.shape[0] for a in accs[1:]), self._check_rows)
-        i = 0
-        for a in accs[1:]:
-            dest[i:i + a.shape[0]] = a
-            i += a.shape[0]
+        np.concatenate(accs[1:], out=dest)
         return out
 
     def _check_rows(self, rows: int) -> None:
@@ -981,8 +957,7 @@ class _UserRowsEstimator(_ReleasedOnce, Estimator):
         return int(acc.shape[0])
 
     def canonical(self, acc: np.ndarray) -> np.ndarray:
-        """The accumulator with its rows in lexicographic order: equal for any split of the
-        reports into batches and any merge order (the form ``finalize`` releases from)."""
+        """See :meth:`OSPDPRREstimator.canonical`."""
         return _canonical(acc)
 
     def finalize(self, acc: np.ndarray) -> Estimate:
@@ -1012,23 +987,18 @@ class _UserRowsEstimator(_ReleasedOnce, Estimator):
 
 
 class OSPDPRREstimator(_UserRowsEstimator):
-    """The one release of OSPDPRR.
+    """The one release of OSPDPRR (its accumulators: see the module docstring).
 
     **sound-self (one pass, bounded).** Each report carries its row's sampling decision
-    (:meth:`OSPDPRR.prepare`: ``sampled = u < pi_u``, u drawn where the row was read); the
-    accumulator is four int64 numbers, ``[users, N, S, Q]``: the users seen (the curator's
-    count, never released) and the sample's statistics summed exactly on the integer lattice
-    (:func:`statistic_lattice`); with ``clip=True`` a fifth, the values clipped (curator only:
-    ``Estimate.curator["values_clipped"]``). ``add`` and ``merge`` add integers (exact, so any
-    split and merge order gives the same accumulator, bit for bit); ``finalize`` draws the one
-    discrete Laplace noise (:meth:`OSPDPRR.release_sums`). The memory does not grow with users.
+    (:meth:`OSPDPRR.prepare`); the accumulator is the int64 sums ``[users, N, S, Q]`` (+ the
+    values clipped with ``clip=True``, curator only: ``Estimate.curator["values_clipped"]``),
+    the same bit for bit in any split and merge order; ``finalize`` is
+    :meth:`OSPDPRR.release_sums`.
 
     **sound-public, paper (O(users)).** The accumulator is a float64 array of shape (users,
-    k_T + k), the target values and item weights (with ``clip=True`` a last column, the row's
-    clipped values): the normalization, the ideal points and A/B need all users and the sample
-    is drawn at release time (capped by ``LDP_BEAM_MAX_USER_CELLS``). ``merge`` appends the rows
-    once; ``finalize`` sorts the rows first, so the release is the same whatever the split or
-    merge order.
+    k_T + k), the target values and item weights (+ a last column, the row's clipped values,
+    with ``clip=True``), capped by ``LDP_BEAM_MAX_USER_CELLS``; ``finalize`` sorts the rows
+    first, so the release is the same whatever the split or merge order.
 
     ``seed`` makes the release's noise reproducible (a function of the seed and the
     accumulator; for tests only: whoever knows the seed can remove the noise); default: OS
@@ -1038,8 +1008,6 @@ class OSPDPRREstimator(_UserRowsEstimator):
     def __init__(self, mechanism: Any, seed: int | None = None) -> None:
         super().__init__(mechanism, seed)
         self.one_pass = mechanism.one_pass
-        # the one-pass accumulator is four integers (five with clip=True: the clipped values);
-        # the other modes' holds one row per user
         self.accumulates_rows = not self.one_pass
         self.clip = bool(mechanism.clip)
         self._size = 5 if self.clip else 4
@@ -1059,8 +1027,7 @@ class OSPDPRREstimator(_UserRowsEstimator):
 
     def add(self, acc: np.ndarray, reports: Mapping[str, np.ndarray]) -> np.ndarray:
         """sound-self: ``acc`` plus the users of ``reports`` and the lattice sums of the
-        sampled ones (a new array of four integers); else the rows appended (see
-        :class:`_UserRowsEstimator`)."""
+        sampled ones (a new array); else the rows appended (:class:`_UserRowsEstimator`)."""
         if not self.one_pass:
             return super().add(acc, reports)
         m = self.mechanism

@@ -822,13 +822,10 @@ class Ledger:
             if where:
                 sql += " WHERE " + " AND ".join(where)
             rows = tx.all(sql + " ORDER BY started, run_id", args)
-        out = []
-        for r in rows:
-            e = dict(zip(_ENTRY_COLUMNS, r))
-            for k in ("params", "accounting", "release", "outputs"):
-                e[k] = _loads(e[k])
-            e["seeded"] = bool(e["seeded"])
-            out.append(e)
+        out = [dict(zip(_ENTRY_COLUMNS, r)) for r in rows]
+        for e in out:
+            e.update({k: _loads(e[k]) for k in ("params", "accounting", "release", "outputs")},
+                     seeded=bool(e["seeded"]))
         return out
 
     def summary(self, dataset: str | None = None) -> list[dict]:
