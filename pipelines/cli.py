@@ -88,6 +88,11 @@ def _weak_privacy_arg(sp: argparse.ArgumentParser) -> None:
                          "protection; a warning is printed")
 
 
+def _quiet_arg(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument("--quiet", "-q", action="store_true",
+                    help="no progress bar nor rate line on stderr (only errors)")
+
+
 def _run_args(sp: argparse.ArgumentParser) -> None:
     """Options of every batch run that commits outputs."""
     sp.add_argument("--force", action="store_true",
@@ -340,8 +345,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--max-reports-per-unit", type=int, default=1, metavar="K",
                    help="with --privacy-unit: reports per unit (default 1); the guarantee is "
                         "K x epsilon per unit and standard errors are widened for K > 1")
-    c.add_argument("--quiet", "-q", action="store_true",
-                   help="no progress bar nor rate line on stderr (only errors)")
+    _quiet_arg(c)
     _mechanism_args(c, required=True)
     _run_args(c)
     add_ledger_options(c)
@@ -349,8 +353,7 @@ def build_parser() -> argparse.ArgumentParser:
     e = sub.add_parser("estimate", help="estimate statistics from a reports table")
     e.add_argument("--input", "-i", required=True,
                    help=INPUT_HELP + " (for an LDP estimate: a reports table written by collect)")
-    e.add_argument("--quiet", "-q", action="store_true",
-                   help="no progress bar nor rate line on stderr (only errors)")
+    _quiet_arg(e)
     e.add_argument("--output", "-o", required=True,
                    help="the estimate: X.json (nested), X.parquet or X.csv (the tidy table), a "
                         "local path or a URL such as s3://bucket/prefix/est.parquet; or a "
@@ -497,8 +500,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("family", choices=FAMILIES + ("all", "report"),
                    help="one family, all of them, or `report`: no experiment, just rewrite "
                         "DIR/report.md from the outputs already in --out DIR")
-    r.add_argument("--quiet", "-q", action="store_true",
-                   help="no progress bar nor rate line on stderr (only errors)")
+    _quiet_arg(r)
     r.add_argument("--quick", action="store_true", help="reduced run, under a minute")
     r.add_argument("--data-dir", help="real datasets (synthetic fallback when a file is absent)")
     r.add_argument("--out", help="directory for PNG figures")
@@ -546,8 +548,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "regenerate the performance table with --readme")
     au = sub.add_parser("audit", help="privacy audits of every mechanism: exact worst case and an "
                         "empirical lower bound on epsilon beside each claim")
-    au.add_argument("--quiet", "-q", action="store_true",
-                   help="no progress bar nor rate line on stderr (only errors)")
+    _quiet_arg(au)
     au.add_argument("--quick", action="store_true", help="fewer samples, under a minute")
     au.add_argument("--json", nargs="?", const="-", metavar="F",
                     help="also write the records (JSON) to F; --json alone or --json - prints "
@@ -862,6 +863,10 @@ def number_text(v: Any) -> str:
     return f"{v:.4g}"
 
 
+def _interval(low: Any, high: Any) -> str:
+    return f"[{number_text(low)}, {number_text(high)}]"
+
+
 def groups_table(out: dict, limit: int = 30) -> str:
     """A short table of a --by output: per group its size and the main statistic with its 95%
     interval (the first scalar statistic: a mean, a count...; a vector's cells are in the
@@ -881,7 +886,7 @@ def groups_table(out: dict, limit: int = 30) -> str:
         st = stats.get(main, {})
         ci = st.get("ci95")
         rows.append([str(key), "" if n is None else f"{n:,}", number_text(st.get("value")),
-                     "" if not ci else f"[{number_text(ci[0])}, {number_text(ci[1])}]"])
+                     "" if not ci else _interval(*ci)])
     more = len(out["estimates"]) - limit
     head = [out.get("by") or "group", "reports", main or "estimate", "95% CI"]
     return "\n".join(_aligned([head] + rows)) + (f"\n... and {more} more group(s) in the output"
@@ -925,7 +930,7 @@ def _stat_text(name: str, stat: dict) -> str:
     if isinstance(val, (int, float)) and not isinstance(val, bool):
         ci = stat.get("ci95")
         return f"{name}={number_text(val)}" + (
-            f" [{number_text(ci[0])}, {number_text(ci[1])}]" if ci else "")
+            f" {_interval(*ci)}" if ci else "")
     return f"{name}={val}"
 
 
@@ -1001,7 +1006,7 @@ def bucket_table_text(estimate: dict, limit: int = 30) -> str:
     for k in range(min(n, limit)):
         v = value[k]
         ci = ("" if se is None or se[k] is None or not isinstance(v, (int, float))
-              else f"[{number_text(v - z * se[k])}, {number_text(v + z * se[k])}]")
+              else _interval(v - z * se[k], v + z * se[k]))
         rows.append([names[k], number_text(v), ci])
     more = f"\n... and {n - limit} more bucket(s) in the output" if n > limit else ""
     return "histogram by bucket:\n" + "\n".join(_aligned(rows)) + more
@@ -1351,18 +1356,17 @@ def _interrupted(command: str, stop: Any) -> int:
         where = f" (manifest {manifest})" if manifest else ""
         ledger = ("its ledger entry is committed" if entry == "committed" else
                   "its ledger entry stays pending and counts as spent (see the warning above)")
-        print(f"ldp-beam {command}: {stop}: stopped after {run} committed: its outputs are in "
-              f"place{where} and {ledger}; do not re-run it", file=sys.stderr, flush=True)
+        said = (f"stopped after {run} committed: its outputs are in place{where} and {ledger}; "
+                "do not re-run it")
     elif entry == "pending":
-        print(f"ldp-beam {command}: {stop}: stopped while {run} was publishing: some outputs "
-              "may be in place and no manifest vouches for them; its ledger entry stays pending "
-              f"and counts as spent until resolved (`ldp-beam ledger --resolve "
-              f"{getattr(stop, 'run_id', None) or 'RUN_ID'} --as committed|aborted`)",
-              file=sys.stderr, flush=True)
+        said = (f"stopped while {run} was publishing: some outputs may be in place and no "
+                "manifest vouches for them; its ledger entry stays pending and counts as spent "
+                f"until resolved (`ldp-beam ledger --resolve "
+                f"{getattr(stop, 'run_id', None) or 'RUN_ID'} --as committed|aborted`)")
     else:
-        print(f"ldp-beam {command}: {stop}: stopped; nothing was committed (the staging folder "
-              "was removed and the run's ledger reservation given back)", file=sys.stderr,
-              flush=True)
+        said = ("stopped; nothing was committed (the staging folder was removed and the run's "
+                "ledger reservation given back)")
+    print(f"ldp-beam {command}: {stop}: {said}", file=sys.stderr, flush=True)
     return stop.exit_code
 
 

@@ -17,17 +17,14 @@ Where tables come from
   (``ReadTable.skipped`` and a log line), never an error; a partition folder whose value is
   null is an error naming the file. A directory's files key their records by their path below
   the directory, so ``year=2023/part-0.parquet`` and ``year=2024/part-0.parquet`` are distinct.
-* S3 settings: Beam's ``--s3_endpoint_url``, ``--s3_access_key_id``, ``--s3_secret_access_key``,
-  ``--s3_session_token``, ``--s3_region_name``, ``--s3_verify``, ``--s3_disable_ssl`` (give them
-  through ``ReadTable(options=...)``), else boto3's environment: ``AWS_ACCESS_KEY_ID``,
-  ``AWS_SECRET_ACCESS_KEY``, ``AWS_PROFILE``, ``AWS_DEFAULT_REGION`` and, for an S3-compatible
-  server, ``AWS_ENDPOINT_URL_S3`` or ``AWS_ENDPOINT_URL``. Before the pipeline starts one short
-  listing request (no retries) checks the endpoint, the bucket and the credentials, so an
-  unreachable store or missing credentials fail at once with :class:`SourceError` naming the
-  source (Beam's own client would retry for minutes). ``gs://`` uses Beam's GCS FileSystem
-  (``apache-beam[gcp]``) with Google's application default credentials (anonymous without
-  them), checked the same way; ``STORAGE_EMULATOR_HOST`` names an emulator
-  (tests/test_gcs.py runs against gcp-storage-emulator).
+* S3 settings: Beam's ``--s3_...`` options (given through ``ReadTable(options=...)``), else
+  boto3's environment; ``gs://`` uses Beam's GCS FileSystem (``apache-beam[gcp]``) with Google's
+  application default credentials (anonymous without them; ``STORAGE_EMULATOR_HOST`` names an
+  emulator): the options and variables are listed in docs/guides/sources-sinks.md ("Object
+  stores"). Before the pipeline starts one short listing request (no retries) checks the
+  endpoint, the bucket and the credentials, so an unreachable store or missing credentials fail
+  at once with :class:`SourceError` naming the source (Beam's own client would retry for
+  minutes).
 * ``duckdb://``, ``postgresql://`` and ``iceberg://`` tables: :mod:`.sources`.
 
 Counts never lie: the reader's contract
@@ -147,21 +144,18 @@ HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
 _GLOB_CHARS = "*?["
 
 
+_FORMATS = {".parquet": "parquet", ".pq": "parquet", ".csv": "csv", ".csv.gz": "csv", ".txt": "csv"}
+
+
 def table_format(path: str) -> str:
-    low = path.lower()
-    if low.endswith((".parquet", ".pq")):
-        return "parquet"
-    if low.endswith((".csv", ".csv.gz", ".txt")):
-        return "csv"
-    raise ValueError(f"cannot tell the format of {path!r}: use a .parquet or .csv file")
+    fmt = next((f for ext, f in _FORMATS.items() if path.lower().endswith(ext)), None)
+    if fmt is None:
+        raise ValueError(f"cannot tell the format of {path!r}: use a .parquet or .csv file")
+    return fmt
 
 
 def is_table_file(path: str) -> bool:
-    try:
-        table_format(path)
-        return True
-    except ValueError:
-        return False
+    return path.lower().endswith(tuple(_FORMATS))
 
 
 def is_remote(path: str) -> bool:
@@ -180,13 +174,15 @@ class InputFile:
     partition: tuple = ()
 
 
+@dataclass
 class InputListing:
     """What an input pattern names: the table ``files`` (:class:`InputFile`), the hive
     ``partition_fields`` and the files ``skipped`` (``[{"path", "reason"}]``: not a table, or
     hidden; logged, never an error)."""
 
-    def __init__(self, files: list, partition_fields: list, skipped: list) -> None:
-        self.files, self.partition_fields, self.skipped = files, partition_fields, skipped
+    files: list
+    partition_fields: list
+    skipped: list
 
 
 def _hidden(name: str) -> bool:
@@ -275,9 +271,8 @@ def list_input(pattern: str, flags: Sequence[str] = ()) -> InputListing:
         if root is not None:
             for seg in segments[:-1]:
                 if "=" in seg:
-                    k, v = seg.split("=", 1)
-                    k, v = unquote(k), unquote(v)
-                    if v == HIVE_NULL or v == "":
+                    k, v = map(unquote, seg.split("=", 1))
+                    if v in (HIVE_NULL, ""):
                         raise ValueError(f"input {path!r}: partition column {k!r} is null "
                                          f"(folder {seg!r}); give the rows a value or move the "
                                          "file out of the input")
@@ -306,14 +301,12 @@ def list_input(pattern: str, flags: Sequence[str] = ()) -> InputListing:
             fields.append(pa.field(k, pa.string()))
     files = [InputFile(f.path, f.name, tuple((k, p[k]) for k in keys))
              for f, p in zip(files, parts)]
-    if root is None:
-        names: dict[int, str] = {}
-        for f in files:
-            sid = stream_id(f.name)
-            if sid in names:
-                raise ValueError(f"input files {names[sid]!r} and {f.path!r} share a base name; "
-                                 "record keys are derived from it, so rename one")
-            names[sid] = f.path
+    names: dict[int, str] = {}
+    for f in files if root is None else ():
+        other = names.setdefault(stream_id(f.name), f.path)
+        if other != f.path:
+            raise ValueError(f"input files {other!r} and {f.path!r} share a base name; "
+                             "record keys are derived from it, so rename one")
     return InputListing(files, fields, skipped)
 
 
@@ -999,10 +992,8 @@ class ReadUnitFn(DeadLetteringFn):
                 yield self._unreadable(path, f"row group {unit.row_group}: {_error_text(exc)}",
                                        unit.offset, unit.rows)
             return
-        if unit.row_group is None:
-            groups, offset = list(range(meta.num_row_groups)), 0
-        else:
-            groups, offset = [unit.row_group], unit.offset
+        groups, offset = ((range(meta.num_row_groups), 0) if unit.row_group is None
+                          else ([unit.row_group], unit.offset))
         for rg in groups:
             try:
                 expected = meta.row_group(rg).num_rows
@@ -1201,22 +1192,19 @@ class ReadUnitFn(DeadLetteringFn):
                         bad.setdefault(i, name)
                 cols.append(pa.array(ok, type=pa.string()))
         table = pa.RecordBatch.from_arrays(cols, names=names)
-        if bad:
-            raw = seg.to_pylist()
-            start = 0
-            for i in sorted(bad) + [table.num_rows]:
-                if i > start:
-                    out.extend(self._chunks(table.slice(start, i - start), first + start,
-                                            stream, path))
-                if i < table.num_rows:
-                    cells = {k: (None if v is None else v.decode("utf-8", "backslashreplace"))
-                             for k, v in raw[i].items()}
-                    out.append(self._malformed(
-                        path, first + i, f"column {bad[i]!r} is not valid UTF-8 (its bytes "
-                        "shown as \\xNN)", cells))
-                start = i + 1
-            return out
-        return self._chunks(table, first, stream, path)
+        start = 0
+        for i in sorted(bad) + [table.num_rows]:
+            if i > start:
+                out.extend(self._chunks(table.slice(start, i - start), first + start, stream,
+                                        path))
+            if i < table.num_rows:
+                cells = {k: (None if v is None else v.decode("utf-8", "backslashreplace"))
+                         for k, v in seg.slice(i, 1).to_pylist()[0].items()}
+                out.append(self._malformed(
+                    path, first + i, f"column {bad[i]!r} is not valid UTF-8 (its bytes "
+                    "shown as \\xNN)", cells))
+            start = i + 1
+        return out
 
     def _chunks(self, table: pa.RecordBatch, first: int, stream: int, path: str) -> list:
         return [self._batch(stream, first + s, table.slice(s, self.batch_rows), path)
@@ -1298,16 +1286,15 @@ def check_object_store(url: str, flags: Sequence[str] = (), timeout: float = 5.0
     except bx.NoCredentialsError:
         raise SourceError(f"{url}: no AWS credentials: set AWS_ACCESS_KEY_ID and "
                           "AWS_SECRET_ACCESS_KEY (or --s3_access_key_id/...)") from None
-    except bx.ClientError as exc:
-        code = exc.response.get("Error", {}).get("Code", "")
+    except Exception as exc:  # noqa: BLE001
+        code = exc.response.get("Error", {}).get("Code", "") \
+            if isinstance(exc, bx.ClientError) else ""
         if code == "NoSuchBucket":
             raise SourceError(f"{url}: bucket {bucket!r} does not exist at {endpoint}") from None
         if code in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied",
                     "ExpiredToken", "InvalidToken", "403"):
             raise SourceError(f"{url}: the object store at {endpoint} refused the credentials "
                               f"({code}); check AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY") from None
-        raise SourceError(f"{url}: listing failed at {endpoint}: {_error_text(exc)}") from None
-    except Exception as exc:  # noqa: BLE001
         raise SourceError(f"{url}: listing failed at {endpoint}: {_error_text(exc)}") from None
 
 

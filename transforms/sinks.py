@@ -1,59 +1,18 @@
 """Estimates and releases as tidy tables, and their writers (Parquet, CSV, DuckDB, PostgreSQL).
 
 The tidy form has one row per statistic, cell, group and window. :data:`TIDY_SCHEMA` holds every
-column there is; a table holds only those its output uses (:func:`tidy_schema`), always in this
-order:
-
-===============  ======================================================================
-column           meaning
-===============  ======================================================================
-run_id           the run that produced the estimate (null when not given)
-mechanism        the mechanism's registered name
-statistic        the statistic's name (``mean``, ``frequency``, ``joint``, ``density``, ...)
-group_by         the column the estimates are grouped by (``--by``; grouped outputs only)
-group            that column's value for this row (as text; grouped outputs only)
-window_start     a streaming window's start (ISO 8601 text; stream panes only)
-window_end       its end
-i, j             the cell of an array statistic: ``i`` for a vector, ``(i, j)`` for a
-                 matrix (row, column); null for a scalar
-label            a vector cell's category label (``domain``/``categories``; ``x_domain`` for
-                 ``marginal_x``, ``y_domain`` for ``marginal_y``)
-x_label, y_label a matrix cell's labels (``x_domain[i]``, ``y_domain[j]``)
-bin_low/high     a histogram bucket's edges (the release's ``bucket_edges``)
-grid_x           the grid point of a density/CDF cell (the ``grid`` statistic)
-probability      the probability of a ``quantiles`` cell
-value            the statistic's value as a number (booleans as 0/1; null for text)
-value_text       the value when it is text (e.g. ``method``), else null
-clipped          the post-processed (consistent) value where the estimator gives one
-stderr           the standard error where theory gives one, else null
-ci_low, ci_high  the normal 95% interval value -/+ 1.96 stderr (null without a stderr)
-n_reports        the reports the estimate is made from (null for central-DP releases, which
-                 do not publish their exact count)
-guarantee        the guarantee in words (a seeded run says it is not private)
-guarantee_kind   LDP, ULDP, central-DP, ...; ``none (seeded: not private)`` for a seeded run
-                 (it promises nothing)
-epsilon, delta   the guarantee's parameters (null epsilon: none; both null for a seeded run)
-seeded           whether the run was seeded (reproducible and not private)
-note             the statistic's note
-error            why a group or window has no estimate (then statistic is null)
-===============  ======================================================================
-
-Which columns an output's table has is a function of its family (its mechanism's registered
-name) and of whether it is grouped or windowed, never of the data, so a table appended to run
-after run keeps the same columns:
-
-* the **core** columns (:data:`CORE_COLUMNS`), always: ``run_id``, ``mechanism``,
-  ``statistic``, ``value``, ``stderr``, ``ci_low``, ``ci_high``, ``n_reports``, ``guarantee``,
-  ``guarantee_kind``, ``epsilon``, ``delta``, ``seeded``, ``note``, ``error``;
-* ``group_by``, ``group`` (:data:`GROUP_COLUMNS`) only for a grouped output (``--by``);
-* ``window_start``, ``window_end`` (:data:`WINDOW_COLUMNS`) only for a stream's panes;
-* of the **cell** columns (:data:`CELL_COLUMNS`: ``i``, ``j``, ``label``, ``x_label``,
-  ``y_label``, ``bin_low``, ``bin_high``, ``grid_x``, ``probability``, ``value_text``,
-  ``clipped``) those the family declares it fills: the ``tidy_cells`` class attribute of its
-  mechanism or release class (:attr:`ldp_beam.core.Configured.tidy_cells`), found through the
-  registry (:func:`family_cells`). A family that declares nothing (a plugin's, by default) or a
-  mechanism name the registry does not know gets every cell column. Rows of several families in
-  one table get the union of their declarations.
+column there is, in order; docs/guides/outputs.md says what each means (``grid_x`` is the
+``grid`` statistic's point; ``n_reports`` is null for central-DP releases, which do not publish
+their exact count). A table holds only the columns its output uses (:func:`tidy_schema`), in
+that order, as a function of its family (its mechanism's registered name) and of whether it is
+grouped or windowed, never of the data, so a table appended to run after run keeps the same
+columns: :data:`CORE_COLUMNS` always; :data:`GROUP_COLUMNS` only for a grouped output
+(``--by``); :data:`WINDOW_COLUMNS` only for a stream's panes; of :data:`CELL_COLUMNS` those the
+family declares it fills: the ``tidy_cells`` class attribute of its mechanism or release class
+(:attr:`ldp_beam.core.Configured.tidy_cells`), found through the registry
+(:func:`family_cells`). A family that declares nothing (a plugin's, by default) or a mechanism
+name the registry does not know gets every cell column; rows of several families in one table
+get the union of their declarations.
 
 A row that fills a cell column its family does not declare, or a column its table's schema
 does not have, is an error (:class:`TidySchemaError`), never dropped.
@@ -99,7 +58,8 @@ from ldp_beam.urls import check_new_file, url_file
 
 from .io import SourceError, _error_text
 from .write import fs_open
-from .sources import CONNECT_TIMEOUT, _pg_error, parse_settings, quote_ident, redact
+from .sources import (CONNECT_TIMEOUT, _adbc_connect, _pg_error, parse_settings, quote_ident,
+                      redact)
 
 from .s3compat import apply as _s3_fixes
 
@@ -187,13 +147,9 @@ def tidy_schema(mechanisms: str | Iterable[str | None] | None = (), *, grouped: 
 
 # --------------------------------------------------------------------------- flattening
 def _number(x: Any) -> float | None:
-    if x is None:
-        return None
-    if isinstance(x, (bool, np.bool_)):
-        return float(bool(x))
-    if isinstance(x, (int, float, np.integer, np.floating)):
-        return float(x)
-    return None
+    """``x`` as a float (booleans as 0/1); None when it is not a number."""
+    numeric = (bool, np.bool_, int, float, np.integer, np.floating)
+    return float(x) if isinstance(x, numeric) else None
 
 
 def _cell(arr: Any, idx: tuple) -> Any:
@@ -218,15 +174,16 @@ def _probabilities(note: str, n: int) -> list[float] | None:
     return ps if len(ps) == n else None
 
 
+def _seq(params: Mapping[str, Any], key: str, n: int) -> list | None:
+    """``params[key]`` as a list when it is a list or tuple of ``n`` items, else None."""
+    v = params.get(key)
+    return list(v) if isinstance(v, (list, tuple)) and len(v) == n else None
+
+
 def _labels(name: str, n: int, params: Mapping[str, Any], stats: Mapping[str, Any],
             note: str) -> list[dict]:
     """Per-cell label columns of a vector statistic of length ``n``."""
     out = [dict() for _ in range(n)]
-
-    def seq(key: str) -> list | None:
-        v = params.get(key)
-        return list(v) if isinstance(v, (list, tuple)) and len(v) == n else None
-
     grid = stats.get("grid", {}).get("value") if isinstance(stats.get("grid"), Mapping) else None
     if name == "grid" or (name in ("density", "cdf", "pdf") and isinstance(grid, list)
                           and len(grid) == n):
@@ -240,8 +197,9 @@ def _labels(name: str, n: int, params: Mapping[str, Any], stats: Mapping[str, An
             for c, p in zip(out, ps):
                 c["probability"] = p
         return out
-    labels = (seq("x_domain") if name == "marginal_x" else seq("y_domain")
-              if name == "marginal_y" else seq("domain") or seq("categories"))
+    key = {"marginal_x": "x_domain", "marginal_y": "y_domain"}.get(name)
+    labels = _seq(params, key, n) if key else \
+        _seq(params, "domain", n) or _seq(params, "categories", n)
     if labels is not None:
         for c, lab in zip(out, labels):
             c["label"] = str(lab)
@@ -310,11 +268,9 @@ def tidy_rows(estimate: Mapping[str, Any], group_key: Any = None, window: Any = 
                  "n_reports": estimate.get("n_reports")})
     base.update(_guarantee_fields(g if g is not None else guarantee, seeded))
     if "statistics" not in estimate:
-        row = dict(base)
-        row["error"] = ("suppressed: " + str(estimate["suppressed"])
-                        if "suppressed" in estimate else
-                        str(estimate.get("error", "no statistics in the estimate")))
-        return [row]
+        return [{**base, "error": "suppressed: " + str(estimate["suppressed"])
+                 if "suppressed" in estimate else
+                 str(estimate.get("error", "no statistics in the estimate"))}]
     params = estimate.get("params") or {}
     stats = estimate["statistics"]
     rows: list[dict] = []
@@ -333,28 +289,18 @@ def tidy_rows(estimate: Mapping[str, Any], group_key: Any = None, window: Any = 
             cells = [((i,), lab) for i, lab in
                      enumerate(_labels(name, shape[0], params, stats, note or ""))]
         else:
-            xl, yl = params.get("x_domain"), params.get("y_domain")
-            xl = list(xl) if isinstance(xl, (list, tuple)) and len(xl) == shape[0] else None
-            yl = list(yl) if isinstance(yl, (list, tuple)) and len(yl) == shape[1] else None
+            xl, yl = _seq(params, "x_domain", shape[0]), _seq(params, "y_domain", shape[1])
             cells = [((i, j), {"x_label": None if xl is None else str(xl[i]),
                                "y_label": None if yl is None else str(yl[j])})
                      for i in range(shape[0]) for j in range(shape[1])]
         for idx, labels in cells:
             v = _cell(value, idx)
-            s = _cell(se, idx)
-            c = _cell(clipped, idx)
-            row = dict(base)
-            row.update(labels)
-            row["statistic"] = name
-            row["note"] = note
-            if idx:
-                row["i"] = idx[0]
-                row["j"] = idx[1] if len(idx) > 1 else None
             num = _number(v)
-            row["value"] = num
-            row["value_text"] = None if num is not None or v is None else str(v)
-            row["clipped"] = _number(c)
-            row["stderr"] = _number(s)
+            row = {**base, **labels, "statistic": name, "note": note, "value": num,
+                   "value_text": None if num is not None or v is None else str(v),
+                   "clipped": _number(_cell(clipped, idx)), "stderr": _number(_cell(se, idx))}
+            if idx:
+                row["i"], row["j"] = idx[0], (idx[1] if len(idx) > 1 else None)
             if num is not None and row["stderr"] is not None and math.isfinite(num):
                 ci = st.get("ci95") if not idx else None
                 lo, hi = ci if ci else (num - Z95 * row["stderr"], num + Z95 * row["stderr"])
@@ -367,19 +313,13 @@ def tidy_output(output: Mapping[str, Any], run_id: str | None = None) -> list[di
     """The whole output of ``ldp-beam estimate`` or a release (``{"estimate": ...}`` or, with
     ``--by``, ``{"by": COLUMN, "estimates": {key: ...}}``; a stream pane's window fields are
     used when present) -> tidy rows of every group."""
-    g, seeded = output.get("guarantee"), output.get("seeded")
     window = output if "window_start" in output else None
-    mech = output.get("mechanism")
+    kw = {"run_id": run_id, "guarantee": output.get("guarantee"), "seeded": output.get("seeded"),
+          "mechanism": output.get("mechanism")}
     if "estimates" in output:
-        by = output.get("by")
-        rows: list[dict] = []
-        for key, est in output["estimates"].items():
-            rows += tidy_rows(est, key, window, by=by, run_id=run_id, guarantee=g, seeded=seeded,
-                              mechanism=mech)
-        return rows
-    est = output.get("estimate", output)
-    return tidy_rows(est, None, window, run_id=run_id, guarantee=g, seeded=seeded,
-                     mechanism=mech)
+        return [row for key, est in output["estimates"].items()
+                for row in tidy_rows(est, key, window, by=output.get("by"), **kw)]
+    return tidy_rows(output.get("estimate", output), None, window, **kw)
 
 
 def tidy_table(rows: Iterable[Mapping[str, Any]], schema: pa.Schema | None = None) -> pa.Table:
@@ -496,7 +436,6 @@ def tidy_table_exists(url: str, kept: str | None = None) -> bool:
     database)."""
     fmt = tidy_format(url)
     name = _table_setting(url) if kept is None else _kept_table(url, kept, "kept")
-    parts = name.split(".")
     if fmt == "duckdb":
         import duckdb  # lazy: optional dependency (the [duckdb] extra)
 
@@ -509,12 +448,9 @@ def tidy_table_exists(url: str, kept: str | None = None) -> bool:
             raise SourceError(f"{redact(url)}: cannot open the DuckDB database: "
                               f"{_error_text(exc)}") from None
         try:
-            q = ("SELECT count(*) FROM information_schema.tables WHERE table_schema = "
-                 "coalesce(?, current_schema()) AND table_name = ?")
-            n = con.execute(q, [parts[0] if len(parts) == 2 else None, parts[-1]]).fetchone()[0]
+            return _duck_has_table(con, name)
         finally:
             con.close()
-        return n > 0
     if fmt == "postgresql":
         con = _pg_connect(url)
         try:
@@ -544,15 +480,7 @@ def _pg_connect(url: str):
     params = dict(other)
     params.setdefault("connect_timeout", str(CONNECT_TIMEOUT))
     conninfo = base + "?" + "&".join(f"{k}={v}" for k, v in params.items())
-    try:
-        import adbc_driver_postgresql.dbapi as pg  # lazy: optional dependency ([postgresql] extra)
-    except ImportError:
-        raise SourceError(f"{redact(url)}: writing PostgreSQL needs adbc-driver-postgresql "
-                          "(pip install 'ldp-beam[postgresql]')") from None
-    try:
-        return pg.connect(conninfo)
-    except Exception as exc:  # noqa: BLE001
-        raise SourceError(f"{redact(url)}: {_pg_error(exc)}") from None
+    return _adbc_connect(conninfo, redact(url), "writing")
 
 
 def write_tidy(rows: Iterable[Mapping[str, Any]] | pa.Table, url: str,
@@ -597,32 +525,66 @@ def write_tidy(rows: Iterable[Mapping[str, Any]] | pa.Table, url: str,
     return table.num_rows
 
 
-def _write_duckdb(table: pa.Table, url: str, mode: str, kept: str | None = None) -> None:
-    import duckdb  # lazy: optional dependency (the [duckdb] extra)
+def _duck_has_table(con: Any, name: str) -> bool:
+    """Whether DuckDB connection ``con`` holds table ``name`` (``T``: in the current schema)."""
+    parts = name.split(".")
+    return con.execute("SELECT count(*) FROM information_schema.tables WHERE table_schema = "
+                       "coalesce(?, current_schema()) AND table_name = ?",
+                       [parts[0] if len(parts) == 2 else None, parts[-1]]).fetchone()[0] > 0
 
-    name = _table_setting(url)
-    path = _duckdb_path(url)
-    check_new_file(url, path, "--output")
-    t = quote_ident(name)
+
+@contextlib.contextmanager
+def _transaction(url: str, what: str):
+    """A cursor on the database of ``url`` (DuckDB: the connection) in one transaction, committed
+    when the block ends and rolled back if it raises; errors are a :class:`SourceError` naming
+    the output and ``what`` was being done."""
+    duck = tidy_format(url) == "duckdb"
+    if duck:
+        import duckdb  # lazy: optional dependency (the [duckdb] extra)
+
+        path = _duckdb_path(url)
+        try:
+            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+            con = cur = duckdb.connect(path)
+        except Exception as exc:  # noqa: BLE001
+            raise SourceError(f"{redact(url)}: cannot open the DuckDB database for writing: "
+                              f"{_error_text(exc)}") from None
+    else:
+        con = _pg_connect(url)
     try:
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        con = duckdb.connect(path)
+        if duck:
+            con.execute("BEGIN TRANSACTION")
+        else:
+            cur = con.cursor()
+        yield cur
+        if duck:
+            con.execute("COMMIT")
+        else:
+            con.commit()
+            cur.close()
     except Exception as exc:  # noqa: BLE001
-        raise SourceError(f"{redact(url)}: cannot open the DuckDB database for writing: "
-                          f"{_error_text(exc)}") from None
-    try:
+        with contextlib.suppress(Exception):
+            con.execute("ROLLBACK") if duck else con.rollback()
+        if isinstance(exc, SourceError):
+            raise
+        raise SourceError(f"{redact(url)}: {what} failed: "
+                          f"{_error_text(exc) if duck else _pg_error(exc)}") from None
+    finally:
+        con.close()
+
+
+def _write_duckdb(table: pa.Table, url: str, mode: str, kept: str | None = None) -> None:
+    name = _table_setting(url)
+    check_new_file(url, _duckdb_path(url), "--output")
+    t = quote_ident(name)
+    with _transaction(url, f"writing table {name}") as con:
         con.register("__ldp_tidy", table)
-        con.execute("BEGIN TRANSACTION")
-        if mode == "replace" and kept is not None:
-            # kept as a copy, not renamed: DuckDB refuses to rename a table with an index
-            parts = name.split(".")
-            con.execute(f"DROP TABLE IF EXISTS {quote_ident(kept)}")
-            if con.execute("SELECT count(*) FROM information_schema.tables WHERE table_schema "
-                           "= coalesce(?, current_schema()) AND table_name = ?",
-                           [parts[0] if len(parts) == 2 else None, parts[-1]]).fetchone()[0]:
-                con.execute(f"CREATE TABLE {quote_ident(kept)} AS SELECT * FROM {t}")
-            con.execute(f"CREATE OR REPLACE TABLE {t} AS SELECT * FROM __ldp_tidy")
-        elif mode == "replace":
+        if mode == "replace":
+            if kept is not None:
+                # kept as a copy, not renamed: DuckDB refuses to rename a table with an index
+                con.execute(f"DROP TABLE IF EXISTS {quote_ident(kept)}")
+                if _duck_has_table(con, name):
+                    con.execute(f"CREATE TABLE {quote_ident(kept)} AS SELECT * FROM {t}")
             con.execute(f"CREATE OR REPLACE TABLE {t} AS SELECT * FROM __ldp_tidy")
         else:
             parts = name.split(".")
@@ -633,62 +595,39 @@ def _write_duckdb(table: pa.Table, url: str, mode: str, kept: str | None = None)
                           table.schema.names)
             con.execute(f"CREATE TABLE IF NOT EXISTS {t} AS SELECT * FROM __ldp_tidy LIMIT 0")
             con.execute(f"INSERT INTO {t} BY NAME SELECT * FROM __ldp_tidy")
-        con.execute("COMMIT")
-    except Exception as exc:  # noqa: BLE001
-        with contextlib.suppress(Exception):
-            con.execute("ROLLBACK")
-        if isinstance(exc, SourceError):
-            raise
-        raise SourceError(f"{redact(url)}: writing table {name} failed: "
-                          f"{_error_text(exc)}") from None
-    finally:
-        con.close()
 
 
 def _write_postgres(table: pa.Table, url: str, mode: str, kept: str | None = None) -> None:
     name = _table_setting(url)
-    con = _pg_connect(url)
     parts = name.split(".")
-    schema_name = parts[0] if len(parts) == 2 else None
-    tname = parts[-1]
-    try:
-        cur = con.cursor()
-        if mode == "replace" and kept is not None:
-            _no_dependents(cur, url, name)
-            for statement in _keep_statements(name, kept):
-                cur.execute(statement)
+    schema_name, tname = parts[0] if len(parts) == 2 else None, parts[-1]
+    with _transaction(url, f"writing table {name}") as cur:
+        if mode == "replace":
+            if kept is not None:  # the old table renamed to kept (a kept one of old dropped)
+                _no_dependents(cur, url, name)
+                cur.execute(f"DROP TABLE IF EXISTS {quote_ident(kept)}")
+                cur.execute(f"ALTER TABLE IF EXISTS {quote_ident(name)} RENAME TO "
+                            f"{quote_ident(kept.split('.')[-1])}")
+            else:
+                cur.execute(f"DROP TABLE IF EXISTS {quote_ident(name)}")
             cur.adbc_ingest(tname, table, mode="create", db_schema_name=schema_name)
-        elif mode == "replace":
-            cur.execute(f"DROP TABLE IF EXISTS {quote_ident(name)}")
-            cur.adbc_ingest(tname, table, mode="create", db_schema_name=schema_name)
-        else:
-            literal = quote_ident(name).replace("'", "''")
-            cur.execute(f"SELECT attname FROM pg_attribute WHERE attrelid = "
-                        f"to_regclass('{literal}') AND attnum > 0 AND NOT attisdropped "
-                        "ORDER BY attnum")
-            have = [r[0] for r in cur.fetchall()]
-            cols = list(table.schema.names)
-            if have:
-                _check_append(url, name, have, cols)
-            if not have or have == cols:
-                cur.adbc_ingest(tname, table, mode="create_append", db_schema_name=schema_name)
-            else:  # by name (whatever the driver's COPY does): through a temporary table
-                cur.adbc_ingest("__ldp_tidy_append", table, mode="create", temporary=True)
-                listed = ", ".join(quote_ident(c) for c in cols)
-                cur.execute(f"INSERT INTO {quote_ident(name)} ({listed}) SELECT {listed} "
-                            'FROM "__ldp_tidy_append"')
-                cur.execute('DROP TABLE "__ldp_tidy_append"')
-        con.commit()
-        cur.close()
-    except Exception as exc:  # noqa: BLE001
-        with contextlib.suppress(Exception):
-            con.rollback()
-        if isinstance(exc, SourceError):
-            raise
-        raise SourceError(f"{redact(url)}: writing table {name} failed: "
-                          f"{_pg_error(exc)}") from None
-    finally:
-        con.close()
+            return
+        literal = quote_ident(name).replace("'", "''")
+        cur.execute(f"SELECT attname FROM pg_attribute WHERE attrelid = "
+                    f"to_regclass('{literal}') AND attnum > 0 AND NOT attisdropped "
+                    "ORDER BY attnum")
+        have = [r[0] for r in cur.fetchall()]
+        cols = list(table.schema.names)
+        if have:
+            _check_append(url, name, have, cols)
+        if not have or have == cols:
+            cur.adbc_ingest(tname, table, mode="create_append", db_schema_name=schema_name)
+        else:  # by name (whatever the driver's COPY does): through a temporary table
+            cur.adbc_ingest("__ldp_tidy_append", table, mode="create", temporary=True)
+            listed = ", ".join(quote_ident(c) for c in cols)
+            cur.execute(f"INSERT INTO {quote_ident(name)} ({listed}) SELECT {listed} "
+                        'FROM "__ldp_tidy_append"')
+            cur.execute('DROP TABLE "__ldp_tidy_append"')
 
 
 def _clip_identifier(name: str) -> str:
@@ -751,14 +690,6 @@ def _no_dependents(cur: Any, url: str, name: str) -> None:
                           "to another table and point them there)")
 
 
-def _keep_statements(name: str, kept: str) -> list[str]:
-    """PostgreSQL's SQL that drops table ``kept`` if it exists, then renames table ``name`` (if
-    it exists) to ``kept``'s bare name: before a replacement is created."""
-    return [f"DROP TABLE IF EXISTS {quote_ident(kept)}",
-            f"ALTER TABLE IF EXISTS {quote_ident(name)} RENAME TO "
-            f"{quote_ident(kept.split('.')[-1])}"]
-
-
 def restore_tidy(url: str, keep: str) -> None:
     """Undo ``write_tidy(rows, url, keep=keep)``: in one transaction, drop the table ``url``
     names if it exists, then rename table ``keep`` (bare; in that table's schema) back to its
@@ -784,42 +715,11 @@ def drop_tidy(url: str, name: str) -> None:
 def _alter_tables(url: str, statements: list[str], what: str) -> None:
     """Run ``statements`` on the database of ``url`` in one transaction (all or none); errors
     name the output and ``what`` was being done."""
-    if tidy_format(url) == "duckdb":
-        import duckdb  # lazy: optional dependency (the [duckdb] extra)
-
-        path = _duckdb_path(url)
-        if not os.path.exists(path):
-            return  # no database: no table to drop or rename (and no file is created)
-        try:
-            con = duckdb.connect(path)
-        except Exception as exc:  # noqa: BLE001
-            raise SourceError(f"{redact(url)}: cannot open the DuckDB database for writing: "
-                              f"{_error_text(exc)}") from None
-        try:
-            con.execute("BEGIN TRANSACTION")
-            for statement in statements:
-                con.execute(statement)
-            con.execute("COMMIT")
-        except Exception as exc:  # noqa: BLE001
-            with contextlib.suppress(Exception):
-                con.execute("ROLLBACK")
-            raise SourceError(f"{redact(url)}: {what} failed: {_error_text(exc)}") from None
-        finally:
-            con.close()
-        return
-    con = _pg_connect(url)
-    try:
-        cur = con.cursor()
+    if tidy_format(url) == "duckdb" and not os.path.exists(_duckdb_path(url)):
+        return  # no database: no table to drop or rename (and no file is created)
+    with _transaction(url, what) as cur:
         for statement in statements:
             cur.execute(statement)
-        con.commit()
-        cur.close()
-    except Exception as exc:  # noqa: BLE001
-        with contextlib.suppress(Exception):
-            con.rollback()
-        raise SourceError(f"{redact(url)}: {what} failed: {_pg_error(exc)}") from None
-    finally:
-        con.close()
 
 
 def _check_append(url: str, name: str, have: list[str], cols: Iterable[str]) -> None:

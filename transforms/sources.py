@@ -2,17 +2,9 @@
 batches into the same batch path as files (:class:`~ldp_beam.transforms.read.ReadTable` takes
 their URLs).
 
-URLs
-----
-* ``duckdb:///ABS/PATH.db?table=T`` (``duckdb://rel/path.db?...`` for a relative path), or
-  ``...?query=SELECT ...``: a DuckDB database file, opened read-only with external access
-  disabled.
-* ``postgresql://USER[:PASSWORD]@HOST:PORT/DB?table=T`` (or ``query=``; ``postgres://`` too).
-  Other URL parameters (``sslmode``, ``connect_timeout``, ...) go to libpq; a password is best
-  given by ``PGPASSWORD`` or ``~/.pgpass`` (it never appears in a message or a dead letter).
-* ``iceberg:///ABS/PATH/catalog.db?table=NS.T``: an Iceberg table in a pyiceberg SQL catalog
-  kept in a SQLite file; ``iceberg://NAME?table=NS.T``: in the catalog ``NAME`` configured for
-  pyiceberg (``~/.pyiceberg.yaml`` or ``PYICEBERG_CATALOG__NAME__URI=...``).
+URLs (``duckdb://``, ``postgresql://`` or ``postgres://``, ``iceberg://``) and their settings
+(``table``, ``query``, ``order_by``, ``split_rows``, ``snapshot``, ``catalog``; also
+:class:`ReadTable` keywords) are described in docs/guides/sources-sinks.md ("URL rules").
 
 A ``query=`` is exactly one read-only SELECT, checked when the source is opened: DuckDB's own
 parser (``duckdb.extract_statements`` on the query alone) must find one statement, of type
@@ -29,13 +21,6 @@ writing functions a query calls. Functions that reach the server's files (``pg_r
 ``lo_export``) need superuser or ``pg_read/write_server_files`` rights that a read-only
 transaction does not remove: read with a role that has neither (a ``query=`` source run as a
 superuser logs a warning).
-
-Settings in the URL (or as :class:`ReadTable` keywords): ``table`` or ``query`` (one of them);
-``order_by=c1,c2`` (columns that order the rows; see below); ``split_rows=N`` (rows per work
-unit, default 2^20); ``snapshot=ID`` (Iceberg: the snapshot to read, default the current one,
-pinned when the pipeline is built); ``catalog=NAME`` (Iceberg: the catalog in a SQLite file
-that holds several). Text in a ``query=`` is taken as written (``+`` stays a
-plus); percent-encode ``&`` as ``%26`` (or pass ``query=`` as a keyword).
 
 Record identity and splits (what makes seeded runs runner-independent and unseeded noise
 retry-proof): each row has a stream (a stable 64-bit number from a name) and a record number,
@@ -272,9 +257,12 @@ class Source:
             raise SourceError(f"{self.name}: no column can order the rows; give order_by")
         return ", ".join(_col(c) for c in cols)
 
-    def _ordered_units(self, total: int, sortable: Sequence[str], stream: str) -> None:
-        order = self._order_clause(sortable)
+    def _ordered_units(self, run: Any, sortable: Sequence[str], stream: str) -> None:
+        """Count the rows, then plan units of ``split_rows`` of them in a deterministic order;
+        ``run``: a statement -> its rows."""
         rel = self._relation()
+        self.rows = total = int(run(f"SELECT count(*) FROM {rel} AS __ldp_q")[0][0])
+        order = self._order_clause(sortable)
         self.units = []
         for off in range(0, total, self.split_rows):
             n = min(self.split_rows, total - off)
@@ -282,6 +270,8 @@ class Source:
                    f"LIMIT {n} OFFSET {off}")
             self.units.append(SourceUnit(f"rows [{off}, {off + n}) by {order}", sql, off, n,
                                          stream=stream))
+        if self.units:  # an order the database cannot apply fails here, not in a worker
+            run(self.units[0].sql.rsplit(" LIMIT ", 1)[0] + " LIMIT 0")
 
 
 # --------------------------------------------------------------------------- DuckDB
@@ -378,10 +368,7 @@ class DuckDBSource(Source):
                             f"WHERE rowid >= {a} AND rowid < {b}",
                             a, int(counts[u]), ids=True, stream=stream))
             return
-        self.rows = int(self._sql(f"SELECT count(*) FROM {rel} AS __ldp_q")[0][0])
-        self._ordered_units(self.rows, list(self.schema.names), f"duckdb:{base}:{self._what()}")
-        if self.units:  # an order DuckDB cannot apply fails here, not in a worker
-            self._sql(self.units[0].sql.rsplit(" LIMIT ", 1)[0] + " LIMIT 0")
+        self._ordered_units(self._sql, list(self.schema.names), f"duckdb:{base}:{self._what()}")
 
     def _has_rowid(self) -> bool:
         try:
@@ -487,10 +474,7 @@ class PostgresSource(Source):
         self.database = parts.path.lstrip("/") or (parts.username or "")
         params = dict(libpq)
         params.setdefault("connect_timeout", str(CONNECT_TIMEOUT))
-        # every transaction of every connection starts read-only (the server refuses INSERT,
-        # UPDATE, DELETE, DDL, nextval() and writes by functions a query calls); the option is
-        # set again before each statement on a pooled connection (_Prefetch), since a query's
-        # set_config() could have turned the session default off
+        # every transaction of every connection starts read-only (see the class docstring)
         opts = params.get("options", "")
         params["options"] = quote((opts + " " if opts else "") + _PG_READ_ONLY_OPTION, safe="")
         query = "&".join(f"{k}={v}" for k, v in params.items())
@@ -500,12 +484,8 @@ class PostgresSource(Source):
         super().__init__(url, settings, allow_empty)
 
     def _check_query(self, query: str) -> str:
-        """Exactly one SELECT (or WITH ... SELECT, VALUES, TABLE) statement: a ``;`` outside
-        string literals, quoted identifiers, dollar quotes and comments is refused (the server
-        would refuse a second statement too: every statement is prepared, and a prepared
-        statement holds one command); a trailing ``;`` is dropped. What the SELECT may do is
-        bounded by the read-only transactions every connection runs in (see the class
-        docstring)."""
+        """Exactly one SELECT (or WITH ... SELECT, VALUES, TABLE) statement, checked as the
+        module docstring says; a trailing ``;`` is dropped."""
         text = query.rstrip()
         while text.endswith(";") and _pg_split(text[:-1]) is not None:
             text = text[:-1].rstrip()
@@ -532,16 +512,7 @@ class PostgresSource(Source):
         return self._con
 
     def _new_connection(self, autocommit: bool):
-        try:
-            import adbc_driver_postgresql.dbapi as pg  # lazy: optional dependency ([postgresql])
-        except ImportError:
-            raise SourceError(f"{self.name}: reading PostgreSQL needs "
-                              "adbc-driver-postgresql (pip install "
-                              "'ldp-beam[postgresql]')") from None
-        try:
-            return pg.connect(self.conninfo, autocommit=autocommit)
-        except Exception as exc:  # noqa: BLE001
-            raise SourceError(f"{self.name}: {_pg_error(exc)}") from None
+        return _adbc_connect(self.conninfo, self.name, "reading", autocommit=autocommit)
 
     def _acquire(self):
         """An idle connection of the pool, or a new one (autocommit: no transaction is held
@@ -580,10 +551,7 @@ class PostgresSource(Source):
         if self.table is not None and not self.order_by:
             self._plan_pages()
             return
-        self.rows = int(self._query(f"SELECT count(*) FROM {rel} AS __ldp_q")[0][0])
-        self._ordered_units(self.rows, sortable, f"postgresql:{self.database}:{self._what()}")
-        if self.units:  # an order PostgreSQL cannot apply fails here, not in a worker
-            self._query(self.units[0].sql.rsplit(" LIMIT ", 1)[0] + " LIMIT 0")
+        self._ordered_units(self._query, sortable, f"postgresql:{self.database}:{self._what()}")
 
     def _plan_pages(self) -> None:
         """Units of about ``split_rows`` rows as ranges of heap pages (the last one open-ended,
@@ -600,7 +568,8 @@ class PostgresSource(Source):
                               f"{kind!r}); give order_by=COLUMNS to read it in a fixed order")
         pages = int(self._query(f"SELECT pg_relation_size({lit}::regclass) / "
                                 "current_setting('block_size')::int")[0][0])
-        step = max(1, math.ceil(self.split_rows / self._rows_per_page(t, pages, relpages, reltuples)))
+        per_page = self._rows_per_page(t, pages, relpages, reltuples)
+        step = max(1, math.ceil(self.split_rows / per_page))
         bounds = [(a, a + step if a + step < pages else None) for a in range(0, pages, step)]
         if not bounds:  # no pages yet: one open-ended unit, counted like any other
             bounds = [(0, None)]
@@ -947,6 +916,21 @@ def _warn_if_superuser(source: "PostgresSource") -> None:
                     "pg_write_server_files", source.name)
 
 
+def _adbc_connect(conninfo: str, name: str, verb: str, **kw: Any):
+    """An ADBC connection to PostgreSQL (``kw``: to ``connect``); errors are a
+    :class:`SourceError` naming the source ``name`` (what ``verb`` needs when the driver is
+    missing)."""
+    try:
+        import adbc_driver_postgresql.dbapi as pg  # lazy: optional dependency ([postgresql])
+    except ImportError:
+        raise SourceError(f"{name}: {verb} PostgreSQL needs adbc-driver-postgresql (pip install "
+                          "'ldp-beam[postgresql]')") from None
+    try:
+        return pg.connect(conninfo, **kw)
+    except Exception as exc:  # noqa: BLE001
+        raise SourceError(f"{name}: {_pg_error(exc)}") from None
+
+
 def _pg_error(exc: BaseException) -> str:
     text = " ".join(str(exc).split())
     low = text.lower()
@@ -1159,10 +1143,8 @@ class ReadSourceFn(ReadUnitFn):
         except Exception as exc:  # noqa: BLE001 - every failure is reported, none is fatal
             self.source.close()  # a broken connection is opened again for the next unit
             rows = None if unit.rows is None else max(unit.rows - emitted, 0)
-            if unit.ids:
-                row = unit.offset if last is None else last + 1
-            else:
-                row = unit.offset + emitted
+            row = (unit.offset if last is None else last + 1) if unit.ids else \
+                unit.offset + emitted
             yield self._unreadable(f"{self.source.name} ({unit.label})",
                                    f"{unit.label}: {_error_text(exc)}", row, rows,
                                    "the unit's row count is unknown")
