@@ -14,13 +14,10 @@ Paths (``path`` in every record):
 * ``api``: ``ReadTable | Perturb | EstimateGlobally`` (grr, bisample-md, cprr with string labels,
   rvns) on the DirectRunner, and at 10^6 rows the multi-process DirectRunner and a local Dask
   cluster of 2 worker processes, each against the reference on the same runner (on Dask the
-  reference reads the file's row groups with pyarrow in a ``FlatMap``: Beam 2.77's Dask runner
-  cannot run ``ReadFromParquetBatched``); the privacy-unit bounding runs (``--only
-  bounding``) keep their ``ratio_to_unbounded``. And the pipeline a user writes from the
-  README's Python example, built by hand in a fresh process (``mode="readme"``; bisample-md and
-  grr), against the reference built the same way, without and with the Beam speedups opt-in
-  (``"readme+speedups"``), each the median of fresh-process runs (:func:`_api_readme`; ``--only
-  api-readme`` runs only this part);
+  reference reads the row groups with pyarrow: :data:`ROW_GROUP_REFERENCE`); the privacy-unit
+  bounding runs (``--only bounding``) keep their ``ratio_to_unbounded``. And the README's
+  Python example built by hand in a fresh process (``mode="readme"`` and
+  ``"readme+speedups"``, :func:`_api_readme`; ``--only api-readme`` runs only this part);
 * ``cli``: ``ldp-beam collect`` then ``ldp-beam estimate`` as subprocesses (process start-up
   counted), and central releases from raw rows (``ldp-beam estimate -m dphr|ospdprr``); each
   command's own peak RSS comes from a tiny wrapper that reports its process's VmHWM;
@@ -39,15 +36,13 @@ whatever ``PYTHONDONTWRITEBYTECODE`` the calling shell sets.
 Sections (``--only`` takes their names, mechanism names, or both): ``api``, ``cli``,
 ``element``, ``runners`` (not with ``--quick``), ``bounding``, ``sources`` (DuckDB and
 PostgreSQL beside Parquet, :mod:`ldp_beam.pipelines.bench_sources`, whose records get a
-``ratio_to_reference`` here too) and ``startup`` (``import ldp_beam`` and ``ldp-beam --help`` in
+``ratio_to_reference`` here too), ``startup`` (``import ldp_beam`` and ``ldp-beam --help`` in
 a fresh process, absolute seconds against issue 16's < 0.3 s and < 0.6 s; ``stage="startup"``,
-not pipeline records), ``stream`` (live telemetry through Google's Pub/Sub emulator, started
-here: a plain pull client, the lander, batched reports, ``run_pubsub_stream`` end to end and
-Beam's ``ReadFromPubSub``, all on backlogs published in the same run; ``stage="stream"``, see
-:func:`.bench_stream.stream_bench`; skipped, not failed, where Java or the emulator is missing) and, only when
-named or with ``--soak SECONDS``, ``stream-soak`` (a live collector at a steady rate, its RSS
-sampled: :func:`.bench_stream.stream_soak`). A failing section is reported and fails the run at the end;
-the other sections' records are still written.
+not pipeline records), ``central`` (:mod:`.bench_central`), ``stream`` (live telemetry through
+Google's Pub/Sub emulator, ``stage="stream"``: :func:`.bench_stream.stream_bench`; skipped, not
+failed, where Java or the emulator is missing) and, only when named or with ``--soak SECONDS``,
+``stream-soak`` (:func:`.bench_stream.stream_soak`). A failing section is reported and fails
+the run at the end; the other sections' records are still written.
 """
 from __future__ import annotations
 
@@ -433,7 +428,7 @@ class _Bench:
 
     def __init__(self, tmp: str, progress: Any, rounds: int) -> None:
         self.tmp = tmp
-        self.progress = progress
+        self.note = progress.note if progress is not None else (lambda text: None)
         self.rounds = rounds  # fresh-process measurements per configuration (the fastest kept)
         self.files: dict[tuple[str, int], str] = {}
         self.refs: dict[tuple, float] = {}
@@ -447,10 +442,6 @@ class _Bench:
         self.stamp = {"machine": _machine(), "load_average": round(os.getloadavg()[0], 1),
                       "date": datetime.datetime.now(datetime.timezone.utc).strftime(
                           "%Y-%m-%d %H:%M UTC")}
-
-    def note(self, text: str) -> None:
-        if self.progress is not None:
-            self.progress.note(text)
 
     def file(self, name: str, n: int) -> str:
         if (name, n) not in self.files:
@@ -561,8 +552,7 @@ def run(quick: bool = False, progress=None, only: list[str] | None = None,
     ``big``: also ``collect --keep`` at 3x10^7 rows for the memory records; ``soak``: also
     the stream soak (``stream-soak``) for this many seconds (named without it:
     :data:`SOAK_SECONDS`)."""
-    if sizes is None:
-        sizes = (1_000_000,) if quick else (1_000_000, 10_000_000)
+    sizes = sizes if sizes is not None else (1_000_000,) if quick else (1_000_000, 10_000_000)
     if element_records is None:
         element_records = 200_000 if quick else 1_000_000
     sections, mechs = _selection(only)
@@ -826,18 +816,13 @@ def _startup(b: _Bench, rounds: int) -> list[dict]:
             if r.returncode != 0:
                 raise RuntimeError(f"{name} failed: {r.stderr[-2000:]}")
             best[name] = min(best[name], secs)
-    out = []
-    for name, secs in best.items():
-        target = STARTUP_TARGETS[name]
-        out.append(make_record("bench", "none", "-", None, "start-up seconds", secs,
-                               stage="startup", path="cli", mode=name, seconds=secs,
-                               target=target, target_of="seconds",
-                               meets_target=bool(secs < target), rounds=rounds,
-                               note=f"a fresh process, the fastest of {rounds}: "
-                                    f"{' '.join(os.path.basename(c) for c in cmds[name][:2])}"
-                                    f"{' ...' if len(cmds[name]) > 2 else ''}",
-                               **b.stamp))
-    return out
+    return [make_record("bench", "none", "-", None, "start-up seconds", secs, stage="startup",
+                        path="cli", mode=name, seconds=secs, target=STARTUP_TARGETS[name],
+                        target_of="seconds", meets_target=bool(secs < STARTUP_TARGETS[name]),
+                        rounds=rounds, note=f"a fresh process, the fastest of {rounds}: "
+                        f"{' '.join(os.path.basename(c) for c in cmds[name][:2])}"
+                        f"{' ...' if len(cmds[name]) > 2 else ''}", **b.stamp)
+            for name, secs in best.items()]
 
 
 def _element(b: _Bench, n: int) -> list[dict]:
@@ -859,13 +844,9 @@ def _element(b: _Bench, n: int) -> list[dict]:
 
 def _pargs(params: dict) -> list[str]:
     """Mechanism parameters as ``--epsilon`` and ``-p NAME=VALUE`` (tuples comma-separated)."""
-    out = []
-    for k, v in params.items():
-        if k == "epsilon":
-            out += ["--epsilon", str(v)]
-        else:
-            out += ["-p", f"{k}={','.join(v) if isinstance(v, tuple) else v}"]
-    return out
+    return [a for k, v in params.items() for a in
+            (["--epsilon", str(v)] if k == "epsilon" else
+             ["-p", f"{k}={','.join(v) if isinstance(v, tuple) else v}"])]
 
 
 def _roles(params_cols: dict) -> list[str]:
@@ -965,19 +946,17 @@ def _cli(b: _Bench, sizes, mechs, big: bool) -> list[dict]:
         file = (CASES[m][2] if m in CASES else RELEASES[m][2])
         ref = b.refs[("file", file, largest, "DirectRunner")]
         secs = seconds[(command, m, largest)]
-        rec = make_record(
+        out.append(make_record(
             "bench", "synthetic", m, None, f"peak RSS growth ({command})", growth, stage="memory",
             path="cli", command=command, mode=command, runner="DirectRunner", rows=largest,
-            seconds=secs,
-            rows_per_second=largest / secs, peak_rss_mb=by_n[largest],
+            seconds=secs, rows_per_second=largest / secs, peak_rss_mb=by_n[largest],
             peak_rss_mb_by_rows={str(k): v for k, v in sorted(by_n.items())},
             rss_growth=growth, reference_seconds=ref, ratio_to_reference=ref / secs,
             target=TARGETS["memory"], target_of="rss_growth",
             meets_target=bool(growth <= TARGETS["memory"]),
             note=f"`ldp-beam {command}` peak RSS at {largest:,} rows / at {sizes[0]:,} - 1 (the "
                  "process's own VmHWM); ratio_to_reference: this command alone at the largest "
-                 "size (reference seconds / seconds)", **b.stamp)
-        out.append(rec)
+                 "size (reference seconds / seconds)", **b.stamp))
     return out
 
 
@@ -1025,11 +1004,9 @@ def _bounding(sizes, tmp: str, progress=None, bench: _Bench | None = None) -> li
                            "Perturb | EstimateGlobally, start-up included",
                            dataset_note="synthetic, 10 rows per unit")
             if mode == "bounded":
-                rec["ratio_to_unbounded"] = secs / unbounded
-                rec["target"] = 2.0
-                rec["target_of"] = "ratio_to_unbounded"
-                rec["meets_target"] = bool(rec["ratio_to_unbounded"] <= 2.0)
-                rec["units"] = n // 10
+                rec.update(ratio_to_unbounded=secs / unbounded, target=2.0,
+                           target_of="ratio_to_unbounded",
+                           meets_target=bool(secs / unbounded <= 2.0), units=n // 10)
                 peak[n] = rss
                 if n != sizes[0]:  # ten times the units: the sketch grows with them
                     rec["rss_growth_vs_smallest"] = rss / peak[sizes[0]] - 1.0

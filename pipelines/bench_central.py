@@ -198,9 +198,7 @@ def mean_abs_error(values: dict[str, Any], true: dict[str, Any]) -> float | None
     """Mean absolute error over the keys (and the quantiles of a key) released by both."""
     errs = [np.abs(np.asarray(values[k], dtype=float) - np.asarray(true[k], dtype=float))
             for k in true if k in values]
-    if not errs:
-        return None
-    return float(np.mean(np.concatenate([np.ravel(e) for e in errs])))
+    return float(np.mean(np.concatenate([np.ravel(e) for e in errs]))) if errs else None
 
 
 def central_section(rows: int, *, names: tuple[str, ...] | None = None, epsilon: float = 1.0,
@@ -228,9 +226,7 @@ def central_section(rows: int, *, names: tuple[str, ...] | None = None, epsilon:
     seed = int(np.random.SeedSequence().entropy % 2**32) if seed is None else int(seed)
     stamp = dict(stamp or {})
 
-    def note(text: str) -> None:
-        if progress is not None:
-            progress.note(text)
+    note = progress.note if progress is not None else (lambda text: None)
 
     records: list[dict] = []
     comparison: dict[str, dict] = {}

@@ -170,9 +170,8 @@ def run(sizes: tuple[int, ...], tmp: str, progress=None, *,
                 if source != "parquet":  # each run against the Parquet run next to it
                     ratio = statistics.median(
                         a / b for a, b in zip(times[source], times["parquet"]))
-                    rec["ratio_to_parquet"] = ratio
-                    rec["target"] = TARGET
-                    rec["meets_target"] = bool(ratio <= TARGET)
+                    rec.update(ratio_to_parquet=ratio, target=TARGET,
+                               meets_target=bool(ratio <= TARGET))
                 out.append(rec)
     out.append(_portable(min(sizes), tmp, script, progress,
                          repeats if repeats is not None else
@@ -185,13 +184,11 @@ def _cpu_fields(rec: dict, cpus: list[float], server_cpus: list[float] | None) -
     median of the repeats), for PostgreSQL ``server_cpu_seconds`` (the server's processes
     during each run, median), and ``wall_floor_seconds``: their sum over the machine's cores,
     the least wall time that work can take here however well it overlaps."""
-    rec["cpu_seconds"] = statistics.median(cpus)
-    total = rec["cpu_seconds"]
+    rec["cpu_seconds"] = total = statistics.median(cpus)
     if server_cpus is not None:
         rec["server_cpu_seconds"] = statistics.median(server_cpus) if server_cpus else None
         total += rec["server_cpu_seconds"] or 0.0
-    rec["cores"] = os.cpu_count()
-    rec["wall_floor_seconds"] = total / (os.cpu_count() or 1)
+    rec.update(cores=os.cpu_count(), wall_floor_seconds=total / (os.cpu_count() or 1))
 
 
 def _note(progress, text: str) -> None:
@@ -210,10 +207,9 @@ def _record(source: str, n: int, secs: float | None, got: dict, reps: int, *,
                       repeats=reps, note=note)
     if skipped is not None:
         rec["skipped"] = skipped
-        return rec
-    rec["all_seconds"] = list(all_seconds or [])
-    rec["reports"] = got["reports"]
-    rec["dead_letters"] = got["dead_letters"]
+    else:
+        rec.update(all_seconds=list(all_seconds or []), reports=got["reports"],
+                   dead_letters=got["dead_letters"])
     return rec
 
 
@@ -405,6 +401,6 @@ def _portable(n: int, tmp: str, script: str, progress, reps: int) -> dict:
             times.append(got["seconds"])
     secs = statistics.median(times)
     rec = _record("parquet", n, secs, got, reps, runner=runner, all_seconds=times, note=note)
-    rec["ratio_to_direct"] = statistics.median(a / b for a, b in zip(times, direct))
-    rec["direct_seconds"] = direct
+    rec.update(ratio_to_direct=statistics.median(a / b for a, b in zip(times, direct)),
+               direct_seconds=direct)
     return rec

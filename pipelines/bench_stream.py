@@ -551,28 +551,22 @@ def _stream_line(by_mode: dict[str, dict]) -> str:
         return "met" if r.get("meets_target") else "**not met**"
 
     parts = []
-    plain = by_mode.get("plain-pull")
-    if plain:
-        parts.append(f"a plain pull client {plain['value']:,.0f} messages/s")
-    r = by_mode.get("lander")
-    if r:
+    if r := by_mode.get("plain-pull"):
+        parts.append(f"a plain pull client {r['value']:,.0f} messages/s")
+    if r := by_mode.get("lander"):
         parts.append(f"the lander {r['messages_per_second']:,.0f} messages/s, "
                      f"{r['value']:.2f} of it (goal ≥ {r['target']:g}: {met(r)})")
-    r = by_mode.get("lander-batched")
-    if r:
+    if r := by_mode.get("lander-batched"):
         parts.append(f"batched ({r['reports_per_message']} reports a message) "
                      f"{r['value']:,.0f} reports/s (goal ≥ {r['target']:,.0f}: {met(r)})")
-    r = by_mode.get("end-to-end")
-    if r:
+    if r := by_mode.get("end-to-end"):
         parts.append(f"end to end, landed and estimated (`stream --subscription --once`, "
                      f"Beam's start-up included) {r['value']:,.0f} reports/s")
-    r = by_mode.get("beam-pubsub")
-    if r:
+    if r := by_mode.get("beam-pubsub"):
         parts.append(f"Beam's `ReadFromPubSub` on the DirectRunner {r['value']:,.0f} "
                      f"messages/s" + (f" ({r['ratio_to_plain_pull']:.2f} of the plain client)"
                                       if r.get("ratio_to_plain_pull") else ""))
-    r = by_mode.get("soak")
-    if r:
+    if r := by_mode.get("soak"):
         parts.append(f"a {r['seconds'] / 60:.0f}-minute soak at {r['rate']:g} reports/s: "
                      f"collector RSS {r['first_mb']:.0f} → {r['last_mb']:.0f} MiB (max "
                      f"{r['max_mb']:.0f}), {r['slope_mb_per_10min']:+.1f} MB per 10 min "

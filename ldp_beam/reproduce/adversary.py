@@ -153,12 +153,10 @@ def infer_rvns(mechanism: RVNS, reports: Any, *, grid: int = 1001,
     """
     if not isinstance(mechanism, RVNS):
         raise ParameterError("mechanism", mechanism, "an RVNS instance")
-    if likelihood not in LIKELIHOODS:
-        raise ParameterError("likelihood", likelihood, f"one of {LIKELIHOODS}")
-    if tie not in TIES:
-        raise ParameterError("tie", tie, f"one of {TIES}")
-    if point not in POINTS:
-        raise ParameterError("point", point, f"one of {POINTS}")
+    for name, value, allowed in (("likelihood", likelihood, LIKELIHOODS), ("tie", tie, TIES),
+                                 ("point", point, POINTS)):
+        if value not in allowed:
+            raise ParameterError(name, value, f"one of {allowed}")
     if isinstance(grid, bool) or not isinstance(grid, (int, np.integer)) or grid < 2:
         raise ParameterError("grid", grid, "an integer >= 2")
     a, b, d = float(mechanism.lower), float(mechanism.upper), float(mechanism.d)

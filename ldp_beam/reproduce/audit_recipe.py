@@ -114,12 +114,8 @@ def _density_epsilon(dens: Callable[[np.ndarray, np.ndarray], np.ndarray], xs: n
 # --------------------------------------------------------------------------- discrete LDP
 def _discrete(mech: Any, q: np.ndarray, definition: str, data_of: Callable, code_of: Callable,
               n: int, gen: np.random.Generator, masks: tuple = ()) -> tuple:
-    if definition == "ldp":
-        exact = A.ldp_epsilon(q)
-    elif definition == "uldp":
-        exact = A.uldp_epsilon(q, masks[0])
-    else:
-        exact = A.uldp2d_epsilon(q, *masks)
+    exact = (A.ldp_epsilon(q) if definition == "ldp" else
+             A.uldp_epsilon(q, masks[0]) if definition == "uldp" else A.uldp2d_epsilon(q, *masks))
     allowed = A.allowed_inputs(q, definition, *(masks if definition == "uldp2d" else ()))
     i1, i2, _, outs = A.worst_pair(q, allowed)
     s1 = code_of(mech.perturb(data_of(i1, n), rng=gen))
@@ -548,13 +544,13 @@ CONTINUOUS = ("pm", "square-wave", "laplace-dp", "generalized-gaussian")
 def _plan(quick: bool) -> list[tuple[str, str, Callable]]:
     n = 100_000 if quick else 1_000_000  # samples per input (LDP)
     reps = 5_000 if quick else 40_000  # releases per neighbouring input (central)
-    plan: list[tuple[str, str, Callable]] = []
-    for name in DISCRETE:
-        plan.append((name, "transition-matrix", lambda g, nm=name: _audit_discrete(nm, n, g)))
-    for name in CONTINUOUS:
-        plan.append((name, "density", lambda g, nm=name: _audit_continuous(nm, n, g)))
-    plan.append(("rvns", "delta=0.1<=d=0.2", lambda g: _audit_rvns(n, g, 0.1)))
-    plan.append(("rvns", "delta=0.3>d=0.2", lambda g: _audit_rvns(n, g, 0.3)))
+    plan: list[tuple[str, str, Callable]] = [
+        *((name, "transition-matrix", lambda g, nm=name: _audit_discrete(nm, n, g))
+          for name in DISCRETE),
+        *((name, "density", lambda g, nm=name: _audit_continuous(nm, n, g))
+          for name in CONTINUOUS),
+        ("rvns", "delta=0.1<=d=0.2", lambda g: _audit_rvns(n, g, 0.1)),
+        ("rvns", "delta=0.3>d=0.2", lambda g: _audit_rvns(n, g, 0.3))]
 
     def hist(name, bucket=0, **kw):
         def f(g):  # the published variants without a guarantee are audited too
@@ -564,15 +560,14 @@ def _plan(quick: bool) -> list[tuple[str, str, Callable]]:
     # two neighbouring pairs for the sound releases: a record added to a busy bucket (0) and to
     # the empty one (2), where grouping algorithms smear zeros together
     for b in (0, 2):
-        plan.append(("laplace-histogram", f"central +1 in bucket {b}",
-                     hist("laplace-histogram", b)))
-        plan.append(("dphr", f"central variant=sound +1 in bucket {b}",
-                     hist("dphr", b, variant="sound")))
-        plan.append(("ahp", f"central +1 in bucket {b}", hist("ahp", b)))
-        plan.append(("structure-first", f"central F=40 +1 in bucket {b}",
-                     hist("structure-first", b, k=3, F=40.0)))
-    plan.append(("dphr", "central variant=paper", hist("dphr", variant="paper")))
-    plan.append(("structure-first", "central F=None", hist("structure-first", k=3)))
+        plan += [("laplace-histogram", f"central +1 in bucket {b}", hist("laplace-histogram", b)),
+                 ("dphr", f"central variant=sound +1 in bucket {b}",
+                  hist("dphr", b, variant="sound")),
+                 ("ahp", f"central +1 in bucket {b}", hist("ahp", b)),
+                 ("structure-first", f"central F=40 +1 in bucket {b}",
+                  hist("structure-first", b, k=3, F=40.0))]
+    plan += [("dphr", "central variant=paper", hist("dphr", variant="paper")),
+             ("structure-first", "central F=None", hist("structure-first", k=3))]
 
     def osp(g):
         m = build_mechanism("ospdprr", t=EPS, query="sum", lower=0.0, upper=1.0)
@@ -581,10 +576,8 @@ def _plan(quick: bool) -> list[tuple[str, str, Callable]]:
     def osdp(g):
         m = build_mechanism("osdp-rr", epsilon=EPS, query="count", lower=0.0, upper=1.0)
         return m, _central_osdp(m, reps, g)
-    plan.append(("ospdprr", "central mode=sound-self", osp))
-    plan.append(("osdp-rr", "central one-sided", osdp))
-    plan.extend(_person_plan(reps))
-    return plan
+    return plan + [("ospdprr", "central mode=sound-self", osp),
+                   ("osdp-rr", "central one-sided", osdp), *_person_plan(reps)]
 
 
 def run(quick: bool = False, progress: Any = None, seed: int | None = None,
@@ -665,16 +658,12 @@ EXPLANATION = ("empirical lower bound: sampling shows the true epsilon is at lea
 
 def _eps(v: float | None, infinite: bool = False) -> str:
     """An epsilon for the table: fixed point, 3 decimals (never scientific notation)."""
-    if infinite:
-        return "inf"
-    return "-" if v is None else f"{v:.3f}"
+    return "inf" if infinite else "-" if v is None else f"{v:.3f}"
 
 
 def _confidence(c: float | None) -> str:
     """99.868... -> '99.87%', 0.95 -> '95%'."""
-    if c is None:
-        return ""
-    return f"{100 * c:.2f}".rstrip("0").rstrip(".") + "%"
+    return "" if c is None else f"{100 * c:.2f}".rstrip("0").rstrip(".") + "%"
 
 
 def summary(records: list[dict]) -> str:
@@ -781,7 +770,6 @@ def _profile_audit(name: str, n: int) -> Callable:
 def _paper_claim(mech: Any) -> float | None:
     """For kind ``none`` (replication-only variants) the paper's epsilon, else None (use the
     guarantee's)."""
-    g = mech.guarantee
-    if g.kind != "none":
+    if mech.guarantee.kind != "none":
         return None
     return float(getattr(mech, "epsilon", getattr(mech, "t", math.inf)))

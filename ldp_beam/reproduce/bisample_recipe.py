@@ -25,11 +25,9 @@ repetitions where Eq. 20 is undefined (estimated answering share <= 0) are left 
 would publish. ``AE(mr)``/``Var(mr)`` for the methods that estimate a missing rate. Each AE record
 carries ``se``, the standard error of the AE over the repetitions.
 
-Randomness: one recipe ``seed`` (drawn from OS entropy when not given, and written into every
-record) keys a numpy SeedSequence; every (experiment, dataset, method, epsilon) cell gets its own
-PCG64 stream derived from the seed and the cell's label, so a cell does not depend on the grid.
-These are simulations of many users, not real reports, so the fast PCG64 is used for the
-mechanisms' noise here instead of the library's AES-CTR default.
+Randomness: one recipe ``seed`` (:func:`.recipe.start_recipe`: from OS entropy when not given,
+in every record); every (experiment, dataset, method, epsilon) cell gets its own PCG64 stream
+(:func:`.recipe.cell_rng`), so a cell does not depend on the grid.
 
 Sizes: full = the paper's (n = 10^5, T = 100); ``quick`` = n = 10^4, T = 10 and reduced grids.
 Run it as ``python -m ldp_beam.reproduce.bisample_recipe [--quick] [--data-dir D] [--out DIR]``.
@@ -192,14 +190,10 @@ def _missing(d: ds.Dataset, rate: float, epsilon: float, rng: np.random.Generato
 
 
 def _datasets_experiment(cfg, seed, data_dir, common) -> list[dict]:
-    out = []
-    for name in DATASETS:
-        d = _data(cfg, seed, name, data_dir)
-        paper_n, paper_mean = ds.PAPER_TABLE2[name]
-        out.append(make_record("datasets", name, "truth", None, "mean", d.mean,
-                               paper_value=paper_mean, n=d.n, paper_n=paper_n, source=d.source,
-                               **common))
-    return out
+    return [make_record("datasets", name, "truth", None, "mean", d.mean,
+                        paper_value=ds.PAPER_TABLE2[name][1], n=d.n,
+                        paper_n=ds.PAPER_TABLE2[name][0], source=d.source, **common)
+            for name in DATASETS for d in [_data(cfg, seed, name, data_dir)]]
 
 
 def _fig4(cfg, seed, data_dir, common, prog) -> list[dict]:
@@ -282,16 +276,10 @@ def _variance(cfg, seed, data_dir, common, prog) -> list[dict]:
 
 
 def _total_steps(cfg: Config) -> int:
-    steps = 0
-    if "fig4" in cfg.experiments:
-        steps += len(DATASETS) * len(cfg.eps_grid)
-    if "fig5" in cfg.experiments:
-        steps += len(cfg.fig5_datasets) * len(cfg.fig5_eps) * len(cfg.mr_grid)
-    if "fig6" in cfg.experiments:
-        steps += len(cfg.n_grid)
-    if "variance" in cfg.experiments:
-        steps += len(DATASETS) * len(cfg.eps_grid)
-    return steps
+    steps = {"fig4": len(DATASETS) * len(cfg.eps_grid), "fig6": len(cfg.n_grid),
+             "fig5": len(cfg.fig5_datasets) * len(cfg.fig5_eps) * len(cfg.mr_grid),
+             "variance": len(DATASETS) * len(cfg.eps_grid)}
+    return sum(steps.get(e, 0) for e in set(cfg.experiments))
 
 
 @paper_run("Section 5")
@@ -431,12 +419,9 @@ def _compare(idx, method, others, keep=lambda key, r: True):
             if other not in by or by[other]["value"] is None or not keep(key, by[method]):
                 continue
             a, b = by[method], by[other]
-            if a["value"] < b["value"]:
-                wins += 1
-            else:
-                losses += 1
-            if below_by_se(a, b):
-                sig_wins += 1
+            wins += a["value"] < b["value"]
+            losses += not a["value"] < b["value"]
+            sig_wins += below_by_se(a, b)
             if below_by_se(b, a):
                 sig_losses += 1
                 ratio = a["value"] / b["value"]
@@ -447,12 +432,8 @@ def _compare(idx, method, others, keep=lambda key, r: True):
 
 def _fmt_key(key):
     ds_, eps, mr, n = key
-    parts = [ds_, f"eps={eps:g}"]
-    if mr is not None:
-        parts.append(f"mr={mr:g}")
-    if n is not None:
-        parts.append(f"n={n}")
-    return " ".join(parts)
+    return " ".join([ds_, f"eps={eps:g}"] + ([] if mr is None else [f"mr={mr:g}"])
+                    + ([] if n is None else [f"n={n}"]))
 
 
 def claims(records: Sequence[Mapping]) -> list[dict]:
@@ -518,21 +499,14 @@ def claims(records: Sequence[Mapping]) -> list[dict]:
         w, l, sw, sl, worst = _compare(
             {k: v for k, v in idx.items() if k[0] != "UNIFORM"}, "BiSample-MD",
             FORCED_BASELINES, miss)
-        wu, lu, swu, slu, worstu = _compare(
-            {k: v for k, v in idx.items() if k[0] == "UNIFORM"}, "BiSample-MD",
-            ("Harmony-TOP", "PM-TOP"), miss)
-        wr, lr, swr, slr, _ = _compare(
-            {k: v for k, v in idx.items() if k[0] == "UNIFORM"}, "BiSample-MD",
-            ("Harmony-RND", "PM-RND"), miss)
-        wl, ll, swl, sll, _ = _compare(idx, "BiSample-MD", FORCED_BASELINES, low)
-        total_w, total_l = w + wu, l + lu
-        total_sl = sl + slu
+        uni = {k: v for k, v in idx.items() if k[0] == "UNIFORM"}
+        wu, lu, swu, slu, worstu = _compare(uni, "BiSample-MD", ("Harmony-TOP", "PM-TOP"), miss)
+        wr, lr, _, slr, _ = _compare(uni, "BiSample-MD", ("Harmony-RND", "PM-RND"), miss)
+        wl, ll, _, sll, _ = _compare(idx, "BiSample-MD", FORCED_BASELINES, low)
+        total_w, total_l, total_sl = w + wu, l + lu, sl + slu
         ok = total_sl == 0 and total_w >= 0.8 * (total_w + total_l)
-        worst_txt = ""
-        for wst in (worst, worstu):
-            if wst:
-                worst_txt += (f" worst significant loss: {_fmt_key(wst[1])} vs {wst[2]} "
-                              f"(AE ratio {wst[0]:.2f});")
+        worst_txt = "".join(f" worst significant loss: {_fmt_key(wst[1])} vs {wst[2]} "
+                            f"(AE ratio {wst[0]:.2f});" for wst in (worst, worstu) if wst)
         add(claim, "reproduced" if ok else "differs",
             f"fig4 cells with true missing rate >= {MISSING_THRESHOLD:.0%} (excluding UNIFORM/RND):"
             f" BiSample-MD lower AE(m) in {total_w} of {total_w + total_l} comparisons, "
@@ -570,17 +544,14 @@ def claims(records: Sequence[Mapping]) -> list[dict]:
     claim = ("Mean error grows again at large eps because users stop answering "
              "(BiSample-MD, preferences N(5, 1.5))")
     idx = _index(records, "fig4", "AE(m)")
-    rows = []
-    grows = []
+    rows, grows = [], []
     for name in DATASETS:
         rs = sorted([by["BiSample-MD"] for k, by in idx.items()
                      if k[0] == name and "BiSample-MD" in by], key=lambda r: r["epsilon"])
         if len(rs) < 3:
             continue
-        best = min(rs, key=lambda r: r["value"])
-        last = rs[-1]
-        g = best is not last and below_by_se(best, last)
-        grows.append(g)
+        best, last = min(rs, key=lambda r: r["value"]), rs[-1]
+        grows.append(best is not last and below_by_se(best, last))
         rows.append(f"{name}: min AE {best['value']:.4g} at eps={best['epsilon']:g} "
                     f"(answer rate {1 - best['true_mr']:.3f}), AE {last['value']:.4g} at "
                     f"eps={last['epsilon']:g} (answer rate {1 - last['true_mr']:.3f})")
@@ -610,8 +581,7 @@ def claims(records: Sequence[Mapping]) -> list[dict]:
                     w += 1
                 else:
                     fails.append(_fmt_key(key))
-                if below_by_se(rm, rr):
-                    sl += 1
+                sl += below_by_se(rm, rr)
             parts.append(f"{method}: AE(mr) < AE(m) in {w} of {t} cells"
                          + (f" (not in: {', '.join(fails[:6])}{' ...' if len(fails) > 6 else ''})"
                             if fails else ""))
@@ -632,10 +602,9 @@ def summary(records: Sequence[Mapping], eps_shown: Iterable[float] = (0.1, 1.0, 
     lines = []
     dm = select(records, experiment="datasets")
     if dm:
-        lines.append("dataset   n        mean      paper (Table 2)  source")
-        for r in dm:
-            lines.append(f"{r['dataset']:<9} {r['n']:<8} {r['value']:+.4f}   "
-                         f"{r['paper_value']:+.3f}           {r.get('source', '')}")
+        lines += ["dataset   n        mean      paper (Table 2)  source"] + [
+            f"{r['dataset']:<9} {r['n']:<8} {r['value']:+.4f}   {r['paper_value']:+.3f}           "
+            f"{r.get('source', '')}" for r in dm]
     eps_shown = [e for e in eps_shown if select(records, experiment="fig4", epsilon=e)]
     for name in DATASETS:
         rs = select(records, experiment="fig4", dataset=name)
@@ -646,11 +615,10 @@ def summary(records: Sequence[Mapping], eps_shown: Iterable[float] = (0.1, 1.0, 
         for method in METHODS:
             cells = []
             for e in eps_shown:
-                m = select(rs, method=method, epsilon=e, metric="AE(m)")
-                r = select(rs, method=method, epsilon=e, metric="AE(mr)")
-                c = f"{m[0]['value']:.4f}" if m and m[0]["value"] is not None else "-"
-                if r and r[0]["value"] is not None:
-                    c += f" [{r[0]['value']:.4f}]"
+                m, r = (next((x["value"] for x in select(rs, method=method, epsilon=e,
+                                                         metric=k)), None)
+                        for k in ("AE(m)", "AE(mr)"))
+                c = ("-" if m is None else f"{m:.4f}") + ("" if r is None else f" [{r:.4f}]")
                 cells.append(f"{c:<18}")
             lines.append(f"  {method:<13}" + " ".join(cells))
     rv = select(records, experiment="variance", metric="Var(m)")

@@ -339,28 +339,20 @@ def simulate(method: Method, epsilon: float, data: Dataset, lengths: Sequence[in
 
 # --------------------------------------------------------------------------- experiments
 def _datasets_records(datasets: Sequence[Dataset], common: Mapping) -> list[dict]:
-    out = []
-    for d in datasets:
-        h = d.counts
-        out.append(make_record(
-            "datasets", d.name, "truth", None, "N", d.total, n=d.n, max=int(h.max()),
-            argmax=int(h.argmax()), nonzero=int((h > 0).sum()),
-            zero_fraction=float((h == 0).mean()), mean=float(h.mean()), source=d.source, description=DESCRIPTIONS[d.name],
-            paper_datasets=list(PAPER_DATASETS), **common))
-    return out
+    return [make_record(
+        "datasets", d.name, "truth", None, "N", d.total, n=d.n, max=int(h.max()),
+        argmax=int(h.argmax()), nonzero=int((h > 0).sum()), zero_fraction=float((h == 0).mean()),
+        mean=float(h.mean()), source=d.source, description=DESCRIPTIONS[d.name],
+        paper_datasets=list(PAPER_DATASETS), **common) for d in datasets for h in [d.counts]]
 
 
 def _methods_records(cfg: Config, datasets: Sequence[Dataset], common: Mapping) -> list[dict]:
     """What each method is and the guarantee it carries as run (at eps = 1 on the first
     dataset; the kind does not depend on eps or data)."""
-    out = []
-    for m in methods(cfg):
-        mech = m.build(1.0, datasets[0])
-        g = mech.guarantee.to_dict()
-        out.append(make_record("methods", "-", m.name, 1.0, "guarantee", g["kind"],
-                               description=m.description, in_paper=m.in_paper,
-                               guarantee_notes=g["notes"], guarantee_claim=g["claim"],
-                               guarantee_summary=g["summary"], **common))
+    out = [make_record("methods", "-", m.name, 1.0, "guarantee", g["kind"],
+                       description=m.description, in_paper=m.in_paper, guarantee_notes=g["notes"],
+                       guarantee_claim=g["claim"], guarantee_summary=g["summary"], **common)
+           for m in methods(cfg) for g in [m.build(1.0, datasets[0]).guarantee.to_dict()]]
     out.append(make_record("methods", "-", "IHP", None, "guarantee", None, in_paper=True,
                            description="not run: only the abstract of Li et al. 2019 could be "
                                        "found, which does not pin the algorithm down", **common))
@@ -563,6 +555,26 @@ def _compress(where: list[str], limit: int = 8) -> str:
                                        else "")
 
 
+def _monotone(curves: Mapping, x: str, rising: bool, independent: bool, name, step
+              ) -> tuple[list[str], list[str], str]:
+    """Curves (key -> records; key[1] the method) that should rise (``rising``) or fall along
+    ``x``: (curves not significantly higher/lower at the largest ``x`` than at the smallest,
+    significant steps against the trend between adjacent ``x``, the per-method count of curves
+    without either)."""
+    flat, steps, by_method = [], [], {}
+    for key, rs in sorted(curves.items()):
+        rs.sort(key=lambda r: r[x])
+        against = [name(key) + step(a, b) for a, b in zip(rs, rs[1:]) if significantly_less(
+            *((b, a) if rising else (a, b)), independent=independent)]
+        steps += against
+        is_flat = not significantly_less(*((rs[0], rs[-1]) if rising else (rs[-1], rs[0])),
+                                         independent=independent)
+        if is_flat:
+            flat.append(name(key))
+        by_method.setdefault(key[1], [0, 0])[is_flat or bool(against)] += 1
+    return flat, steps, "; ".join(f"{m}: {v[0]}/{sum(v)}" for m, v in by_method.items())
+
+
 def claims(records: Sequence[Mapping]) -> list[dict]:
     """The paper's claims (and our measurements beside them) with verdicts decided by standard
     errors: 'significantly lower' = lower by more than 2 combined standard errors, or, between
@@ -649,21 +661,10 @@ def claims(records: Sequence[Mapping]) -> list[dict]:
     if not curves:
         add(claim, "not testable", "no fig3 records")
     else:
-        flat, dips, by_method = [], [], {}
-        for key, rs in sorted(curves.items()):
-            rs.sort(key=lambda r: r["length"])
-            bad = False
-            # the lengths of one curve come from the same releases: standard errors only
-            if not significantly_less(rs[0], rs[-1], independent=False):
-                flat.append(f"{key[0]} {key[1]} eps={eps_label(key[2])}")
-                bad = True
-            for a, b in zip(rs, rs[1:]):
-                if significantly_less(b, a, independent=False):
-                    dips.append(f"{key[0]} {key[1]} eps={eps_label(key[2])} L {a['length']}->"
-                                f"{b['length']}")
-                    bad = True
-            by_method.setdefault(key[1], [0, 0])[bad] += 1
-        tally = "; ".join(f"{m}: {v[0]}/{sum(v)}" for m, v in by_method.items())
+        # the lengths of one curve come from the same releases: standard errors only
+        flat, dips, tally = _monotone(
+            curves, "length", True, False, lambda k: f"{k[0]} {k[1]} eps={eps_label(k[2])}",
+            lambda a, b: f" L {a['length']}->{b['length']}")
         add(claim, "reproduced" if not flat and not dips else "differs",
             f"{len(curves)} (dataset, method, eps) curves; growing curves per method: {tally}. "
             f"MSE at the longest length not significantly above the shortest: "
@@ -679,20 +680,9 @@ def claims(records: Sequence[Mapping]) -> list[dict]:
     if not by_eps or all(len(v) < 2 for v in by_eps.values()):
         add(claim, "not testable", "fewer than two eps")
     else:
-        ups, flat, by_method = [], [], {}
-        for key, rs in sorted(by_eps.items()):
-            rs.sort(key=lambda r: r["epsilon"])
-            bad = False
-            for a, b in zip(rs, rs[1:]):  # a: smaller eps
-                if significantly_less(a, b):
-                    ups.append(f"{key[0]} {key[1]} L={key[2]} eps {eps_label(a['epsilon'])}->"
-                               f"{eps_label(b['epsilon'])}")
-                    bad = True
-            if not significantly_less(rs[-1], rs[0]):
-                flat.append(f"{key[0]} {key[1]} L={key[2]}")
-                bad = True
-            by_method.setdefault(key[1], [0, 0])[bad] += 1
-        tally = "; ".join(f"{m}: {v[0]}/{sum(v)}" for m, v in by_method.items())
+        flat, ups, tally = _monotone(
+            by_eps, "epsilon", False, True, lambda k: f"{k[0]} {k[1]} L={k[2]}",
+            lambda a, b: f" eps {eps_label(a['epsilon'])}->{eps_label(b['epsilon'])}")
         add(claim, "reproduced" if not ups and not flat else "differs",
             f"{len(by_eps)} (dataset, method, L) curves; falling curves per method: {tally}. "
             "Significant increases between adjacent "
@@ -778,10 +768,9 @@ def summary(records: Sequence[Mapping]) -> str:
     lines = []
     dsr = select(records, experiment="datasets")
     if dsr:
-        lines.append("dataset  n     N          max        zeros  source")
-        for r in dsr:
-            lines.append(f"{r['dataset']:<8} {r['n']:<5} {r['value']:<10} {r['max']:<10} "
-                         f"{r['zero_fraction']:<6.1%} {r['source']}")
+        lines += ["dataset  n     N          max        zeros  source"] + [
+            f"{r['dataset']:<8} {r['n']:<5} {r['value']:<10} {r['max']:<10} "
+            f"{r['zero_fraction']:<6.1%} {r['source']}" for r in dsr]
     idx = _index(records)
     for ds in [r["dataset"] for r in dsr] or sorted({k[0] for k in idx}):
         for eps in sorted({k[1] for k in idx if k[0] == ds}, reverse=True):
@@ -794,12 +783,11 @@ def summary(records: Sequence[Mapping]) -> str:
             lines.append(f"  {'L':<29}" + "".join(f"{L:>10}" for L in lens))
             low = {L: min(r["value"] for r in rs if r["length"] == L) for L in lens}
             for m in meths:
-                cells = []
-                for L in lens:
-                    r = next((r for r in rs if r["method"] == m and r["length"] == L), None)
-                    c = _fmt(r and r["value"]) + ("*" if r and r["value"] == low[L] else " ")
-                    cells.append(f"{c:>10}")
-                lines.append(f"  {m:<29}" + "".join(cells))
+                cells = [next((r for r in rs if r["method"] == m and r["length"] == L), None)
+                         for L in lens]
+                lines.append(f"  {m:<29}" + "".join(
+                    f"{_fmt(r and r['value']) + ('*' if r and r['value'] == low[L] else ' '):>10}"
+                    for r, L in zip(cells, lens)))
     rt = select(records, experiment="runtime", metric="seconds")
     if rt:
         lines.append("\nruntime: seconds per release (mean over datasets, eps and releases)")

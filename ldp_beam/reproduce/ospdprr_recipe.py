@@ -50,10 +50,9 @@ the error). ``RMSE ratio`` records divide an OSPDPRR method's RMSE by OsdpRR's (
 names which estimator; ``theory_value`` is the exact ratio where both have one). ``headline``
 records average over the rho grid (ratio of the mean RMSEs), beside the paper's 0.7728.
 
-Randomness: one recipe ``seed`` (from OS entropy when not given; in every record) keys a numpy
-SeedSequence; each (dataset, data seed) population, each sensitivity assignment and each cell's
-simulation get their own PCG64 stream derived from the seed and the label. Simulations use the
-fast PCG64 rather than the library's AES-CTR default.
+Randomness: one recipe ``seed`` (:func:`.recipe.start_recipe`: from OS entropy when not given,
+in every record); each (dataset, data seed) population, each sensitivity assignment and each
+cell's simulation get their own PCG64 stream (:func:`.recipe.cell_rng`).
 
 Sizes: full = n = 10,000, k = 3, 200 repetitions, 5 data seeds, the full grids (Adult: all 32,561
 rows); ``quick`` = n = 2,000, 50 repetitions, 2 data seeds, rho in {0.1, 0.5, 0.9} (Adult: a
@@ -538,10 +537,9 @@ def _headline(records: Sequence[Mapping], common: Mapping) -> list[dict]:
                 a, b = by[method], by.get(base)
                 if not b or len(a) != len(b):
                     continue
-                ma = float(np.mean([r["value"] for r in a]))
-                mb = float(np.mean([r["value"] for r in b]))
-                se_a = math.sqrt(sum(r["se"] ** 2 for r in a)) / len(a)
-                se_b = math.sqrt(sum(r["se"] ** 2 for r in b)) / len(b)
+                (ma, se_a), (mb, se_b) = [(float(np.mean([r["value"] for r in x])),
+                                           math.sqrt(sum(r["se"] ** 2 for r in x)) / len(x))
+                                          for x in (a, b)]
                 ratio = ma / mb
                 kw = {}
                 if all(r.get("theory_RMSE") is not None for r in a + b):
@@ -879,9 +877,7 @@ def write_compact(records: Sequence[Mapping], path: str | os.PathLike, digits: i
 
 # --------------------------------------------------------------------------- text summary
 def _fmt(v: Any) -> str:
-    if v is None:
-        return "-"
-    return f"{v:.3g}" if abs(v) < 1e4 else f"{v:.2e}"
+    return "-" if v is None else f"{v:.3g}" if abs(v) < 1e4 else f"{v:.2e}"
 
 
 def summary(records: Sequence[Mapping], t_shown: Iterable[float] = (0.6, 0.9)) -> str:

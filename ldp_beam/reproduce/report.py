@@ -48,12 +48,22 @@ def _cell(text: object) -> str:
     return s if len(s) <= EVIDENCE_CHARS else s[:EVIDENCE_CHARS - 1] + "…"
 
 
+def _claims_table(claims: Sequence[Mapping], plain: Sequence[str] = ()) -> list[str]:
+    """A markdown table of claims; verdicts in bold unless in ``plain``."""
+    verdicts = [_cell(c.get("verdict", "")) for c in claims]
+    return ["| claim | verdict | evidence |", "|---|---|---|"] + [
+        f"| {_cell(c.get('claim', ''))} | {v if v in plain else f'**{v}**'} | "
+        f"{_cell(c.get('evidence', ''))} |" for c, v in zip(claims, verdicts)]
+
+
 def family_claims(folder: str, family: str) -> list[dict]:
     """The claims in ``folder/FAMILY_claims.json``; [] when the file is absent."""
     path = os.path.join(folder, f"{family}_claims.json")
-    if not os.path.exists(path):
-        return []
-    with open(path, encoding="utf-8") as fh:
+    return _load(path) if os.path.exists(path) else []
+
+
+def _load(path: str) -> list[dict]:
+    with (gzip.open if path.endswith(".gz") else open)(path, "rt", encoding="utf-8") as fh:
         return json.load(fh)
 
 
@@ -61,13 +71,7 @@ def family_records(folder: str, family: str) -> list[dict] | None:
     """The records in ``folder/FAMILY.json`` (or, failing that, ``FAMILY.json.gz``); None when
     neither exists."""
     path = os.path.join(folder, f"{family}.json")
-    if os.path.exists(path):
-        with open(path, encoding="utf-8") as fh:
-            return json.load(fh)
-    if os.path.exists(path + ".gz"):
-        with gzip.open(path + ".gz", "rt", encoding="utf-8") as fh:
-            return json.load(fh)
-    return None
+    return next((_load(p) for p in (path, path + ".gz") if os.path.exists(p)), None)
 
 
 def describe_run(records: Sequence[Mapping] | None) -> str:
@@ -111,9 +115,7 @@ def write_report(out_dir: str, families: Sequence[str],
         lines += ["", f'<a id="{fam}"></a>', f"## {TITLES.get(fam, fam)}", ""]
         claims = per_family[fam]
         if claims:
-            lines += ["| claim | verdict | evidence |", "|---|---|---|"]
-            lines += [f"| {_cell(c.get('claim', ''))} | **{_cell(c.get('verdict', ''))}** | "
-                      f"{_cell(c.get('evidence', ''))} |" for c in claims]
+            lines += _claims_table(claims)
         else:
             lines.append("(the recipe wrote no claims)")
         folder = os.path.join(out_dir, fam)
@@ -177,12 +179,7 @@ def results_section(out_dir: str, families: Sequence[str], link_base: str,
             line += f" Setup, full tables and discussion: [{page}]({page})."
         lines += ["", f"### {TITLES.get(fam, fam)}", "", line, ""]
         if claims[fam]:
-            lines += ["| claim | verdict | evidence |", "|---|---|---|"]
-            for c in claims[fam]:
-                verdict = _cell(c.get("verdict", ""))
-                verdict = verdict if verdict == "reproduced" else f"**{verdict}**"
-                lines.append(f"| {_cell(c.get('claim', ''))} | {verdict} | "
-                             f"{_cell(c.get('evidence', ''))} |")
+            lines += _claims_table(claims[fam], plain=("reproduced",))
         elif counts[fam] == "claims file missing":
             lines.append(f"No verdicts: the claims file `{folder}/{fam}_claims.json` is missing "
                          f"(`ldp-beam reproduce {fam} --out {folder}` writes it).")

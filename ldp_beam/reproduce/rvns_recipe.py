@@ -65,10 +65,9 @@ no finite epsilon, which is every setting here since delta < d), ``epsilon_paper
 (``*_wide``), where a finite epsilon exists. Their ``epsilon`` is ``epsilon_honest``.
 Baselines' ``epsilon`` is their mechanism parameter.
 
-Randomness: one recipe ``seed`` (drawn from OS entropy when not given, and written into every
-record) keys a numpy SeedSequence; every (dataset, method, setting, repetition) cell gets its own
-PCG64 stream from the seed and the cell's label. These are simulations of many users, so the fast
-PCG64 is used instead of the library's AES-CTR default.
+Randomness: one recipe ``seed`` (:func:`.recipe.start_recipe`: from OS entropy when not given,
+in every record); every (dataset, method, setting, repetition) cell gets its own PCG64 stream
+(:func:`.recipe.cell_rng`).
 
 Sizes: full = the paper's (n = 50,000 per chi-squared dataset, 11 repetitions of everything, real
 data at m = 1000; about 6.5 minutes on the 2-core reference machine, docs/results_rvns.md);
@@ -276,11 +275,9 @@ def rvns_settings(cfg: Config, data: RvnsDataset) -> list[Setting]:
 
 
 def baseline_settings(cfg: Config) -> list[Setting]:
-    out = []
-    for method, grid in (("Laplace-DP", cfg.lap_eps), ("Gaussian-pDP", cfg.gauss_eps),
-                         ("EMS", cfg.sw_eps)):
-        out += [Setting(method, f"eps={e:g}", epsilon=float(e)) for e in grid]
-    return out
+    return [Setting(method, f"eps={e:g}", epsilon=float(e))
+            for method, grid in (("Laplace-DP", cfg.lap_eps), ("Gaussian-pDP", cfg.gauss_eps),
+                                 ("EMS", cfg.sw_eps)) for e in grid]
 
 
 def _baseline(cfg: Config, s: Setting, data: RvnsDataset):
@@ -491,9 +488,7 @@ def privacy_band(records: Sequence[Mapping], dataset: str, privacy: str = "priva
     if len(ranges) < 2:
         return None
     lo, hi = max(r[0] for r in ranges), min(r[1] for r in ranges)
-    if not lo < hi:
-        return None
-    return lo, (lo + hi) / 2, hi
+    return (lo, (lo + hi) / 2, hi) if lo < hi else None
 
 
 def _interp(cs: list[dict], P: float, metric: str, log_y: bool) -> tuple[float, float] | None:
@@ -522,12 +517,8 @@ def band_points(records: Sequence[Mapping], dataset: str, method: str = "RVNS-EM
         return []
     _, mid, hi = band
     cs = cells(records, dataset, method, privacy)
-    out = []
-    for c in cs:
-        if mid <= c["P"] <= hi:
-            best = min((o for o in cs if o["P"] >= c["P"]), key=lambda o: o["wasserstein"])
-            out.append((c["P"], best))
-    return out
+    return [(c["P"], min((o for o in cs if o["P"] >= c["P"]), key=lambda o: o["wasserstein"]))
+            for c in cs if mid <= c["P"] <= hi]
 
 
 # --------------------------------------------------------------------------- claims
@@ -537,11 +528,7 @@ IND_EACH = 0.5       # ... and in > 1/2 of the comparisons against each baseline
 
 
 def _datasets(records: Sequence[Mapping]) -> list[str]:
-    seen = []
-    for r in select(records, experiment=EXPERIMENT):
-        if r["dataset"] not in seen:
-            seen.append(r["dataset"])
-    return seen
+    return list(dict.fromkeys(r["dataset"] for r in select(records, experiment=EXPERIMENT)))
 
 
 def _label(variant: str, privacy: str) -> str:
@@ -692,8 +679,7 @@ def claims(records: Sequence[Mapping]) -> list[dict]:
     [a, b] (the ``privacy_clipped`` metric, a sensitivity check of the privacy axis)."""
     out = []
     for judge in (_claim_wasserstein, _claim_indicators):
-        for variant in RVNS_METHODS:
-            out.append(judge(records, variant))
+        out += [judge(records, variant) for variant in RVNS_METHODS]
         if select(records, experiment=EXPERIMENT, metric="privacy_clipped"):
             out.append(judge(records, "RVNS-EM", "privacy_clipped"))
     out.append(_claim_privacy(records))

@@ -75,10 +75,9 @@ StudentsPerformance.csv; the record key ``source`` says which was used):
   0.25 form + Logistic noise, with the real class counts; score with the real race and
   education counts and total = 203 + 9 (race - 2) + 8 (education - 2.5) + N(0, 40^2).
 
-Randomness: one recipe ``seed`` (drawn from OS entropy when not given and written into every
-record) keys a numpy SeedSequence; every (experiment, dataset, mechanism, eps, N) cell gets its
-own PCG64 stream derived from the seed and the cell's label, and the repetitions draw from it in
-turn. These are simulations, so the fast PCG64 replaces the library's AES-CTR default.
+Randomness: one recipe ``seed`` (:func:`.recipe.start_recipe`: from OS entropy when not given,
+in every record); every (experiment, dataset, mechanism, eps, N) cell gets its own PCG64 stream
+(:func:`.recipe.cell_rng`), and the repetitions draw from it in turn.
 
 Sizes: full = the paper's (10 repetitions, 7 budgets everywhere); ``quick`` = 5 repetitions and
 eps in {1, 2, 4} for Figs. 6-7. Run it as
@@ -512,20 +511,16 @@ def _tables(seed: int, data_dir: str | None) -> dict[str, Table]:
 
 def _datasets_experiment(tables: Mapping[str, Table], common: Mapping) -> list[dict]:
     """One record per (table, x attribute): N, level counts and the independence floor."""
-    out = []
     pairs = [("nursery", "parents"), ("nursery", "form"), ("nursery", "has_nurs"),
              ("score", "race"), ("score", "education")]
-    for tname, attr in pairs:
-        d = joint(tables[tname], attr)
-        f = d.truth()
-        out.append(make_record(
-            "datasets", d.name, "truth", None, "independence_ED", d.independence_ed(),
-            n=d.n, shape=d.shape_label, source=d.source, x_attr=attr, y_attr="class",
-            x_domain=list(d.xa.domain), y_domain=list(d.ya.domain),
-            x_sensitivity=list(d.xa.sensitivity), y_sensitivity=list(d.ya.sensitivity),
-            x_counts=np.rint(f.sum(1) * d.n).astype(int),
-            y_counts=np.rint(f.sum(0) * d.n).astype(int), **common))
-    return out
+    return [make_record(
+        "datasets", d.name, "truth", None, "independence_ED", d.independence_ed(),
+        n=d.n, shape=d.shape_label, source=d.source, x_attr=attr, y_attr="class",
+        x_domain=list(d.xa.domain), y_domain=list(d.ya.domain),
+        x_sensitivity=list(d.xa.sensitivity), y_sensitivity=list(d.ya.sensitivity),
+        x_counts=np.rint(f.sum(1) * d.n).astype(int),
+        y_counts=np.rint(f.sum(0) * d.n).astype(int), **common)
+        for tname, attr in pairs for d in [joint(tables[tname], attr)] for f in [d.truth()]]
 
 
 def _figs345(cfg: Config, seed: int, tables, common, prog) -> list[dict]:
@@ -784,6 +779,20 @@ def _tally(idx, a: str, b: str) -> _Tally:
     return t
 
 
+def _trends(curves: Mapping, x: str, is_tdrr, name, step) -> tuple[list, list, list, list]:
+    """(significant increases between adjacent ``x``, curves not significantly lower at the
+    largest ``x`` than at the smallest) of the judged curves, then the same of TDRR's."""
+    ups, flat, t_ups, t_flat = [], [], [], []
+    for ck, rs in sorted(curves.items()):
+        rs.sort(key=lambda r: r[x])
+        tdrr = is_tdrr(ck)
+        (t_ups if tdrr else ups).extend(f"{name(ck)} {step(a, b)}"
+                                        for a, b in zip(rs, rs[1:]) if below_by_se(a, b))
+        if len(rs) > 1 and not below_by_se(rs[-1], rs[0]):
+            (t_flat if tdrr else flat).append(name(ck))
+    return ups, flat, t_ups, t_flat
+
+
 def claims(records: Sequence[Mapping]) -> list[dict]:
     """Judge the paper's headline claims from the records. Each result:
     ``{"claim", "verdict": "reproduced" | "differs" | "not testable", "evidence"}``.
@@ -895,16 +904,9 @@ def claims(records: Sequence[Mapping]) -> list[dict]:
             for method, r in by.items():
                 if _ok(r):
                     curves.setdefault((key[0], key[1], method), []).append(r)
-        ups, flat, t_ups, t_flat = [], [], [], []
-        for ck, rs in sorted(curves.items()):
-            rs.sort(key=lambda r: r["epsilon"])
-            tdrr = ck[2] == "TDRR"
-            for a, b in zip(rs, rs[1:]):
-                if below_by_se(a, b):
-                    (t_ups if tdrr else ups).append(
-                        f"{ck[0]} {ck[1]} {ck[2]} eps {a['epsilon']:g}->{b['epsilon']:g}")
-            if len(rs) > 1 and not below_by_se(rs[-1], rs[0]):
-                (t_flat if tdrr else flat).append(f"{ck[0]} {ck[1]} {ck[2]}")
+        ups, flat, t_ups, t_flat = _trends(
+            curves, "epsilon", lambda ck: ck[2] == "TDRR", lambda ck: f"{ck[0]} {ck[1]} {ck[2]}",
+            lambda a, b: f"eps {a['epsilon']:g}->{b['epsilon']:g}")
         ok = not ups and not flat
         n_judged = sum(1 for ck in curves if ck[2] != "TDRR")
         add(claim, "reproduced" if ok else "differs",
@@ -926,15 +928,9 @@ def claims(records: Sequence[Mapping]) -> list[dict]:
             for method, r in by.items():
                 if _ok(r):
                     curves.setdefault((method, key[2]), []).append(r)
-        ups, flat, t_ups, t_flat = [], [], [], []
-        for (method, eps), rs in sorted(curves.items()):
-            rs.sort(key=lambda r: r["n"])
-            for a, b in zip(rs, rs[1:]):
-                if below_by_se(a, b):
-                    (t_ups if method == "TDRR" else ups).append(
-                        f"{method} eps={eps:g} N {a['n']}->{b['n']}")
-            if len(rs) > 1 and not below_by_se(rs[-1], rs[0]):
-                (t_flat if method == "TDRR" else flat).append(f"{method} eps={eps:g}")
+        ups, flat, t_ups, t_flat = _trends(
+            curves, "n", lambda ck: ck[0] == "TDRR", lambda ck: f"{ck[0]} eps={ck[1]:g}",
+            lambda a, b: f"N {a['n']}->{b['n']}")
         ok = not ups and not flat
         floors = {r["n"]: r.get("independence_ED")
                   for r in select(records, experiment="fig6", method="TDRR", metric="ED")}
@@ -1005,16 +1001,17 @@ def claims(records: Sequence[Mapping]) -> list[dict]:
 
     # 8. Runtimes within 0.1 s.
     rs7 = [r for r in select(records, experiment="fig7", metric="seconds") if _ok(r)]
+    names7 = sorted({r["dataset"] for r in rs7})
     claim = "The runtimes of the four mechanisms are within 0.1 s of each other (Fig. 7)"
     if not rs7:
         add(claim, "not testable", "no fig7 records")
     else:
         spreads, parts = [], []
-        for name in sorted({r["dataset"] for r in rs7}):
-            for eps in sorted({r["epsilon"] for r in rs7 if r["dataset"] == name}):
-                v = [r["value"] for r in rs7 if r["dataset"] == name and r["epsilon"] == eps]
-                spreads.append(max(v) - min(v))
+        for name in names7:
             rn = [r for r in rs7 if r["dataset"] == name]
+            for eps in sorted({r["epsilon"] for r in rn}):
+                v = [r["value"] for r in rn if r["epsilon"] == eps]
+                spreads.append(max(v) - min(v))
             v = [r["value"] for r in rn]
             parts.append(f"{name} (N={rn[0]['n']}): {1e3 * min(v):.2f}..{1e3 * max(v):.2f} ms "
                          "per run")
@@ -1029,11 +1026,11 @@ def claims(records: Sequence[Mapping]) -> list[dict]:
         add(claim, "not testable", "no fig7 records")
     else:
         parts, oks = [], []
-        for name in sorted({r["dataset"] for r in rs7}):
-            eps_ok = sorted({r["epsilon"] for r in rs7 if r["dataset"] == name
-                             and r["method"] == "JuRR"})
-            mean = {m: float(np.mean([r["value"] for r in rs7 if r["dataset"] == name
-                                      and r["method"] == m and r["epsilon"] in eps_ok]))
+        for name in names7:
+            rn = [r for r in rs7 if r["dataset"] == name]
+            eps_ok = {r["epsilon"] for r in rn if r["method"] == "JuRR"}
+            mean = {m: float(np.mean([r["value"] for r in rn
+                                      if r["method"] == m and r["epsilon"] in eps_ok]))
                     for m in MECHANISMS}
             order = tuple(sorted(mean, key=mean.get))
             oks.append(order == PAPER_RUNTIME_ORDER)
@@ -1076,11 +1073,8 @@ def claims(records: Sequence[Mapping]) -> list[dict]:
 
 # --------------------------------------------------------------------------- text summary
 def _cell(r: Mapping | None, scale: float = 1.0, fmt: str = "{:.4f}") -> str:
-    if r is None:
-        return "-"
-    if r.get("value") is None:
-        return "undef"
-    return fmt.format(r["value"] * scale)
+    return "-" if r is None else "undef" if r.get("value") is None else fmt.format(
+        r["value"] * scale)
 
 
 def summary(records: Sequence[Mapping]) -> str:
@@ -1089,10 +1083,9 @@ def summary(records: Sequence[Mapping]) -> str:
     lines = []
     dsr = select(records, experiment="datasets")
     if dsr:
-        lines.append("dataset           shape  N      independence_ED  source")
-        for r in dsr:
-            lines.append(f"{r['dataset']:<17} {r['shape']:<6} {r['n']:<6} "
-                         f"{r['value']:<16.4f} {r['source']}")
+        lines += ["dataset           shape  N      independence_ED  source"] + [
+            f"{r['dataset']:<17} {r['shape']:<6} {r['n']:<6} {r['value']:<16.4f} {r['source']}"
+            for r in dsr]
     for exp_name in ("fig3", "fig4", "fig5"):
         for name in sorted({r["dataset"] for r in select(records, experiment=exp_name)}):
             rs = select(records, experiment=exp_name, dataset=name, metric="ED")
