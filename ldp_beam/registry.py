@@ -188,12 +188,11 @@ class Registry:
                 if f.name in notes:  # a default resolved from other parameters when built
                     row["default_note"] = notes[f.name]
                 params.append(row)
-            entry = {"name": name, "family": p.mechanism.family, "summary": p.summary,
-                     "source": p.source, "parameters": params,
-                     "roles": [{"name": r.name, "required": r.required, "kind": r.kind}
-                               for r in p.mechanism.roles],
-                     "report_fields": _report_fields(p.mechanism)}
-            out.append(entry)
+            out.append({"name": name, "family": p.mechanism.family, "summary": p.summary,
+                        "source": p.source, "parameters": params,
+                        "roles": [{"name": r.name, "required": r.required, "kind": r.kind}
+                                  for r in p.mechanism.roles],
+                        "report_fields": _report_fields(p.mechanism)})
         return out
 
 

@@ -1,42 +1,34 @@
 """Central-DP aggregations per key: what they share (PipelineDP's COUNT, PRIVACY_ID_COUNT, SUM,
-MEAN, VARIANCE and PERCENTILE, as ldp-beam releases).
+MEAN, VARIANCE and PERCENTILE, as ldp-beam releases; docs/person_level.md compares them).
 
-The six releases (``central-count``, ``privacy-id-count``, ``central-sum``, ``central-mean``,
-``central-variance``, ``central-quantiles``; modules :mod:`.count`, :mod:`.sum`, :mod:`.mean`,
-:mod:`.variance`, :mod:`.quantiles`) are :class:`~ldp_beam.core.CentralRelease` subclasses run by
-the same engine as the histogram releases: the pipeline bounds every privacy unit to at most
-``max_partitions_per_unit`` = L0 keys and ``max_rows_per_partition`` = Linf rows per key *before*
-the release sees the rows (:func:`ldp_beam.central.partition.bound_contributions` is the
-reference), selects the keys (public list or private partition selection), and releases every
-key once with noise addressed by the key (:func:`~ldp_beam.central.histogram.release_source`).
-Each release is calibrated to m = L0 x Linf rows per unit over all keys, so all keys together
-cost its epsilon once per unit (docs/person_level.md).
+The six releases (modules :mod:`.count`, :mod:`.sum`, :mod:`.mean`, :mod:`.variance`,
+:mod:`.quantiles`) are :class:`~ldp_beam.core.CentralRelease` subclasses run by the engine of the
+histogram releases: the pipeline bounds every privacy unit to at most ``max_partitions_per_unit``
+= L0 keys and ``max_rows_per_partition`` = Linf rows per key before the release sees the rows
+(reference: :func:`ldp_beam.central.partition.bound_contributions`), selects the keys, and
+releases every key once with noise addressed by the key
+(:func:`~ldp_beam.central.histogram.release_source`). Each release is calibrated to m = L0 x Linf
+rows per unit over all keys, so all keys together cost its epsilon once per unit.
 
-**Values are never clipped.** A value outside the declared domain ``[lower, upper]``, a
-non-numeric one or a missing one is dead-lettered with a reason naming the role and the domain,
-as every ldp-beam release does: the curator sees what was left out and why. PipelineDP instead
-clamps values into its ``[min_value, max_value]`` (``min_sum_per_partition`` ...) without telling;
-a clamped outlier silently biases a sum or a mean towards the bounds.
+**Values are never clipped**: one outside ``[lower, upper]``, non-numeric or missing is
+dead-lettered with a reason naming the role and the domain (PipelineDP clamps without telling,
+which silently biases a sum or a mean towards the bounds).
 
-**Noise is exact.** Every statistic is an integer before noise is added: counts are integers,
-sums are computed exactly on a fixed grid (:class:`Lattice`), and the noise is the discrete
-Laplace sampled with integer arithmetic (:mod:`ldp_beam.noise`), never a floating-point Laplace
-variate, whose low-order bits can reveal the input (Mironov 2012; docs/floating_point.md).
-PipelineDP adds its Laplace noise through PyDP, Google's C++ library, to doubles (sums and
-sensitivities in floating point; the library rounds to a power-of-two granularity and samples on
-it, a mitigation of that attack rather than an exact mechanism on a lattice fixed in advance).
+**Noise is exact**: every statistic is an integer before noise is added (counts; sums exact on a
+fixed grid, :class:`Lattice`) and the noise is the discrete Laplace sampled with integer
+arithmetic (:mod:`ldp_beam.noise`), never a floating-point Laplace variate, whose low-order bits
+can reveal the input (Mironov 2012; docs/floating_point.md).
 
-**The grid.** A bounded term t (|t| <= B in data units, B public: max(|lower|, |upper|) for a
-sum, (upper - lower)/2 for the midpoint-normalized sums of the mean and variance) is put on the
-grid g = 2^(e - k), the power of two with B < 2^e, k = :data:`GRID_BITS` = 40 bits below it
-(fewer only when m/epsilon is so large that the noise scale would leave the exact sampler's
-integer range: k <= 52 + log2(epsilon / m)). A power of two makes t / g exact in floating point,
-so the only rounding is ``rint``: at most g/2 <= B 2^-40 per row. The sum of n rows is then
-exact in integers (two 32-bit limbs in the int64 accumulator, so that n B / g never overflows),
-and the rounding error of the released sum is at most n g/2, deterministic and not in the
-stderr; the noise's standard deviation is at least sqrt(2) m D g (D = B/g >= 2^(k-1)), so the
-rounding is below 1% of it for n up to 0.02 sqrt(2) D m rows: above 10^10 rows at k = 40 (every
-release states its own threshold). For a mean the rounding is at most g/2 whatever n.
+**The grid.** A bounded term t (|t| <= B, B public: max(|lower|, |upper|) for a sum, (upper -
+lower)/2 for the midpoint-normalized sums of the mean and variance) is put on the grid
+g = 2^(e - k), B < 2^e, k = :data:`GRID_BITS` = 40 (fewer only when m/epsilon would put the noise
+scale beyond the exact sampler's integer range: k <= 52 + log2(epsilon / m)). t / g is exact in
+floating point, so the only rounding is ``rint``, at most g/2 <= B 2^-40 per row; the sum of n
+rows is exact in integers (two 32-bit limbs in the int64 accumulator), so the released sum's
+rounding error is at most n g/2, deterministic and not in the stderr. The noise SD is at least
+sqrt(2) m D g (D = B/g >= 2^(k-1)), so the rounding is below 1% of it for n up to
+0.02 sqrt(2) D m rows (above 10^10 at k = 40; every release states its own threshold). For a
+mean the rounding is at most g/2 whatever n.
 """
 from __future__ import annotations
 
@@ -55,6 +47,7 @@ from ..noise import (discrete_laplace, discrete_laplace_scale, discrete_laplace_
 from ..privacy import (CENTRAL, PrivacyGuarantee, UnitBounded, central_unit_params,
                        central_unit_text, check_contribution_bound)
 from .histogram import as_generator, release_source
+from .unit_release import _ReleasedOnce
 
 #: bits of the grid below the term's bound B (g = 2^(e - GRID_BITS), B < 2^e)
 GRID_BITS = 40
@@ -301,7 +294,7 @@ def positive_denominator(n: int) -> int:
     return max(int(n), 1)
 
 
-class AggregationEstimator(Estimator):
+class AggregationEstimator(_ReleasedOnce, Estimator):
     """The estimator of an :class:`Aggregation`: an int64 accumulator (counts and exact two-limb
     grid sums; merge is a sum with the limbs carried), released once by ``finalize`` (or
     ``finalize_key`` per key, noise addressed by the key). ``seed`` makes the noise reproducible
@@ -343,13 +336,9 @@ class AggregationEstimator(Estimator):
                          f"integer in [{lo}, {hi}]")
         return reasons
 
-    def statistics(self, acc: np.ndarray) -> dict[str, Statistic]:
-        raise NotImplementedError("a central release is made by finalize(), once")
-
     def finalize(self, acc: np.ndarray) -> Estimate:
-        """The one release, from any accumulator, the empty one included (noise alone):
-        refusing an empty one would publish a fixed error where one person's row gives a
-        noisy answer, which no epsilon bounds."""
+        """The one release, from any accumulator, the empty one included (noise alone; see
+        :class:`~ldp_beam.central.unit_release._ReleasedOnce`)."""
         acc = np.asarray(acc, dtype=np.int64)
         return self._release(acc, release_source(self.seed, acc))
 

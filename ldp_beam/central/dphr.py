@@ -24,13 +24,11 @@ the group means then err in the same direction over whole regions (zeros in a sp
 a positive mean), so range-query errors grow with the square of the length. ``ldp-beam reproduce
 dphr`` measures it against the published variant and the baselines.
 
-Privacy unit (issue 14; docs/person_level.md): with ``max_partitions_per_unit`` = L0 and
-``max_rows_per_partition`` = Linf enforced by the pipeline, removing a unit moves the counts by at
-most m = L0 * Linf in L1. The sound variant then adds discrete Laplace noise of sensitivity m to
-the view (scale m/eps1) and to the group sums (scale m/eps2), and plans its grouping with the
-effective per-record budget eps2/m in Theorem 3's noise term (post-processing of the view: any
-value is private; this one is the noise the group means actually get): (eps1 + eps2)-DP per unit.
-The paper variant runs at eps1/m and eps2/m (it has no established guarantee either way).
+Privacy unit (issue 14; m = L0 * Linf, as :mod:`.histogram` describes): the sound variant adds
+discrete Laplace noise of sensitivity m to the view (scale m/eps1) and to the group sums (scale
+m/eps2), and plans its grouping with the per-record budget eps2/m in Theorem 3's noise term (the
+noise the group means actually get; post-processing of the view): (eps1 + eps2)-DP per unit. The
+paper variant runs at eps1/m and eps2/m (no established guarantee either way).
 
 The dynamic programme T(i) = min_j T(j) + err(j+1..i) over contiguous runs of the sorted order
 uses prefix sums (each err is O(1)) and one vectorized row per i: O(n^2) time, O(n) memory.

@@ -14,21 +14,17 @@ the one release. Neighbouring datasets differ by adding or removing one record, 
 bucket count by 1 -- or, with contribution bounds (issue 14), by all rows of one *privacy unit*.
 
 Contribution bounds (``max_partitions_per_unit`` = L0, ``max_rows_per_partition`` = Linf; both 1
-by default, today's per-record release): the pipeline keeps, for every unit, at most L0 partitions
-(keys of a per-key release) and at most Linf rows in each *before* the release sees the records.
-Removing a unit then changes the counts of all partitions together by at most m = L0 * Linf in L1
-norm. Every release here is calibrated to m: its Laplace noise is the discrete Laplace of the
-integer sensitivity m (the lattice stays exact: :func:`ldp_beam.noise.discrete_laplace_scale`
-with sensitivity m, so the realized epsilon m / t is at most the claim), every exponential-mechanism
-score sensitivity is multiplied by m, and every data-independent utility parameter that used a
-budget (grouping errors, thresholds) uses the per-record budget epsilon / m. Equivalently, each
-algorithm runs at the per-record budget epsilon / m and group privacy over the unit's at most m
-rows gives epsilon per unit; per-key releases calibrated to the unit's total m compose to epsilon
-over all keys (docs/person_level.md).
-
-Noise: every Laplace draw of a histogram release is the exact discrete Laplace added to an integer
-(a bucket count or a group sum; :func:`laplace_counts`, :mod:`ldp_beam.noise`), never a
-floating-point Laplace variate, whose low-order bits can reveal the input (docs/floating_point.md).
+by default, the per-record release): the pipeline keeps, for every unit, at most L0 partitions
+and at most Linf rows in each before the release sees the records, so removing a unit changes all
+partitions' counts together by at most m = L0 * Linf in L1. Every release here is calibrated to
+m: its noise is the exact discrete Laplace of integer sensitivity m added to an integer (a bucket
+count or a group sum; :func:`laplace_counts`, :func:`ldp_beam.noise.discrete_laplace_scale`, so
+the realized epsilon m / t is at most the claim), never a floating-point Laplace variate, whose
+low-order bits can reveal the input (docs/floating_point.md); every exponential-mechanism score
+sensitivity is multiplied by m, and data-independent utility parameters that used a budget
+(grouping errors, thresholds) use the per-record budget epsilon / m. Equivalently: the algorithm
+at epsilon / m per record plus group privacy over the unit's m rows; per-key releases compose to
+epsilon over all keys (docs/person_level.md).
 
 The bucket domain is either numeric (``bins`` equal-width buckets on ``[lower, upper]``; the last
 bucket includes ``upper``) or categorical (``categories``). Counts that are already aggregated
@@ -56,6 +52,7 @@ from ..noise import (discrete_laplace_scale, discrete_laplace_variance, lattice_
 from ..privacy import (CENTRAL, PrivacyGuarantee, UnitBounded, central_unit_params,
                        central_unit_text, check_contribution_bound)
 from ..rng import RandomSource, RngLike
+from .unit_release import _ReleasedOnce
 
 BUCKET = (("bucket", "int32"),)
 
@@ -319,17 +316,13 @@ class HistogramRelease(UnitBounded, CentralRelease):
         edges of the buckets in bucket order (bucket ``i`` is ``[edges[i], edges[i + 1])``, the
         last one includes ``upper``), as :meth:`bucket_edges` gives them.
 
-        Why the edges go in the parameters, not in a statistic: they are public and fixed
-        before any data is seen (a function of ``bins``, ``lower`` and ``upper``), not an
-        estimate (no noise, no standard error), and there are ``bins + 1`` of them, one more
-        than the cells of ``histogram``; as a statistic they would be counted, tidied, drawn and
-        checked as if released from the data. In the parameters they sit with the other labels
-        of cells (``categories``, ``domain``, ``x_domain``), which every surface already reads:
-        the JSON (:meth:`Estimate.to_dict`), :meth:`Estimate.to_frame` (a bucket's cell is its
-        interval), the tidy table (``bin_low``/``bin_high``) and the console. ``bucket_edges``
-        is not a parameter of the release: leave it out to build the release again from an
-        estimate's parameters. Counts given to :meth:`release_counts` that do not match the
-        declared ``bins`` carry no edges (they are not the declared buckets)."""
+        The edges are public parameters fixed before any data is seen, not an estimate (and
+        ``bins + 1`` of them), so they sit with the other cell labels (``categories``,
+        ``domain``) that the JSON, :meth:`Estimate.to_frame`, the tidy table
+        (``bin_low``/``bin_high``) and the console read. ``bucket_edges`` is not a parameter of
+        the release (leave it out to rebuild the release from an estimate's parameters). Counts
+        given to :meth:`release_counts` that do not match the declared ``bins`` carry no edges
+        (they are not the declared buckets)."""
         params = self.params()
         edges = self.bucket_edges()
         if edges is not None and len(edges) == n + 1:
@@ -472,7 +465,7 @@ def key_address(key: Any) -> str:
     return f"{type(key).__name__}:{key!r}"
 
 
-class HistogramReleaseEstimator(CountEstimator):
+class HistogramReleaseEstimator(_ReleasedOnce, CountEstimator):
     """Accumulates bucket counts of raw records; ``finalize`` publishes once with the
     release's algorithm. Each call of ``finalize`` is one release (one use of the budget on those
     records); releases on disjoint records (per key, per window) compose in parallel. ``seed``
@@ -499,13 +492,9 @@ class HistogramReleaseEstimator(CountEstimator):
                          f"[0, {self.n_cells})")
         return reasons
 
-    def statistics(self, acc: np.ndarray) -> dict[str, Statistic]:
-        raise NotImplementedError("a central release is made by finalize(), once")
-
     def finalize(self, acc: np.ndarray) -> Estimate:
         """The one release, from any accumulator, the empty one included (a noisy empty
-        histogram): refusing an empty one would publish a fixed error where one person's row
-        gives a noisy histogram, which no epsilon bounds."""
+        histogram; see :class:`~ldp_beam.central.unit_release._ReleasedOnce`)."""
         return self._release(acc, release_source(self.seed, acc))
 
     def finalize_key(self, acc: np.ndarray | None, key: Any) -> Estimate:

@@ -17,15 +17,13 @@ publication", Distributed and Parallel Databases 37, 2019) is not implemented: o
 between the grouping and the noise phases, chosen from a theoretical analysis) could be found,
 which does not pin the algorithm down.
 
-Every algorithm here is a frozen :class:`~.histogram.HistogramRelease`: ``release_counts(counts, rng)``
-makes one release, ``guarantee`` says what it costs. Neighbouring datasets differ by one record,
-which changes one bucket count by 1 -- or, with contribution bounds (``max_partitions_per_unit`` =
-L0, ``max_rows_per_partition`` = Linf, enforced by the pipeline; issue 14), by all rows of one
-privacy unit: at most m = L0 * Linf in L1 over all partitions. Each algorithm is then calibrated to
-m (docs/person_level.md): StructureFirst's boundary score sensitivity is m (2F + 1) and its group
-sums get discrete Laplace noise of sensitivity m; AHP's view and group sums get noise of
-sensitivity m, and its threshold and clustering error use the per-record budgets eps1/m and eps2/m
-(they read only the view: post-processing). m = 1 is the per-record release, bit for bit.
+Every algorithm here is a frozen :class:`~.histogram.HistogramRelease` (``release_counts(counts,
+rng)`` makes one release, ``guarantee`` says what it costs), calibrated to m = L0 * Linf rows per
+privacy unit as :mod:`.histogram` describes: StructureFirst's boundary score sensitivity is
+m (2F + 1) and its group sums get discrete Laplace noise of sensitivity m; AHP's view and group
+sums get noise of sensitivity m, and its threshold and clustering error use the per-record
+budgets eps1/m and eps2/m (they read only the view: post-processing). m = 1 is the per-record
+release, bit for bit.
 """
 from __future__ import annotations
 
@@ -355,10 +353,6 @@ class AHP(TwoPartBudget, HistogramRelease):
     Steps 2-4 read only the view, so the grouping is post-processing of an eps1-DP release; the
     group means then cost eps2 (disjoint groups, sensitivity 1/|G|): (eps1 + eps2)-DP.
 
-    Per privacy unit (bounds L0, Linf; m = L0 * Linf): the view and the group sums get discrete
-    Laplace noise of sensitivity m (scales m/eps1, m/eps2); the threshold and the clustering's
-    error term use the noise the view and the means actually have (eps1/m, eps2/m).
-
     Parameters where the paper is not explicit follow DPBench's transcription of the authors'
     implementation (Hay et al. 2016, ``dpcomp_core/algorithm/AHP.py``): the threshold
     eta * ln(n) / eps1 and the defaults eps1 = 0.85 epsilon, eta = 0.35 (the authors' setting
@@ -412,8 +406,7 @@ class AHP(TwoPartBudget, HistogramRelease):
 
     def group_view(self, view: np.ndarray) -> np.ndarray:
         """Steps 2-4: the grouping (group id per bucket, original order) from the noisy view
-        alone. Per unit (m = L0 * Linf rows), the view's noise has scale m/eps1 and the means'
-        m/eps2: the threshold and the error terms use eps1/m and eps2/m."""
+        alone (the threshold and the error terms use eps1/m and eps2/m, m = L0 * Linf)."""
         e1, e2 = self.budget
         m = self.unit_sensitivity
         thr = ahp_threshold(np.asarray(view, dtype=float), self.eta, e1 / m)

@@ -13,9 +13,6 @@ Released: ``mean`` = mid + S / max(N, 1) (``value``, raw) and ``clipped`` into [
 the noise only (the rows are fixed: the estimand is the mean of the rows released from), by the
 delta method at the released values, sqrt(Var S + mu^2 Var N) / max(N, 1) with mu = the clipped
 mean - mid; accurate when N is well above its noise.
-
-Values outside [lower, upper], non-numeric or missing are dead-lettered, never clipped
-(PipelineDP clamps them).
 """
 from __future__ import annotations
 

@@ -10,15 +10,8 @@ guarantee: docs/ospdprr_privacy.md. The queries, their parameter checks, clippin
 contribution bounds and the release as an :class:`~ldp_beam.core.Estimate` are shared with
 OSPDPRR, imported from :mod:`ldp_beam.central.unit_release`.
 
-**OsdpRR: one pass, memory that does not grow with users (issue 16).** The baseline adds no
-noise: each non-sensitive record is kept with the public probability q, independently of every
-other record, and every published number is a function of the kept records' count, sum and sum
-of squares. So its keep draws are made where the row is read (``draws = k_T``, addressed by the
-run key and the row's identity like OSPDPRR's sound-self mode), and :class:`OsdpRREstimator`
-keeps four Python integers: users, kept records and the exact sums of their values and squares
-in units of 2^-1074 (:func:`exact_sum_units`; exact, so any split and merge order gives the same
-integers; rounded once at release). No rows, no cap; measured numbers in :class:`OsdpRR`'s
-docstring.
+**One pass, memory that does not grow with users (issue 16)**: the keep draws are made where
+the row is read and :class:`OsdpRREstimator` keeps four exact integers (see :class:`OsdpRR`).
 
 **Privacy unit (issue 14; docs/person_level.md).** With the contribution bounds
 ``max_partitions_per_unit`` (L0) and ``max_rows_per_partition`` (Linf) of OSPDPRR (at most
@@ -134,11 +127,8 @@ def _osdp_fields(m: "OsdpRR") -> tuple[tuple[str, str], ...]:
 
 @dataclass(frozen=True)
 class OsdpRR(_UserQuery, UnitBounded, CentralRelease):
-    """OsdpRR: OSDP randomized response, record-level one-sided DP (the OSPDPRR baseline).
-
-    Kotsogiannis et al., ICDE 2020. Every target item of every user is a record; a sensitive
-    record (level > 0) is never released, a non-sensitive one is released truthfully with
-    probability ``1 - e^-epsilon``; the query is answered from the released records.
+    """OsdpRR: OSDP randomized response, record-level one-sided DP (the OSPDPRR baseline; see
+    the module docstring).
 
     ``estimator``: ``raw`` (the query on the released records) or ``scaled`` (count and sum
     divided by the keep probability: an estimate of the *non-sensitive* total, biased by minus the
@@ -146,31 +136,20 @@ class OsdpRR(_UserQuery, UnitBounded, CentralRelease):
     :class:`~ldp_beam.central.ospdprr.OSPDPRR`. For a panel at threshold t, :meth:`matched`
     builds it with the budget matching of spec §7.2.
 
-    **One pass, memory that does not grow with users (issue 16).** Every record is kept or not
-    on its own (independent Bernoulli(q) draws, q the keep probability, a public constant), and
-    the published statistics (the released records' count, sum and sum of squares; every answer
-    is computed from those three) are sums over records. So the draw is made where the row is
-    read: the mechanism consumes one uniform per target item (``draws = k_T``) and
-    :meth:`randomize` reports each record's value and ``released<i> = (not sensitive) and u < q``.
-    In a pipeline ``Perturb`` addresses those uniforms like collect's LDP noise: by the run's
-    secret key (fresh OS entropy; a seeded run is reproducible whatever the runner or batch size
-    and says it is not private) and the row's identity (input stream and record offset).
-    :class:`OsdpRREstimator` keeps four Python integers ``[users, records, S, Q]`` (an object
-    array): the users seen (never released), the released records, and the exact sums of their
-    values and of their squares (float64 ``v * v``) in units of 2^-1074
-    (:func:`exact_sum_units`: no rounding, so any split and merge order gives the same
-    integers), rounded once at release (correctly rounded: the ``math.fsum`` of the released
-    terms). OsdpRR adds no noise, so the release draws nothing: it is post-processing of the
-    sample drawn per record. Same q, same records, same statistics as :meth:`release` (the
-    in-memory path of the paper reproduction, which draws the (n, k_T) uniforms itself).
-
-    Measured (``ldp-beam estimate -i RAW -m osdp-rr`` from raw rows, epsilon = 0.8, sum, k = 1,
-    lower 0, upper 100, the bench's ``levels`` file, DirectRunner, one process, peak RSS from
-    ``/usr/bin/time -f %M``, on the shared 2-core machine, load 3-5, so times are noisy, five
-    runs): 299-311 MB and 5.0-6.2 s at 10^6 rows, 299-312 MB and 3.4-7.8 s at 10^7 (growth
-    -0.3% to +4%; the issue's target is +15%; a row accumulator of 2 k_T float64 cells per
-    user, sorted at release, took about 363 MB at 10^6 and 1355 MB at 10^7). What remains of
-    the memory is Beam's and the batches in flight.
+    **One pass, memory that does not grow with users** (issue 16; docs/ospdprr_privacy.md):
+    every record is kept or not by its own Bernoulli(q) draw (q public) and every answer is a
+    function of the released records' count, sum and sum of squares. So the mechanism consumes
+    one uniform per target item (``draws = k_T``, addressed in a pipeline by the run's secret key
+    and the row's identity, like LDP noise; a seeded run says it is not private) and
+    :meth:`randomize` reports each record's value and ``released<i> = (not sensitive) and
+    u < q``. :class:`OsdpRREstimator` keeps four Python integers ``[users, records, S, Q]``: the
+    users seen (never released), the released records, and the exact sums of their values and
+    squares (float64 ``v * v``) in units of 2^-1074 (:func:`exact_sum_units`: any split and merge
+    order gives the same integers), rounded once at release (correctly: the ``math.fsum`` of the
+    released terms). The release draws nothing (post-processing of the per-record sample); same
+    q, records and statistics as :meth:`release` (the in-memory path, which draws the (n, k_T)
+    uniforms itself). Peak RSS of ``ldp-beam estimate -m osdp-rr``: about 300 MB at both 10^6 and
+    10^7 rows (one row per user took 363 and 1355 MB; docs/guides/runners.md).
     """
 
     NAME: ClassVar[str] = "osdp-rr"
@@ -272,8 +251,8 @@ class OsdpRR(_UserQuery, UnitBounded, CentralRelease):
                      f"probability 1 - e^-(eps/m) = 1 - e^-(eps/{m}) = "
                      f"{self.keep_probability:.4g} (m = L0 x Linf = {m}: the record budget)")
                   + ". Replacing a sensitive "
-                  f"record by any record changes the probability of any output by at most "
-                  f"e^eps (the suppression probability e^-eps defeats exclusion attacks). NOT DP "
+                  "record by any record changes the probability of any output by at most "
+                  "e^eps (the suppression probability e^-eps defeats exclusion attacks). NOT DP "
                   "for non-sensitive records: they are published as they are. Reported as kind "
                   "ULDP because, per record, this is exactly utility-optimized LDP on (value, "
                   "level) pairs: the one protected output (suppressed) has probability 1 or "

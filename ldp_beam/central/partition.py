@@ -16,51 +16,28 @@ per partition key. Two things must be private besides the releases themselves:
   releases' own ``max_partitions_per_unit`` / ``max_rows_per_partition``), so all per-key releases
   *together* cost their epsilon once per unit (docs/person_level.md).
 
-Private partition selection (Laplace thresholding; Google's differential-privacy library and
-PipelineDP, ``LaplacePartitionSelection``; Wilson et al., "Differentially private SQL with
-bounded user contribution", PoPETs 2020; Desfontaines et al., "Differentially private partition
-selection", PoPETs 2022), here with the *discrete* Laplace so that the noise is exact
-(:mod:`ldp_beam.noise`):
-
-    c_k  = number of distinct units with a (kept) row in key k       (after bounding: each unit
-                                                                      counts in <= L0 keys)
-    keep k  iff  c_k + Z_k >= T,   Z_k ~ discrete Laplace of scale t, independent per key.
-
-Derivation. Let D' be D without one unit u. u touches at most L0 keys after bounding.
-(a) Keys present in both D and D': each of their counts changes by at most 1 and at most L0 of
-them change, an L1 change <= L0. The noisy counts (c_k + Z_k) of these keys are epsilon-DP when
-t >= L0 / epsilon (discrete Laplace: P(z)/P(z + 1) <= e^(1/t)), and keeping or dropping them is
-post-processing. t = :func:`~ldp_beam.noise.discrete_laplace_scale` (L0, epsilon), the smallest
-rational >= L0/epsilon with denominator <= 2^20, so the realized L0 / t <= epsilon exactly.
-(b) Keys present only in D: u is their only unit, so c_k = 1; there are j <= L0 of them. Each is
-kept with probability
-
-    p1 = P(1 + Z >= T) = P(Z >= T - 1) = sum_{z >= T-1} (1-q)/(1+q) q^z = q^(T-1) / (1 + q),
-    q = e^(-1/t)  (T >= 1),
-
-independently, so *some* of them is released with probability 1 - (1 - p1)^j <=
-1 - (1 - p1)^L0. This is the bad event; outside it the outputs of D and D' relate as in (a). Hence
-(epsilon, delta)-DP (both directions: removing and adding u) with
-
-    delta = 1 - (1 - p1)^L0,  i.e.  p1 <= delta_p := 1 - (1 - delta)^(1/L0)
-
-(the per-partition delta of Google's library). The threshold is the smallest integer T >= 1 with
-q^(T-1)/(1+q) <= delta_p:
+Private partition selection (Laplace thresholding, as Google's differential-privacy library and
+PipelineDP's ``LaplacePartitionSelection``; Wilson et al., PoPETs 2020; Desfontaines et al.,
+PoPETs 2022), with the *discrete* Laplace so that the noise is exact (:mod:`ldp_beam.noise`):
+keep key k iff c_k + Z_k >= T, with c_k the number of distinct units with a (kept) row in k
+(after bounding: each unit counts in <= L0 keys) and Z_k discrete Laplace of scale
+t = :func:`~ldp_beam.noise.discrete_laplace_scale` (L0, epsilon) >= L0 / epsilon, independent
+per key. Keys a unit shares with others move by at most L0 in L1 (epsilon-DP, realized L0 / t <=
+epsilon); each of the <= L0 keys only it has is kept with probability p1 = q^(T-1) / (1 + q),
+q = e^(-1/t). Requiring p1 <= delta_p = 1 - (1 - delta)^(1/L0) (Google's per-partition delta)
+gives (epsilon, delta)-DP per unit with the smallest such threshold
 
     T = 1 + ceil( t (ln(1/delta_p) - ln(1 + q)) )        (at least 1),
 
-checked in log space with a relative margin of 1e-9 and moved by one where rounding requires. As t
-grows, 1 + q -> 2 and T -> 1 + (L0/epsilon) ln(1/(2 delta_p)), Google's continuous-Laplace
-threshold. The tests compute p1 and 1 - (1 - p1)^L0 exactly (high-precision arithmetic) and check
-them against delta, and that T - 1 would not meet it.
+checked in log space with a relative margin of 1e-9 and moved by one where rounding requires.
+The derivation, and the tests that check p1 and 1 - (1 - p1)^L0 against delta exactly:
+docs/person_level.md ("Per-key releases").
 
-Composition. The per-key releases of the selected keys are (epsilon_h)-DP per unit for *any*
-selected set (a selected key absent from D' is released from its empty accumulator there), so the
-selection followed by the releases is, by adaptive sequential composition,
-(epsilon_s + epsilon_h, delta_s)-DP per unit. :func:`per_key_guarantee` states it, with the
-epsilon at delta_s computed by Google's ``dp_accounting`` (privacy loss distributions of the
-worst-case (epsilon, delta)-DP mechanisms, :func:`ldp_beam.privacy.compose_dp`), and the exact
-sum when every part is pure (public keys: delta = 0).
+Composition: the releases of the selected keys are epsilon_h-DP per unit for *any* selected set,
+so selection then releases is (epsilon_s + epsilon_h, delta_s)-DP per unit (adaptive sequential
+composition). :func:`per_key_guarantee` states it: the exact sum when every part is pure (public
+keys: delta = 0), else the epsilon at delta_s from Google's ``dp_accounting``
+(:func:`ldp_beam.privacy.compose_dp`).
 """
 from __future__ import annotations
 

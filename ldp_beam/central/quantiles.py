@@ -30,9 +30,6 @@ Not included: the bias of interpolating inside a leaf (at most one leaf width, (
 leaves) and of setting negative counts to 0 (small where the counts are well above the noise).
 Measured on 3,000 Beta(2, 5) values: the empirical SD is 0.6 to 1.0 times the stated SE (it
 tends to be conservative where the density changes within the node it is read from).
-
-Values outside [lower, upper], non-numeric or missing are dead-lettered, never clipped
-(PipelineDP clamps them).
 """
 from __future__ import annotations
 

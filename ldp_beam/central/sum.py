@@ -9,8 +9,7 @@ units (D = rint(B / g)) and the noise is the discrete Laplace of scale >= m D / 
 units. Rounding to the grid moves each value by at most g/2 (stated, not in the stderr; below 1%
 of the noise SD up to the number of rows the guarantee states).
 
-Values outside [lower, upper], non-numeric or missing are dead-lettered, never clipped (PipelineDP
-clamps them). ``clipped``: the sum post-processed to its sign when the domain has one (>= 0 when
+``clipped``: the sum post-processed to its sign when the domain has one (>= 0 when
 lower >= 0, <= 0 when upper <= 0).
 """
 from __future__ import annotations

@@ -152,17 +152,15 @@ MIN_GRID = 2.0 ** -511
 
 
 def _check_magnitudes(self: Any) -> None:
-    """The bounds' scaled computations must stay finite (an overflow would release inf or fail
-    mid-run): the sums of up to 2^63 values (S: Bmax each) and of their squares (Q: Bmax^2,
-    for the queries that use Q, and OsdpRR's sum, whose stderr does), and OSPDPRR's noise
-    variance (checked with the noise in :func:`_check_bounds`). Nor underflow: each sum's grid
-    Bmax^power / 2^20 (:func:`statistic_lattice`) must be at least :data:`MIN_GRID` = 2^-511, so
-    that the grid and its square (the noise variance in data units is grid^2 x the variance in
-    grid units) are normal floats; a smaller grid rounds to 0 and the release would publish 0
-    sums, a negative variance or a 0 standard error. OsdpRR's sums of squares live on the same
-    scale, so the same floor holds for both. The smallest allowed max(|lower|, |upper|) is
-    2^(20 - 511) = 2^-491 (about 1.6e-148) for the sum, 2^-245.5 (about 1.2e-74) for the
-    squares."""
+    """The bounds' scaled computations must neither overflow (an inf release or a failure
+    mid-run) nor underflow. Overflow: the sums of up to 2^63 values (S: Bmax each) and of their
+    squares (Q: Bmax^2, for the queries that use Q and OsdpRR's sum, whose stderr does);
+    OSPDPRR's noise variance is checked with the noise (:func:`_check_bounds`). Underflow: each
+    sum's grid Bmax^power / 2^20 (:func:`statistic_lattice`; OsdpRR's sums live on the same
+    scale) must be at least :data:`MIN_GRID` = 2^-511, so that it and its square (in the noise
+    variance) are normal floats, else the release would publish 0 sums, a negative variance or a
+    0 standard error: max(|lower|, |upper|) >= 2^-491 (about 1.6e-148) for the sum, 2^-245.5
+    (about 1.2e-74) for the squares."""
     bmax = max(abs(float(self.lower)), abs(float(self.upper)))
     uses = self.sums_used
     unit = 1 << LATTICE_BITS
@@ -182,7 +180,6 @@ def _check_magnitudes(self: Any) -> None:
                 "rescale the values (e.g. to other units) so the bounds are larger")
         limit = (sys.float_info.max / MAX_TERMS) ** (1.0 / power)
         if not bmax <= limit:
-            what = "values" if power == 1 else "squared values"
             raise ParameterError(
                 "lower, upper", (self.lower, self.upper),
                 f"bounds with max(|lower|, |upper|) at most {limit:.3g} for query="

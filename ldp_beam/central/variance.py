@@ -22,9 +22,6 @@ Bias: the raw variance is a ratio of noisy sums, consistent but biased at small 
 squared mean, plus the noisy denominator's term). It is not corrected: adding Var S / n'^2 (free,
 post-processing) would remove only the first term, the second needs the unknown a and mu and is
 of the same order, so the release keeps PipelineDP's formula and states the bias in its note.
-
-Values outside [lower, upper], non-numeric or missing are dead-lettered, never clipped
-(PipelineDP clamps them).
 """
 from __future__ import annotations
 

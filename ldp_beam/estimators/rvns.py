@@ -16,9 +16,8 @@ Two reconstructions of the density on m equal cells Z of [lower, upper]:
   closed-form report CDF (:func:`report_cdf`). No kernel density estimate is involved, so EM has
   no KDE bandwidth and no KDE boundary artefact. The smoothing step is an implicit diffusion of
   variance ``smoothing**2`` (data units, so the same value means the same thing for every m);
-  by default ``smoothing = 0.65 (b - a) (d / ((b - a) n k))^0.4`` with n users of k reports, a
-  rule fitted to the chi-squared experiments of the paper (docs/rvns_reconstruction.md). It
-  shrinks as n grows, which makes the estimate consistent.
+  the default (:meth:`RVNSEstimator.default_smoothing`) shrinks as the number of reports grows,
+  which makes the estimate consistent.
 * ``method="paper"``: Algorithm 2 as published: G = Gaussian KDE of the reports at Z (Eqs. 5-6,
   optionally with reflection at the domain's ends), P = [p(z_i, z_j) w] (the rectangle rule of
   Eq. 7), and scipy's SLSQP on Eq. 9-11: minimize KL(G, PV) + KL(PV, G) + regularization subject
@@ -27,9 +26,8 @@ Two reconstructions of the density on m equal cells Z of [lower, upper]:
   on the feasible set the L1 term is the constant ``reg_l1 / w`` and cannot change the solution,
   and the L2 term pulls towards the flat density. The paper's stated aim, smoothness, is what
   ``reg_smooth`` (a penalty on squared differences of V, scaled as the integral of f'^2 on the
-  unit interval) provides; it is on by default, with the weight
-  ``0.01 (d / ((b - a) n k))^0.6`` and the KDE bandwidth ``0.005 (b - a)``, both fitted to the
-  same experiments. The paper's bound v_i <= 1 is not imposed (a density may exceed 1).
+  unit interval) provides; it is on by default (:meth:`RVNSEstimator.default_reg_smooth`). The
+  paper's bound v_i <= 1 is not imposed (a density may exceed 1).
 """
 from __future__ import annotations
 
@@ -337,10 +335,6 @@ def _number(name: str, value: Any, lo: float, lo_open: bool = True, integer: boo
 
 class RVNSEstimator(BinnedEstimator):
     """Density of the true values on m equal cells of [lower, upper] from RVNS reports.
-
-    ``RVNSEstimator(mechanism, m=100, method="em", bins=4096, bandwidth=None, boundary=None, *,
-    smoothing=None, report_bins=None, reg_l1=None, reg_l2=None, reg_smooth=None, tol=None,
-    max_iter=None)``
 
     * ``m``: number of cells (points of interest Z = cell midpoints), >= 2.
     * ``method``: "em" (EMS on the binned reports, fast, default) or "paper" (Algorithm 2: KDE +

@@ -21,11 +21,11 @@ from typing import ClassVar, NamedTuple
 
 import numpy as np
 
-from ..core import Mechanism, Reasons, Reports, Role, check_choice, check_interval
+from ..core import Mechanism, Reports, Role, check_choice, check_interval
 from ..errors import ParameterError
 from ..limits import check_cap
 from ..privacy import NEIGHBOURHOOD_LDP, PrivacyGuarantee
-from .continuous_baselines import DENSITY_MOMENT_POWER, DENSITY_MOMENTS
+from .continuous_baselines import DENSITY_MOMENT_POWER, DENSITY_MOMENTS, _BoundedValue
 
 
 def rvns_density(x: np.ndarray, y: np.ndarray, a: float, b: float, d: float) -> np.ndarray:
@@ -149,11 +149,7 @@ class RVNS(Mechanism):
         return _rvns_guarantee(float(self.lower), float(self.upper), float(self.d),
                                int(self.k), float(self.neighbourhood))
 
-    def validate(self, cols: dict[str, np.ndarray], reasons: Reasons) -> None:
-        v = cols["value"]
-        reasons.flag(np.isnan(v), "value: missing (null/NaN)")
-        reasons.flag(~np.isnan(v) & ~((v >= self.lower) & (v <= self.upper)),
-                     lambda i: f"value: {v[i].item()!r} outside [{self.lower:g}, {self.upper:g}]")
+    validate = _BoundedValue.validate  # missing or outside [lower, upper]: dead-lettered
 
     def randomize(self, cols: dict[str, np.ndarray], u: np.ndarray) -> Reports:
         a, b, d = self.lower, self.upper, self.d
@@ -186,23 +182,10 @@ class RVNS(Mechanism):
 
 
 # =============================================================================== privacy analysis
-# Section IV-A of the paper, redone (docs/rvns_privacy.md has the derivations and the tables).
-#
-# Notation: C = b - a - d. The window's left end L = x - d1 is uniform on [u0, u1] =
-# [max(a, x - d), min(x, b - d)] (a single point when x = a or x = b). Given L, each report is
-# uniform on [a, b] minus [L, L + d], so k reports (one shared window) fall in the box
-# W_1 x ... x W_k with probability
-#     P_x(W_1..W_k) = E_L[ prod_j (|W_j| - |W_j ∩ [L, L + d]|) ] / C^k.
-# Each factor is piecewise linear in L (kinks where L or L + d meets an end of W_j), so between
-# consecutive kinks the product is a polynomial of degree k, and Gauss-Legendre with k//2 + 1
-# nodes per piece integrates it exactly. For k = 1 this is the integral of p(x, .) over W (Fubini).
-#
-# The neighbourhood convention (the paper's Eq. 13): output y is "the same" as every output within
-# delta, i.e. an event is W(y) = [y - delta, y + delta] ∩ [a, b] for a possible output y in [a, b]
-# (clipping changes nothing in the integral, p vanishes outside [a, b]; it only matters that
-# centres y near a boundary are allowed, as the paper's "any possible output y in [a, b]" says).
-# For k reports the event is the box W(y_1) x ... x W(y_k). The privacy loss of inputs x1, x2 is
-# ln(P_x1 / P_x2), with 0/0 counted as no loss and p/0 (p > 0) as an infinite loss.
+# Section IV-A of the paper, redone. docs/rvns_privacy.md has the derivations (the box
+# probability as an exact Gauss-Legendre integral over the window's position, C = b - a - d, the
+# neighbourhood convention of the paper's Eq. 13: 0/0 is no loss, p/0 an infinite one) and the
+# tables.
 
 _CENTERS = ("domain", "interior")
 
