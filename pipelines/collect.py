@@ -73,10 +73,9 @@ def run_collect(input: str, output: str, mechanism: Mechanism, columns: Mapping[
             role = next(r for r, col in cols.items() if col == c)
             raise ValueError(f"--keep {c}: {c!r} is the input of {mechanism.name}'s role "
                              f"{role!r}; it can never be copied into the reports")
-    passthrough = pa.schema([in_schema.field(c) for c in keep]) if keep else None
-    if passthrough is not None:  # dictionary columns are written as their values
-        passthrough = pa.schema([pa.field(f.name, f.type.value_type)
-                                 if pa.types.is_dictionary(f.type) else f for f in passthrough])
+    passthrough = pa.schema([  # dictionary columns are written as their values
+        pa.field(f.name, f.type.value_type) if pa.types.is_dictionary(f.type) else f
+        for f in map(in_schema.field, keep)]) if keep else None
     schema = report_schema(mechanism, passthrough, seeded=run.seeded,
                            privacy_unit=None if unit is None else
                            {"column": unit, "max_reports_per_unit": max_reports_per_unit},

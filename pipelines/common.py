@@ -93,14 +93,9 @@ def runner_context(beam_args: Iterable[str] = ()) -> Iterator[list[str]]:
     ``--dask_scheduler_file``), a local ``distributed`` cluster of ``--dask_workers=N`` (default
     2) single-threaded worker processes is started for the run and closed after it."""
     args = runner_args(beam_args)
-    workers = DEFAULT_DASK_WORKERS
-    kept = []
-    for a in args:
-        if a.startswith("--dask_workers="):
-            workers = int(a.split("=", 1)[1])
-        else:
-            kept.append(a)
-    args = kept
+    counts = [int(a.split("=", 1)[1]) for a in args if a.startswith("--dask_workers=")]
+    workers = counts[-1] if counts else DEFAULT_DASK_WORKERS
+    args = [a for a in args if not a.startswith("--dask_workers=")]
     if runner_name(args) != DASK_RUNNER or any(
             a.startswith(("--dask_client_address", "--dask_scheduler_file")) for a in args):
         yield args
@@ -121,21 +116,16 @@ def runner_context(beam_args: Iterable[str] = ()) -> Iterator[list[str]]:
 
 
 def worker_pool_env(folder: str, base: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The environment to start Beam's external worker pool with
-    (``python -m apache_beam.runners.worker.worker_pool_main``), so that its workers run on this
-    interpreter.
+    """The environment (``base``, default ``os.environ``) to start Beam's external worker pool
+    with (``python -m apache_beam.runners.worker.worker_pool_main``) so its workers run on this
+    interpreter: ``folder`` (created if needed) first on ``PATH``, holding ``python``, a script
+    that runs ``sys.executable``.
 
-    The pool starts every SDK worker as the command ``python`` found on its ``PATH`` (Beam 2.77,
-    ``BeamFnExternalWorkerPoolServicer.StartWorker``), not as the interpreter that started the
-    pool: with ldp-beam installed in a virtual environment that is not on ``PATH``, the workers
-    ran a Python without Beam, died with ``No module named 'apache_beam'`` and the job waited
-    300 s for them, then failed with DEADLINE_EXCEEDED. This puts a folder first on ``PATH``
-    (``folder``, created if needed) holding ``python``, a two-line script that runs
-    ``sys.executable``. Not a link to it: Python finds its virtual environment by the
-    ``pyvenv.cfg`` beside the path it was started by, so a link in another folder started the
-    base interpreter outside the venv (its packages, or none). (The pool's
-    ``--container_executable`` is the other way: a program that takes the worker's endpoints as
-    flags, as Beam's container boot does.)"""
+    The pool starts every SDK worker as the ``python`` on its ``PATH`` (Beam 2.77), not as the
+    interpreter that started it: from a virtual environment not on ``PATH`` the workers died
+    with ``No module named 'apache_beam'`` and the job failed after 300 s (DEADLINE_EXCEEDED).
+    A script, not a link: Python finds its venv by the ``pyvenv.cfg`` beside the path it was
+    started by, so a link elsewhere starts the base interpreter outside the venv."""
     os.makedirs(folder, exist_ok=True)
     script = os.path.join(folder, "python")
     tmp = f"{script}.{os.getpid()}.tmp"  # written whole, then renamed over any older one
@@ -162,11 +152,10 @@ def _set_filesystem_options(args: list) -> None:
 
 
 def share_filesystem_options(args: Sequence[str]) -> None:
-    """Give every worker of the Dask cluster the run's Beam options for Beam's FileSystems, now
-    and for workers that join later (a dask ``WorkerPlugin``). Beam's Dask runner never calls
-    ``FileSystems.set_options`` in its workers, so an ``s3://`` output there had no endpoint,
-    region or credentials from ``--s3_endpoint_url`` and friends, and every write failed ("Must
-    provide one of client or options")."""
+    """Give every worker of the Dask cluster, now and later (a dask ``WorkerPlugin``), the
+    run's Beam options for Beam's FileSystems: Beam's Dask runner never calls
+    ``FileSystems.set_options`` there, so ``s3://`` writes had no ``--s3_...`` endpoint, region
+    or credentials and failed ("Must provide one of client or options")."""
     kwargs = _dask_client_kwargs(args)
     if not kwargs:
         return
@@ -190,22 +179,20 @@ def share_filesystem_options(args: Sequence[str]) -> None:
 def run_pipeline(build: Callable[[beam.Pipeline], Sequence[Any]],
                  beam_args: Iterable[str] = (),
                  wait: Callable[[Any], Any] | None = None) -> Any:
-    """Build a pipeline with ``build(p)`` (which returns every terminal PCollection, e.g. the
-    outputs of its writes), run it to completion and return the result. ``wait(result)``: how
-    to wait for it (default ``result.wait_until_finish()``; an unbounded pipeline passes its
-    own stop, see :func:`ldp_beam.pipelines.stream.until_stopped`).
+    """Build a pipeline with ``build(p)`` (returning every terminal PCollection, e.g. its
+    writes' outputs), run it to completion and return the result. ``wait(result)``: how to wait
+    (default ``result.wait_until_finish()``; an unbounded pipeline passes its own stop, see
+    :func:`ldp_beam.pipelines.stream.until_stopped`).
 
     All terminals are joined by one final step, so runners that compute only the graph's last
-    node (Beam's Dask runner does) still run every branch: no output is silently skipped. A
-    failed run raises with the runner's error (a crashed Dask worker included).
+    node (Beam's Dask runner) still run every branch. A failed run raises the runner's error
+    (an ldp-beam error it wraps is raised as itself).
 
     Progress (:mod:`ldp_beam.progress`; on for the command line, off for the Python API): on a
-    terminal a bar of the rows read, with an ETA when the input's row count is known from its
-    metadata; then a final line with the rows read and rows/s over the wall time (from the
-    reader's ``input_rows_read`` counter). The bar follows a lightweight counting branch on the
-    reader's output where the run is in this process (DirectRunner in memory or in threads),
-    else Beam's metrics of the running job, polled while it is not finished (portable runners);
-    where neither is available it shows the count so far and the elapsed time."""
+    terminal a bar of the rows read (an ETA when the row count is known from metadata), then a
+    line with the rows read and rows/s (the reader's ``input_rows_read`` counter). The bar
+    follows a counting branch on the reader's output when the run is in this process, else the
+    running job's metrics (portable runners), else the count so far and the elapsed time."""
     with runner_context(beam_args) as args:
         if runner_name(args) == DASK_RUNNER:
             share_filesystem_options(args)
@@ -297,17 +284,14 @@ def _total_rows(reads: list) -> int | None:
 
 
 def local_runner(args: Sequence[str]) -> Any:
-    """The runner object for ``beam.Pipeline(runner=...)``: for the DirectRunner, Beam's own
-    switching DirectRunner without its PrismRunner attempt; ``None`` (the runner named by
-    ``--runner``) for any other runner.
+    """The runner object for ``beam.Pipeline(runner=...)``: for the DirectRunner, Beam's
+    switching DirectRunner without its PrismRunner attempt; ``None`` (``--runner``'s) otherwise.
 
     Beam 2.77's DirectRunner first tries the PrismRunner, which downloads a Go binary at run
-    time: on a machine without network that attempt fails and falls back (measured 0.08-0.09 s
-    a process on a three-step pipeline, plus a second graph translation on ours); on a networked
-    machine the run would go to a runner the tests never exercise. ``is_interactive()`` is the
-    runner's one switch that turns off only the Prism attempt (Beam reads it nowhere else), so
-    the run takes the same FnApiRunner, or the bundle-based runner for streaming, as the
-    fallback always did."""
+    time: offline that fails and falls back (~0.09 s a process, plus a second graph
+    translation); online the run would go to a runner the tests never exercise.
+    ``is_interactive()`` is the runner's one switch that turns off only the Prism attempt, so the
+    run takes the FnApiRunner (or the bundle-based runner for streaming) as the fallback did."""
     if runner_name(args) not in ("DirectRunner", "direct"):
         return None
     runner = SwitchingDirectRunner()
@@ -454,10 +438,9 @@ def format_table(values, rows, cols, fmt: str = "{:.4f}", extra=None) -> str:
 
 @contextlib.contextmanager
 def scratch_ledger() -> Iterator[str]:
-    """``$LDP_BEAM_LEDGER`` pointed, for the block, at a ledger of its own, removed afterwards
-    (the demos': synthetic data has no budget to track, and a second demo must draw its
-    releases afresh rather than re-publish the first one's, as the user's own ledger would
-    rightly do). Yields its path."""
+    """``$LDP_BEAM_LEDGER`` pointed, for the block, at a fresh ledger, removed afterwards (the
+    demos': synthetic data has no budget to track, and a second demo must draw its releases
+    afresh, not re-publish the first one's). Yields its path."""
     folder = tempfile.mkdtemp(prefix="ldp-beam-demo-ledger-")
     previous = os.environ.get("LDP_BEAM_LEDGER")
     os.environ["LDP_BEAM_LEDGER"] = path = os.path.join(folder, "ledger.db")

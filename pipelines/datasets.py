@@ -35,19 +35,15 @@ def dataset_identity(input: str, options: Any = (), name: str | None = None) -> 
     name, so its people's budget goes on counting; a copy at another path is another dataset
     unless it is given the same ``--dataset`` name.
 
-    The fingerprint identifies the *content* read, for two purposes only: an identical central
-    release is re-published rather than drawn again (:meth:`Ledger.find_release`), and the
-    listing shows which runs read which version of the data. A copy of the same file elsewhere
-    has the same fingerprint; changing one value changes it. It is the SHA-256 of each file's
-    bytes, streamed (about 1.7 GB/s here: a 1 GB dataset costs ~0.6 s, less than reading it
-    through the pipeline), combined over the files sorted by their name relative to the input (a
-    directory, or the folder part of a glob; a single file contributes its content only, so a
-    renamed copy matches). Why the whole content rather than a Parquet footer (sizes, row counts
-    and statistics): changing one value that is neither a minimum nor a maximum can leave the
-    footer and the file size unchanged, so the footer would let a changed release pass for the
-    old one; and CSV files have no footer. The same rows re-encoded (another compression, row
-    order, a CSV re-quoted) fingerprint differently: such a release is drawn again (and spends
-    again), never re-published from different data.
+    The fingerprint identifies the *content* read, only to re-publish an identical central
+    release rather than draw it again (:meth:`Ledger.find_release`) and to show which runs read
+    which version of the data: the SHA-256 of each file's bytes, streamed (~1.7 GB/s), combined
+    over the files sorted by their name relative to the input (a directory, or a glob's folder
+    part; a single file contributes its content only, so a renamed copy matches). The whole
+    content, not a Parquet footer: one changed value that is neither a minimum nor a maximum can
+    leave the footer and the size unchanged, and CSV has no footer. The same rows re-encoded
+    (compression, row order, quoting) fingerprint differently: drawn (and spent) again, never
+    re-published from different data.
 
     Local paths, folders and globs are read as ``ReadTable`` reads them (a folder's entries whose
     names start with ``.`` or ``_`` are skipped; sub-folders are read recursively); a URI with a
@@ -151,14 +147,11 @@ def _database_identity(input: str) -> dict:
 
 
 def _hash_stream(read) -> tuple[int, str]:
-    h = hashlib.sha256()
-    n = 0
-    while True:
-        chunk = read(1 << 22)
-        if not chunk:
-            return n, h.hexdigest()
+    h, n = hashlib.sha256(), 0
+    for chunk in iter(lambda: read(1 << 22), b""):
         n += len(chunk)
         h.update(chunk)
+    return n, h.hexdigest()
 
 
 def _local_paths(input: str) -> tuple[list[str], str]:
@@ -209,12 +202,9 @@ def _s3_settings(options: Any) -> dict:
     args = [str(a) for a in (options or ())]
     got: dict = {}
     for i, a in enumerate(args):
-        for name in ("s3_endpoint_url", "s3_region_name", "s3_access_key_id",
-                     "s3_secret_access_key", "s3_session_token"):
-            if a.startswith(f"--{name}="):
-                got[name] = a.split("=", 1)[1]
-            elif a == f"--{name}" and i + 1 < len(args):
-                got[name] = args[i + 1]
+        name, eq, value = a[2:].partition("=")
+        if a.startswith("--s3_") and (eq or i + 1 < len(args)):
+            got[name] = value if eq else args[i + 1]
     kw: dict = {}
     if got.get("s3_endpoint_url"):
         kw["endpoint_override"] = got["s3_endpoint_url"]

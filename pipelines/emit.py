@@ -296,19 +296,15 @@ def cmd_emit(a: argparse.Namespace) -> int:
         for cols, ts in chunks:
             n = len(next(iter(cols.values())))
             secs, bad = (None, {}) if ts is None else _times(ts, n)
-            keep = np.array([i not in bad for i in range(n)], dtype=bool)
-            idx = np.flatnonzero(keep)
-            sub = {k: v[idx] for k, v in cols.items()}
-            receipt = reporter.report_many(sub, None if secs is None else secs[idx],
+            idx = np.array([i for i in range(n) if i not in bad], dtype=np.intp)
+            receipt = reporter.report_many({k: v[idx] for k, v in cols.items()},
+                                           None if secs is None else secs[idx],
                                            skip_invalid=True)
             published += receipt.published
-            for i, why in bad.items():
-                if len(invalid) < 5:
-                    invalid.append((rows + i + 1, why))
-            for j, why in receipt.invalid.items():
-                if len(invalid) < 5:
-                    invalid.append((rows + int(idx[j]) + 1, why))
-            n_invalid += len(bad) + len(receipt.invalid)
+            found = [(rows + i + 1, why) for i, why in bad.items()] + [
+                (rows + int(idx[j]) + 1, why) for j, why in receipt.invalid.items()]
+            invalid += found[:5 - len(invalid)]
+            n_invalid += len(found)
             rows += n
         reporter.close()
     except PublishError as exc:

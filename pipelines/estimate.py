@@ -58,11 +58,9 @@ def mechanism_from_reports(input: str, name: str | None = None,
                            allow_no_guarantee: bool = False,
                            beam_args: Iterable[str] = ()) -> Mechanism:
     """The mechanism that made the reports in ``input`` (from the metadata of all of its files,
-    which must agree), or the one named (which must agree with it).
-
-    Reports already collected under a configuration without a finite guarantee (collected with
-    the opt-in) are estimated without a second opt-in: the estimate restates their guarantee. A
-    mechanism named here for a new release needs ``allow_no_guarantee`` like ``collect``."""
+    which must agree), or the one named (which must agree with it). Reports collected under a
+    configuration without a finite guarantee need no second opt-in (the estimate restates their
+    guarantee); a mechanism named or parameters given here need ``allow_no_guarantee``."""
     reg = get_registry()
     meta = reports_metadata(input, beam_args)
     if name is None:
@@ -116,14 +114,11 @@ class GroupRule:
     def __call__(self, key: Any, est: Any) -> dict:
         n = est.n_reports
         small = self.min_group_size is not None and n is not None and n < self.min_group_size
-        if isinstance(est, EstimateFailure) and not small:
-            return {"key": key, **_result(est)}
-        if self.min_group_size is None:
-            why = est.uninformative()
-        elif small:
+        why = None
+        if small:
             why = f"{n} reports, fewer than --min-group-size {self.min_group_size}"
-        else:
-            why = None
+        elif self.min_group_size is None and not isinstance(est, EstimateFailure):
+            why = est.uninformative()
         if why is not None:
             return {"key": key, "suppressed": why, "n_reports": n}
         return {"key": key, **_result(est)}
@@ -145,9 +140,8 @@ def group_outcomes(estimates: Mapping[str, Mapping[str, Any]]) -> dict:
 
 
 class _WriteResult:
-    """The one estimate of a global combine -> (widened,) as JSON, written as the one line of
-    ``path`` (:class:`~ldp_beam.transforms.tally.WriteOneLine`): one Beam step where a Map, a Map and
-    WriteJsonLines took thirteen."""
+    """The one estimate of a global combine -> (widened,) as JSON, the one line of ``path``
+    (:class:`~ldp_beam.transforms.tally.WriteOneLine`: one Beam step, not thirteen)."""
 
     def __init__(self, path: str, widen: Any = None) -> None:
         self.write, self.widen = WriteOneLine(path), widen
@@ -192,14 +186,13 @@ def run_estimate(input: str, output: str, mechanism: Mechanism | None = None,
     all (``PREFIX``: ``side_outputs``, by default the output itself, see :func:`side_prefix`);
     returns the estimate.
 
-    LDP reports are verified first (:func:`~.provenance.verify_reports`, issue 23): every file
+    LDP reports are verified first (:func:`~.provenance.verify_reports`, issue 23): each file
     tied to the ``collect`` manifest that committed it, unedited, not duplicated, all of one
-    configuration; the mechanism, parameters and seededness are those all files agree on. Reports
-    without such provenance (CSV, a database table, files written by hand, a deleted manifest)
-    are refused unless ``unverified``; the estimate, its tidy rows and its manifest then say so
-    (the guarantee's summary starts with "UNVERIFIED reports"). Reports of different
-    configurations are refused either way. The outputs name the ``runs`` used and the
-    ``verification``.
+    configuration (whose mechanism, parameters and seededness are used). Reports without such
+    provenance (CSV, a database table, hand-written files, a deleted manifest) are refused
+    unless ``unverified``, and every output then says so (the guarantee's summary starts with
+    "UNVERIFIED reports"); mixed configurations are refused either way. The outputs name the
+    ``runs`` used and the ``verification``.
 
     ``min_group_size``: which ``by`` groups are published (:class:`GroupRule`); the output
     names the ``suppressed`` and ``failed`` groups with their reasons."""

@@ -269,8 +269,7 @@ def render(url: str, entries: list[dict], totals: list[dict]) -> str:
             lines.append(f"    day {d}: epsilon={_num(ds['epsilon'])} ({ds['runs']} run(s))")
         for c in t.get("budget_changes") or ():
             was = _budget_text(c["previous_epsilon"], c["previous_delta"])
-            now = (f"epsilon={_num(c['epsilon'])}"
-                   + (f" delta={c['delta']:g}" if c["delta"] is not None else ""))
+            now = _budget_text(c["epsilon"], c["delta"])  # epsilon: never null
             lines.append(f"    budget {c['changed'][:19].replace('T', ' ')}: {was} -> {now} by "
                          f"{c['os_user']}@{c['host']}"
                          + (f" (run {c['run_id']})" if c.get("run_id") else "")

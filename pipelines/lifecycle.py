@@ -19,13 +19,11 @@ So the ledger never says *committed* for a run that did not commit, and never le
 without an entry that counts its spend.
 
 Signals: :func:`install_signal_handlers` makes SIGINT and SIGTERM raise :class:`Interrupted`
-(a ``BaseException``, so no ``except Exception`` swallows it) wherever the main thread is — in a
-Beam bundle too, which wraps it — so every ``with`` block on the way out runs: the staging
-folder is removed and a reserved ledger entry is aborted. During :func:`publish` the signal is
-held until the outputs and the ledger agree (:func:`deferred_signals`), and the
-:class:`Interrupted` then raised says how the run was settled (committed before stopping, left
-pending, or nothing committed). The command line then prints one line saying so and exits 130
-(SIGINT) or 143 (SIGTERM). :class:`QuietBeamErrors` keeps Beam's
+wherever the main thread is (in a Beam bundle too), so every ``with`` block on the way out runs:
+the staging folder is removed and a reserved ledger entry is aborted. During :func:`publish` the
+signal is held until the outputs and the ledger agree (:func:`deferred_signals`), and the
+:class:`Interrupted` then raised says how the run was settled. The command line prints one line
+saying so and exits 130 (SIGINT) or 143 (SIGTERM). :class:`QuietBeamErrors` keeps Beam's
 ``ERROR`` log lines (a failed bundle's traceback) off the console when the failure is ours (an
 interrupt, a size cap, a parameter): the one-line message says everything.
 """
@@ -56,14 +54,12 @@ class Interrupted(KeyboardInterrupt):
     ``SystemExit`` and logs and drops anything else, so a SIGTERM landing while it imports
     IPython (pipeline construction) was lost and the run committed.
 
-    A signal held by :func:`publish` is raised once the outputs and the ledger agree, and then
-    says how the run was settled, so the command line never reports "nothing was committed" for
-    a run that did: :attr:`committed` (the outputs and their manifest are in place, named by
-    :attr:`manifest`), :attr:`entry` (the ledger entry's state: ``"committed"``, ``"pending"``
-    (counted as spent until ``ldp-beam ledger --resolve``), ``"aborted"``, or None when the
-    run stopped before publishing) and :attr:`run_id`. The exit code stays ``128 + signum``
-    (130, 143) whatever was committed: the process was stopped by the signal, and the message
-    says what is in place."""
+    A signal held by :func:`publish` says how the run was settled, so the command line never
+    reports "nothing was committed" for a run that did: :attr:`committed` (the outputs and their
+    manifest, :attr:`manifest`, are in place), :attr:`entry` (the ledger entry's state:
+    ``"committed"``, ``"pending"`` (spent until ``ldp-beam ledger --resolve``), ``"aborted"``,
+    or None when the run stopped before publishing) and :attr:`run_id`. The exit code stays
+    ``128 + signum`` (130, 143) whatever was committed."""
 
     def __init__(self, signum: int, committed: bool = False, manifest: str | None = None,
                  entry: str | None = None, run_id: str | None = None) -> None:
@@ -163,20 +159,13 @@ def quiet_beam_errors() -> None:
 def publish(entry: Any, outs: Any, manifest: Mapping[str, Any],
             release: Mapping[str, Any] | None = None) -> dict:
     """Prepare the ledger entry, commit the outputs, then commit the entry (see the module
-    docstring). Returns the manifest as written. Raises what stopped it, with the entry settled
-    (aborted when provably nothing new became visible, pending when something may have).
-
-    Whether anything new became visible is what :meth:`RunOutputs.commit
-    <.outputs.RunOutputs.commit>` says in ``outs.visible``, looked at before it rolled the
-    failed commit back: an output it moved into place, or one whose final location changed
-    once it began to move it (a move can land its file and still raise). The entry is aborted
-    only when that is empty (setting the previous manifest aside publishes nothing), else it
-    stays pending: the new version may have been read, even if only for a moment.
-
-    A SIGINT/SIGTERM arriving meanwhile is held and raised as :class:`Interrupted` when the
-    entry is settled, carrying how it was settled (``committed``, ``manifest``, ``entry``): a
-    run whose outputs were committed is reported as committed before stopping (exit code still
-    130/143), never as "nothing was committed"."""
+    docstring). Returns the manifest as written. Raises what stopped it, with the entry settled:
+    aborted only when :meth:`RunOutputs.commit <.outputs.RunOutputs.commit>`'s ``outs.visible``
+    (looked at before it rolled back: an output moved into place, or one whose final location
+    changed once its move began) is empty, else left pending (the new version may have been
+    read, if only for a moment). A SIGINT/SIGTERM meanwhile is held and raised as
+    :class:`Interrupted` once the entry is settled, carrying how (``committed``, ``manifest``,
+    ``entry``)."""
     settled: dict[str, Any] = {}  # what an interrupt held until the end must report
     try:
         with deferred_signals():

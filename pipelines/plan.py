@@ -256,12 +256,9 @@ def cmd_plan(a: argparse.Namespace) -> int:
                                     allow_no_guarantee=a.allow_no_guarantee)
     except (LdpBeamError, ValueError, KeyError) as exc:
         raise PlanUsageError(f"--mechanism/--param: {exc}") from None
-    counted = None
     n: int | None
     if a.input:
-        by_col = None
-        if a.by:
-            by_col = a.by.strip() if _is_column(a.input, a.by.strip()) else None
+        by_col = a.by.strip() if a.by and _is_column(a.input, a.by.strip()) else None
         counted = P.count_input(a.input, unit=a.privacy_unit, by=by_col)
         n = counted["n"]
         if n < 1:

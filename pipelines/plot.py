@@ -21,6 +21,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from ldp_beam.reproduce.recipe import pyplot
 from ldp_beam.transforms.sinks import tidy_output
 
 #: the statistic drawn, first found: what each family estimates
@@ -34,13 +35,9 @@ class PlotError(ValueError):
 
 def _pyplot() -> Any:
     try:
-        import matplotlib  # lazy: the optional `reproduce` extra, only when a figure is asked
+        return pyplot()
     except ImportError:
         raise PlotError("--plot needs matplotlib: pip install 'ldp-beam[reproduce]'") from None
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # lazy: with matplotlib above
-
-    return plt
 
 
 def main_statistic(rows: list[dict]) -> str:

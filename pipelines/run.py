@@ -18,13 +18,10 @@ and nowhere else::
       run.commit(...)   ledger prepared -> outputs committed (manifest last) -> ledger committed
                         (:func:`~.lifecycle.publish`); a failure settles the entry as it is
 
-A step is changed here once for every command. The streaming run (:mod:`.stream`) is a
-``Run("stream", SOURCE, ...)`` too, for the parts that apply to an unbounded run: the key, the
-ledger, the budget and the dataset's name, its ledger step (:meth:`Run.stream_account`: a cost
-known only as units are charged, :mod:`.stream_account`), the guarantee and the Beam layer's
-transforms. The rest of its lifecycle differs by nature (a source it reads itself, a release
-range instead of one release, settled windows appended instead of one staged manifest) and is
-described there.
+The streaming run (:mod:`.stream`) is a ``Run("stream", SOURCE, ...)`` too, for what applies to
+an unbounded run: the key, the ledger, the budget, the dataset's name, its ledger step
+(:meth:`Run.stream_account`, :mod:`.stream_account`), the guarantee and the Beam transforms; the
+rest of its lifecycle differs by nature and is described there.
 """
 from __future__ import annotations
 

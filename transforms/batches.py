@@ -138,14 +138,12 @@ def get_column(table: Any, name: str) -> np.ndarray:
 
 
 def key_text(table: Any, name: str) -> pa.Array:
-    """Column ``name`` as the text a grouping key is known by (``--by``), the same whatever the
-    column's type in a file or batch: numbers by their decimal form (an integral float as its
-    integer, so ``1``, ``1.0`` and ``"1"`` are one key, whether or not the batch holds a null,
-    which turns pandas' integers into floats), other values as Arrow writes them, and a null
-    (or a float NaN, which numpy batches cannot tell from a null) as ``""``. Bounding (its
-    partition codes) and the release (its groups) both key on this text, so one key is one
-    partition and one group; a whole float is its integer by the rule unit ids follow
-    (:func:`~ldp_beam.bounding.whole_numbers`)."""
+    """Column ``name`` as the text a grouping key is known by (``--by``), whatever its type:
+    numbers in decimal (an integral float as its integer, by the rule unit ids follow,
+    :func:`~ldp_beam.bounding.whole_numbers`: ``1``, ``1.0`` and ``"1"`` are one key even where
+    a null turned pandas' integers into floats), other values as Arrow writes them, a null or a
+    float NaN as ``""``. Bounding (its partition codes) and the release (its groups) both key on
+    this text, so one key is one partition and one group."""
     if isinstance(table, (pa.RecordBatch, pa.Table)):
         col = table.column(name)
     else:
@@ -196,10 +194,8 @@ def report_schema(mechanism: Mechanism, passthrough: pa.Schema | None = None,
     reports file to the manifest that committed it).
     """
     fields = [pa.field(name, pa.from_numpy_dtype(np.dtype(dt)), nullable=False)
-              for name, dt in mechanism.report_fields]
-    if passthrough is not None:
-        fields += [f for f in passthrough]
-    public = [f.name for f in passthrough] if passthrough is not None else []
+              for name, dt in mechanism.report_fields] + list(passthrough or [])
+    public = [f.name for f in passthrough or []]
     unit = (privacy_unit or {}).get("column")
     k = (privacy_unit or {}).get("max_reports_per_unit", 1)
     meta = {"mechanism": mechanism.name, "params": mechanism.params(),

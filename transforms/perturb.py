@@ -2,12 +2,11 @@
 
 Valid rows are perturbed with one vectorized call per batch; invalid rows go to the
 ``dead_letter`` output as ``{"reason", "record", "source", "row"}``, where ``record`` holds only
-the columns the mechanism reads (``dead_letter_columns="all"`` keeps the whole row). A dead letter
-stays small whatever the input: each text cell of ``record`` shows at most
-:data:`RECORD_TEXT_CHARS` (2,000) characters, a value quoted in ``reason`` at most
-:data:`~ldp_beam.core.QUOTED_VALUE_CHARS` (2,000, then ``... (N characters)``), and the reason
-itself is at most :data:`~ldp_beam.core.REASON_CHARS` (16,000) characters before the note on cut
-cells: a 20 MB cell makes a dead letter of about 4 KB. Beam
+the columns the mechanism reads (``dead_letter_columns="all"``: the whole row). A dead letter
+stays small: a text cell of ``record`` shows at most :data:`RECORD_TEXT_CHARS` (2,000)
+characters, a value quoted in ``reason`` at most :data:`~ldp_beam.core.QUOTED_VALUE_CHARS`
+(2,000, then ``... (N characters)``), the reason at most :data:`~ldp_beam.core.REASON_CHARS`
+(16,000) before the note on cut cells: a 20 MB cell makes a dead letter of about 4 KB. Beam
 counters in namespace ``ldp_beam`` (``records_in``, ``records_valid``, ``records_invalid``)
 always satisfy in = valid + invalid.
 
@@ -44,8 +43,8 @@ from apache_beam.utils.windowed_value import WindowedValue
 from ldp_beam.core import Mechanism, cap_reason
 from ldp_beam.rng import RunKey, stream_id
 
-from .batches import (KeyedBatch, column_names, get_column, is_batch, report_schema,
-                      reports_batch, row_dict, take)
+from .batches import (KeyedBatch, column_names, get_column, is_batch, num_rows,
+                      report_schema, reports_batch, row_dict, take)
 from .rows import (ReportsAsRows, as_arrow, as_record, is_dataframe, kept_types,
                    report_row_type)
 from .runners import separates_tagged_outputs
@@ -68,24 +67,18 @@ RECORD_TEXT_CHARS = 2000  # a text cell of a dead-lettered record, at most (the 
 
 def clipped_record(record: dict) -> tuple[dict, str]:
     """A dead-lettered record with long texts cut, and a note for the reason ("" if none)."""
-    cut = []
-    out = {}
-    for k, v in record.items():
-        if isinstance(v, (str, bytes)) and len(v) > RECORD_TEXT_CHARS:
-            out[k] = v[:RECORD_TEXT_CHARS]
-            cut.append(f"field {k!r} shows the first {RECORD_TEXT_CHARS:,} of {len(v):,} "
-                       f"{'characters' if isinstance(v, str) else 'bytes'}")
-        else:
-            out[k] = v
+    long = {k: v for k, v in record.items()
+            if isinstance(v, (str, bytes)) and len(v) > RECORD_TEXT_CHARS}
+    out = {k: v[:RECORD_TEXT_CHARS] if k in long else v for k, v in record.items()}
+    cut = [f"field {k!r} shows the first {RECORD_TEXT_CHARS:,} of {len(v):,} "
+           f"{'characters' if isinstance(v, str) else 'bytes'}" for k, v in long.items()]
     return out, (f" ({'; '.join(cut)})" if cut else "")
 
 
 def dead_letter(reason: str, record: Any, source: str = "", row: int | None = None) -> dict:
-    """A dead-letter entry; a record's text cells longer than ``RECORD_TEXT_CHARS`` are cut (a
-    20 MB cell does not become a 20 MB dead letter) and the reason says so. The reason itself is
-    at most :data:`~ldp_beam.core.REASON_CHARS` characters (16,000; a value quoted in it shows
-    at most :data:`~ldp_beam.core.QUOTED_VALUE_CHARS`, 2,000, see
-    :func:`~ldp_beam.core.quote_value`), plus that note."""
+    """A dead-letter entry: a record's text cells are cut to ``RECORD_TEXT_CHARS`` (the reason
+    says so) and the reason to :data:`~ldp_beam.core.REASON_CHARS` before that note (see the
+    module docstring)."""
     reason = cap_reason(str(reason))
     if isinstance(record, dict):
         record, note = clipped_record(record)
@@ -95,15 +88,17 @@ def dead_letter(reason: str, record: Any, source: str = "", row: int | None = No
 
 class DeadLetteringFn(beam.DoFn):
     """A DoFn whose :meth:`outputs` yields its main elements and :class:`DeadLetterRecord`
-    entries; :func:`dead_letter_outputs` routes them (``tagged``: each dead letter as a
-    ``TaggedOutput`` of :data:`DEAD_LETTER`, a plain dict as :func:`split_dead_letters` gives;
-    else unchanged, for that split to find). A subclass with a ``process`` of its own emits
-    each dead letter through :meth:`_dead`."""
+    entries, routed by ``tagged`` (set by :func:`dead_letter_outputs`): each dead letter as a
+    ``TaggedOutput`` of :data:`DEAD_LETTER` holding a plain dict, else unchanged for
+    :func:`split_dead_letters`. A subclass's own ``process`` emits them through :meth:`_dead`."""
 
     tagged = False
 
     def process(self, element: Any):
-        items = self.outputs(element)
+        return self._routed(self.outputs(element))
+
+    def _routed(self, items: Iterable[Any]) -> Iterable[Any]:
+        """``items`` with each dead letter emitted through :meth:`_dead`."""
         if not self.tagged:
             return items
         return (self._dead(x) if isinstance(x, DeadLetterRecord) else x for x in items)
@@ -112,8 +107,7 @@ class DeadLetteringFn(beam.DoFn):
         raise NotImplementedError
 
     def _dead(self, entry: Any) -> Any:
-        """A dead letter (or a windowed one) as this DoFn emits it: tagged, or as it is for
-        :func:`split_dead_letters`."""
+        """A dead letter (or a windowed one) as this DoFn emits it (see ``tagged``)."""
         if not self.tagged:
             return entry
         if isinstance(entry, WindowedValue):
@@ -256,8 +250,7 @@ class PerturbFn(DeadLetteringFn):
 
     def _perturb_batch(self, table: Any, stream: int | None, offset: int | None, source: str,
                        rows: np.ndarray | None = None, keyed: KeyedBatch | None = None):
-        n = table.num_rows if isinstance(table, (pa.RecordBatch, pa.Table)) else \
-            len(next(iter(table.values())))
+        n = num_rows(table)
         self.n_in.inc(n)
         names = set(column_names(table))
         absent = [c for c in list(self.columns.values()) + list(self.keep) if c not in names]
@@ -352,11 +345,9 @@ class PerturbFn(DeadLetteringFn):
 
     def _flush(self) -> Any:
         """Perturb the buffered single records together: their outputs (dead letters first,
-        then reports in record order), each with its record's timestamp, windows and pane.
-
-        The reports are computed here, at once; their elements are made one at a time as Beam
-        takes them (a generator), so that none outlives its trip downstream (see
-        :class:`_RecordBuffer` on the garbage collector)."""
+        then reports in record order), each with its record's timestamp, windows and pane. The
+        reports are computed at once, their elements made one at a time as Beam takes them (a
+        generator), so none outlives its trip downstream (see :class:`_RecordBuffer`)."""
         buf = self._buffer
         if not buf.n:
             return ()
@@ -447,8 +438,7 @@ class PerturbFn(DeadLetteringFn):
             self.n_invalid.inc()
             out = [dead_letter(
                 f"unsupported element type {type(element).__name__}", repr(element)[:200])]
-        return (self._dead(item) if isinstance(item, DeadLetterRecord) else item
-                for item in out)
+        return self._routed(out)
 
     def _buffered(self, record: Mapping, windowed: Any) -> Any:
         """Buffer one record; perturb the buffer when full (outputs), else nothing yet."""
@@ -479,12 +469,10 @@ class _RecordBuffer:
     consecutive records with the same timestamp, windows and pane, its first record's windowed
     value. Whole records are kept only when dead letters show whole records.
 
-    Why not the records themselves with their windowed values: every container that stays
-    alive across the garbage collector's young collections is promoted to its oldest
-    generation, and enough promotions trigger a full collection over every object of the
-    process (all of Beam's, a few hundred thousand). Buffering a dict, a tuple and a windowed
-    value per record cost one such collection per ~30,000 records, more than the perturbation
-    itself; field values (numbers, texts) are not tracked by the collector."""
+    Not the records with their windowed values: containers that survive young collections are
+    promoted, and enough promotions trigger a full collection over every object of the process
+    (Beam's few hundred thousand): a dict, a tuple and a windowed value per record cost one per
+    ~30,000 records, more than the perturbation; field values are not tracked by the collector."""
 
     __slots__ = ("fields", "lists", "records", "starts", "wins", "n")
 
@@ -594,9 +582,8 @@ _NUMBER = (int, float, np.integer, np.floating)
 def dead_letter_outputs(pcoll: Any, label: str, fn: Any, main_name: str) -> Outputs:
     """``pcoll | label >> ParDo(fn)`` as its main elements and its dead letters: a tagged
     dead-letter output where the runner separates tagged outputs (one step), else
-    :func:`split_dead_letters` (three). ``fn`` (copied here: one transform may be applied to
-    pipelines on different runners) emits its dead letters by its ``tagged`` attribute, set
-    here: a ``TaggedOutput`` when true, a :class:`DeadLetterRecord` when false."""
+    :func:`split_dead_letters` (three). Sets ``tagged`` on a copy of ``fn`` (one transform may
+    be applied to pipelines on different runners)."""
     fn = copy.copy(fn)
     if not separates_tagged_outputs(pcoll.pipeline):
         fn.tagged = False

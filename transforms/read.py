@@ -78,8 +78,7 @@ class ReadTable(beam.PTransform):
         self._schema: pa.Schema | None = None
         if is_source_url(url):
             if self.columns is not None:
-                raise ParameterError("columns", columns, "None for duckdb://, postgresql:// and "
-                                     "iceberg:// sources (select the columns in query=)")
+                _no_projection(columns)
             self.source = open_source(url, table=table, query=query, order_by=order_by,
                                       split_rows=split_rows, snapshot=snapshot,
                                       allow_empty=allow_empty)
@@ -123,8 +122,7 @@ class ReadTable(beam.PTransform):
         """A copy of this reader that reads only ``columns`` (see ``columns``): the same files,
         plan and options. Database sources have no projection: a ParameterError."""
         if self.source is not None:
-            raise ParameterError("columns", columns, "None for duckdb://, postgresql:// and "
-                                 "iceberg:// sources (select the columns in query=)")
+            _no_projection(columns)
         out = copy.copy(self)
         out.columns = check_columns(columns)
         out.fn = copy.copy(self.fn)
@@ -138,6 +136,11 @@ class ReadTable(beam.PTransform):
         units = pbegin | "Units" >> beam.Create(
             self.units, reshuffle=not one_local_worker(pbegin.pipeline))
         return dead_letter_outputs(units, "Read", self.fn, "batches")
+
+
+def _no_projection(columns: Any) -> None:
+    raise ParameterError("columns", columns, "None for duckdb://, postgresql:// and iceberg:// "
+                         "sources (select the columns in query=)")
 
 
 def read_steps(pipeline: Any) -> list:

@@ -58,13 +58,12 @@ def _count_accepted(batch: Any) -> dict:
 
 
 class WriteOneLine:
-    """``beam.Map(WriteOneLine(path))`` on a PCollection of exactly one element (the output of a
-    ``CombineGlobally`` with its default: one per run) writes the JSON-lines file ``path`` holding
-    that one line, through Beam's FileSystems where the element is, and passes ``path`` on: the
-    bytes :class:`~ldp_beam.transforms.WriteJsonLines` writes for one element, in one step
-    instead of its eleven (part files, ``ToList``, join; measured: each Beam step costs the
-    command line's start-up ~10 ms to build, check and translate). A re-executed step rewrites
-    the same line; a lost one leaves no file, which the launcher refuses (:func:`read_tally`)."""
+    """``beam.Map(WriteOneLine(path))`` on a PCollection of exactly one element (e.g. a
+    ``CombineGlobally``'s output) writes it as the one line of the JSON-lines file ``path``
+    (Beam's FileSystems, where the element is) and passes ``path`` on: what
+    :class:`~ldp_beam.transforms.WriteJsonLines` writes for one element, in one step instead of
+    eleven (each costs the command line's start-up ~10 ms). A re-executed step rewrites the
+    same line; a lost one leaves no file, which the launcher refuses (:func:`read_tally`)."""
 
     def __init__(self, path: str) -> None:
         self.path = path
@@ -121,22 +120,18 @@ class _Finish(WriteOneLine):
 
 
 class Tally(beam.PTransform):
-    """Counts of a run taken from the data itself, the same on every runner and under retries
-    (Beam commits each bundle's outputs once; attempted metrics would count a retried bundle
-    twice), applied to ``(written, batches, reader_dead, accepted, invalid[, bounded])``:
-    ``read`` rows arrived in batches, ``malformed`` and ``unreadable_*`` rows were
-    dead-lettered by the reader, ``accepted`` rows passed validation and ``invalid`` ones were
-    dead-lettered by it. Written as one JSON line to ``path``; see :func:`reconcile`.
-    ``written`` is the main output's write (exactly one element, once it is complete): the
-    final combine reads it, so the tally is written after the main output, as the pipeline's
-    last step, and its element stands in for the combine's default (an empty input gives one
-    line, ``{}``, only once the main output is written).
+    """A run's counts from the data itself (see the module docstring), applied to ``(written,
+    batches, reader_dead, accepted, invalid[, bounded])``: ``read`` rows arrived in batches,
+    ``malformed`` and ``unreadable_*`` rows were dead-lettered by the reader, ``accepted`` rows
+    passed validation and ``invalid`` ones were dead-lettered by it. Written as one JSON line to
+    ``path``; see :func:`reconcile`. ``written`` is the main output's write (one element, once
+    it is complete): the final combine reads it, so the tally is the pipeline's last step, and
+    its element stands in for the combine's default (an empty input gives ``{}``).
 
-    The reader's and validation's dead letters (the third and fifth inputs) are written as one
-    JSON-lines file at ``dead_letter`` (created even when empty), as
-    :class:`~ldp_beam.transforms.WriteJsonLines` would, but with their part names gathered by
-    the tally's own combine instead of one of their own (one shuffle less per run); they are
-    counted from those parts (the parts of committed bundles only) in the last step."""
+    The reader's and validation's dead letters are written as one JSON-lines file at
+    ``dead_letter`` (created even when empty), as :class:`~ldp_beam.transforms.WriteJsonLines`
+    would, but with their part names gathered by the tally's own combine (one shuffle less per
+    run), and counted from the parts of committed bundles in the last step."""
 
     def __init__(self, path: str, dead_letter: str) -> None:
         super().__init__()
@@ -145,17 +140,13 @@ class Tally(beam.PTransform):
     def expand(self, parts):
         written, batches, reader_dead, accepted, invalid, *bounded = parts
         # Only small dicts are flattened: Beam's DirectRunner materializes a multi-input
-        # Flatten in memory (it never fuses one). A batch branch gives one count per batch
-        # (~24 bytes held each: `collect --batch-rows 20`, 5x10^4 batches, peaked 2.4 MB
-        # higher, measured, while a batch costs ~0.5 ms to process). A per-record branch (the
-        # dead letters) gives only the names of the part files its bundles wrote (one per
-        # bundle), and the last step counts the committed parts' lines: a combine of its own
-        # per branch cost 10 Beam steps a run (~0.1 s of the command line's start-up). The main
-        # output's write gives one {} (its one element), so one CombineGlobally without a
-        # default adds everything and the run writes one line ({} for an empty input) after
-        # its main output is complete: a combine's default (DoOnce, InjectDefault: a side
-        # input) cost ~35 ms more, measured. (No counts are emitted from finish_bundle: Beam's
-        # Dask runner drops what a DoFn emits there.)
+        # Flatten in memory. A batch branch gives one count per batch (~24 bytes held each:
+        # 5x10^4 batches peaked 2.4 MB higher, measured); a dead-letter branch gives only the
+        # names of its bundles' part files, whose lines the last step counts (a combine per
+        # branch cost 10 Beam steps, ~0.1 s of start-up). The write's one {} lets one
+        # CombineGlobally without a default add everything after the main output is complete
+        # (a default, DoOnce + InjectDefault, cost ~35 ms more). Nothing is emitted from
+        # finish_bundle: Beam's Dask runner drops what a DoFn emits there.
         sums = [written | "TallyAfterOutput" >> beam.Map(_nothing),
                 batches | "TallyRead" >> beam.Map(_count_read),
                 accepted | "TallyAccepted" >> beam.Map(_count_accepted)]

@@ -30,15 +30,14 @@ the sketch (:class:`BoundingCombineFn`, a ``CombineGlobally`` whose output is a 
 pass 2 (:class:`FilterFn`: each batch keeps its rows found there) and
 :class:`BoundContributions`, which wires them.
 
-The second pass reads its main input after the first has finished: a runner that keeps
-PCollections in memory between stages (the DirectRunner) holds the input batches meanwhile.
-``source=`` avoids that: ``p | BoundContributions(..., source=ReadTable(url))`` reads the input
-twice (the first read only feeds the combine) and the second read streams through the filter, so
-memory grows with the units, not the rows. A row whose unit or partition differs between the two
-reads (a source that changed while it was read) is dead-lettered, not kept. The first read decoding
-only the unit column, a Parquet page damaged in another column is seen by the second read
-alone: its rows are the reader's dead letters (in ``.read``), and a unit whose kept row was
-among them keeps none.
+The second pass reads its input after the first has finished, so a runner that keeps
+PCollections in memory between stages (the DirectRunner) would hold every batch meanwhile.
+``p | BoundContributions(..., source=ReadTable(url))`` reads the input twice instead (the first
+read only feeds the combine, the second streams through the filter): memory grows with the
+units, not the rows. A row whose unit or partition differs between the reads (the source
+changed) is dead-lettered, not kept. The first read decodes only the unit column, so a Parquet
+page damaged in another column is seen by the second alone: its rows are the reader's dead
+letters (in ``.read``), and a unit whose kept row was among them keeps none.
 """
 from __future__ import annotations
 
@@ -194,10 +193,7 @@ class BoundingCombineFn(beam.CombineFn):
             for k, (parts, pending, reduced, units) in a.shards.items():
                 if reduced:
                     out.add(k, parts[0], reduced=True, units=units)
-                    rest = parts[1:]
-                else:
-                    rest = parts
-                for part in rest:
+                for part in parts[1:] if reduced else parts:
                     out.add(k, part)
                 self._maybe_reduce(out, k)
         return out
