@@ -46,7 +46,9 @@ anything, that no output and no manifest exists at its final place; one created 
 either run's is changed. Commits to one local manifest take turns: a commit holds an exclusive
 ``flock`` on ``MANIFEST.lock`` beside it for its duration (the file names its owner: host, pid,
 run id); a commit finding it held is refused (nothing committed). The kernel drops the lock of a
-process that dies, so a lock file left by a killed run is simply taken: no pid or age is trusted.
+process that dies, so a lock file left by a killed run of this host is simply taken, whatever pid
+it names; one naming another host's run (whose lock a disk mounted without lock support cannot
+show) is taken only once it is :data:`REMOTE_STALE_SECONDS` old.
 A URL manifest (``s3://``, ``gs://``) has no lock (Beam's FileSystems have none): only the check
 again guards it, so two commits to one URL at the very same moment are not excluded.
 

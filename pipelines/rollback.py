@@ -165,15 +165,20 @@ def _age(path: str) -> float:
 
 @contextlib.contextmanager
 def _commit_lock(manifest: str, run_id: str, step: list[str], makedirs: Any = None):
-    """Commits to one local manifest, one at a time: the commit holds an exclusive ``flock`` on
-    ``MANIFEST.lock`` beside the manifest for its whole duration, writes its owner
-    ``{host, pid, run_id}`` into it (for the messages only) and removes it, still holding the
-    lock, when the commit ends, whatever happens. Held: this commit is refused with an
-    :class:`OutputError` naming the holder, and nothing changes. The kernel releases the lock
-    when its holder dies (on NFS, the server once the client's lease expires), so a lock file
-    left by a killed run is simply taken: no process id or age is trusted, and two runs cannot
-    both take over one lock. A lock file removed by its holder between another run's open and
-    its lock is opened again. A rollback by :func:`recover_commit` takes the same lock.
+    """Commits to one local manifest, one at a time, through ``MANIFEST.lock`` beside it: the
+    commit creates it (``O_EXCL``) or opens the one there, holds an exclusive ``flock`` on it
+    for its whole duration, writes its owner ``{host, pid, run_id}`` into it and removes it,
+    still holding the lock, when the commit ends, whatever happens. Held: this commit is refused
+    with an :class:`OutputError` naming the holder, and nothing changes.
+
+    The kernel drops the lock when its holder dies, so a lock file that names a run of this
+    host and that nobody holds was left by a killed run: it is taken, whatever process id it
+    names (a reused pid does not keep it), and since it is taken by its lock, not removed and
+    created again, two runs cannot both take it over. A file that names another host's run is
+    taken only once it is :data:`REMOTE_STALE_SECONDS` old, and one with no owner yet only once
+    it is a minute old: on a shared disk mounted without lock support (NFS ``nolock``) another
+    host's lock cannot be seen. A file its holder removed between another run's open and lock
+    is opened again. A rollback by :func:`recover_commit` takes the same lock.
 
     Not locked, with a warning: a URL manifest (``s3://``, ``gs://``; Beam's FileSystems have
     no locks) and a file system that refuses ``flock``. There only the check again in
@@ -185,26 +190,40 @@ def _commit_lock(manifest: str, run_id: str, step: list[str], makedirs: Any = No
     path = _local(manifest) + ".lock"
     step[:] = ["taking the commit lock", path]
     (makedirs or (lambda d: os.makedirs(d, exist_ok=True)))(os.path.dirname(path))
+    me = socket.gethostname()
+
+    def refuse(held: dict) -> OutputError:
+        host = held.get("host")
+        where = "" if host in (None, me) else f" on host {host}"
+        return OutputError(
+            f"another run ({held.get('run_id', 'not yet named')}{where}) is committing to "
+            f"these outputs (manifest {location(manifest)!r}, its lock {path}): nothing was "
+            "committed; run again once it has finished (with --force to replace its outputs)")
+
     for _ in range(100):  # each pass but the last saw the file removed by the run it waited on
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fd, created = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644), True
+        except FileExistsError:
+            try:
+                fd, created = os.open(path, os.O_RDWR), False
+            except FileNotFoundError:
+                continue
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
-            held = _read_lock(path)
-            host = held.get("host")
-            where = "" if host in (None, socket.gethostname()) else f" on host {host}"
-            raise OutputError(
-                f"another run ({held.get('run_id', 'not yet named')}{where}) is committing "
-                f"to these outputs (manifest {location(manifest)!r}, its lock {path}): nothing "
-                "was committed; run again once it has finished (with --force to replace its "
-                "outputs)") from None
+            raise refuse(_read_lock(path)) from None
         except OSError as exc:  # ENOLCK, EOPNOTSUPP...: a file system without locks
             os.close(fd)
             logging.getLogger(__name__).warning(
                 "the commit to %s is not locked (%s): two runs committing to it at the same "
                 "moment are not excluded", location(manifest), _reason(exc))
-            yield
+            try:
+                yield
+            finally:
+                if created:
+                    with contextlib.suppress(OSError):
+                        os.unlink(path)
             return
         try:
             same = os.fstat(fd).st_ino == os.stat(path).st_ino
@@ -216,15 +235,19 @@ def _commit_lock(manifest: str, run_id: str, step: list[str], makedirs: Any = No
     else:
         raise OutputError(f"could not take the commit lock {path}: it was removed and created "
                           "again 100 times while this run tried; nothing was committed")
+    left = {} if created else _read_lock(path)
+    if not created:
+        age = _age(path)
+        if (not left and age < 60.0) or (
+                left and left.get("host") != me and age < REMOTE_STALE_SECONDS):
+            os.close(fd)  # just created by a run not named yet, or another host's (see above)
+            raise refuse(left)
+        logging.getLogger(__name__).warning(
+            "taking the commit lock %s left by run %s (its process is gone)", path,
+            left.get("run_id", "unknown"))
     try:
-        left = _read_lock(path)
-        if left:
-            logging.getLogger(__name__).warning(
-                "taking the commit lock %s left by run %s (its process is gone)", path,
-                left.get("run_id", "unknown"))
         os.ftruncate(fd, 0)
-        os.write(fd, json.dumps({"host": socket.gethostname(), "pid": os.getpid(),
-                                 "run_id": run_id}).encode())
+        os.write(fd, json.dumps({"host": me, "pid": os.getpid(), "run_id": run_id}).encode())
         yield
     finally:
         try:

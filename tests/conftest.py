@@ -583,6 +583,7 @@ def held_lock(path, record):
         import fcntl, os, sys, time
         fd = os.open({str(path)!r}, os.O_RDWR | os.O_CREAT, 0o644)
         fcntl.flock(fd, fcntl.LOCK_EX)
+        os.ftruncate(fd, 0)
         os.write(fd, {json.dumps(record).encode()!r})
         print("held", flush=True)
         time.sleep(120)""")

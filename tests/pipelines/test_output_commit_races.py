@@ -137,3 +137,28 @@ def test_a_staging_folder_lives_as_long_as_its_runs_lock_not_its_pid(tmp_path):
         assert sweep_stale(str(tmp_path)) == [] and (tmp_path / ".ldp-beam-staging-run-a").exists()
         outs.__exit__(None, None, None)
     assert sweep_stale(str(tmp_path)) == [str(held)]
+
+
+def test_another_hosts_or_an_unnamed_lock_file_waits_until_it_is_old(tmp_path):
+    """On a shared disk mounted without lock support, another host's flock cannot be seen: a
+    lock file naming another host's run is taken only once it is a day old, and one with no
+    owner written yet (just created) only once it is a minute old."""
+    lock = tmp_path / "e.manifest.json.lock"
+    a = _staged(tmp_path, "run-a", b"A\n", force=True)
+    lock.write_text(json.dumps({"host": "another-host.invalid", "pid": 1, "run_id": "run-o"}))
+    with pytest.raises(OutputError, match="another run \\(run-o on host another-host.invalid"):
+        a.commit({"command": "test"})
+    lock.write_text("")
+    with pytest.raises(OutputError, match="another run \\(not yet named\\)"):
+        a.commit({"command": "test"})
+    a.__exit__(None, None, None)
+    assert not (tmp_path / "e.json").exists() and lock.exists()
+    for record, age in (("", 61), (json.dumps({"host": "another-host.invalid", "pid": 1}),
+                                   REMOTE_STALE_SECONDS + 60)):
+        lock.write_text(record)
+        old = time.time() - age
+        os.utime(lock, (old, old))
+        b = _staged(tmp_path, "run-b", b"B\n", force=True)
+        b.commit({"command": "test"})
+        b.__exit__(None, None, None)
+        assert (tmp_path / "e.json").read_bytes() == b"B\n" and not lock.exists()
