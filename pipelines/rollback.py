@@ -23,6 +23,7 @@ import time
 from typing import Any, Mapping, Sequence
 
 from ldp_beam.ledger import redact
+from ldp_beam.locks import flocked
 
 from .files import (OutputError, _delete, _fs, _join, _listing, _local, _move, _partial, _reason,
                     exists, file_digest, is_table_url, is_url, location, open_read,
@@ -51,8 +52,9 @@ def _pid_alive(pid: int) -> bool:
 
 
 def _abandoned(owner: dict, age: float) -> bool:
-    """Whether a staging folder (or a commit lock) with this owner record and age (seconds)
-    belongs to nobody.
+    """Whether a staging folder (or a commit lock file) with this owner record and age (seconds)
+    belongs to nobody, judged without a lock (see :func:`_held` and :func:`_commit_lock` for
+    this host's owners, whose lock tells).
 
     An owner on this host: abandoned when its process is gone. An owner on another host (a
     shared NFS folder, a Dask cluster, an object store): whether its process lives cannot be
@@ -75,10 +77,7 @@ def _held(path: str) -> bool:
     except OSError:
         return False
     try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        return False
-    except OSError as exc:
-        return exc.errno in (errno.EAGAIN, errno.EACCES)  # else no locks here: not held
+        return flocked(fd)
     finally:
         os.close(fd)
 
@@ -237,10 +236,9 @@ def _commit_lock(manifest: str, run_id: str, step: list[str], makedirs: Any = No
                           "again 100 times while this run tried; nothing was committed")
     left = {} if created else _read_lock(path)
     if not created:
-        age = _age(path)
-        if (not left and age < 60.0) or (
-                left and left.get("host") != me and age < REMOTE_STALE_SECONDS):
-            os.close(fd)  # just created by a run not named yet, or another host's (see above)
+        # this host's owner: gone, since its lock was free; another host's or none yet: by age
+        if left.get("host") != me and not _abandoned(left, _age(path)):
+            os.close(fd)
             raise refuse(left)
         logging.getLogger(__name__).warning(
             "taking the commit lock %s left by run %s (its process is gone)", path,

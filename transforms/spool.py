@@ -160,6 +160,7 @@ from apache_beam.testing.test_stream_service import TestStreamServiceController
 from apache_beam.transforms.window import TimestampedValue
 from apache_beam.utils.timestamp import MIN_TIMESTAMP, Duration, Timestamp
 
+from ldp_beam.locks import flocked
 from ldp_beam.longitudinal import UnitHasher
 
 CLAIMED, DONE, FAILED = ".claimed", ".done", ".failed"
@@ -366,17 +367,6 @@ def open_for_writing(fd: int) -> bool | None:
         return True if exc.errno in (errno.EAGAIN, errno.EWOULDBLOCK) else None
     with contextlib.suppress(OSError):
         fcntl.fcntl(fd, _F_SETLEASE, fcntl.F_UNLCK)
-    return False
-
-
-def flocked(fd: int) -> bool:
-    """Whether another open file holds an exclusive ``flock`` on the file of ``fd`` (a writer
-    that locks its file while writing); a shared lock taken to tell is dropped at once."""
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except OSError as exc:
-        return exc.errno in (errno.EAGAIN, errno.EWOULDBLOCK, errno.EACCES)
-    fcntl.flock(fd, fcntl.LOCK_UN)
     return False
 
 
