@@ -49,8 +49,11 @@ run id); a commit finding it held is refused (nothing committed). The kernel dro
 process that dies, so a lock file left by a killed run of this host is simply taken, whatever pid
 it names; one naming another host's run (whose lock a disk mounted without lock support cannot
 show) is taken only once it is :data:`REMOTE_STALE_SECONDS` old.
-A URL manifest (``s3://``, ``gs://``) has no lock (Beam's FileSystems have none): only the check
-again guards it, so two commits to one URL at the very same moment are not excluded.
+An ``s3://`` manifest's lock is the object ``MANIFEST.lock``, created only if absent (a
+conditional write); a leftover one is taken once its run of this host is gone or it is a day old.
+A ``gs://`` manifest has no lock (Beam's FileSystems have no conditional writes; the emulator
+here has none to test one against): only the check again guards it, with a warning, so two
+commits to one ``gs://`` manifest at the very same moment are not excluded.
 
 Every local path (each output, the manifest, the staging folder) is resolved once, as the file
 system will resolve it (:func:`real_path`: ``os.path.realpath`` of the path as given, so
@@ -672,7 +675,8 @@ class RunOutputs:
         while the run ran: another run on the same outputs committed first) refuses the commit
         with an :class:`OutputError` before anything is changed. A local manifest's commits take
         turns through a ``flock`` on ``MANIFEST.lock`` (see :func:`.rollback._commit_lock`); one
-        held by another run refuses this commit, nothing changed. A URL manifest has no lock: only the check
+        held by another run refuses this commit, nothing changed. An ``s3://`` manifest's lock
+        is an object created only if absent; a ``gs://`` manifest has none, only the check
         again.
 
         All or nothing: before the first change, the commit writes its journal (``_commit.json``
@@ -697,7 +701,7 @@ class RunOutputs:
         self.visible, self._started, self._before = [], [], {}
         step = ["reading the staged outputs in", self.staging]
         try:
-            with _commit_lock(self.manifest, self.run_id, step, self._makedirs):
+            with _commit_lock(self.manifest, self.run_id, step, self._makedirs, self.flags):
                 return self._commit(manifest, step)
         except (OSError, LdpBeamError) as exc:
             err = OutputError(self._failure(step, exc))

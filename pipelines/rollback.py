@@ -163,7 +163,8 @@ def _age(path: str) -> float:
 
 
 @contextlib.contextmanager
-def _commit_lock(manifest: str, run_id: str, step: list[str], makedirs: Any = None):
+def _commit_lock(manifest: str, run_id: str, step: list[str], makedirs: Any = None,
+                 flags: Sequence[str] = ()):
     """Commits to one local manifest, one at a time, through ``MANIFEST.lock`` beside it: the
     commit creates it (``O_EXCL``) or opens the one there, holds an exclusive ``flock`` on it
     for its whole duration, writes its owner ``{host, pid, run_id}`` into it and removes it,
@@ -179,25 +180,37 @@ def _commit_lock(manifest: str, run_id: str, step: list[str], makedirs: Any = No
     host's lock cannot be seen. A file its holder removed between another run's open and lock
     is opened again. A rollback by :func:`recover_commit` takes the same lock.
 
-    Not locked, with a warning: a URL manifest (``s3://``, ``gs://``; Beam's FileSystems have
-    no locks) and a file system that refuses ``flock``. There only the check again in
-    :meth:`RunOutputs._commit <.outputs.RunOutputs._commit>` (an output or manifest created
-    while the run ran is refused without ``force``) guards two runs."""
-    if is_url(manifest):
-        yield
-        return
-    path = _local(manifest) + ".lock"
-    step[:] = ["taking the commit lock", path]
-    (makedirs or (lambda d: os.makedirs(d, exist_ok=True)))(os.path.dirname(path))
+    An ``s3://`` manifest's lock is the object ``MANIFEST.lock`` beside it, created by a
+    conditional write (:func:`_object_lock`). Not locked, with a warning: another URL manifest
+    (``gs://``...: Beam's FileSystems have no conditional writes) and a file system that
+    refuses ``flock``. There only the check again in :meth:`RunOutputs._commit
+    <.outputs.RunOutputs._commit>` (an output or manifest created while the run ran is refused
+    without ``force``) guards two runs."""
+    path = (manifest if is_url(manifest) else _local(manifest)) + ".lock"
     me = socket.gethostname()
 
-    def refuse(held: dict) -> OutputError:
+    def refuse(held: dict, hint: str = "") -> OutputError:
         host = held.get("host")
         where = "" if host in (None, me) else f" on host {host}"
         return OutputError(
             f"another run ({held.get('run_id', 'not yet named')}{where}) is committing to "
             f"these outputs (manifest {location(manifest)!r}, its lock {path}): nothing was "
-            "committed; run again once it has finished (with --force to replace its outputs)")
+            f"committed; run again once it has finished (with --force to replace its "
+            f"outputs){hint}")
+
+    step[:] = ["taking the commit lock", path]
+    if path.startswith("s3://"):
+        with _object_lock(path, run_id, flags, refuse):
+            yield
+        return
+    if is_url(manifest):
+        logging.getLogger(__name__).warning(
+            "the commit to %s is not locked (Beam's FileSystems have no conditional writes "
+            "there): two runs committing to it at the same moment are not excluded",
+            location(manifest))
+        yield
+        return
+    (makedirs or (lambda d: os.makedirs(d, exist_ok=True)))(os.path.dirname(path))
 
     for _ in range(100):  # each pass but the last saw the file removed by the run it waited on
         try:
@@ -255,6 +268,95 @@ def _commit_lock(manifest: str, run_id: str, step: list[str], makedirs: Any = No
                 "could not remove the commit lock %s (%s); the next commit takes it", path,
                 _reason(exc))
         os.close(fd)
+
+
+_CONFLICT = ("PreconditionFailed", "ConditionalRequestConflict", "412", "409")
+
+
+@contextlib.contextmanager
+def _object_lock(url: str, run_id: str, flags: Sequence[str], refuse: Any):
+    """:func:`_commit_lock` for an ``s3://`` manifest: the lock object ``url`` is created only
+    if absent (``If-None-Match: *``), so of two runs one creates it and the other is refused
+    with ``refuse(its owner)``; it is deleted at the end only if it is still this run's
+    (``If-Match`` its ETag). No kernel can say whether an object's owner lives, so a leftover
+    lock is taken when :func:`_abandoned` says so (this host's run: its process is gone;
+    another host's: a day old), or once it is a day old whatever it names; taking it is a write
+    conditional on the ETag read, so two runs cannot both take one stale lock. A lock whose
+    owner is this very run (a retried request that had landed) is its own. An S3-compatible
+    store that refuses conditional writes (``NotImplemented``) commits unlocked, with a
+    warning; errors of the store refuse the commit before anything changed."""
+    # lazy: optional dependency (the [s3] extra: boto3); an s3:// manifest has it
+    from botocore.exceptions import BotoCoreError, ClientError
+    from ldp_beam.transforms.io import s3_client  # lazy: Beam, 1.2 s at import (see location())
+
+    bucket, _, key = url[len("s3://"):].partition("/")
+    owner = {"host": socket.gethostname(), "pid": os.getpid(), "run_id": run_id}
+    body = json.dumps(owner).encode()
+
+    def code(exc: ClientError) -> str:
+        return str(exc.response.get("Error", {}).get("Code", ""))
+
+    def put(**condition: str) -> str | None:
+        """The new lock's ETag, or None when the condition failed (another run's lock)."""
+        try:
+            return client.put_object(Bucket=bucket, Key=key, Body=body, **condition)["ETag"]
+        except ClientError as exc:
+            if code(exc) in _CONFLICT:
+                return None
+            raise
+
+    try:
+        client = s3_client(url, flags)
+        for _ in range(100):  # each pass but the last saw the lock released by its holder
+            etag = put(IfNoneMatch="*")
+            if etag is not None:
+                break
+            try:
+                got = client.get_object(Bucket=bucket, Key=key)
+            except ClientError as exc:
+                if code(exc) in ("NoSuchKey", "404"):
+                    continue
+                raise
+            try:
+                left = json.loads(got["Body"].read() or b"{}")
+            except ValueError:
+                left = {}
+            left = left if isinstance(left, dict) else {}
+            age = time.time() - got["LastModified"].timestamp()
+            if left == owner:
+                etag = got["ETag"]
+                break
+            if not (_abandoned(left, age) or age >= REMOTE_STALE_SECONDS):
+                raise refuse(left, f"; if that run is no longer running, delete {url}")
+            etag = put(IfMatch=got["ETag"])
+            if etag is None:  # another run took it first
+                raise refuse({})
+            logging.getLogger(__name__).warning(
+                "taking the commit lock %s left by run %s (%s)", url,
+                left.get("run_id", "unknown"), "its process is gone"
+                if left.get("host") == owner["host"] else f"{age / 3600:.0f} hours old")
+            break
+        else:
+            raise OutputError(f"could not take the commit lock {url}: it was released and "
+                              "taken again 100 times while this run tried; nothing was committed")
+    except (ClientError, BotoCoreError) as exc:
+        if not isinstance(exc, ClientError) or code(exc) not in ("NotImplemented", "501"):
+            raise OutputError(f"could not take the commit lock {url}: {exc}; nothing was "
+                              "committed") from None
+        logging.getLogger(__name__).warning(
+            "the commit to %s is not locked (the object store refuses conditional writes: "
+            "%s): two runs committing to it at the same moment are not excluded", url, exc)
+        etag = None
+    try:
+        yield
+    finally:
+        try:
+            if etag is not None:
+                client.delete_object(Bucket=bucket, Key=key, IfMatch=etag)
+        except (ClientError, BotoCoreError) as exc:
+            logging.getLogger(__name__).warning(
+                "could not remove the commit lock %s (%s); the next commit of this host takes "
+                "it once this process is gone, another host's after a day", url, exc)
 
 
 # --------------------------------------------------------------------------- rollback
@@ -450,7 +552,7 @@ def recover_commit(staging: str, flags: Sequence[str] = (),
             for c in plan]
     log = logging.getLogger(__name__)
     try:
-        with _commit_lock(manifest, "recovery-of-" + run, ["", ""]):
+        with _commit_lock(manifest, "recovery-of-" + run, ["", ""], flags=flags):
             try:
                 now = _manifest_run(manifest, flags)
             except (OSError, ValueError) as exc:

@@ -1236,21 +1236,16 @@ def _s3_parts(url: str) -> tuple[str, str]:
     return bucket, key[:cut]
 
 
-def check_object_store(url: str, flags: Sequence[str] = (), timeout: float = 5.0) -> None:
-    """Before a pipeline starts: can the object store behind ``url`` be reached and listed
-    with the credentials at hand? Raises :class:`SourceError` naming the source, the endpoint
-    and what to fix (no credentials, endpoint unreachable, bucket missing, credentials
-    refused). One short request without retries (Beam's own client retries for minutes).
-    ``s3://`` and ``gs://`` are checked here; other schemes are left to their Beam FileSystem."""
-    if url.startswith("gs://"):
-        return _check_gcs(url, flags, timeout)
-    if not url.startswith("s3://"):
-        return
+def s3_client(url: str, flags: Sequence[str] = (), timeout: float = 5.0, attempts: int = 3):
+    """A boto3 S3 client with the settings Beam's S3 FileSystem would use for ``url`` (the
+    ``--s3_...`` arguments in ``flags``, else boto3's environment): ``timeout`` seconds to
+    connect (three times that to read), ``attempts`` tries per request. Raises
+    :class:`SourceError` naming ``url`` without boto3, without credentials, or for settings a
+    client cannot be built from."""
     try:
         # lazy: optional dependency (the [s3] extra: boto3, Beam's AWS extra)
         import boto3
         from botocore.config import Config
-        from botocore import exceptions as bx
     except ImportError:
         raise SourceError(f"{url}: reading s3:// needs boto3, Beam's AWS extra (pip install "
                           "'ldp-beam[s3]' or 'apache-beam[aws]')") from None
@@ -1263,7 +1258,7 @@ def check_object_store(url: str, flags: Sequence[str] = (), timeout: float = 5.0
                           "AWS_SECRET_ACCESS_KEY (or AWS_PROFILE, or pass "
                           "--s3_access_key_id/--s3_secret_access_key)")
     kw: dict = {"config": Config(connect_timeout=timeout, read_timeout=3 * timeout,
-                                 retries={"max_attempts": 1, "mode": "standard"})}
+                                 retries={"max_attempts": attempts, "mode": "standard"})}
     if o.s3_endpoint_url:
         kw["endpoint_url"] = o.s3_endpoint_url
     if o.s3_verify is not None:
@@ -1271,9 +1266,24 @@ def check_object_store(url: str, flags: Sequence[str] = (), timeout: float = 5.0
     if o.s3_disable_ssl:
         kw["use_ssl"] = False
     try:
-        client = session.client("s3", **kw)
+        return session.client("s3", **kw)
     except Exception as exc:  # noqa: BLE001 - e.g. a malformed endpoint
         raise SourceError(f"{url}: cannot set up an S3 client: {_error_text(exc)}") from None
+
+
+def check_object_store(url: str, flags: Sequence[str] = (), timeout: float = 5.0) -> None:
+    """Before a pipeline starts: can the object store behind ``url`` be reached and listed
+    with the credentials at hand? Raises :class:`SourceError` naming the source, the endpoint
+    and what to fix (no credentials, endpoint unreachable, bucket missing, credentials
+    refused). One short request without retries (Beam's own client retries for minutes).
+    ``s3://`` and ``gs://`` are checked here; other schemes are left to their Beam FileSystem."""
+    if url.startswith("gs://"):
+        return _check_gcs(url, flags, timeout)
+    if not url.startswith("s3://"):
+        return
+    client = s3_client(url, flags, timeout, attempts=1)
+    from botocore import exceptions as bx  # lazy: optional dependency (there: boto3 has it)
+
     endpoint = client.meta.endpoint_url
     bucket, prefix = _s3_parts(url)
     try:

@@ -310,3 +310,73 @@ def test_an_object_that_landed_then_raised_counts_as_visible_in_the_same_second(
             break
     else:
         pytest.fail(f"no landing fell in the old object's second in 5 tries: {seconds}")
+
+
+def test_commits_to_one_manifest_in_the_bucket_take_turns_through_a_conditional_lock(
+        s3, monkeypatch):
+    """An s3:// manifest's commits take turns through the object MANIFEST.lock, created only if
+    absent: a live run's lock refuses the commit before anything changes (and says how to free
+    it); a dead run of this host leaves a lock the next commit takes; a commit nested in another
+    is refused; of two runs taking one stale lock, the one whose conditional write loses is
+    refused; no lock object is left after a commit."""
+    from ldp_beam.pipelines.files import read_manifest
+    from ldp_beam.pipelines.outputs import OutputError, RunOutputs
+    from ldp_beam.pipelines.rollback import _commit_lock
+    from ldp_beam.transforms import io as io_mod
+
+    client, bucket, opts = s3
+    rep = f"s3://{bucket}/out/r.parquet"
+    man, key = rep + ".manifest.json", "out/r.parquet.manifest.json.lock"
+    host = socket.gethostname()
+
+    def commit(run):
+        with RunOutputs({"reports": rep}, man, run, force=True, options=opts) as outs:
+            outs.write(outs.staged("reports"), run.encode())
+            outs.commit({"command": "test"})
+
+    def lock(owner):
+        client.put_object(Bucket=bucket, Key=key, Body=json.dumps(owner).encode())
+
+    commit("first")
+    assert key not in _keys(client, bucket)
+    lock({"host": "another-host", "pid": 1, "run_id": "live"})
+    before = _snapshot(client, bucket)
+    with pytest.raises(OutputError, match=r"another run \(live on host another-host\) is "
+                       r"committing.*nothing was committed.*if that run is no longer running, "
+                       f"delete s3://{bucket}/{key}"):
+        commit("second")
+    assert _snapshot(client, bucket) == before  # the lock and the outputs as they were
+    lock({"host": host, "pid": 2 ** 22 + 12345, "run_id": "dead"})  # no such process
+    commit("second")
+    assert _get(client, bucket, "out/r.parquet") == b"second"
+    assert read_manifest(man, opts)["run_id"] == "second" and key not in _keys(client, bucket)
+
+    with _commit_lock(man, "outer", ["", ""], flags=opts):
+        assert json.loads(_get(client, bucket, key))["run_id"] == "outer"
+        with pytest.raises(OutputError, match=r"another run \(outer\) is committing"):
+            with _commit_lock(man, "inner", ["", ""], flags=opts):
+                pass
+    assert key not in _keys(client, bucket)
+
+    # two runs find one stale lock: the other one writes first, this one's write (conditional
+    # on the stale lock's ETag) fails, and it is refused, leaving the winner's lock in place
+    lock({"host": host, "pid": 2 ** 22 + 12345, "run_id": "dead"})
+    real = io_mod.s3_client
+
+    def racing(*args, **kwargs):
+        c = real(*args, **kwargs)
+        get = c.get_object
+
+        def get_then_lose(**kw):
+            got = get(**kw)
+            lock({"host": host, "pid": os.getpid(), "run_id": "faster"})
+            return got
+
+        c.get_object = get_then_lose
+        return c
+
+    monkeypatch.setattr(io_mod, "s3_client", racing)
+    with pytest.raises(OutputError, match="another run .* is committing"):
+        with _commit_lock(man, "slower", ["", ""], flags=opts):
+            pass
+    assert json.loads(_get(client, bucket, key))["run_id"] == "faster"
