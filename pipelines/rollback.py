@@ -278,10 +278,11 @@ def _object_lock(url: str, run_id: str, flags: Sequence[str], refuse: Any):
     """:func:`_commit_lock` for an ``s3://`` manifest: the lock object ``url`` is created only
     if absent (``If-None-Match: *``), so of two runs one creates it and the other is refused
     with ``refuse(its owner)``; it is deleted at the end only if it is still this run's
-    (``If-Match`` its ETag). No kernel can say whether an object's owner lives, so a leftover
-    lock is taken when :func:`_abandoned` says so (this host's run: its process is gone;
-    another host's: a day old), or once it is a day old whatever it names; taking it is a write
-    conditional on the ETag read, so two runs cannot both take one stale lock. A lock whose
+    (``If-Match`` its ETag; on a store without conditional deletes, its ETag read first). No
+    kernel can say whether an object's owner lives, so a leftover lock is taken when
+    :func:`_abandoned` says so (this host's run: its process is gone; another host's: a day
+    old), or once it is a day old whatever it names; taking it is a write conditional on the
+    ETag read, so two runs cannot both take one stale lock. A lock whose
     owner is this very run (a retried request that had landed) is its own. An S3-compatible
     store that refuses conditional writes (``NotImplemented``) commits unlocked, with a
     warning; errors of the store refuse the commit before anything changed."""
@@ -352,7 +353,15 @@ def _object_lock(url: str, run_id: str, flags: Sequence[str], refuse: Any):
     finally:
         try:
             if etag is not None:
-                client.delete_object(Bucket=bucket, Key=key, IfMatch=etag)
+                try:
+                    client.delete_object(Bucket=bucket, Key=key, IfMatch=etag)
+                except ClientError as exc:
+                    # a store without conditional deletes (AWS has them since September 2025):
+                    # removed only if the lock is still this run's; another run's is kept
+                    if code(exc) in _CONFLICT or \
+                            client.head_object(Bucket=bucket, Key=key)["ETag"] != etag:
+                        raise
+                    client.delete_object(Bucket=bucket, Key=key)
         except (ClientError, BotoCoreError) as exc:
             logging.getLogger(__name__).warning(
                 "could not remove the commit lock %s (%s); the next commit of this host takes "
