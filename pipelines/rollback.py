@@ -93,11 +93,7 @@ def sweep_stale(folder: str, flags: Sequence[str] = (),
         return _sweep_remote(folder, flags, urls)
     removed = []
     for d in glob.glob(os.path.join(folder, STAGING_PREFIX + "*")):
-        try:
-            with open(os.path.join(d, OWNER_FILE)) as fh:
-                owner = json.load(fh)
-        except (OSError, ValueError):
-            owner = {}
+        owner = _read_owner(os.path.join(d, OWNER_FILE))
         if owner.get("flock") and owner.get("host") == socket.gethostname():
             gone = not _held(os.path.join(d, OWNER_FILE))  # a reused pid does not matter
         else:
@@ -134,9 +130,9 @@ def _sweep_remote(folder: str, flags: Sequence[str],
         if any(p == d + "/" + OWNER_FILE for p, _ in objs):
             try:
                 with open_read(d + "/" + OWNER_FILE, flags) as fh:
-                    owner = json.loads(fh.read())
-            except (OSError, ValueError):
-                owner = {}
+                    owner = _owner(fh.read())
+            except OSError:
+                pass
         age = time.time() - max(m for _, m in objs)
         if not _abandoned(owner, age) or not _settled(d, flags, urls):
             continue
@@ -145,14 +141,42 @@ def _sweep_remote(folder: str, flags: Sequence[str],
     return removed
 
 
-def _read_lock(path: str) -> dict:
-    """The owner record of a commit lock (``{}`` when it cannot be read or is not written yet)."""
+def _owner(raw: bytes) -> dict:
+    """An owner record (a staging folder's ``OWNER``, a commit lock's content) from its bytes:
+    ``{}`` when it is empty (not written yet), not JSON or not a JSON object."""
     try:
-        with open(path, "rb") as fh:
-            held = json.loads(fh.read() or b"{}")
-    except (OSError, ValueError):
+        held = json.loads(raw or b"{}")
+    except ValueError:
         return {}
     return held if isinstance(held, dict) else {}
+
+
+def _read_owner(path: str) -> dict:
+    """:func:`_owner` of a local file (``{}`` when it cannot be read)."""
+    try:
+        with open(path, "rb") as fh:
+            return _owner(fh.read())
+    except OSError:
+        return {}
+
+
+def _unlocked(where: str, why: str) -> None:
+    logging.getLogger(__name__).warning(
+        "the commit to %s is not locked (%s): two runs committing to it at the same moment are "
+        "not excluded", where, why)
+
+
+def _taking(lock: str, left: dict, age: float) -> None:
+    """Say that the leftover commit lock ``lock`` (owner ``left``, ``age`` seconds old) is taken,
+    and why: its run of this host is gone, or else its age (another host's or no owner)."""
+    if left.get("host") == socket.gethostname() and age < REMOTE_STALE_SECONDS:
+        why = "its process is gone"
+    elif age >= 3600:
+        why = f"no live owner can be seen; it is {age / 3600:.1f} hours old"
+    else:
+        why = f"no owner recorded; it is {age:.0f} s old"
+    logging.getLogger(__name__).warning("taking the commit lock %s left by run %s (%s)", lock,
+                                        left.get("run_id", "unknown"), why)
 
 
 def _age(path: str) -> float:
@@ -204,10 +228,7 @@ def _commit_lock(manifest: str, run_id: str, step: list[str], makedirs: Any = No
             yield
         return
     if is_url(manifest):
-        logging.getLogger(__name__).warning(
-            "the commit to %s is not locked (Beam's FileSystems have no conditional writes "
-            "there): two runs committing to it at the same moment are not excluded",
-            location(manifest))
+        _unlocked(location(manifest), "Beam's FileSystems have no conditional writes there")
         yield
         return
     (makedirs or (lambda d: os.makedirs(d, exist_ok=True)))(os.path.dirname(path))
@@ -224,12 +245,10 @@ def _commit_lock(manifest: str, run_id: str, step: list[str], makedirs: Any = No
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
-            raise refuse(_read_lock(path)) from None
+            raise refuse(_read_owner(path)) from None
         except OSError as exc:  # ENOLCK, EOPNOTSUPP...: a file system without locks
             os.close(fd)
-            logging.getLogger(__name__).warning(
-                "the commit to %s is not locked (%s): two runs committing to it at the same "
-                "moment are not excluded", location(manifest), _reason(exc))
+            _unlocked(location(manifest), _reason(exc))
             try:
                 yield
             finally:
@@ -247,15 +266,13 @@ def _commit_lock(manifest: str, run_id: str, step: list[str], makedirs: Any = No
     else:
         raise OutputError(f"could not take the commit lock {path}: it was removed and created "
                           "again 100 times while this run tried; nothing was committed")
-    left = {} if created else _read_lock(path)
     if not created:
         # this host's owner: gone, since its lock was free; another host's or none yet: by age
-        if left.get("host") != me and not _abandoned(left, _age(path)):
+        left, age = _read_owner(path), _age(path)
+        if left.get("host") != me and not _abandoned(left, age):
             os.close(fd)
             raise refuse(left)
-        logging.getLogger(__name__).warning(
-            "taking the commit lock %s left by run %s (its process is gone)", path,
-            left.get("run_id", "unknown"))
+        _taking(path, left, age)
     try:
         os.ftruncate(fd, 0)
         os.write(fd, json.dumps({"host": me, "pid": os.getpid(), "run_id": run_id}).encode())
@@ -318,11 +335,7 @@ def _object_lock(url: str, run_id: str, flags: Sequence[str], refuse: Any):
                 if code(exc) in ("NoSuchKey", "404"):
                     continue
                 raise
-            try:
-                left = json.loads(got["Body"].read() or b"{}")
-            except ValueError:
-                left = {}
-            left = left if isinstance(left, dict) else {}
+            left = _owner(got["Body"].read())
             age = time.time() - got["LastModified"].timestamp()
             if left == owner:
                 etag = got["ETag"]
@@ -332,10 +345,7 @@ def _object_lock(url: str, run_id: str, flags: Sequence[str], refuse: Any):
             etag = put(IfMatch=got["ETag"])
             if etag is None:  # another run took it first
                 raise refuse({})
-            logging.getLogger(__name__).warning(
-                "taking the commit lock %s left by run %s (%s)", url,
-                left.get("run_id", "unknown"), "its process is gone"
-                if left.get("host") == owner["host"] else f"{age / 3600:.0f} hours old")
+            _taking(url, left, age)
             break
         else:
             raise OutputError(f"could not take the commit lock {url}: it was released and "
@@ -344,9 +354,7 @@ def _object_lock(url: str, run_id: str, flags: Sequence[str], refuse: Any):
         if not isinstance(exc, ClientError) or code(exc) not in ("NotImplemented", "501"):
             raise OutputError(f"could not take the commit lock {url}: {exc}; nothing was "
                               "committed") from None
-        logging.getLogger(__name__).warning(
-            "the commit to %s is not locked (the object store refuses conditional writes: "
-            "%s): two runs committing to it at the same moment are not excluded", url, exc)
+        _unlocked(url, f"the object store refuses conditional writes: {exc}")
         etag = None
     try:
         yield

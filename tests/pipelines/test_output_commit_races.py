@@ -5,6 +5,7 @@ beside it); another host's staging folder is left alone until it is old."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
 import subprocess
@@ -139,10 +140,11 @@ def test_a_staging_folder_lives_as_long_as_its_runs_lock_not_its_pid(tmp_path):
     assert sweep_stale(str(tmp_path)) == [str(held)]
 
 
-def test_another_hosts_or_an_unnamed_lock_file_waits_until_it_is_old(tmp_path):
+def test_another_hosts_or_an_unnamed_lock_file_waits_until_it_is_old(tmp_path, caplog):
     """On a shared disk mounted without lock support, another host's flock cannot be seen: a
     lock file naming another host's run is taken only once it is a day old, and one with no
-    owner written yet (just created) only once it is a minute old."""
+    owner written yet (just created) only once it is a minute old; the warning says which
+    (not that a process is known to be gone)."""
     lock = tmp_path / "e.manifest.json.lock"
     a = _staged(tmp_path, "run-a", b"A\n", force=True)
     lock.write_text(json.dumps({"host": "another-host.invalid", "pid": 1, "run_id": "run-o"}))
@@ -153,12 +155,30 @@ def test_another_hosts_or_an_unnamed_lock_file_waits_until_it_is_old(tmp_path):
         a.commit({"command": "test"})
     a.__exit__(None, None, None)
     assert not (tmp_path / "e.json").exists() and lock.exists()
-    for record, age in (("", 61), (json.dumps({"host": "another-host.invalid", "pid": 1}),
-                                   REMOTE_STALE_SECONDS + 60)):
+    for record, age, why in (
+            ("", 61, "no owner recorded; it is 61 s old"),
+            (json.dumps({"host": "another-host.invalid", "pid": 1}), REMOTE_STALE_SECONDS + 60,
+             "no live owner can be seen; it is 24.0 hours old")):
+        caplog.clear()
         lock.write_text(record)
         old = time.time() - age
         os.utime(lock, (old, old))
         b = _staged(tmp_path, "run-b", b"B\n", force=True)
-        b.commit({"command": "test"})
+        with caplog.at_level(logging.WARNING, logger="ldp_beam.pipelines.rollback"):
+            b.commit({"command": "test"})
         b.__exit__(None, None, None)
         assert (tmp_path / "e.json").read_bytes() == b"B\n" and not lock.exists()
+        assert f"taking the commit lock {lock} left by run unknown ({why})" in caplog.text
+
+
+def test_an_owner_file_that_is_not_a_json_object_counts_as_no_owner(tmp_path):
+    """A staging folder whose OWNER holds JSON that is not an object (a list here) is read as
+    having no owner, as an unreadable one is: kept while it may be a run just starting, swept
+    once a minute old. It used to stop every sweep of the folder with an AttributeError."""
+    odd = tmp_path / ".ldp-beam-staging-run-odd"
+    odd.mkdir()
+    (odd / "OWNER").write_text("[1, 2]")
+    assert sweep_stale(str(tmp_path)) == [] and odd.exists()
+    old = time.time() - 61
+    os.utime(odd, (old, old))
+    assert sweep_stale(str(tmp_path)) == [str(odd)] and not odd.exists()
