@@ -451,7 +451,7 @@ class Plan:
             rows.append((s.name, str(s.cells), _fmt(s.stderr) + mark, _fmt(s.half_width) + mark,
                          _fmt(s.limit) if s.limit is not None else "-",
                          s.range_text or "no rule",
-                         (s.min_note or "never" if s.min_useful is None else f"{s.min_useful:,}")
+                         ((s.min_note or "never") if s.min_useful is None else f"{s.min_useful:,}")
                          if s.range_text else "-"))
         lines.append("")
         lines += ["  " + line for line in _table(rows)]

@@ -296,7 +296,9 @@ def cmd_emit(a: argparse.Namespace) -> int:
         for cols, ts in chunks:
             n = len(next(iter(cols.values())))
             secs, bad = (None, {}) if ts is None else _times(ts, n)
-            idx = np.array([i for i in range(n) if i not in bad], dtype=np.intp)
+            keep = np.ones(n, dtype=bool)
+            keep[list(bad)] = False
+            idx = np.flatnonzero(keep)
             receipt = reporter.report_many({k: v[idx] for k, v in cols.items()},
                                            None if secs is None else secs[idx],
                                            skip_invalid=True)

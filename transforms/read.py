@@ -78,7 +78,7 @@ class ReadTable(beam.PTransform):
         self._schema: pa.Schema | None = None
         if is_source_url(url):
             if self.columns is not None:
-                _no_projection(columns)
+                raise _no_projection(columns)
             self.source = open_source(url, table=table, query=query, order_by=order_by,
                                       split_rows=split_rows, snapshot=snapshot,
                                       allow_empty=allow_empty)
@@ -122,7 +122,7 @@ class ReadTable(beam.PTransform):
         """A copy of this reader that reads only ``columns`` (see ``columns``): the same files,
         plan and options. Database sources have no projection: a ParameterError."""
         if self.source is not None:
-            _no_projection(columns)
+            raise _no_projection(columns)
         out = copy.copy(self)
         out.columns = check_columns(columns)
         out.fn = copy.copy(self.fn)
@@ -138,8 +138,8 @@ class ReadTable(beam.PTransform):
         return dead_letter_outputs(units, "Read", self.fn, "batches")
 
 
-def _no_projection(columns: Any) -> None:
-    raise ParameterError("columns", columns, "None for duckdb://, postgresql:// and iceberg:// "
+def _no_projection(columns: Any) -> ParameterError:
+    return ParameterError("columns", columns, "None for duckdb://, postgresql:// and iceberg:// "
                          "sources (select the columns in query=)")
 
 

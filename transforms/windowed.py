@@ -339,6 +339,7 @@ class PaneFn(beam.DoFn):
         if self.central:
             out["in_range"] = bool(marked)
             span = f"[{iso(start)}, {iso(end)})"
+            release = self.prior.get(start, 0) + index + 1
             if not marked:
                 out["refused"] = (
                     f"release withheld: window {span} is outside the run's release range (not "
@@ -346,8 +347,7 @@ class PaneFn(beam.DoFn):
                     "curator/summary.json): a central-DP stream releases exactly the windows of "
                     "its range, so that whether a window is released reveals nothing about its "
                     "records (their count is in the ledger)")
-            release = self.prior.get(start, 0) + index + 1
-            if marked and release > self.releases:
+            elif release > self.releases:
                 out["refused"] = (
                     f"release refused: firing {index + 1} of window {span} "
                     f"would be release {release} of a budget of {self.releases} "

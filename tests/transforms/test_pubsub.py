@@ -300,7 +300,8 @@ def test_emit_publishes_a_column_and_prints_how_many(emulator, tmp_path, capsys,
     csv = tmp_path / "in.csv"
     rows = _values(120, seed=5)
     csv.write_text("fruit,t\n" + "".join(f"{v},{1_700_000_000 + i}\n"
-                                         for i, v in enumerate(rows)) + "not-a-label,5\n")
+                                         for i, v in enumerate(rows)) + "not-a-label,5\n"
+                   + f"{rows[0]},yesterday\n")  # a valid value with an invalid time
     code = emit.main(["--topic", topic, "--device-id", "cli-dev", "-i", str(csv), "-c", "fruit",
                       "--timestamp-column", "t", "-m", "grr", "-p", "epsilon=1", "-p",
                       f"domain={GRR['domain']}", "--state", str(tmp_path / "st"),
@@ -308,6 +309,7 @@ def test_emit_publishes_a_column_and_prints_how_many(emulator, tmp_path, capsys,
     out, err = capsys.readouterr()
     assert code == 1, err  # one value was invalid: listed, not sent
     assert "published 120 reports" in out and "row 121" in err and "not-a-label" in err
+    assert "row 122" in err and "'yesterday' is not epoch seconds" in err
     lander = _land(sub, str(tmp_path / "spool"), 5)
     lines = _lines(str(tmp_path / "spool"))
     assert len(lines) == 120 and lander.stats.messages == 5
